@@ -1,0 +1,308 @@
+//! One overrides file, parsed strictly into the config in force.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use serde::Deserialize;
+use serde_yaml_ng::{Mapping, Value};
+use sha2::{Digest, Sha256};
+
+use crate::limits::{Defaults, InstanceLimits, InstanceOverride, TenantLimits, TenantOverride};
+use crate::mimir_keys;
+
+/// Why a file could not become the config in force. The message is for an operator.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read {path}: {source}")]
+    Read {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("invalid YAML: {0}")]
+    Yaml(String),
+    #[error("the file holds more than one YAML document; put everything in one document")]
+    MultipleDocuments,
+    #[error("unknown key `{key}` in {place}: it is neither a weir nor a Mimir setting (typo?)")]
+    UnknownKey { key: String, place: String },
+    #[error("{place}: {message}")]
+    Invalid { place: String, message: String },
+}
+
+/// The top level of the file. Unknown keys are caught in `other` and checked against
+/// Mimir's runtime-config sections, so a Mimir file loads and a typo does not.
+#[derive(Debug, Default, Deserialize)]
+struct FileContent {
+    #[serde(default)]
+    overrides: BTreeMap<String, TenantEntry>,
+    #[serde(default)]
+    distributor_limits: InstanceOverride,
+    #[serde(flatten)]
+    other: BTreeMap<String, Value>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+struct TenantEntry {
+    #[serde(flatten)]
+    known: TenantOverride,
+    #[serde(flatten)]
+    other: BTreeMap<String, Value>,
+}
+
+/// The config in force: the defaults, every tenant's resolved limits, and the instance limits.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RuntimeConfig {
+    pub defaults: Defaults,
+    pub overrides: BTreeMap<String, TenantLimits>,
+    pub instance: InstanceLimits,
+    /// Hex SHA-256 of the file's bytes (empty for a config built only from defaults).
+    pub sha256: String,
+    /// Mimir keys in the file that weir accepts but does not enforce, as `place.key`.
+    pub ignored_mimir_keys: Vec<String>,
+}
+
+/// What `/runtime_config` shows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RenderMode {
+    /// Every tenant's resolved limits, the defaults and the instance limits.
+    Full,
+    /// Only the values that differ from the defaults.
+    Diff,
+}
+
+impl RuntimeConfig {
+    /// A config with no file: every tenant gets the defaults.
+    pub fn from_defaults(defaults: Defaults) -> Self {
+        RuntimeConfig {
+            defaults,
+            overrides: BTreeMap::new(),
+            instance: defaults.instance,
+            sha256: String::new(),
+            ignored_mimir_keys: Vec::new(),
+        }
+    }
+
+    /// Parses one file's content. An empty file means "no overrides".
+    pub fn parse(content: &str, defaults: Defaults) -> Result<Self, ConfigError> {
+        let sha256 = hex_sha256(content.as_bytes());
+        let file = decode_single_document(content)?;
+        let mut ignored = BTreeSet::new();
+
+        for (key, _) in file.other {
+            if mimir_keys::RUNTIME_CONFIG_SECTIONS.contains(&key.as_str()) {
+                ignored.insert(key);
+            } else {
+                return Err(ConfigError::UnknownKey {
+                    key,
+                    place: "the top level".into(),
+                });
+            }
+        }
+
+        let mut overrides = BTreeMap::new();
+        for (tenant, entry) in file.overrides {
+            for key in entry.other.keys() {
+                if mimir_keys::LIMITS.contains(&key.as_str()) {
+                    ignored.insert(format!("overrides.*.{key}"));
+                } else {
+                    return Err(ConfigError::UnknownKey {
+                        key: key.clone(),
+                        place: format!("overrides.{tenant}"),
+                    });
+                }
+            }
+            let limits = entry.known.apply(&defaults.tenant);
+            limits.validate().map_err(|message| ConfigError::Invalid {
+                place: format!("overrides.{tenant}"),
+                message,
+            })?;
+            overrides.insert(tenant, limits);
+        }
+
+        let instance = file.distributor_limits.apply(&defaults.instance);
+        instance.validate().map_err(|message| ConfigError::Invalid {
+            place: "distributor_limits".into(),
+            message,
+        })?;
+
+        Ok(RuntimeConfig {
+            defaults,
+            overrides,
+            instance,
+            sha256,
+            ignored_mimir_keys: ignored.into_iter().collect(),
+        })
+    }
+
+    /// The limits in force for `tenant`: its override, or the defaults.
+    pub fn tenant_limits(&self, tenant: &str) -> &TenantLimits {
+        self.overrides.get(tenant).unwrap_or(&self.defaults.tenant)
+    }
+
+    /// The config as YAML, in the same shape as the file.
+    pub fn render(&self, mode: RenderMode) -> String {
+        let default_tenant = to_mapping(&self.defaults.tenant);
+        let default_instance = to_mapping(&self.defaults.instance);
+        let mut overrides = Mapping::new();
+        for (tenant, limits) in &self.overrides {
+            let mut limits = to_mapping(limits);
+            if mode == RenderMode::Diff {
+                limits.retain(|key, value| default_tenant.get(key) != Some(value));
+                if limits.is_empty() {
+                    continue;
+                }
+            }
+            overrides.insert(tenant.as_str().into(), Value::Mapping(limits));
+        }
+        let mut instance = to_mapping(&self.instance);
+        if mode == RenderMode::Diff {
+            instance.retain(|key, value| default_instance.get(key) != Some(value));
+        }
+
+        let mut root = Mapping::new();
+        if mode == RenderMode::Full {
+            root.insert("defaults".into(), Value::Mapping(default_tenant));
+        }
+        root.insert("overrides".into(), Value::Mapping(overrides));
+        root.insert("distributor_limits".into(), Value::Mapping(instance));
+        serde_yaml_ng::to_string(&root).expect("a mapping of plain values always serializes")
+    }
+}
+
+fn decode_single_document(content: &str) -> Result<FileContent, ConfigError> {
+    let mut documents = serde_yaml_ng::Deserializer::from_str(content);
+    let Some(first) = documents.next() else {
+        return Ok(FileContent::default());
+    };
+    // An empty or all-comment document decodes as unit; treat it as "no overrides".
+    let value = Value::deserialize(first).map_err(|e| ConfigError::Yaml(e.to_string()))?;
+    if documents.next().is_some() {
+        return Err(ConfigError::MultipleDocuments);
+    }
+    if value.is_null() {
+        return Ok(FileContent::default());
+    }
+    serde_yaml_ng::from_value(value).map_err(|e| ConfigError::Yaml(e.to_string()))
+}
+
+fn to_mapping<T: serde::Serialize>(value: &T) -> Mapping {
+    match serde_yaml_ng::to_value(value) {
+        Ok(Value::Mapping(mapping)) => mapping,
+        _ => unreachable!("limit structs serialize as mappings"),
+    }
+}
+
+pub(crate) fn hex_sha256(bytes: &[u8]) -> String {
+    Sha256::digest(bytes)
+        .iter()
+        .map(|byte| format!("{byte:02x}"))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::limits::RateLimitStrategy;
+
+    fn parse(content: &str) -> Result<RuntimeConfig, ConfigError> {
+        RuntimeConfig::parse(content, Defaults::default())
+    }
+
+    #[test]
+    fn partial_override_inherits_defaults() {
+        let config = parse("overrides:\n  team-a:\n    ingestion_rate: 500\n").unwrap();
+        let limits = config.tenant_limits("team-a");
+        assert_eq!(limits.ingestion_rate, 500.0);
+        assert_eq!(limits.ingestion_burst_size, 200_000);
+        assert_eq!(limits.rate_limit_strategy, RateLimitStrategy::Divided);
+        assert_eq!(config.tenant_limits("other"), &TenantLimits::default());
+    }
+
+    #[test]
+    fn empty_and_comment_only_files_mean_no_overrides() {
+        for content in ["", "# nothing yet\n", "---\n"] {
+            let config = parse(content).unwrap();
+            assert!(config.overrides.is_empty(), "{content:?}");
+        }
+    }
+
+    #[test]
+    fn typo_is_an_error_naming_the_key_and_place() {
+        let err = parse("overrides:\n  a:\n    ingestion_rat: 5\n").unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "unknown key `ingestion_rat` in overrides.a: it is neither a weir nor a Mimir \
+             setting (typo?)"
+        );
+        let err = parse("overides: {}\n").unwrap_err();
+        assert!(err.to_string().contains("`overides` in the top level"), "{err}");
+        let err = parse("distributor_limits:\n  max_inflight: 3\n").unwrap_err();
+        assert!(err.to_string().contains("max_inflight"), "{err}");
+    }
+
+    #[test]
+    fn mimir_keys_are_accepted_and_listed() {
+        let config = parse(
+            "overrides:\n  a:\n    max_global_series_per_user: 5\n    ingestion_rate: 7\n\
+             multi_kv_config: {}\ningester_limits:\n  max_series: 3\n",
+        )
+        .unwrap();
+        assert_eq!(config.tenant_limits("a").ingestion_rate, 7.0);
+        assert_eq!(
+            config.ignored_mimir_keys,
+            vec![
+                "ingester_limits",
+                "multi_kv_config",
+                "overrides.*.max_global_series_per_user"
+            ]
+        );
+    }
+
+    #[test]
+    fn multiple_documents_are_an_error() {
+        let err = parse("overrides: {}\n---\noverrides: {}\n").unwrap_err();
+        assert!(matches!(err, ConfigError::MultipleDocuments), "{err}");
+    }
+
+    #[test]
+    fn bad_values_are_errors() {
+        for (content, expected) in [
+            ("overrides:\n  a:\n    ingestion_rate: -1\n", "overrides.a: ingestion_rate"),
+            ("overrides:\n  a:\n    request_rate: 5\n", "request_burst_size is 0"),
+            ("overrides:\n  a:\n    ingestion_burst_size: 0\n", "ingestion_burst_size is 0"),
+            ("overrides:\n  a:\n    ingestion_rate: abc\n", "invalid YAML"),
+            ("overrides: [1, 2]\n", "invalid YAML"),
+            ("overrides:\n  a:\n    rate_limit_strategy: magic\n", "invalid YAML"),
+            ("distributor_limits:\n  max_ingestion_rate: .nan\n", "max_ingestion_rate"),
+            ("overrides: {a: {ingestion_rate: 1}\n", "invalid YAML"),
+        ] {
+            let err = parse(content).unwrap_err().to_string();
+            assert!(err.contains(expected), "{content:?}: {err}");
+        }
+    }
+
+    #[test]
+    fn render_diff_shows_only_what_differs() {
+        let config = parse(
+            "overrides:\n  a:\n    ingestion_rate: 10000\n  b:\n    request_rate: 3\n    \
+             request_burst_size: 3\ndistributor_limits:\n  max_ingestion_rate: 9\n",
+        )
+        .unwrap();
+        let diff = config.render(RenderMode::Diff);
+        assert_eq!(
+            diff,
+            "overrides:\n  b:\n    request_rate: 3.0\n    request_burst_size: 3\n\
+             distributor_limits:\n  max_ingestion_rate: 9.0\n"
+        );
+        let full = config.render(RenderMode::Full);
+        assert!(full.contains("defaults:\n  ingestion_rate: 10000.0"), "{full}");
+        assert!(full.contains("  a:\n    ingestion_rate: 10000.0"), "{full}");
+    }
+
+    #[test]
+    fn hash_is_of_the_bytes() {
+        let config = parse("").unwrap();
+        assert_eq!(
+            config.sha256,
+            "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"
+        );
+    }
+}

@@ -1,0 +1,20 @@
+//! Strict YAML runtime overrides for weir, reloaded periodically with last-good retention.
+//!
+//! # Layout
+//! - [`limits`]: the limit types (`TenantLimits`, `InstanceLimits`), their defaults and rules.
+//! - [`config`]: parsing one file into a [`RuntimeConfig`]: strict keys, Mimir compatibility,
+//!   inheritance from defaults, and rendering (`/runtime_config`, `?mode=diff`).
+//! - [`reload`]: the periodic reloader. It re-parses only when the content hash changes,
+//!   keeps the last good config on error, and publishes through a `watch` channel.
+//! - `mimir_keys`: Mimir's limit keys, accepted (and warned about) but not enforced.
+//!
+//! The example file used by weir's default run is `overrides.yaml` beside this crate.
+
+pub mod config;
+pub mod limits;
+mod mimir_keys;
+pub mod reload;
+
+pub use config::{ConfigError, RenderMode, RuntimeConfig};
+pub use limits::{Defaults, InstanceLimits, RateLimitStrategy, TenantLimits};
+pub use reload::{ReloadMetrics, Reloader};

@@ -1,0 +1,173 @@
+//! The limit types an overrides file sets, and the rules a value must meet.
+//!
+//! Names and meanings follow Grafana Mimir's, so an operator's overrides file and habits carry
+//! over. Every rate is **fleet-wide**: how a replica turns it into a local decision is the
+//! distributor's business, not this crate's.
+
+use serde::{Deserialize, Serialize};
+
+/// How a tenant's fleet-wide limit becomes a replica's local decision.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum RateLimitStrategy {
+    /// Mimir's: local rate = tenant rate ÷ healthy replicas. Burst is not divided.
+    #[default]
+    Divided,
+}
+
+impl RateLimitStrategy {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RateLimitStrategy::Divided => "divided",
+        }
+    }
+}
+
+/// One tenant's limits, fully resolved (defaults with the tenant's override applied).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct TenantLimits {
+    /// Samples + histograms + exemplars + metadata per second, fleet-wide. `0` rejects all
+    /// ingestion (Mimir would still let one initial burst through; weir does not).
+    pub ingestion_rate: f64,
+    /// Largest number of samples (etc.) the bucket holds. Must be ≥ 1 unless the rate is 0.
+    /// A single request larger than this can never pass.
+    pub ingestion_burst_size: u64,
+    /// Push requests per second, fleet-wide. `0` means unlimited (Mimir's meaning).
+    pub request_rate: f64,
+    /// Largest number of requests the request bucket holds. Must be ≥ 1 when
+    /// `request_rate` > 0 (Mimir would reject every request; weir refuses the config).
+    pub request_burst_size: u64,
+    /// How the fleet-wide limit becomes a local one.
+    pub rate_limit_strategy: RateLimitStrategy,
+}
+
+impl Default for TenantLimits {
+    fn default() -> Self {
+        TenantLimits {
+            ingestion_rate: 10_000.0,
+            ingestion_burst_size: 200_000,
+            request_rate: 0.0,
+            request_burst_size: 0,
+            rate_limit_strategy: RateLimitStrategy::Divided,
+        }
+    }
+}
+
+/// A tenant's entry under `overrides:`. Every key is optional: what is missing is inherited
+/// from the defaults.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]
+pub(crate) struct TenantOverride {
+    pub ingestion_rate: Option<f64>,
+    pub ingestion_burst_size: Option<u64>,
+    pub request_rate: Option<f64>,
+    pub request_burst_size: Option<u64>,
+    pub rate_limit_strategy: Option<RateLimitStrategy>,
+}
+
+impl TenantOverride {
+    pub(crate) fn apply(&self, defaults: &TenantLimits) -> TenantLimits {
+        TenantLimits {
+            ingestion_rate: self.ingestion_rate.unwrap_or(defaults.ingestion_rate),
+            ingestion_burst_size: self.ingestion_burst_size.unwrap_or(defaults.ingestion_burst_size),
+            request_rate: self.request_rate.unwrap_or(defaults.request_rate),
+            request_burst_size: self.request_burst_size.unwrap_or(defaults.request_burst_size),
+            rate_limit_strategy: self.rate_limit_strategy.unwrap_or(defaults.rate_limit_strategy),
+        }
+    }
+}
+
+impl TenantLimits {
+    /// Checks the rules a resolved set of limits must meet; the message names the key.
+    pub fn validate(&self) -> Result<(), String> {
+        check_rate("ingestion_rate", self.ingestion_rate)?;
+        check_rate("request_rate", self.request_rate)?;
+        if self.ingestion_rate > 0.0 && self.ingestion_burst_size == 0 {
+            return Err(format!(
+                "ingestion_burst_size is 0 while ingestion_rate is {}: no sample could ever \
+                 pass; set ingestion_burst_size to at least the largest request's sample count",
+                self.ingestion_rate
+            ));
+        }
+        if self.request_rate > 0.0 && self.request_burst_size == 0 {
+            return Err(format!(
+                "request_burst_size is 0 while request_rate is {}: no request could ever pass \
+                 (Mimir rejects every request in this case); set request_burst_size ≥ 1, or \
+                 request_rate: 0 for unlimited",
+                self.request_rate
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Per-process limits for all tenants together (`distributor_limits:`). `0` disables each.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct InstanceLimits {
+    /// Push requests being handled at once by this replica, from request start to response.
+    pub max_inflight_push_requests: u64,
+    /// Sum of `Content-Length` of the push requests being handled at once by this replica.
+    pub max_inflight_push_requests_bytes: u64,
+    /// Samples per second this replica admits, as an exponentially weighted moving average.
+    pub max_ingestion_rate: f64,
+}
+
+impl Default for InstanceLimits {
+    fn default() -> Self {
+        InstanceLimits {
+            max_inflight_push_requests: 2000,
+            max_inflight_push_requests_bytes: 0,
+            max_ingestion_rate: 0.0,
+        }
+    }
+}
+
+/// The `distributor_limits:` section; missing keys inherit the defaults.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct InstanceOverride {
+    pub max_inflight_push_requests: Option<u64>,
+    pub max_inflight_push_requests_bytes: Option<u64>,
+    pub max_ingestion_rate: Option<f64>,
+}
+
+impl InstanceOverride {
+    pub(crate) fn apply(&self, defaults: &InstanceLimits) -> InstanceLimits {
+        InstanceLimits {
+            max_inflight_push_requests: self
+                .max_inflight_push_requests
+                .unwrap_or(defaults.max_inflight_push_requests),
+            max_inflight_push_requests_bytes: self
+                .max_inflight_push_requests_bytes
+                .unwrap_or(defaults.max_inflight_push_requests_bytes),
+            max_ingestion_rate: self.max_ingestion_rate.unwrap_or(defaults.max_ingestion_rate),
+        }
+    }
+}
+
+impl InstanceLimits {
+    pub fn validate(&self) -> Result<(), String> {
+        check_rate("max_ingestion_rate", self.max_ingestion_rate)
+    }
+}
+
+fn check_rate(key: &str, value: f64) -> Result<(), String> {
+    if value.is_finite() && value >= 0.0 {
+        Ok(())
+    } else {
+        Err(format!("{key} must be a finite number ≥ 0, got {value}"))
+    }
+}
+
+/// The defaults that every tenant inherits, from flags or the `--config` file.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct Defaults {
+    pub tenant: TenantLimits,
+    pub instance: InstanceLimits,
+}
+
+impl Defaults {
+    pub fn validate(&self) -> Result<(), String> {
+        self.tenant.validate()?;
+        self.instance.validate()
+    }
+}
