@@ -1,1 +1,26 @@
+//! weir: a Mimir-style remote-write distributor and distributed rate limiter.
+//!
+//! # Layout
+//! - [`config`]: every setting as a clap flag, a `WEIR_…` env var and a `--config` YAML key.
+//! - [`server`]: `run(config, listener, shutdown)`: the HTTP routes, the background tasks
+//!   (config reload, EWMA tick, idle-tenant eviction) and graceful shutdown.
+//! - [`push`]: the push path, in order: instance limits → tenant → request rate → decode →
+//!   ingestion rate → sink.
+//! - [`instance`]: per-process limits (in-flight requests and bytes, ingestion-rate EWMA).
+//! - [`tenant`]: tenant IDs from `X-Scope-OrgID`, with Mimir's validation.
+//! - [`remote_write`]: snappy + zero-copy protobuf scan of remote-write 1.0 bodies.
+//! - [`limiter`]: the per-tenant engine: limit maths (pure), governor buckets, tenant map.
+//! - [`rejection`]: typed errors and their one mapping to status codes, headers and bodies.
+//! - [`metrics`]: every metric family, defined in one place.
+//!
+//! The runtime overrides file is the `runtime-config` crate's business.
 
+pub mod config;
+pub mod instance;
+pub mod limiter;
+pub mod metrics;
+pub mod push;
+pub mod rejection;
+pub mod remote_write;
+pub mod server;
+pub mod tenant;

@@ -1,1 +1,77 @@
-fn main() {}
+//! The `weir` binary: parse flags, set up logging, bind, and hand over to `server::run`.
+
+use std::process::ExitCode;
+
+use anyhow::Context;
+use tracing_subscriber::EnvFilter;
+use weir::config::{Config, LogFormat};
+
+fn main() -> ExitCode {
+    let config = match Config::load_from(std::env::args_os()) {
+        Ok(config) => config,
+        Err(err) => match err.downcast::<clap::Error>() {
+            Ok(clap_error) => clap_error.exit(), // --help, --version, usage errors
+            Err(err) => {
+                eprintln!("weir: {err:#}");
+                return ExitCode::from(2);
+            }
+        },
+    };
+    init_logging(&config);
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(runtime) => runtime,
+        Err(err) => {
+            eprintln!("weir: cannot start the async runtime: {err}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(serve(config)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            tracing::error!("{err:#}");
+            eprintln!("weir: {err:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn serve(config: Config) -> anyhow::Result<()> {
+    let listener = tokio::net::TcpListener::bind(config.http_addr)
+        .await
+        .with_context(|| format!("cannot listen on --http-addr {}", config.http_addr))?;
+    weir::server::run(config, listener, shutdown_signal()).await
+}
+
+/// Resolves on SIGINT or SIGTERM.
+async fn shutdown_signal() {
+    let interrupt = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let mut terminate =
+            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+                .expect("installing a SIGTERM handler");
+        tokio::select! {
+            _ = interrupt => {}
+            _ = terminate.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = interrupt.await;
+}
+
+fn init_logging(config: &Config) {
+    let filter = EnvFilter::try_new(&config.log_level).unwrap_or_else(|err| {
+        eprintln!(
+            "weir: invalid --log-level {:?} ({err}); using info",
+            config.log_level
+        );
+        EnvFilter::new("info")
+    });
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match config.log_format {
+        LogFormat::Text => builder.init(),
+        LogFormat::Json => builder.json().init(),
+    }
+}

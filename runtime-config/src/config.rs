@@ -118,10 +118,12 @@ impl RuntimeConfig {
         }
 
         let instance = file.distributor_limits.apply(&defaults.instance);
-        instance.validate().map_err(|message| ConfigError::Invalid {
-            place: "distributor_limits".into(),
-            message,
-        })?;
+        instance
+            .validate()
+            .map_err(|message| ConfigError::Invalid {
+                place: "distributor_limits".into(),
+                message,
+            })?;
 
         Ok(RuntimeConfig {
             defaults,
@@ -233,7 +235,10 @@ mod tests {
              setting (typo?)"
         );
         let err = parse("overides: {}\n").unwrap_err();
-        assert!(err.to_string().contains("`overides` in the top level"), "{err}");
+        assert!(
+            err.to_string().contains("`overides` in the top level"),
+            "{err}"
+        );
         let err = parse("distributor_limits:\n  max_inflight: 3\n").unwrap_err();
         assert!(err.to_string().contains("max_inflight"), "{err}");
     }
@@ -265,13 +270,31 @@ mod tests {
     #[test]
     fn bad_values_are_errors() {
         for (content, expected) in [
-            ("overrides:\n  a:\n    ingestion_rate: -1\n", "overrides.a: ingestion_rate"),
-            ("overrides:\n  a:\n    request_rate: 5\n", "request_burst_size is 0"),
-            ("overrides:\n  a:\n    ingestion_burst_size: 0\n", "ingestion_burst_size is 0"),
-            ("overrides:\n  a:\n    ingestion_rate: abc\n", "invalid YAML"),
+            (
+                "overrides:\n  a:\n    ingestion_rate: -1\n",
+                "overrides.a: ingestion_rate",
+            ),
+            (
+                "overrides:\n  a:\n    request_rate: 5\n",
+                "request_burst_size is 0",
+            ),
+            (
+                "overrides:\n  a:\n    ingestion_burst_size: 0\n",
+                "ingestion_burst_size is 0",
+            ),
+            (
+                "overrides:\n  a:\n    ingestion_rate: abc\n",
+                "invalid YAML",
+            ),
             ("overrides: [1, 2]\n", "invalid YAML"),
-            ("overrides:\n  a:\n    rate_limit_strategy: magic\n", "invalid YAML"),
-            ("distributor_limits:\n  max_ingestion_rate: .nan\n", "max_ingestion_rate"),
+            (
+                "overrides:\n  a:\n    rate_limit_strategy: magic\n",
+                "invalid YAML",
+            ),
+            (
+                "distributor_limits:\n  max_ingestion_rate: .nan\n",
+                "max_ingestion_rate",
+            ),
             ("overrides: {a: {ingestion_rate: 1}\n", "invalid YAML"),
         ] {
             let err = parse(content).unwrap_err().to_string();
@@ -293,7 +316,10 @@ mod tests {
              distributor_limits:\n  max_ingestion_rate: 9.0\n"
         );
         let full = config.render(RenderMode::Full);
-        assert!(full.contains("defaults:\n  ingestion_rate: 10000.0"), "{full}");
+        assert!(
+            full.contains("defaults:\n  ingestion_rate: 10000.0"),
+            "{full}"
+        );
         assert!(full.contains("  a:\n    ingestion_rate: 10000.0"), "{full}");
     }
 

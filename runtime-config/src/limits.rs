@@ -68,10 +68,16 @@ impl TenantOverride {
     pub(crate) fn apply(&self, defaults: &TenantLimits) -> TenantLimits {
         TenantLimits {
             ingestion_rate: self.ingestion_rate.unwrap_or(defaults.ingestion_rate),
-            ingestion_burst_size: self.ingestion_burst_size.unwrap_or(defaults.ingestion_burst_size),
+            ingestion_burst_size: self
+                .ingestion_burst_size
+                .unwrap_or(defaults.ingestion_burst_size),
             request_rate: self.request_rate.unwrap_or(defaults.request_rate),
-            request_burst_size: self.request_burst_size.unwrap_or(defaults.request_burst_size),
-            rate_limit_strategy: self.rate_limit_strategy.unwrap_or(defaults.rate_limit_strategy),
+            request_burst_size: self
+                .request_burst_size
+                .unwrap_or(defaults.request_burst_size),
+            rate_limit_strategy: self
+                .rate_limit_strategy
+                .unwrap_or(defaults.rate_limit_strategy),
         }
     }
 }
@@ -139,7 +145,9 @@ impl InstanceOverride {
             max_inflight_push_requests_bytes: self
                 .max_inflight_push_requests_bytes
                 .unwrap_or(defaults.max_inflight_push_requests_bytes),
-            max_ingestion_rate: self.max_ingestion_rate.unwrap_or(defaults.max_ingestion_rate),
+            max_ingestion_rate: self
+                .max_ingestion_rate
+                .unwrap_or(defaults.max_ingestion_rate),
         }
     }
 }

@@ -44,7 +44,9 @@ impl ReloadMetrics {
         };
         registry.register(Box::new(metrics.last_reload_successful.clone()))?;
         registry.register(Box::new(metrics.hash.clone()))?;
-        registry.register(Box::new(metrics.last_reload_success_timestamp_seconds.clone()))?;
+        registry.register(Box::new(
+            metrics.last_reload_success_timestamp_seconds.clone(),
+        ))?;
         Ok(metrics)
     }
 
@@ -191,7 +193,10 @@ mod tests {
         let good_hash = first.sha256.clone();
         assert_eq!(metrics.hash.with_label_values(&[&good_hash]).get(), 1);
 
-        assert!(reloader.reload().is_none(), "unchanged file is not re-parsed");
+        assert!(
+            reloader.reload().is_none(),
+            "unchanged file is not re-parsed"
+        );
 
         std::fs::write(file.path(), "overrides:\n  a:\n    ingestion_rat: 5\n").unwrap();
         assert!(reloader.reload().is_none());
@@ -219,6 +224,8 @@ mod tests {
         let err = Reloader::new("/nonexistent/overrides.yaml", Defaults::default(), metrics)
             .load_first()
             .unwrap_err();
-        assert!(err.to_string().starts_with("cannot read /nonexistent/overrides.yaml"));
+        assert!(err
+            .to_string()
+            .starts_with("cannot read /nonexistent/overrides.yaml"));
     }
 }

@@ -1,0 +1,283 @@
+//! Start-up configuration: every setting is a clap flag, a `WEIR_…` environment variable and
+//! a key of an optional YAML file given with `--config` (the flag's long name with `_`).
+//! Precedence: flag, then environment, then file, then the built-in default.
+
+use std::collections::BTreeMap;
+use std::ffi::OsString;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+use clap::parser::ValueSource;
+use clap::{CommandFactory, FromArgMatches, Parser, ValueEnum};
+use runtime_config::{Defaults, InstanceLimits, RateLimitStrategy, TenantLimits};
+
+use crate::rejection::RetryBackoff;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+/// weir: a Mimir-style remote-write distributor and distributed rate limiter.
+#[derive(Debug, Clone, Parser)]
+#[command(name = "weir", version, about)]
+pub struct Config {
+    /// YAML file with any of these settings; keys are the long flag names with `_` for `-`.
+    #[arg(long, env = "WEIR_CONFIG")]
+    pub config: Option<PathBuf>,
+
+    /// Address for HTTP: push, metrics, readiness, runtime config.
+    #[arg(long, env = "WEIR_HTTP_ADDR", default_value = "127.0.0.1:8080")]
+    pub http_addr: SocketAddr,
+
+    /// Runtime overrides file (per-tenant limits, instance limits), reloaded periodically.
+    #[arg(
+        long,
+        env = "WEIR_RUNTIME_CONFIG",
+        default_value = "runtime-config/overrides.yaml"
+    )]
+    pub runtime_config: PathBuf,
+
+    /// How often the runtime overrides file is checked for changes.
+    #[arg(long, env = "WEIR_RUNTIME_CONFIG_PERIOD", default_value = "5s", value_parser = humantime::parse_duration)]
+    pub runtime_config_period: Duration,
+
+    /// Log format.
+    #[arg(long, env = "WEIR_LOG_FORMAT", value_enum, default_value = "text")]
+    pub log_format: LogFormat,
+
+    /// Log filter, in `tracing` EnvFilter syntax (e.g. `info`, `weir=debug`).
+    #[arg(long, env = "WEIR_LOG_LEVEL", default_value = "info")]
+    pub log_level: String,
+
+    /// Default per-tenant ingestion rate, fleet-wide: samples + histograms + exemplars +
+    /// metadata per second. 0 rejects all ingestion.
+    #[arg(long, env = "WEIR_INGESTION_RATE", default_value_t = 10_000.0)]
+    pub ingestion_rate: f64,
+
+    /// Default per-tenant ingestion burst size (bucket capacity, in samples).
+    #[arg(long, env = "WEIR_INGESTION_BURST_SIZE", default_value_t = 200_000)]
+    pub ingestion_burst_size: u64,
+
+    /// Default per-tenant push request rate, fleet-wide, in requests/s. 0 means unlimited.
+    #[arg(long, env = "WEIR_REQUEST_RATE", default_value_t = 0.0)]
+    pub request_rate: f64,
+
+    /// Default per-tenant request burst size; must be ≥ 1 when the request rate is > 0.
+    #[arg(long, env = "WEIR_REQUEST_BURST_SIZE", default_value_t = 0)]
+    pub request_burst_size: u64,
+
+    /// Default strategy for turning a fleet-wide limit into a local one: `divided`.
+    #[arg(long, env = "WEIR_RATE_LIMIT_STRATEGY", default_value = "divided", value_parser = parse_strategy)]
+    pub rate_limit_strategy: RateLimitStrategy,
+
+    /// Push requests handled at once by this replica; 0 = off.
+    #[arg(long, env = "WEIR_MAX_INFLIGHT_PUSH_REQUESTS", default_value_t = 2000)]
+    pub max_inflight_push_requests: u64,
+
+    /// Sum of Content-Length of the push requests handled at once by this replica; 0 = off.
+    #[arg(
+        long,
+        env = "WEIR_MAX_INFLIGHT_PUSH_REQUESTS_BYTES",
+        default_value_t = 0
+    )]
+    pub max_inflight_push_requests_bytes: u64,
+
+    /// Samples/s this replica admits (EWMA over 1 s ticks); 0 = off.
+    #[arg(long, env = "WEIR_MAX_INGESTION_RATE", default_value_t = 0.0)]
+    pub max_ingestion_rate: f64,
+
+    /// Largest push body, in bytes, compressed and decompressed alike (Mimir's default, 100 MiB).
+    #[arg(long, env = "WEIR_MAX_REQUEST_BODY_SIZE", default_value_t = 100 << 20)]
+    pub max_request_body_size: u64,
+
+    /// Single-tenant mode: requests without an X-Scope-OrgID header belong to this tenant.
+    /// Off by default (such requests get 401).
+    #[arg(long, env = "WEIR_NO_AUTH_TENANT")]
+    pub no_auth_tenant: Option<String>,
+
+    /// Smallest Retry-After on 429 and 5xx answers (≥ 1s).
+    #[arg(long, env = "WEIR_RETRY_AFTER_MIN_BACKOFF", default_value = "6s", value_parser = humantime::parse_duration)]
+    pub retry_after_min_backoff: Duration,
+
+    /// Largest Retry-After on 429 and 5xx answers.
+    #[arg(long, env = "WEIR_RETRY_AFTER_MAX_BACKOFF", default_value = "96s", value_parser = humantime::parse_duration)]
+    pub retry_after_max_backoff: Duration,
+
+    /// A tenant's limiter state and metric series are dropped after this long without
+    /// requests (and never before its buckets would be full again).
+    #[arg(long, env = "WEIR_TENANT_IDLE_TIMEOUT", default_value = "10m", value_parser = humantime::parse_duration)]
+    pub tenant_idle_timeout: Duration,
+
+    /// On SIGTERM, how long /ready answers 503 while still serving, so the balancer can
+    /// stop sending before connections are refused.
+    #[arg(long, env = "WEIR_SHUTDOWN_DELAY", default_value = "0s", value_parser = humantime::parse_duration)]
+    pub shutdown_delay: Duration,
+
+    /// On SIGTERM, how long in-flight requests may take to finish before the process exits.
+    #[arg(long, env = "WEIR_SHUTDOWN_DRAIN_TIMEOUT", default_value = "30s", value_parser = humantime::parse_duration)]
+    pub shutdown_drain_timeout: Duration,
+}
+
+fn parse_strategy(value: &str) -> Result<RateLimitStrategy, String> {
+    serde_yaml_ng::from_str(value)
+        .map_err(|_| format!("unknown strategy {value:?}; expected: divided"))
+}
+
+impl Config {
+    /// Parses flags and environment, then fills in what neither set from `--config`.
+    pub fn load_from<I, T>(args: I) -> anyhow::Result<Config>
+    where
+        I: IntoIterator<Item = T>,
+        T: Into<OsString> + Clone,
+    {
+        let mut args: Vec<OsString> = args.into_iter().map(Into::into).collect();
+        let command = Config::command();
+        let matches = command.clone().try_get_matches_from(&args)?;
+        if let Some(path) = matches.get_one::<PathBuf>("config") {
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("cannot read --config {}", path.display()))?;
+            let file: Option<BTreeMap<String, serde_yaml_ng::Value>> =
+                serde_yaml_ng::from_str(&text)
+                    .with_context(|| format!("invalid YAML in --config {}", path.display()))?;
+            for (key, value) in file.unwrap_or_default() {
+                let Some(arg) = command
+                    .get_arguments()
+                    .find(|arg| arg.get_id() == key.as_str() && key != "config")
+                else {
+                    bail!("unknown key `{key}` in --config {}", path.display());
+                };
+                if matches!(
+                    matches.value_source(&key),
+                    Some(ValueSource::CommandLine | ValueSource::EnvVariable)
+                ) {
+                    continue;
+                }
+                let value = match value {
+                    serde_yaml_ng::Value::String(text) => text,
+                    serde_yaml_ng::Value::Number(number) => number.to_string(),
+                    serde_yaml_ng::Value::Bool(flag) => flag.to_string(),
+                    other => bail!(
+                        "key `{key}` in --config {}: expected a scalar, got {other:?}",
+                        path.display()
+                    ),
+                };
+                let long = arg.get_long().expect("every setting has a long flag");
+                args.push(format!("--{long}={value}").into());
+            }
+        }
+        let config = Config::from_arg_matches(&Config::command().try_get_matches_from(&args)?)?;
+        config.validate()
+    }
+
+    fn validate(self) -> anyhow::Result<Config> {
+        self.defaults()
+            .validate()
+            .map_err(|message| anyhow::anyhow!("default limits: {message}"))?;
+        if self.retry_after_min_backoff < Duration::from_secs(1) {
+            bail!("--retry-after-min-backoff must be at least 1s");
+        }
+        if self.retry_after_max_backoff < self.retry_after_min_backoff {
+            bail!("--retry-after-max-backoff must be at least --retry-after-min-backoff");
+        }
+        if self.max_request_body_size == 0 {
+            bail!("--max-request-body-size must be > 0");
+        }
+        if self.runtime_config_period.is_zero() {
+            bail!("--runtime-config-period must be > 0");
+        }
+        if let Some(tenant) = &self.no_auth_tenant {
+            crate::tenant::validate(tenant)
+                .with_context(|| format!("--no-auth-tenant {tenant:?}"))?;
+        }
+        Ok(self)
+    }
+
+    /// The limits every tenant inherits unless its override says otherwise.
+    pub fn defaults(&self) -> Defaults {
+        Defaults {
+            tenant: TenantLimits {
+                ingestion_rate: self.ingestion_rate,
+                ingestion_burst_size: self.ingestion_burst_size,
+                request_rate: self.request_rate,
+                request_burst_size: self.request_burst_size,
+                rate_limit_strategy: self.rate_limit_strategy,
+            },
+            instance: InstanceLimits {
+                max_inflight_push_requests: self.max_inflight_push_requests,
+                max_inflight_push_requests_bytes: self.max_inflight_push_requests_bytes,
+                max_ingestion_rate: self.max_ingestion_rate,
+            },
+        }
+    }
+
+    pub fn retry_backoff(&self) -> RetryBackoff {
+        RetryBackoff {
+            min: self.retry_after_min_backoff,
+            max: self.retry_after_max_backoff,
+        }
+    }
+
+    /// A configuration for tests: HTTP on an ephemeral port, everything else default.
+    pub fn for_test(runtime_config: impl Into<PathBuf>) -> Config {
+        let mut config = Config::load_from(["weir"]).expect("defaults are valid");
+        config.http_addr = "127.0.0.1:0".parse().expect("valid address");
+        config.runtime_config = runtime_config.into();
+        config
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn precedence_flag_then_env_then_file_then_default() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("weir.yaml");
+        std::fs::write(
+            &file,
+            "ingestion_rate: 5\nrequest_rate: 2\nrequest_burst_size: 4\nruntime_config_period: 1s\nno_auth_tenant: solo\n",
+        )
+        .unwrap();
+        let config = Config::load_from([
+            "weir",
+            "--config",
+            file.to_str().unwrap(),
+            "--ingestion-rate",
+            "7",
+        ])
+        .unwrap();
+        assert_eq!(config.ingestion_rate, 7.0, "the flag wins over the file");
+        assert_eq!(config.request_rate, 2.0, "the file wins over the default");
+        assert_eq!(config.request_burst_size, 4);
+        assert_eq!(config.runtime_config_period, Duration::from_secs(1));
+        assert_eq!(config.no_auth_tenant.as_deref(), Some("solo"));
+        assert_eq!(config.ingestion_burst_size, 200_000, "the default stays");
+    }
+
+    #[test]
+    fn bad_settings_are_refused_with_the_reason() {
+        let dir = tempfile::tempdir().unwrap();
+        let typo = dir.path().join("typo.yaml");
+        std::fs::write(&typo, "ingestion_rat: 5\n").unwrap();
+        for (args, expected) in [
+            (
+                vec!["--config", typo.to_str().unwrap()],
+                "unknown key `ingestion_rat`",
+            ),
+            (vec!["--request-rate", "5"], "request_burst_size is 0"),
+            (vec!["--retry-after-min-backoff", "500ms"], "at least 1s"),
+            (vec!["--no-auth-tenant", "a/b"], "--no-auth-tenant"),
+            (vec!["--rate-limit-strategy", "magic"], "unknown strategy"),
+            (vec!["--ingestion-rate=-3"], "ingestion_rate"),
+        ] {
+            let err =
+                Config::load_from(std::iter::once("weir").chain(args.iter().copied())).unwrap_err();
+            assert!(format!("{err:#}").contains(expected), "{args:?}: {err:#}");
+        }
+    }
+}

@@ -1,0 +1,328 @@
+//! The per-tenant limit engine: one governor bucket per (tenant, limit kind), sized by the
+//! limit maths from the config in force and the membership.
+//!
+//! The decision path — tenant lookup, bucket check — is lock-free and allocation-free in
+//! steady state: tenants live in a papaya map (lock-free reads), a tenant's buckets sit behind
+//! an `ArcSwap`, and governor's GCRA state is one atomic. When the config or the membership
+//! changes, a generation number moves on and each tenant rebuilds its buckets lazily, on its
+//! next request, carrying its tokens over (see [`bucket`]).
+
+pub mod bucket;
+pub mod maths;
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use arc_swap::{ArcSwap, Guard};
+use governor::clock::{Clock, DefaultClock};
+use runtime_config::{RuntimeConfig, TenantLimits};
+
+use crate::metrics::{Metrics, TenantMetrics};
+use bucket::{nanos_between, Bucket, Outcome};
+use maths::{local_limits, LocalLimit, LocalLimits};
+
+/// Which of a tenant's limits a check is against.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LimitKind {
+    /// One token per push request, checked before the body is read.
+    Request,
+    /// One token per sample, histogram, exemplar and metadata entry.
+    Ingestion,
+}
+
+/// Why a check failed, with the fleet-wide numbers the 429 names.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Rejection {
+    pub kind: LimitKind,
+    pub cause: RejectionCause,
+    /// The tenant's fleet-wide rate for this limit, as configured.
+    pub limit: f64,
+    /// The tenant's burst for this limit, as configured.
+    pub burst: u64,
+    /// This replica's share of `limit`.
+    pub local_limit: f64,
+    /// What the request asked for.
+    pub cost: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum RejectionCause {
+    /// Over the rate; the cost could pass after `wait`.
+    RateLimited { wait: Duration },
+    /// The cost exceeds the burst: it can never pass.
+    LargerThanBurst,
+    /// The limit is 0: nothing passes.
+    Blocked,
+}
+
+/// The inputs of the limit maths, replaced as a whole when any of them changes.
+pub struct Inputs {
+    pub config: Arc<RuntimeConfig>,
+    pub healthy_replicas: usize,
+    generation: u64,
+}
+
+/// One tenant's state on this replica.
+pub struct Tenant<C: Clock = DefaultClock> {
+    buckets: ArcSwap<TenantBuckets<C>>,
+    /// Serializes rebuilds only; the decision path never takes it.
+    rebuild: Mutex<()>,
+    /// Nanoseconds since the limiter's start at the last request.
+    last_seen: AtomicU64,
+    pub metrics: TenantMetrics,
+}
+
+struct TenantBuckets<C: Clock> {
+    /// The `Inputs` generation these buckets were checked against.
+    generation: AtomicU64,
+    limits: TenantLimits,
+    local: LocalLimits,
+    request: Option<Bucket<C>>,
+    ingestion: Option<Bucket<C>>,
+}
+
+impl<C: Clock + Clone> TenantBuckets<C> {
+    fn new(limits: TenantLimits, inputs: &Inputs, clock: &C) -> Self {
+        let local = local_limits(&limits, inputs.healthy_replicas);
+        let fresh = |limit: LocalLimit| match limit {
+            LocalLimit::Limited(rate) => Some(Bucket::new(rate, clock)),
+            LocalLimit::Unlimited | LocalLimit::Deny => None,
+        };
+        TenantBuckets {
+            generation: AtomicU64::new(inputs.generation),
+            limits,
+            request: fresh(local.request),
+            ingestion: fresh(local.ingestion),
+            local,
+        }
+    }
+
+    /// Buckets for new limits, carrying tokens over from these.
+    fn rebuilt(&self, limits: TenantLimits, inputs: &Inputs, clock: &C) -> Self {
+        let local = local_limits(&limits, inputs.healthy_replicas);
+        let carry = |old: &Option<Bucket<C>>, limit: LocalLimit| match (old, limit) {
+            (_, LocalLimit::Unlimited | LocalLimit::Deny) => None,
+            (Some(old), LocalLimit::Limited(rate)) => Some(old.carry_over(rate)),
+            (None, LocalLimit::Limited(rate)) => Some(Bucket::new(rate, clock)),
+        };
+        TenantBuckets {
+            generation: AtomicU64::new(inputs.generation),
+            limits,
+            request: carry(&self.request, local.request),
+            ingestion: carry(&self.ingestion, local.ingestion),
+            local,
+        }
+    }
+
+    /// Seconds until every bucket would be full again if idle.
+    fn refill_seconds(&self) -> f64 {
+        self.local
+            .request
+            .refill_seconds()
+            .max(self.local.ingestion.refill_seconds())
+    }
+}
+
+pub struct Limiter<C: Clock = DefaultClock> {
+    tenants: papaya::HashMap<Box<str>, Arc<Tenant<C>>>,
+    inputs: ArcSwap<Inputs>,
+    /// Serializes writers of `inputs` so generations are unique.
+    inputs_writer: Mutex<()>,
+    clock: C,
+    start: C::Instant,
+    idle_timeout: Duration,
+    metrics: Arc<Metrics>,
+}
+
+impl Limiter<DefaultClock> {
+    pub fn new(config: Arc<RuntimeConfig>, idle_timeout: Duration, metrics: Arc<Metrics>) -> Self {
+        Limiter::with_clock(config, idle_timeout, metrics, DefaultClock::default())
+    }
+}
+
+impl<C: Clock + Clone> Limiter<C> {
+    pub fn with_clock(
+        config: Arc<RuntimeConfig>,
+        idle_timeout: Duration,
+        metrics: Arc<Metrics>,
+        clock: C,
+    ) -> Self {
+        Limiter {
+            tenants: papaya::HashMap::new(),
+            inputs: ArcSwap::from_pointee(Inputs {
+                config,
+                healthy_replicas: 1,
+                generation: 0,
+            }),
+            inputs_writer: Mutex::new(()),
+            start: clock.now(),
+            clock,
+            idle_timeout,
+            metrics,
+        }
+    }
+
+    /// The tenant's state, created on first sight. Marks the tenant as active now.
+    pub fn tenant(&self, name: &str) -> Arc<Tenant<C>> {
+        let now = self.now_nanos();
+        let tenants = self.tenants.pin();
+        let tenant = match tenants.get(name) {
+            Some(tenant) => tenant,
+            None => tenants.get_or_insert_with(name.into(), || {
+                let inputs = self.inputs.load();
+                let limits = *inputs.config.tenant_limits(name);
+                Arc::new(Tenant {
+                    buckets: ArcSwap::from_pointee(TenantBuckets::new(
+                        limits,
+                        &inputs,
+                        &self.clock,
+                    )),
+                    rebuild: Mutex::new(()),
+                    last_seen: AtomicU64::new(now),
+                    metrics: self.metrics.tenant(name),
+                })
+            }),
+        };
+        tenant.last_seen.store(now, Ordering::Relaxed);
+        self.metrics.tracked_tenants.set(tenants.len() as i64);
+        Arc::clone(tenant)
+    }
+
+    /// Takes `cost` tokens of the tenant's `kind` limit, or says why not.
+    pub fn check(
+        &self,
+        name: &str,
+        tenant: &Tenant<C>,
+        kind: LimitKind,
+        cost: u64,
+    ) -> Result<(), Rejection> {
+        let buckets = self.current(name, tenant);
+        let (local, bucket, limit, burst) = match kind {
+            LimitKind::Request => (
+                buckets.local.request,
+                &buckets.request,
+                buckets.limits.request_rate,
+                buckets.limits.request_burst_size,
+            ),
+            LimitKind::Ingestion => (
+                buckets.local.ingestion,
+                &buckets.ingestion,
+                buckets.limits.ingestion_rate,
+                buckets.limits.ingestion_burst_size,
+            ),
+        };
+        let rejection = |cause, local_limit| Rejection {
+            kind,
+            cause,
+            limit,
+            burst,
+            local_limit,
+            cost,
+        };
+        match (local, bucket) {
+            (LocalLimit::Unlimited, _) => Ok(()),
+            (LocalLimit::Deny, _) => Err(rejection(RejectionCause::Blocked, 0.0)),
+            (LocalLimit::Limited(rate), Some(bucket)) => match bucket.check(cost) {
+                Outcome::Allowed => Ok(()),
+                Outcome::Denied { wait } => Err(rejection(
+                    RejectionCause::RateLimited { wait },
+                    rate.per_second,
+                )),
+                Outcome::TooLarge => {
+                    Err(rejection(RejectionCause::LargerThanBurst, rate.per_second))
+                }
+            },
+            (LocalLimit::Limited(_), None) => unreachable!("a limited limit always has a bucket"),
+        }
+    }
+
+    /// The tenant's buckets for the current inputs, rebuilt first if the inputs moved on.
+    fn current(&self, name: &str, tenant: &Tenant<C>) -> Guard<Arc<TenantBuckets<C>>> {
+        let generation = self.inputs.load().generation;
+        let buckets = tenant.buckets.load();
+        if buckets.generation.load(Ordering::Acquire) == generation {
+            return buckets;
+        }
+        drop(buckets);
+        let _rebuilding = tenant.rebuild.lock().unwrap_or_else(|e| e.into_inner());
+        let inputs = self.inputs.load();
+        let buckets = tenant.buckets.load();
+        if buckets.generation.load(Ordering::Acquire) == inputs.generation {
+            return buckets; // another request rebuilt them while this one waited
+        }
+        let limits = *inputs.config.tenant_limits(name);
+        if limits == buckets.limits
+            && local_limits(&limits, inputs.healthy_replicas) == buckets.local
+        {
+            buckets
+                .generation
+                .store(inputs.generation, Ordering::Release);
+            return buckets;
+        }
+        tenant
+            .buckets
+            .store(Arc::new(buckets.rebuilt(limits, &inputs, &self.clock)));
+        tenant.buckets.load()
+    }
+
+    /// Puts a new config in force; tenants pick it up on their next request.
+    pub fn set_config(&self, config: Arc<RuntimeConfig>) {
+        self.update_inputs(|inputs| (config, inputs.healthy_replicas));
+    }
+
+    /// Tells the limiter how many healthy replicas share each tenant's limit.
+    pub fn set_healthy_replicas(&self, healthy_replicas: usize) {
+        self.update_inputs(|inputs| (Arc::clone(&inputs.config), healthy_replicas));
+    }
+
+    fn update_inputs(&self, next: impl FnOnce(&Inputs) -> (Arc<RuntimeConfig>, usize)) {
+        let _writer = self.inputs_writer.lock().unwrap_or_else(|e| e.into_inner());
+        let current = self.inputs.load_full();
+        let (config, healthy_replicas) = next(&current);
+        self.inputs.store(Arc::new(Inputs {
+            config,
+            healthy_replicas,
+            generation: current.generation + 1,
+        }));
+    }
+
+    pub fn inputs(&self) -> Arc<Inputs> {
+        self.inputs.load_full()
+    }
+
+    /// Drops tenants idle for longer than the idle timeout *and* long enough for their
+    /// buckets to be full again, so eviction never changes a decision. Their metric series
+    /// go with them. Returns how many were dropped.
+    pub fn evict_idle(&self) -> usize {
+        let now = self.now_nanos();
+        let tenants = self.tenants.pin();
+        let before = tenants.len();
+        tenants.retain(|name, tenant| {
+            let idle =
+                Duration::from_nanos(now.saturating_sub(tenant.last_seen.load(Ordering::Relaxed)));
+            let refill = Duration::from_secs_f64(tenant.buckets.load().refill_seconds().min(1e9));
+            let keep = idle <= self.idle_timeout.max(refill);
+            if !keep {
+                // Series first: a request racing this finds the old entry, never a new one
+                // whose series were just removed.
+                self.metrics.remove_tenant(name);
+            }
+            keep
+        });
+        let after = tenants.len();
+        self.metrics.tracked_tenants.set(after as i64);
+        before.saturating_sub(after)
+    }
+
+    pub fn tracked_tenants(&self) -> usize {
+        self.tenants.len()
+    }
+
+    fn now_nanos(&self) -> u64 {
+        nanos_between(self.start, self.clock.now())
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,317 @@
+//! Every metric family weir exports, defined in one place and shaped after Mimir's
+//! (`cortex_distributor_*`, `cortex_discarded_*`).
+//!
+//! Cardinality: families labelled `user` have one series per *active* tenant (per reason
+//! where labelled so). A tenant's series are removed when its limiter state is evicted after
+//! `--tenant-idle-timeout`, so random tenant IDs cannot grow them without bound.
+
+use prometheus::{
+    Gauge, GaugeVec, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, Opts,
+    Registry,
+};
+
+/// Why a tenant's request or samples were discarded (`reason` label).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DiscardReason {
+    /// Tenant ingestion rate (Mimir's `rate_limited`).
+    RateLimited,
+    /// Tenant request rate.
+    RequestRateLimited,
+    /// One request carried more than the ingestion burst: it can never pass.
+    IngestionBurstExceeded,
+    /// The body was over `--max-request-body-size`, compressed or not.
+    RequestBodyTooLarge,
+    /// The body was not valid snappy or not a valid `WriteRequest`.
+    InvalidRequestBody,
+}
+
+impl DiscardReason {
+    pub const ALL: [DiscardReason; 5] = [
+        DiscardReason::RateLimited,
+        DiscardReason::RequestRateLimited,
+        DiscardReason::IngestionBurstExceeded,
+        DiscardReason::RequestBodyTooLarge,
+        DiscardReason::InvalidRequestBody,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DiscardReason::RateLimited => "rate_limited",
+            DiscardReason::RequestRateLimited => "request_rate_limited",
+            DiscardReason::IngestionBurstExceeded => "ingestion_burst_exceeded",
+            DiscardReason::RequestBodyTooLarge => "request_body_too_large",
+            DiscardReason::InvalidRequestBody => "invalid_request_body",
+        }
+    }
+}
+
+/// Why this replica refused a request for all tenants (`reason` label); Mimir's values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum InstanceLimit {
+    MaxInflightPushRequests,
+    MaxInflightPushRequestsBytes,
+    MaxIngestionRate,
+}
+
+impl InstanceLimit {
+    pub const ALL: [InstanceLimit; 3] = [
+        InstanceLimit::MaxInflightPushRequests,
+        InstanceLimit::MaxInflightPushRequestsBytes,
+        InstanceLimit::MaxIngestionRate,
+    ];
+
+    /// The key in `distributor_limits:` and the `limit` label of `weir_distributor_instance_limits`.
+    pub fn key(self) -> &'static str {
+        match self {
+            InstanceLimit::MaxInflightPushRequests => "max_inflight_push_requests",
+            InstanceLimit::MaxInflightPushRequestsBytes => "max_inflight_push_requests_bytes",
+            InstanceLimit::MaxIngestionRate => "max_ingestion_rate",
+        }
+    }
+
+    /// The `reason` label of `weir_distributor_instance_rejected_requests_total`.
+    pub fn reason(self) -> &'static str {
+        match self {
+            InstanceLimit::MaxInflightPushRequests => "distributor_max_inflight_push_requests",
+            InstanceLimit::MaxInflightPushRequestsBytes => {
+                "distributor_max_inflight_push_requests_bytes"
+            }
+            InstanceLimit::MaxIngestionRate => "distributor_max_ingestion_rate",
+        }
+    }
+}
+
+pub struct Metrics {
+    pub registry: Registry,
+    pub requests_in: IntCounterVec,
+    pub received_requests: IntCounterVec,
+    pub received_samples: IntCounterVec,
+    pub received_exemplars: IntCounterVec,
+    pub received_metadata: IntCounterVec,
+    pub discarded_requests: IntCounterVec,
+    pub discarded_samples: IntCounterVec,
+    pub instance_rejected_requests: IntCounterVec,
+    pub inflight_push_requests: IntGauge,
+    pub inflight_push_requests_bytes: IntGauge,
+    pub ingestion_rate: Gauge,
+    pub instance_limits: GaugeVec,
+    pub push_duration: HistogramVec,
+    pub tracked_tenants: IntGauge,
+    pub sink_requests: IntCounter,
+}
+
+/// One tenant's series, looked up once when the tenant is first seen so the push path does
+/// no label hashing.
+pub struct TenantMetrics {
+    pub requests_in: IntCounter,
+    pub received_requests: IntCounter,
+    pub received_samples: IntCounter,
+    pub received_exemplars: IntCounter,
+    pub received_metadata: IntCounter,
+    discarded_requests: [IntCounter; DiscardReason::ALL.len()],
+    discarded_samples: [IntCounter; DiscardReason::ALL.len()],
+}
+
+impl TenantMetrics {
+    pub fn discard(&self, reason: DiscardReason, samples: u64) {
+        let index = reason as usize;
+        self.discarded_requests[index].inc();
+        if samples > 0 {
+            self.discarded_samples[index].inc_by(samples);
+        }
+    }
+}
+
+fn counter_vec(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
+    let vec = IntCounterVec::new(Opts::new(name, help), labels).expect("valid metric");
+    registry
+        .register(Box::new(vec.clone()))
+        .expect("unique metric");
+    vec
+}
+
+impl Metrics {
+    pub fn new() -> Self {
+        let registry = Registry::new();
+        let r = &registry;
+        let user = &["user"];
+        let reason_user = &["reason", "user"];
+        let metrics = Metrics {
+            requests_in: counter_vec(
+                r,
+                "weir_distributor_requests_in_total",
+                "Push requests received per tenant, including rejected ones.",
+                user,
+            ),
+            received_requests: counter_vec(
+                r,
+                "weir_distributor_received_requests_total",
+                "Push requests admitted per tenant.",
+                user,
+            ),
+            received_samples: counter_vec(
+                r,
+                "weir_distributor_received_samples_total",
+                "Samples and histograms admitted per tenant.",
+                user,
+            ),
+            received_exemplars: counter_vec(
+                r,
+                "weir_distributor_received_exemplars_total",
+                "Exemplars admitted per tenant.",
+                user,
+            ),
+            received_metadata: counter_vec(
+                r,
+                "weir_distributor_received_metadata_total",
+                "Metadata entries admitted per tenant.",
+                user,
+            ),
+            discarded_requests: counter_vec(
+                r,
+                "weir_discarded_requests_total",
+                "Push requests discarded per tenant, by reason.",
+                reason_user,
+            ),
+            discarded_samples: counter_vec(
+                r,
+                "weir_discarded_samples_total",
+                "Samples, histograms, exemplars and metadata discarded per tenant, by reason.",
+                reason_user,
+            ),
+            instance_rejected_requests: counter_vec(
+                r,
+                "weir_distributor_instance_rejected_requests_total",
+                "Push requests rejected for hitting this replica's instance limits.",
+                &["reason"],
+            ),
+            inflight_push_requests: IntGauge::new(
+                "weir_distributor_inflight_push_requests",
+                "Push requests being handled by this replica.",
+            )
+            .expect("valid"),
+            inflight_push_requests_bytes: IntGauge::new(
+                "weir_distributor_inflight_push_requests_bytes",
+                "Sum of Content-Length of the push requests being handled.",
+            )
+            .expect("valid"),
+            ingestion_rate: Gauge::new(
+                "weir_distributor_ingestion_rate_samples_per_second",
+                "Admitted samples per second on this replica (EWMA, 1 s ticks), as checked \
+                 against max_ingestion_rate.",
+            )
+            .expect("valid"),
+            instance_limits: GaugeVec::new(
+                Opts::new(
+                    "weir_distributor_instance_limits",
+                    "Instance limits in force on this replica (0 = off).",
+                ),
+                &["limit"],
+            )
+            .expect("valid"),
+            push_duration: HistogramVec::new(
+                HistogramOpts::new(
+                    "weir_distributor_push_duration_seconds",
+                    "Time to handle a push request, from headers to response, by status code.",
+                )
+                .buckets(vec![
+                    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
+                    0.5, 1.0, 2.5, 5.0, 10.0,
+                ]),
+                &["status_code"],
+            )
+            .expect("valid"),
+            tracked_tenants: IntGauge::new(
+                "weir_limiter_tracked_tenants",
+                "Tenants with limiter state on this replica.",
+            )
+            .expect("valid"),
+            sink_requests: IntCounter::new(
+                "weir_sink_requests_total",
+                "Admitted push requests acknowledged without forwarding (sink mode).",
+            )
+            .expect("valid"),
+            registry,
+        };
+        for collector in [
+            Box::new(metrics.inflight_push_requests.clone())
+                as Box<dyn prometheus::core::Collector>,
+            Box::new(metrics.inflight_push_requests_bytes.clone()),
+            Box::new(metrics.ingestion_rate.clone()),
+            Box::new(metrics.instance_limits.clone()),
+            Box::new(metrics.push_duration.clone()),
+            Box::new(metrics.tracked_tenants.clone()),
+            Box::new(metrics.sink_requests.clone()),
+        ] {
+            metrics.registry.register(collector).expect("unique metric");
+        }
+        for limit in InstanceLimit::ALL {
+            metrics
+                .instance_rejected_requests
+                .with_label_values(&[limit.reason()]);
+        }
+        metrics
+    }
+
+    /// The tenant's series, created (with every discard reason at 0) on first sight.
+    pub fn tenant(&self, tenant: &str) -> TenantMetrics {
+        let per_reason = |vec: &IntCounterVec| {
+            DiscardReason::ALL.map(|reason| vec.with_label_values(&[reason.as_str(), tenant]))
+        };
+        TenantMetrics {
+            requests_in: self.requests_in.with_label_values(&[tenant]),
+            received_requests: self.received_requests.with_label_values(&[tenant]),
+            received_samples: self.received_samples.with_label_values(&[tenant]),
+            received_exemplars: self.received_exemplars.with_label_values(&[tenant]),
+            received_metadata: self.received_metadata.with_label_values(&[tenant]),
+            discarded_requests: per_reason(&self.discarded_requests),
+            discarded_samples: per_reason(&self.discarded_samples),
+        }
+    }
+
+    /// Drops an evicted tenant's series.
+    pub fn remove_tenant(&self, tenant: &str) {
+        for vec in [
+            &self.requests_in,
+            &self.received_requests,
+            &self.received_samples,
+            &self.received_exemplars,
+            &self.received_metadata,
+        ] {
+            let _ = vec.remove_label_values(&[tenant]);
+        }
+        for reason in DiscardReason::ALL {
+            let _ = self
+                .discarded_requests
+                .remove_label_values(&[reason.as_str(), tenant]);
+            let _ = self
+                .discarded_samples
+                .remove_label_values(&[reason.as_str(), tenant]);
+        }
+    }
+
+    pub fn set_instance_limits(&self, limits: &runtime_config::InstanceLimits) {
+        let values = [
+            limits.max_inflight_push_requests as f64,
+            limits.max_inflight_push_requests_bytes as f64,
+            limits.max_ingestion_rate,
+        ];
+        for (limit, value) in InstanceLimit::ALL.iter().zip(values) {
+            self.instance_limits
+                .with_label_values(&[limit.key()])
+                .set(value);
+        }
+    }
+
+    pub fn render(&self) -> String {
+        prometheus::TextEncoder::new()
+            .encode_to_string(&self.registry.gather())
+            .unwrap_or_else(|err| format!("# error encoding metrics: {err}\n"))
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}

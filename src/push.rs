@@ -1,0 +1,162 @@
+//! `POST /api/v1/push`: the admission path, one function, in a fixed order.
+//!
+//! The order puts the cheapest refusals first, so load that will be refused costs as little
+//! as possible: instance limits need only headers; the tenant and its request rate need only
+//! headers too; only then is the body read, decompressed and scanned, and only a decoded body
+//! can be charged to the ingestion rate.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use axum::body::Body;
+use axum::extract::{Request, State};
+use axum::http::{header, request::Parts, StatusCode};
+use axum::response::{IntoResponse, Response};
+use bytes::Bytes;
+use http_body_util::{BodyExt, LengthLimitError, Limited};
+
+use crate::limiter::LimitKind;
+use crate::rejection::PushError;
+use crate::remote_write::{self, WriteCounts};
+use crate::server::AppState;
+use crate::tenant::{self, TENANT_HEADER};
+
+/// Bodies larger than this are decoded on the blocking pool, so one huge request does not
+/// stall the other requests on its worker thread.
+const INLINE_DECODE_BYTES: usize = 512 << 10;
+
+pub async fn push(State(state): State<Arc<AppState>>, request: Request) -> Response {
+    let started = Instant::now();
+    let (parts, body) = request.into_parts();
+    let response = match admit(&state, &parts, body).await {
+        Ok(()) => {
+            // Sink mode: admitted, counted, acknowledged.
+            state.metrics.sink_requests.inc();
+            StatusCode::OK.into_response()
+        }
+        Err(err) => {
+            if err.status().is_server_error() || err.status() == StatusCode::BAD_REQUEST {
+                tracing::debug!(%err, "push refused");
+            }
+            err.into_response_with(&parts.headers, &state.backoff)
+        }
+    };
+    state
+        .metrics
+        .push_duration
+        .with_label_values(&[response.status().as_str()])
+        .observe(started.elapsed().as_secs_f64());
+    response
+}
+
+async fn admit(state: &AppState, parts: &Parts, body: Body) -> Result<(), PushError> {
+    let content_length = parts
+        .headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|value| value.to_str().ok())
+        .and_then(|value| value.parse::<u64>().ok());
+
+    // 1. Instance limits, before anything else: they protect this process, and need only
+    //    the headers, so an overloaded replica sheds load without reading bodies. The guard
+    //    keeps the request counted in flight until the answer is ready.
+    let mut inflight =
+        state
+            .instance
+            .start(content_length)
+            .map_err(|rejection| PushError::Instance {
+                limit: rejection.limit,
+                value: rejection.value,
+            })?;
+
+    // 2. Tenant: every later limit is per tenant.
+    let tenant_name = tenant::resolve(
+        parts
+            .headers
+            .get(TENANT_HEADER)
+            .map(|value| value.as_bytes()),
+        state.config.no_auth_tenant.as_deref(),
+    )?;
+    let tenant = state.limiter.tenant(tenant_name);
+    tenant.metrics.requests_in.inc();
+    let discard = |err: PushError, items: u64| {
+        if let Some(reason) = err.discard_reason() {
+            tenant.metrics.discard(reason, items);
+        }
+        err
+    };
+
+    // 3. Tenant request rate: one token per request, still before the body is read, so a
+    //    tenant over its request rate costs no decompression.
+    state
+        .limiter
+        .check(tenant_name, &tenant, LimitKind::Request, 1)
+        .map_err(|rejection| discard(PushError::RateLimited(rejection), 0))?;
+
+    // 4. Body: read up to the size limit, decompress, scan. Bad input is the client's fault
+    //    (4xx), never a panic.
+    let max_size = state.config.max_request_body_size as usize;
+    let body = read_body(body, content_length, max_size)
+        .await
+        .map_err(|err| discard(err, 0))?;
+    if !inflight.has_bytes() {
+        // Without a Content-Length the bytes could only be counted once read.
+        inflight
+            .add_bytes(body.len() as u64)
+            .map_err(|rejection| PushError::Instance {
+                limit: rejection.limit,
+                value: rejection.value,
+            })?;
+    }
+    let counts = decode(body, max_size)
+        .await
+        .map_err(|err| discard(PushError::Decode(err), 0))?;
+
+    // 5. Tenant ingestion rate: the cost is every item the request carries.
+    let cost = counts.cost();
+    state
+        .limiter
+        .check(tenant_name, &tenant, LimitKind::Ingestion, cost)
+        .map_err(|rejection| discard(PushError::RateLimited(rejection), cost))?;
+
+    // 6. Admitted: count it. (Forwarding upstream arrives with the forwarding issue; until
+    //    then every admitted request is acknowledged in sink mode.)
+    state.instance.record_admitted(cost);
+    tenant.metrics.received_requests.inc();
+    tenant
+        .metrics
+        .received_samples
+        .inc_by(counts.samples + counts.histograms);
+    tenant.metrics.received_exemplars.inc_by(counts.exemplars);
+    tenant.metrics.received_metadata.inc_by(counts.metadata);
+    Ok(())
+}
+
+async fn read_body(
+    body: Body,
+    content_length: Option<u64>,
+    max_size: usize,
+) -> Result<Bytes, PushError> {
+    if content_length.is_some_and(|length| length > max_size as u64) {
+        return Err(PushError::BodyTooLarge { limit: max_size });
+    }
+    match Limited::new(body, max_size).collect().await {
+        Ok(collected) => Ok(collected.to_bytes()),
+        Err(err) if err.downcast_ref::<LengthLimitError>().is_some() => {
+            Err(PushError::BodyTooLarge { limit: max_size })
+        }
+        Err(err) => Err(PushError::ReadBody(err.to_string())),
+    }
+}
+
+async fn decode(body: Bytes, max_size: usize) -> Result<WriteCounts, remote_write::DecodeError> {
+    if body.len() <= INLINE_DECODE_BYTES {
+        return remote_write::decode(&body, max_size);
+    }
+    tokio::task::spawn_blocking(move || remote_write::decode(&body, max_size))
+        .await
+        .unwrap_or_else(|join_error| {
+            Err(remote_write::DecodeError::Protobuf(format!(
+                "decoding failed: {join_error}"
+            )))
+        })
+}

@@ -1,0 +1,288 @@
+//! Why a push was refused, and the one place where each reason becomes a status code, headers
+//! and a body.
+//!
+//! Rate-limit answers follow Mimir: 429, `Retry-After` from a jittered exponential backoff on
+//! the client's `Retry-Attempt`, and a body that names the limit **as configured for the whole
+//! fleet**, the burst, a stable error id and the override to raise. They also carry the IETF
+//! `RateLimit-Policy` / `RateLimit` fields (draft-ietf-httpapi-ratelimit-headers).
+
+use std::time::Duration;
+
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use rand::Rng;
+
+use crate::limiter::{LimitKind, Rejection, RejectionCause};
+use crate::metrics::{DiscardReason, InstanceLimit};
+use crate::remote_write::DecodeError;
+use crate::tenant::TenantError;
+
+#[derive(Debug, thiserror::Error)]
+pub enum PushError {
+    #[error("{}", instance_message(*.limit, *.value))]
+    Instance { limit: InstanceLimit, value: f64 },
+    #[error("{0}")]
+    Tenant(#[from] TenantError),
+    #[error("{}", rate_limit_message(.0))]
+    RateLimited(Rejection),
+    #[error("request body is over the limit of {limit} bytes (--max-request-body-size)")]
+    BodyTooLarge { limit: usize },
+    #[error("{}", decode_message(.0))]
+    Decode(#[from] DecodeError),
+    #[error("could not read the request body: {0}")]
+    ReadBody(String),
+}
+
+impl PushError {
+    pub fn status(&self) -> StatusCode {
+        match self {
+            PushError::Instance { .. } | PushError::RateLimited(_) => StatusCode::TOO_MANY_REQUESTS,
+            PushError::Tenant(TenantError::Missing) => StatusCode::UNAUTHORIZED,
+            PushError::Tenant(_) | PushError::ReadBody(_) => StatusCode::BAD_REQUEST,
+            PushError::BodyTooLarge { .. } | PushError::Decode(DecodeError::TooLarge { .. }) => {
+                StatusCode::PAYLOAD_TOO_LARGE
+            }
+            PushError::Decode(_) => StatusCode::BAD_REQUEST,
+        }
+    }
+
+    /// The `reason` this error is counted under in `weir_discarded_*{user}`, when the tenant
+    /// is known.
+    pub fn discard_reason(&self) -> Option<DiscardReason> {
+        match self {
+            PushError::RateLimited(rejection) => Some(match (rejection.kind, rejection.cause) {
+                (LimitKind::Request, _) => DiscardReason::RequestRateLimited,
+                (LimitKind::Ingestion, RejectionCause::LargerThanBurst) => {
+                    DiscardReason::IngestionBurstExceeded
+                }
+                (LimitKind::Ingestion, _) => DiscardReason::RateLimited,
+            }),
+            PushError::BodyTooLarge { .. } | PushError::Decode(DecodeError::TooLarge { .. }) => {
+                Some(DiscardReason::RequestBodyTooLarge)
+            }
+            PushError::Decode(_) | PushError::ReadBody(_) => {
+                Some(DiscardReason::InvalidRequestBody)
+            }
+            PushError::Instance { .. } | PushError::Tenant(_) => None,
+        }
+    }
+
+    /// The full answer. `request_headers` supplies `Retry-Attempt` for the backoff.
+    pub fn into_response_with(
+        self,
+        request_headers: &HeaderMap,
+        backoff: &RetryBackoff,
+    ) -> Response {
+        let status = self.status();
+        let mut response = (status, format!("{self}\n")).into_response();
+        let headers = response.headers_mut();
+        headers.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("text/plain; charset=utf-8"),
+        );
+        if status == StatusCode::TOO_MANY_REQUESTS || status.is_server_error() {
+            let attempt = request_headers
+                .get("retry-attempt")
+                .and_then(|value| value.to_str().ok());
+            let seconds = backoff.retry_after_seconds(attempt, &mut rand::rng());
+            headers.insert(header::RETRY_AFTER, HeaderValue::from(seconds));
+        }
+        if let PushError::RateLimited(rejection) = &self {
+            let (policy, state) = ratelimit_fields(rejection);
+            if let (Ok(policy), Ok(state)) = (
+                HeaderValue::from_str(&policy),
+                HeaderValue::from_str(&state),
+            ) {
+                headers.insert("ratelimit-policy", policy);
+                headers.insert("ratelimit", state);
+            }
+        }
+        response
+    }
+}
+
+/// Mimir's Retry-After backoff: `min × 2^(attempt−1)` seconds, ±50 % jitter, clamped to
+/// `[min, max]`. `attempt` is the client's `Retry-Attempt` header (1 when absent or invalid).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RetryBackoff {
+    pub min: Duration,
+    pub max: Duration,
+}
+
+impl RetryBackoff {
+    pub fn retry_after_seconds(&self, attempt: Option<&str>, rng: &mut impl Rng) -> u64 {
+        let attempt = attempt
+            .and_then(|value| value.trim().parse::<i64>().ok())
+            .filter(|&attempt| attempt >= 1)
+            .unwrap_or(1);
+        let (min, max) = (self.min.as_secs_f64(), self.max.as_secs_f64());
+        // 2^62 already exceeds any sane max; capping the exponent keeps the maths finite.
+        let mut delay = (min * 2f64.powi((attempt - 1).min(62) as i32)).min(max);
+        let jitter = (delay * 0.5) as i64;
+        if jitter > 0 {
+            delay += rng.random_range(-jitter..=jitter) as f64;
+        }
+        delay.clamp(min, max) as u64
+    }
+}
+
+impl Default for RetryBackoff {
+    fn default() -> Self {
+        RetryBackoff {
+            min: Duration::from_secs(6),
+            max: Duration::from_secs(96),
+        }
+    }
+}
+
+/// `RateLimit-Policy` and `RateLimit` for a tenant rejection: `q` is the fleet-wide quota per
+/// window `w` (seconds, widened until `q` is a whole number ≥ 1 for slow rates), `r` what is
+/// left (0: the request was refused), `t` seconds until the request could pass (for a request
+/// larger than the burst, until the bucket is full; it still will not pass).
+fn ratelimit_fields(rejection: &Rejection) -> (String, String) {
+    let name = match rejection.kind {
+        LimitKind::Request => "tenant-request-rate",
+        LimitKind::Ingestion => "tenant-ingestion-rate",
+    };
+    let window = if rejection.limit >= 1.0 || rejection.limit <= 0.0 {
+        1.0
+    } else {
+        (1.0 / rejection.limit).ceil()
+    };
+    let quota = (rejection.limit * window).round().max(0.0) as u64;
+    let until = match rejection.cause {
+        RejectionCause::RateLimited { wait } => wait.as_secs_f64().ceil() as u64,
+        RejectionCause::LargerThanBurst if rejection.local_limit > 0.0 => {
+            (rejection.burst as f64 / rejection.local_limit).ceil() as u64
+        }
+        RejectionCause::LargerThanBurst | RejectionCause::Blocked => 0,
+    };
+    (
+        format!("\"{name}\";q={quota};w={window}"),
+        format!("\"{name}\";r=0;t={until}"),
+    )
+}
+
+fn rate_limit_message(rejection: &Rejection) -> String {
+    let Rejection {
+        limit, burst, cost, ..
+    } = *rejection;
+    match (rejection.kind, rejection.cause) {
+        (LimitKind::Request, _) => format!(
+            "the request has been rejected because the tenant exceeded the request rate limit, \
+             set to {limit} requests/s across all replicas with a maximum allowed burst of \
+             {burst} (err-weir-tenant-max-request-rate). To adjust the related per-tenant \
+             limits, set request_rate and request_burst_size in the tenant's runtime overrides, \
+             or contact your service administrator."
+        ),
+        (LimitKind::Ingestion, RejectionCause::LargerThanBurst) => format!(
+            "the request has been rejected because it carries {cost} items, more than the \
+             tenant's ingestion burst size of {burst}: it can never pass, however long it waits. \
+             This limit is applied on the total number of samples, histograms, exemplars and \
+             metadata in one request (err-weir-tenant-max-ingestion-burst-size). Send smaller \
+             requests (Prometheus: queue_config.max_samples_per_send), or raise \
+             ingestion_burst_size in the tenant's runtime overrides."
+        ),
+        (LimitKind::Ingestion, RejectionCause::Blocked) => "the request has been rejected \
+             because the tenant's ingestion rate limit is 0: all ingestion is refused \
+             (err-weir-tenant-max-ingestion-rate). To adjust the related per-tenant limit, \
+             set ingestion_rate in the tenant's runtime overrides, or contact your service \
+             administrator."
+            .to_string(),
+        (LimitKind::Ingestion, RejectionCause::RateLimited { .. }) => format!(
+            "the request has been rejected because the tenant exceeded the ingestion rate \
+             limit, set to {limit} items/s with a maximum allowed burst of {burst}. This limit \
+             is applied on the total number of samples, histograms, exemplars and metadata \
+             received across all replicas (err-weir-tenant-max-ingestion-rate). To adjust the \
+             related per-tenant limits, set ingestion_rate and ingestion_burst_size in the \
+             tenant's runtime overrides, or contact your service administrator."
+        ),
+    }
+}
+
+fn instance_message(limit: InstanceLimit, value: f64) -> String {
+    let what = match limit {
+        InstanceLimit::MaxInflightPushRequests => {
+            format!("the allowed number of in-flight push requests, {value}")
+        }
+        InstanceLimit::MaxInflightPushRequestsBytes => {
+            format!("the allowed total size of in-flight push requests, {value} bytes")
+        }
+        InstanceLimit::MaxIngestionRate => {
+            format!("its ingestion rate limit of {value} samples/s")
+        }
+    };
+    format!(
+        "the write request has been rejected because this replica exceeded {what} \
+         (err-weir-distributor-{}). This limit is per replica, for all tenants together. To \
+         adjust it, set distributor_limits.{} in the runtime overrides, or contact your service \
+         administrator.",
+        limit.key().replace('_', "-"),
+        limit.key(),
+    )
+}
+
+fn decode_message(err: &DecodeError) -> String {
+    match err {
+        DecodeError::TooLarge { .. } => format!("{err} (--max-request-body-size)"),
+        _ => format!("invalid remote-write request: {err}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rand::rngs::StdRng;
+    use rand::SeedableRng;
+
+    #[test]
+    fn backoff_doubles_with_jitter_and_clamps() {
+        let backoff = RetryBackoff::default();
+        let mut rng = StdRng::seed_from_u64(7);
+        for (attempt, low, high) in [
+            (None, 6, 9),
+            (Some("1"), 6, 9),
+            (Some("junk"), 6, 9),
+            (Some("0"), 6, 9),
+            (Some("2"), 6, 18),
+            (Some("3"), 12, 36),
+            (Some("5"), 48, 96),
+            (Some("9999999999"), 48, 96),
+        ] {
+            let mut seen = std::collections::BTreeSet::new();
+            for _ in 0..500 {
+                let seconds = backoff.retry_after_seconds(attempt, &mut rng);
+                assert!((low..=high).contains(&seconds), "{attempt:?}: {seconds}");
+                seen.insert(seconds);
+            }
+            assert!(seen.len() > 1, "{attempt:?}: jitter must vary the answer");
+        }
+    }
+
+    #[test]
+    fn ratelimit_fields_for_fast_and_slow_rates() {
+        let rejection = Rejection {
+            kind: LimitKind::Ingestion,
+            cause: RejectionCause::RateLimited {
+                wait: Duration::from_millis(1500),
+            },
+            limit: 10_000.0,
+            burst: 200_000,
+            local_limit: 5_000.0,
+            cost: 10,
+        };
+        assert_eq!(
+            ratelimit_fields(&rejection),
+            (
+                "\"tenant-ingestion-rate\";q=10000;w=1".to_string(),
+                "\"tenant-ingestion-rate\";r=0;t=2".to_string()
+            )
+        );
+        let slow = Rejection {
+            kind: LimitKind::Request,
+            limit: 0.25,
+            ..rejection
+        };
+        assert_eq!(ratelimit_fields(&slow).0, "\"tenant-request-rate\";q=1;w=4");
+    }
+}

@@ -1,0 +1,349 @@
+//! Remote-write 1.0 bodies: snappy raw-block decompression and a zero-copy protobuf scan.
+//!
+//! Admission needs only counts (samples, histograms, exemplars, metadata) and the assurance
+//! that the body is well-formed, and forwarding passes the original compressed bytes through.
+//! So the body is never decoded into owned structs: [`scan`] walks the wire format with
+//! prost's own varint and key primitives, checks every length, wire type and label string,
+//! and counts. `benches/hot_path.rs` compares it with a full prost decode; the README has the
+//! figures.
+
+pub mod prompb;
+
+use std::cell::RefCell;
+
+use prost::encoding::{decode_key, decode_varint, skip_field, DecodeContext, WireType};
+
+/// What one request carries, for the ingestion-rate cost and the metrics.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct WriteCounts {
+    pub series: u64,
+    pub samples: u64,
+    pub histograms: u64,
+    pub exemplars: u64,
+    pub metadata: u64,
+}
+
+impl WriteCounts {
+    /// The ingestion-rate cost, as Mimir counts it: samples + histograms + exemplars + metadata.
+    pub fn cost(&self) -> u64 {
+        self.samples + self.histograms + self.exemplars + self.metadata
+    }
+}
+
+/// Why a body was refused. Each message is meant for the client that sent it.
+#[derive(Debug, thiserror::Error, PartialEq)]
+pub enum DecodeError {
+    #[error("decompressed body is {size} bytes, over the limit of {limit} bytes")]
+    TooLarge { size: usize, limit: usize },
+    #[error("invalid snappy block: {0}")]
+    Snappy(String),
+    #[error("invalid protobuf WriteRequest: {0}")]
+    Protobuf(String),
+}
+
+/// Buffers above this size are not kept between requests, so one huge request does not pin
+/// its memory to a worker thread forever.
+const RETAINED_BUFFER_BYTES: usize = 4 << 20;
+
+thread_local! {
+    /// Decompression buffer reused across requests on this thread: no allocation per request
+    /// in steady state. Only synchronous code touches it, so no task can hold it across an await.
+    static DECOMPRESSED: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Decompresses a snappy raw block of at most `max_size` decompressed bytes and scans it.
+pub fn decode(body: &[u8], max_size: usize) -> Result<WriteCounts, DecodeError> {
+    let size =
+        snap::raw::decompress_len(body).map_err(|err| DecodeError::Snappy(err.to_string()))?;
+    if size > max_size {
+        return Err(DecodeError::TooLarge {
+            size,
+            limit: max_size,
+        });
+    }
+    DECOMPRESSED.with(|cell| {
+        let mut buffer = cell.borrow_mut();
+        buffer.resize(size, 0);
+        let result = snap::raw::Decoder::new()
+            .decompress(body, &mut buffer)
+            .map_err(|err| DecodeError::Snappy(err.to_string()))
+            .and_then(|written| scan(&buffer[..written]));
+        if buffer.capacity() > RETAINED_BUFFER_BYTES {
+            *buffer = Vec::new();
+        }
+        result
+    })
+}
+
+/// Scans an uncompressed `WriteRequest`, validating its structure, and counts what it carries.
+pub fn scan(mut buf: &[u8]) -> Result<WriteCounts, DecodeError> {
+    let mut counts = WriteCounts::default();
+    while !buf.is_empty() {
+        let (tag, wire_type) = key(&mut buf, "WriteRequest")?;
+        match tag {
+            1 => {
+                let series = embedded(&mut buf, wire_type, "WriteRequest.timeseries")?;
+                scan_series(series, &mut counts).map_err(|reason| {
+                    DecodeError::Protobuf(format!("timeseries[{}]: {reason}", counts.series))
+                })?;
+                counts.series += 1;
+            }
+            3 => {
+                let metadata = embedded(&mut buf, wire_type, "WriteRequest.metadata")?;
+                check_message(metadata).map_err(|reason| {
+                    DecodeError::Protobuf(format!("metadata[{}]: {reason}", counts.metadata))
+                })?;
+                counts.metadata += 1;
+            }
+            _ => skip(&mut buf, wire_type, tag, "WriteRequest")?,
+        }
+    }
+    Ok(counts)
+}
+
+fn scan_series(mut buf: &[u8], counts: &mut WriteCounts) -> Result<(), String> {
+    let mut labels = 0u32;
+    while !buf.is_empty() {
+        let (tag, wire_type) = decode_key(&mut buf).map_err(|e| e.to_string())?;
+        match tag {
+            1 => {
+                let label = field(&mut buf, wire_type, "labels")?;
+                check_label(label).map_err(|reason| format!("labels[{labels}]: {reason}"))?;
+                labels += 1;
+            }
+            2 => {
+                let sample = field(&mut buf, wire_type, "samples")?;
+                check_message(sample).map_err(|reason| format!("samples: {reason}"))?;
+                counts.samples += 1;
+            }
+            3 => {
+                let exemplar = field(&mut buf, wire_type, "exemplars")?;
+                check_message(exemplar).map_err(|reason| format!("exemplars: {reason}"))?;
+                counts.exemplars += 1;
+            }
+            4 => {
+                let histogram = field(&mut buf, wire_type, "histograms")?;
+                check_message(histogram).map_err(|reason| format!("histograms: {reason}"))?;
+                counts.histograms += 1;
+            }
+            _ => skip_field(wire_type, tag, &mut buf, DecodeContext::default())
+                .map_err(|e| e.to_string())?,
+        }
+    }
+    if labels == 0 {
+        return Err("series has no labels".into());
+    }
+    Ok(())
+}
+
+/// A label's name and value must be well-formed UTF-8 strings.
+fn check_label(mut buf: &[u8]) -> Result<(), String> {
+    while !buf.is_empty() {
+        let (tag, wire_type) = decode_key(&mut buf).map_err(|e| e.to_string())?;
+        match tag {
+            1 | 2 => {
+                let text = field(&mut buf, wire_type, if tag == 1 { "name" } else { "value" })?;
+                std::str::from_utf8(text).map_err(|_| "label is not valid UTF-8".to_string())?;
+            }
+            _ => skip_field(wire_type, tag, &mut buf, DecodeContext::default())
+                .map_err(|e| e.to_string())?,
+        }
+    }
+    Ok(())
+}
+
+/// Walks a message's fields without interpreting them: every key, varint and length must be
+/// in bounds.
+fn check_message(mut buf: &[u8]) -> Result<(), String> {
+    while !buf.is_empty() {
+        let (tag, wire_type) = decode_key(&mut buf).map_err(|e| e.to_string())?;
+        skip_field(wire_type, tag, &mut buf, DecodeContext::default())
+            .map_err(|e| e.to_string())?;
+    }
+    Ok(())
+}
+
+/// A length-delimited field's bytes, after checking its wire type and length.
+fn field<'a>(buf: &mut &'a [u8], wire_type: WireType, name: &str) -> Result<&'a [u8], String> {
+    if wire_type != WireType::LengthDelimited {
+        return Err(format!(
+            "field `{name}` has wire type {wire_type:?}, expected LengthDelimited"
+        ));
+    }
+    let len = decode_varint(buf).map_err(|e| format!("field `{name}`: {e}"))?;
+    if len > buf.len() as u64 {
+        return Err(format!(
+            "field `{name}` claims {len} bytes but only {} remain",
+            buf.len()
+        ));
+    }
+    let (bytes, rest) = buf.split_at(len as usize);
+    *buf = rest;
+    Ok(bytes)
+}
+
+fn key(buf: &mut &[u8], message: &str) -> Result<(u32, WireType), DecodeError> {
+    decode_key(buf).map_err(|e| DecodeError::Protobuf(format!("{message}: {e}")))
+}
+
+fn embedded<'a>(
+    buf: &mut &'a [u8],
+    wire_type: WireType,
+    name: &str,
+) -> Result<&'a [u8], DecodeError> {
+    field(buf, wire_type, name).map_err(DecodeError::Protobuf)
+}
+
+fn skip(buf: &mut &[u8], wire_type: WireType, tag: u32, message: &str) -> Result<(), DecodeError> {
+    skip_field(wire_type, tag, buf, DecodeContext::default())
+        .map_err(|e| DecodeError::Protobuf(format!("{message}: field {tag}: {e}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::prompb::*;
+    use super::*;
+    use proptest::prelude::*;
+
+    fn label() -> impl Strategy<Value = Label> {
+        ("[a-z_]{1,8}", ".{0,8}").prop_map(|(name, value)| Label { name, value })
+    }
+
+    fn series() -> impl Strategy<Value = TimeSeries> {
+        (
+            prop::collection::vec(label(), 1..4),
+            prop::collection::vec((any::<f64>(), any::<i64>()), 0..4),
+            prop::collection::vec((prop::collection::vec(label(), 0..2), any::<f64>()), 0..2),
+            prop::collection::vec((any::<u64>(), any::<i32>()), 0..2),
+        )
+            .prop_map(|(labels, samples, exemplars, histograms)| TimeSeries {
+                labels,
+                samples: samples
+                    .into_iter()
+                    .map(|(value, timestamp)| Sample { value, timestamp })
+                    .collect(),
+                exemplars: exemplars
+                    .into_iter()
+                    .map(|(labels, value)| Exemplar {
+                        labels,
+                        value,
+                        timestamp: 1,
+                    })
+                    .collect(),
+                histograms: histograms
+                    .into_iter()
+                    .map(|(count_int, schema)| Histogram {
+                        count_int,
+                        schema,
+                        sum: 1.0,
+                        timestamp: 2,
+                    })
+                    .collect(),
+            })
+    }
+
+    fn write_request() -> impl Strategy<Value = WriteRequest> {
+        (
+            prop::collection::vec(series(), 0..6),
+            prop::collection::vec(".{0,6}", 0..3),
+        )
+            .prop_map(|(timeseries, names)| WriteRequest {
+                timeseries,
+                metadata: names
+                    .into_iter()
+                    .map(|metric_family_name| MetricMetadata {
+                        r#type: 1,
+                        metric_family_name,
+                        help: "h".into(),
+                        unit: String::new(),
+                    })
+                    .collect(),
+            })
+    }
+
+    proptest! {
+        #[test]
+        fn scan_counts_match_a_full_decode(request in write_request()) {
+            let body = request.encode_snappy();
+            prop_assert_eq!(decode(&body, usize::MAX), Ok(request.counts()));
+        }
+
+        #[test]
+        fn arbitrary_bytes_never_panic(bytes in prop::collection::vec(any::<u8>(), 0..512)) {
+            let _ = scan(&bytes);
+            let _ = decode(&bytes, 1 << 20);
+        }
+
+        #[test]
+        fn corrupted_valid_requests_never_panic(
+            request in write_request(),
+            flips in prop::collection::vec((any::<prop::sample::Index>(), any::<u8>()), 1..4),
+        ) {
+            let mut raw = prost::Message::encode_to_vec(&request);
+            if !raw.is_empty() {
+                for (index, byte) in flips {
+                    let i = index.index(raw.len());
+                    raw[i] = byte;
+                }
+            }
+            // A scan that succeeds on corrupted bytes must agree with prost where prost also succeeds.
+            if let (Ok(counts), Ok(decoded)) = (scan(&raw), <WriteRequest as prost::Message>::decode(&raw[..])) {
+                prop_assert_eq!(counts, decoded.counts());
+            }
+        }
+    }
+
+    #[test]
+    fn errors_name_the_problem() {
+        assert!(matches!(
+            decode(b"\xff\xff\xff", 100),
+            Err(DecodeError::Snappy(_))
+        ));
+        let big = WriteRequest::synthetic(100, 1, 1).encode_snappy();
+        assert!(matches!(
+            decode(&big, 10),
+            Err(DecodeError::TooLarge { limit: 10, .. })
+        ));
+        // timeseries field claiming more bytes than remain
+        assert_eq!(
+            scan(&[0x0a, 0x05, 0x0a]),
+            Err(DecodeError::Protobuf(
+                "field `WriteRequest.timeseries` claims 5 bytes but only 1 remain".into()
+            ))
+        );
+        // a series with no labels
+        assert_eq!(
+            scan(&[0x0a, 0x00]),
+            Err(DecodeError::Protobuf(
+                "timeseries[0]: series has no labels".into()
+            ))
+        );
+        // timeseries with the wrong wire type
+        let err = scan(&[0x08, 0x01]).unwrap_err().to_string();
+        assert!(err.contains("wire type Varint"), "{err}");
+    }
+
+    #[test]
+    fn invalid_utf8_label_is_rejected() {
+        let raw = prost::Message::encode_to_vec(&WriteRequest {
+            timeseries: vec![TimeSeries {
+                labels: vec![Label {
+                    name: "a".into(),
+                    value: "b".into(),
+                }],
+                ..Default::default()
+            }],
+            metadata: vec![],
+        });
+        let mut bad = raw.clone();
+        let last = bad.len() - 1;
+        bad[last] = 0xff; // the value "b" becomes an invalid UTF-8 byte
+        assert_eq!(
+            scan(&bad),
+            Err(DecodeError::Protobuf(
+                "timeseries[0]: labels[0]: label is not valid UTF-8".into()
+            ))
+        );
+        assert!(scan(&raw).is_ok());
+    }
+}

@@ -1,0 +1,236 @@
+//! `run(config, listener, shutdown)`: the HTTP routes, the background tasks, and graceful
+//! shutdown. `main` and the integration tests call the same function.
+
+use std::future::{Future, IntoFuture};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use axum::extract::{Query, State};
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::Router;
+use runtime_config::{ReloadMetrics, Reloader, RenderMode, RuntimeConfig};
+use serde::Deserialize;
+use tokio::net::TcpListener;
+use tokio::sync::{oneshot, watch};
+use tokio::task::JoinHandle;
+
+use crate::config::Config;
+use crate::instance::{InstanceLimiter, INGESTION_RATE_TICK};
+use crate::limiter::Limiter;
+use crate::metrics::Metrics;
+use crate::rejection::RetryBackoff;
+
+/// What every request handler shares. Lives in one `Arc`: cloning the router never copies
+/// limiter state.
+pub struct AppState {
+    pub config: Config,
+    pub limiter: Limiter,
+    pub instance: Arc<InstanceLimiter>,
+    pub metrics: Arc<Metrics>,
+    pub backoff: RetryBackoff,
+    runtime_config: watch::Receiver<Arc<RuntimeConfig>>,
+    draining: AtomicBool,
+}
+
+/// Runs one replica on `listener` until `shutdown` resolves, then drains and returns.
+/// A bad runtime config at start-up is an error here, before anything is served.
+pub async fn run(
+    config: Config,
+    listener: TcpListener,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
+    let metrics = Arc::new(Metrics::new());
+    let reload_metrics = ReloadMetrics::new(&metrics.registry).context("registering metrics")?;
+    let mut reloader = Reloader::new(&config.runtime_config, config.defaults(), reload_metrics);
+    let first = reloader.load_first().with_context(|| {
+        format!(
+            "loading runtime config {} (a bad file at start-up is fatal)",
+            config.runtime_config.display()
+        )
+    })?;
+    let first = Arc::new(first);
+    let (config_tx, config_rx) = watch::channel(Arc::clone(&first));
+
+    let limiter = Limiter::new(
+        Arc::clone(&first),
+        config.tenant_idle_timeout,
+        Arc::clone(&metrics),
+    );
+    let instance = InstanceLimiter::new(first.instance, Arc::clone(&metrics));
+    let state = Arc::new(AppState {
+        backoff: config.retry_backoff(),
+        limiter,
+        instance,
+        metrics,
+        runtime_config: config_rx.clone(),
+        draining: AtomicBool::new(false),
+        config,
+    });
+
+    let period = state.config.runtime_config_period;
+    let (stop_tx, stop_rx) = watch::channel(());
+    let tasks = vec![
+        tokio::spawn(reloader.run(period, config_tx, stopped(stop_rx.clone()))),
+        spawn_config_applier(Arc::clone(&state), config_rx),
+        spawn_every(INGESTION_RATE_TICK, {
+            let state = Arc::clone(&state);
+            move || state.instance.tick()
+        }),
+        spawn_every(eviction_period(state.config.tenant_idle_timeout), {
+            let state = Arc::clone(&state);
+            move || {
+                let evicted = state.limiter.evict_idle();
+                if evicted > 0 {
+                    tracing::debug!(evicted, "evicted idle tenants");
+                }
+            }
+        }),
+    ];
+
+    let address = listener.local_addr()?;
+    tracing::info!(%address, runtime_config = %state.config.runtime_config.display(), "weir listening");
+    println!("weir listening on http://{address} (push: POST http://{address}/api/v1/push)");
+    tracing::warn!(
+        "SINK MODE: no upstream is configured; admitted writes are acknowledged and counted, \
+         then dropped"
+    );
+
+    let (drain_tx, drain_rx) = oneshot::channel::<()>();
+    let server = axum::serve(listener, router(Arc::clone(&state)))
+        .with_graceful_shutdown(async move {
+            let _ = drain_rx.await;
+        })
+        .into_future();
+    tokio::pin!(server);
+
+    tokio::select! {
+        result = &mut server => {
+            stop(tasks, stop_tx);
+            return result.context("HTTP server failed");
+        }
+        _ = shutdown => {}
+    }
+
+    // Graceful shutdown: say not-ready first, keep serving for the shutdown delay so the
+    // balancer notices, then refuse new connections and let in-flight requests finish.
+    state.draining.store(true, Ordering::SeqCst);
+    tracing::info!(delay = ?state.config.shutdown_delay, "shutting down: /ready now answers 503");
+    tokio::time::sleep(state.config.shutdown_delay).await;
+    let _ = drain_tx.send(());
+    let drain_timeout = state.config.shutdown_drain_timeout;
+    match tokio::time::timeout(drain_timeout, &mut server).await {
+        Ok(result) => result.context("HTTP server failed while draining")?,
+        Err(_) => tracing::warn!(
+            inflight = state.instance.inflight_requests(),
+            ?drain_timeout,
+            "drain timeout: exiting with requests still in flight"
+        ),
+    }
+    stop(tasks, stop_tx);
+    tracing::info!("shut down cleanly");
+    Ok(())
+}
+
+pub fn router(state: Arc<AppState>) -> Router {
+    Router::new()
+        .route("/api/v1/push", post(crate::push::push))
+        .route("/metrics", get(metrics))
+        .route("/ready", get(ready))
+        .route("/health", get(|| async { "ok\n" }))
+        .route("/runtime_config", get(runtime_config))
+        .with_state(state)
+}
+
+async fn metrics(State(state): State<Arc<AppState>>) -> Response {
+    (
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        state.metrics.render(),
+    )
+        .into_response()
+}
+
+async fn ready(State(state): State<Arc<AppState>>) -> Response {
+    if state.draining.load(Ordering::SeqCst) {
+        (StatusCode::SERVICE_UNAVAILABLE, "shutting down\n").into_response()
+    } else {
+        // The config was loaded before the server started, so serving means ready.
+        (StatusCode::OK, "ready\n").into_response()
+    }
+}
+
+#[derive(Deserialize)]
+struct RuntimeConfigQuery {
+    mode: Option<String>,
+}
+
+async fn runtime_config(
+    State(state): State<Arc<AppState>>,
+    Query(query): Query<RuntimeConfigQuery>,
+) -> Response {
+    let mode = match query.mode.as_deref() {
+        None | Some("") | Some("full") => RenderMode::Full,
+        Some("diff") => RenderMode::Diff,
+        Some(other) => {
+            return (
+                StatusCode::BAD_REQUEST,
+                format!("unknown mode {other:?}: use ?mode=diff or no mode\n"),
+            )
+                .into_response()
+        }
+    };
+    let rendered = state.runtime_config.borrow().render(mode);
+    (
+        [(header::CONTENT_TYPE, "text/yaml; charset=utf-8")],
+        rendered,
+    )
+        .into_response()
+}
+
+/// Puts each newly loaded runtime config in force.
+fn spawn_config_applier(
+    state: Arc<AppState>,
+    mut config_rx: watch::Receiver<Arc<RuntimeConfig>>,
+) -> JoinHandle<()> {
+    tokio::spawn(async move {
+        while config_rx.changed().await.is_ok() {
+            let config = Arc::clone(&config_rx.borrow_and_update());
+            state.instance.set_limits(config.instance);
+            state.limiter.set_config(config);
+        }
+    })
+}
+
+fn spawn_every(period: Duration, mut work: impl FnMut() + Send + 'static) -> JoinHandle<()> {
+    tokio::spawn(async move {
+        let mut ticker = tokio::time::interval(period);
+        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        ticker.tick().await;
+        loop {
+            ticker.tick().await;
+            work();
+        }
+    })
+}
+
+/// Sweep often enough that a tenant lingers at most ~25 % past its idle timeout.
+fn eviction_period(idle_timeout: Duration) -> Duration {
+    (idle_timeout / 4).clamp(Duration::from_secs(1), Duration::from_secs(60))
+}
+
+async fn stopped(mut stop_rx: watch::Receiver<()>) {
+    let _ = stop_rx.changed().await;
+}
+
+fn stop(tasks: Vec<JoinHandle<()>>, stop_tx: watch::Sender<()>) {
+    let _ = stop_tx.send(());
+    for task in tasks {
+        task.abort();
+    }
+}
