@@ -20,7 +20,7 @@ use tokio::task::JoinHandle;
 
 use crate::config::Config;
 use crate::instance::{InstanceLimiter, INGESTION_RATE_TICK};
-use crate::limiter::Limiter;
+use crate::limiter::{EngineClock, Limiter};
 use crate::metrics::Metrics;
 use crate::rejection::RetryBackoff;
 
@@ -43,6 +43,16 @@ pub async fn run(
     listener: TcpListener,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
+    run_with_clock(config, listener, shutdown, EngineClock::real()).await
+}
+
+/// [`run`] with the limiter's clock supplied, so tests can move time by hand.
+pub async fn run_with_clock(
+    config: Config,
+    listener: TcpListener,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+    clock: EngineClock,
+) -> anyhow::Result<()> {
     let metrics = Arc::new(Metrics::new());
     let reload_metrics = ReloadMetrics::new(&metrics.registry).context("registering metrics")?;
     let mut reloader = Reloader::new(&config.runtime_config, config.defaults(), reload_metrics);
@@ -55,10 +65,11 @@ pub async fn run(
     let first = Arc::new(first);
     let (config_tx, config_rx) = watch::channel(Arc::clone(&first));
 
-    let limiter = Limiter::new(
+    let limiter = Limiter::with_clock(
         Arc::clone(&first),
         config.tenant_idle_timeout,
         Arc::clone(&metrics),
+        clock,
     );
     let instance = InstanceLimiter::new(first.instance, Arc::clone(&metrics));
     let state = Arc::new(AppState {

@@ -8,6 +8,7 @@
 //! next request, carrying its tokens over (see [`bucket`]).
 
 pub mod bucket;
+pub mod clock;
 pub mod maths;
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -15,11 +16,12 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use arc_swap::{ArcSwap, Guard};
-use governor::clock::{Clock, DefaultClock};
+use governor::clock::Clock;
 use runtime_config::{RuntimeConfig, TenantLimits};
 
 use crate::metrics::{Metrics, TenantMetrics};
 use bucket::{nanos_between, Bucket, Outcome};
+pub use clock::EngineClock;
 use maths::{local_limits, LocalLimit, LocalLimits};
 
 /// Which of a tenant's limits a check is against.
@@ -64,7 +66,7 @@ pub struct Inputs {
 }
 
 /// One tenant's state on this replica.
-pub struct Tenant<C: Clock = DefaultClock> {
+pub struct Tenant<C: Clock = EngineClock> {
     buckets: ArcSwap<TenantBuckets<C>>,
     /// Serializes rebuilds only; the decision path never takes it.
     rebuild: Mutex<()>,
@@ -124,7 +126,7 @@ impl<C: Clock + Clone> TenantBuckets<C> {
     }
 }
 
-pub struct Limiter<C: Clock = DefaultClock> {
+pub struct Limiter<C: Clock = EngineClock> {
     tenants: papaya::HashMap<Box<str>, Arc<Tenant<C>>>,
     inputs: ArcSwap<Inputs>,
     /// Serializes writers of `inputs` so generations are unique.
@@ -133,12 +135,6 @@ pub struct Limiter<C: Clock = DefaultClock> {
     start: C::Instant,
     idle_timeout: Duration,
     metrics: Arc<Metrics>,
-}
-
-impl Limiter<DefaultClock> {
-    pub fn new(config: Arc<RuntimeConfig>, idle_timeout: Duration, metrics: Arc<Metrics>) -> Self {
-        Limiter::with_clock(config, idle_timeout, metrics, DefaultClock::default())
-    }
 }
 
 impl<C: Clock + Clone> Limiter<C> {

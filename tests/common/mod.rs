@@ -1,0 +1,245 @@
+//! A real weir on 127.0.0.1:0 in this process, spoken to over real HTTP.
+#![allow(dead_code)] // each test binary uses a different part of this
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use governor::clock::FakeRelativeClock;
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+use weir::config::Config;
+use weir::limiter::EngineClock;
+use weir::remote_write::prompb::WriteRequest;
+
+pub struct Weir {
+    pub addr: SocketAddr,
+    pub overrides: PathBuf,
+    pub clock: Option<FakeRelativeClock>,
+    pub client: reqwest::Client,
+    shutdown: Option<oneshot::Sender<()>>,
+    handle: Option<JoinHandle<anyhow::Result<()>>>,
+    _dir: tempfile::TempDir,
+}
+
+pub struct Options {
+    pub overrides: String,
+    /// Drive the limiter's clock by hand instead of the real one.
+    pub manual_clock: bool,
+    pub configure: Box<dyn FnOnce(&mut Config) + Send>,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            overrides: String::new(),
+            manual_clock: false,
+            configure: Box::new(|_| {}),
+        }
+    }
+}
+
+impl Weir {
+    pub async fn start(options: Options) -> Weir {
+        let dir = tempfile::tempdir().unwrap();
+        let overrides = dir.path().join("overrides.yaml");
+        std::fs::write(&overrides, &options.overrides).unwrap();
+        let mut config = Config::for_test(&overrides);
+        (options.configure)(&mut config);
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (clock, engine_clock) = if options.manual_clock {
+            let clock = FakeRelativeClock::default();
+            (Some(clock.clone()), EngineClock::Manual(clock))
+        } else {
+            (None, EngineClock::real())
+        };
+        let (shutdown_tx, shutdown_rx) = oneshot::channel::<()>();
+        let handle = tokio::spawn(weir::server::run_with_clock(
+            config,
+            listener,
+            async move {
+                let _ = shutdown_rx.await;
+            },
+            engine_clock,
+        ));
+        let weir = Weir {
+            addr,
+            overrides,
+            clock,
+            client: reqwest::Client::new(),
+            shutdown: Some(shutdown_tx),
+            handle: Some(handle),
+            _dir: dir,
+        };
+        weir.wait_ready().await;
+        weir
+    }
+
+    pub async fn with_overrides(overrides: &str) -> Weir {
+        Weir::start(Options {
+            overrides: overrides.into(),
+            ..Options::default()
+        })
+        .await
+    }
+
+    async fn wait_ready(&self) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            if let Ok(response) = self.client.get(self.url("/ready")).send().await {
+                if response.status() == 200 {
+                    return;
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        panic!("weir did not become ready");
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{}", self.addr, path)
+    }
+
+    pub fn advance(&self, by: Duration) {
+        self.clock.as_ref().expect("manual clock").advance(by);
+    }
+
+    /// Pushes a raw body for `tenant` (no header when `None`).
+    pub async fn push_body(&self, tenant: Option<&str>, body: Vec<u8>) -> reqwest::Response {
+        let mut request = self
+            .client
+            .post(self.url("/api/v1/push"))
+            .header("Content-Encoding", "snappy")
+            .header("Content-Type", "application/x-protobuf")
+            .header("X-Prometheus-Remote-Write-Version", "0.1.0")
+            .body(body);
+        if let Some(tenant) = tenant {
+            request = request.header("X-Scope-OrgID", tenant);
+        }
+        request.send().await.unwrap()
+    }
+
+    /// Pushes `series` series with one sample each.
+    pub async fn push(&self, tenant: &str, series: usize) -> reqwest::Response {
+        self.push_body(
+            Some(tenant),
+            WriteRequest::synthetic(series, 1, 1).encode_snappy(),
+        )
+        .await
+    }
+
+    pub async fn status(&self, tenant: &str, series: usize) -> u16 {
+        self.push(tenant, series).await.status().as_u16()
+    }
+
+    /// The value of one series from /metrics, e.g. `weir_discarded_requests_total{reason="rate_limited",user="t"}`.
+    pub async fn metric(&self, series: &str) -> Option<f64> {
+        let text = self
+            .client
+            .get(self.url("/metrics"))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        text.lines().find_map(|line| {
+            let (name, value) = line.rsplit_once(' ')?;
+            (name == series).then(|| value.parse().unwrap())
+        })
+    }
+
+    /// Polls `check` until it holds or `timeout` passes; returns whether it held.
+    pub async fn eventually<F, Fut>(&self, timeout: Duration, mut check: F) -> bool
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = bool>,
+    {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if check().await {
+                return true;
+            }
+            if Instant::now() > deadline {
+                return false;
+            }
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+    }
+
+    pub async fn stop(mut self) -> anyhow::Result<()> {
+        let _ = self.shutdown.take().unwrap().send(());
+        self.handle.take().unwrap().await.unwrap()
+    }
+}
+
+/// A hand-written HTTP/1.1 request on a raw socket, for what a client library will not do:
+/// chunked bodies of a chosen shape, bodies sent slowly, bodies never finished.
+pub struct RawRequest {
+    stream: tokio::net::TcpStream,
+}
+
+impl RawRequest {
+    pub async fn connect(addr: SocketAddr) -> RawRequest {
+        RawRequest {
+            stream: tokio::net::TcpStream::connect(addr).await.unwrap(),
+        }
+    }
+
+    /// Headers of a push with a Content-Length of `length`; the body is sent separately.
+    pub async fn start_push(addr: SocketAddr, tenant: &str, length: usize) -> RawRequest {
+        let mut request = RawRequest::connect(addr).await;
+        request
+            .send(
+                format!(
+                    "POST /api/v1/push HTTP/1.1\r\nHost: weir\r\nX-Scope-OrgID: {tenant}\r\n\
+                     Content-Length: {length}\r\nConnection: close\r\n\r\n"
+                )
+                .as_bytes(),
+            )
+            .await;
+        request
+    }
+
+    pub async fn send(&mut self, bytes: &[u8]) {
+        use tokio::io::AsyncWriteExt;
+        self.stream.write_all(bytes).await.unwrap();
+    }
+
+    /// Reads the answer until the server closes the connection or 5 s pass.
+    pub async fn response(mut self) -> String {
+        use tokio::io::AsyncReadExt;
+        let mut answer = Vec::new();
+        let mut buffer = [0u8; 4096];
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+        loop {
+            match tokio::time::timeout_at(deadline, self.stream.read(&mut buffer)).await {
+                Ok(Ok(0)) | Err(_) | Ok(Err(_)) => break,
+                Ok(Ok(n)) => {
+                    answer.extend_from_slice(&buffer[..n]);
+                    if answer.windows(4).any(|w| w == b"\r\n\r\n") && answer_complete(&answer) {
+                        break;
+                    }
+                }
+            }
+        }
+        String::from_utf8_lossy(&answer).into_owned()
+    }
+}
+
+/// Whether a response with a Content-Length has all its body.
+fn answer_complete(answer: &[u8]) -> bool {
+    let text = String::from_utf8_lossy(answer);
+    let Some((head, body)) = text.split_once("\r\n\r\n") else {
+        return false;
+    };
+    head.lines()
+        .find_map(|line| {
+            let (name, value) = line.split_once(':')?;
+            name.eq_ignore_ascii_case("content-length")
+                .then(|| value.trim().parse::<usize>().ok())
+                .flatten()
+        })
+        .is_some_and(|length| body.len() >= length)
+}

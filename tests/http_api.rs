@@ -1,0 +1,329 @@
+//! The push API over real HTTP against a real weir: every status code, its body and headers,
+//! and exact token-bucket sequences under a hand-driven clock.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{Options, Weir};
+use weir::remote_write::prompb::WriteRequest;
+
+const LIMITED: &str = "overrides:
+  t:
+    ingestion_rate: 10
+    ingestion_burst_size: 30
+    request_rate: 2
+    request_burst_size: 3
+";
+
+async fn limited() -> Weir {
+    Weir::start(Options {
+        overrides: LIMITED.into(),
+        manual_clock: true,
+        ..Options::default()
+    })
+    .await
+}
+
+#[tokio::test]
+async fn valid_push_is_admitted_and_counted() {
+    let weir = Weir::with_overrides("").await;
+    let response = weir.push("tenant-1", 20).await;
+    assert_eq!(response.status(), 200);
+    assert_eq!(
+        weir.metric("weir_distributor_received_samples_total{user=\"tenant-1\"}")
+            .await,
+        Some(20.0)
+    );
+    assert_eq!(
+        weir.metric("weir_distributor_received_requests_total{user=\"tenant-1\"}")
+            .await,
+        Some(1.0)
+    );
+    weir.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn tenant_errors() {
+    let weir = Weir::with_overrides("").await;
+    let body = || WriteRequest::synthetic(1, 1, 1).encode_snappy();
+
+    let missing = weir.push_body(None, body()).await;
+    assert_eq!(missing.status(), 401);
+    assert_eq!(
+        missing.text().await.unwrap(),
+        "no tenant ID: set the X-Scope-OrgID header\n"
+    );
+
+    for (tenant, expected) in [
+        ("", "tenant ID is empty"),
+        (".", "tenant ID is '.' or '..'"),
+        ("..", "tenant ID is '.' or '..'"),
+        ("a/b", "unsupported character '/'"),
+        ("a|b", "unsupported character '|'"),
+        (&"x".repeat(151), "too long: 151 bytes, max 150"),
+    ] {
+        let response = weir.push_body(Some(tenant), body()).await;
+        assert_eq!(response.status(), 400, "{tenant:?}");
+        let text = response.text().await.unwrap();
+        assert!(text.contains(expected), "{tenant:?}: {text}");
+    }
+    weir.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn single_tenant_mode_maps_requests_without_a_header() {
+    let weir = Weir::start(Options {
+        configure: Box::new(|config| config.no_auth_tenant = Some("anonymous".into())),
+        ..Options::default()
+    })
+    .await;
+    let response = weir
+        .push_body(None, WriteRequest::synthetic(3, 1, 1).encode_snappy())
+        .await;
+    assert_eq!(response.status(), 200);
+    assert_eq!(
+        weir.metric("weir_distributor_received_samples_total{user=\"anonymous\"}")
+            .await,
+        Some(3.0)
+    );
+    weir.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn malformed_bodies_get_400_with_the_reason() {
+    let weir = Weir::with_overrides("").await;
+    let valid_snappy_of = |raw: &[u8]| snap::raw::Encoder::new().compress_vec(raw).unwrap();
+    for (body, expected) in [
+        (b"not snappy at all".to_vec(), "invalid snappy block"),
+        (Vec::new(), "invalid snappy block"),
+        (
+            valid_snappy_of(b"\x0a\x05\x0a"),
+            "claims 5 bytes but only 1 remain",
+        ),
+        (valid_snappy_of(b"\x0a\x00"), "series has no labels"),
+        (
+            valid_snappy_of(b"\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff"),
+            "invalid protobuf",
+        ),
+    ] {
+        let response = weir.push_body(Some("t"), body.clone()).await;
+        assert_eq!(response.status(), 400, "{body:?}");
+        let text = response.text().await.unwrap();
+        assert!(text.contains(expected), "{body:?}: {text}");
+    }
+    assert_eq!(
+        weir.metric("weir_discarded_requests_total{reason=\"invalid_request_body\",user=\"t\"}")
+            .await,
+        Some(5.0)
+    );
+    // An empty but valid WriteRequest is fine: nothing to count, nothing to refuse.
+    let empty = weir.push_body(Some("t"), valid_snappy_of(b"")).await;
+    assert_eq!(empty.status(), 200);
+    weir.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn oversized_bodies_get_413() {
+    let weir = Weir::start(Options {
+        configure: Box::new(|config| config.max_request_body_size = 10_000),
+        ..Options::default()
+    })
+    .await;
+
+    // Declared too large by Content-Length.
+    let response = weir.push_body(Some("t"), vec![0; 10_001]).await;
+    assert_eq!(response.status(), 413);
+    assert!(response
+        .text()
+        .await
+        .unwrap()
+        .contains("over the limit of 10000 bytes"));
+
+    // Small on the wire, too large once decompressed (a zip bomb in miniature).
+    let bomb = snap::raw::Encoder::new()
+        .compress_vec(&[0u8; 100_000])
+        .unwrap();
+    assert!(bomb.len() < 10_000);
+    let response = weir.push_body(Some("t"), bomb).await;
+    assert_eq!(response.status(), 413);
+    assert!(response
+        .text()
+        .await
+        .unwrap()
+        .contains("decompressed body is 100000 bytes"));
+
+    // Chunked, with no Content-Length: cut off while reading.
+    let mut chunked = common::RawRequest::connect(weir.addr).await;
+    chunked
+        .send(b"POST /api/v1/push HTTP/1.1\r\nHost: weir\r\nX-Scope-OrgID: t\r\nTransfer-Encoding: chunked\r\n\r\n")
+        .await;
+    for _ in 0..2 {
+        chunked
+            .send(format!("1770\r\n{}\r\n", "a".repeat(6000)).as_bytes())
+            .await;
+    }
+    chunked.send(b"0\r\n\r\n").await;
+    assert!(chunked.response().await.starts_with("HTTP/1.1 413"));
+    assert_eq!(
+        weir.metric("weir_discarded_requests_total{reason=\"request_body_too_large\",user=\"t\"}")
+            .await,
+        Some(3.0)
+    );
+    weir.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn request_rate_429_names_the_fleet_limit_with_headers() {
+    let weir = limited().await;
+    for _ in 0..3 {
+        assert_eq!(weir.status("t", 1).await, 200);
+    }
+    let response = weir.push("t", 1).await;
+    assert_eq!(response.status(), 429);
+    let headers = response.headers().clone();
+    let retry_after: u64 = headers["retry-after"].to_str().unwrap().parse().unwrap();
+    assert!((6..=9).contains(&retry_after), "{retry_after}");
+    assert_eq!(
+        headers["ratelimit-policy"],
+        "\"tenant-request-rate\";q=2;w=1"
+    );
+    assert_eq!(headers["ratelimit"], "\"tenant-request-rate\";r=0;t=1");
+    assert_eq!(headers["content-type"], "text/plain; charset=utf-8");
+    let body = response.text().await.unwrap();
+    assert!(
+        body.contains("set to 2 requests/s across all replicas"),
+        "{body}"
+    );
+    assert!(body.contains("burst of 3"), "{body}");
+    assert!(body.contains("err-weir-tenant-max-request-rate"), "{body}");
+    assert!(
+        body.contains("request_rate and request_burst_size"),
+        "{body}"
+    );
+    assert_eq!(
+        weir.metric("weir_discarded_requests_total{reason=\"request_rate_limited\",user=\"t\"}")
+            .await,
+        Some(1.0)
+    );
+    weir.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn retry_after_grows_with_retry_attempt() {
+    let weir = limited().await;
+    for _ in 0..3 {
+        weir.push("t", 1).await;
+    }
+    let response = weir
+        .client
+        .post(weir.url("/api/v1/push"))
+        .header("X-Scope-OrgID", "t")
+        .header("Retry-Attempt", "4")
+        .body(WriteRequest::synthetic(1, 1, 1).encode_snappy())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 429);
+    let retry_after: u64 = response.headers()["retry-after"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(
+        (24..=72).contains(&retry_after),
+        "6 × 2³ ± 50 %: {retry_after}"
+    );
+    weir.stop().await.unwrap();
+}
+
+/// Ingestion bucket: 10 samples/s, burst 30. Request bucket: 2/s, burst 3.
+#[tokio::test]
+async fn exact_token_sequence_over_http() {
+    let weir = limited().await;
+    assert_eq!(weir.status("t", 20).await, 200); // 10 samples left
+    assert_eq!(weir.status("t", 10).await, 200); // 0 left
+    weir.advance(Duration::from_millis(500)); // +1 request token, +5 samples
+    let response = weir.push("t", 6).await;
+    assert_eq!(response.status(), 429);
+    assert_eq!(
+        response.headers()["ratelimit"],
+        "\"tenant-ingestion-rate\";r=0;t=1"
+    );
+    let body = response.text().await.unwrap();
+    assert!(
+        body.contains("set to 10 items/s with a maximum allowed burst of 30"),
+        "{body}"
+    );
+    assert!(
+        body.contains("err-weir-tenant-max-ingestion-rate"),
+        "{body}"
+    );
+    assert_eq!(weir.status("t", 5).await, 200); // exactly what refilled
+                                                // Request tokens: 3 at start, 4 requests so far, +1 after 500 ms → the bucket is empty.
+    assert_eq!(weir.status("t", 0).await, 429);
+    weir.advance(Duration::from_millis(500));
+    assert_eq!(
+        weir.status("t", 5).await,
+        200,
+        "1 request token and 5 samples refilled"
+    );
+    assert_eq!(weir.status("t", 0).await, 429, "no request token left");
+    weir.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn request_larger_than_burst_gets_its_own_message() {
+    let weir = limited().await;
+    let response = weir.push("t", 31).await;
+    assert_eq!(response.status(), 429);
+    let body = response.text().await.unwrap();
+    assert!(
+        body.contains("carries 31 items, more than the tenant's ingestion burst size of 30"),
+        "{body}"
+    );
+    assert!(body.contains("can never pass"), "{body}");
+    assert!(
+        body.contains("err-weir-tenant-max-ingestion-burst-size"),
+        "{body}"
+    );
+    // It cost nothing: the whole burst is still there.
+    assert_eq!(weir.status("t", 30).await, 200);
+    assert_eq!(
+        weir.metric("weir_discarded_samples_total{reason=\"ingestion_burst_exceeded\",user=\"t\"}")
+            .await,
+        Some(31.0)
+    );
+    weir.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn other_routes_and_methods() {
+    let weir = Weir::with_overrides(LIMITED).await;
+    let get = |path: &str| weir.client.get(weir.url(path)).send();
+    assert_eq!(get("/api/v1/push").await.unwrap().status(), 405);
+    assert_eq!(get("/nope").await.unwrap().status(), 404);
+    assert_eq!(get("/health").await.unwrap().status(), 200);
+    assert_eq!(get("/ready").await.unwrap().status(), 200);
+    let diff = get("/runtime_config?mode=diff")
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert_eq!(
+        diff,
+        "overrides:\n  t:\n    ingestion_rate: 10.0\n    ingestion_burst_size: 30\n    \
+         request_rate: 2.0\n    request_burst_size: 3\ndistributor_limits: {}\n"
+    );
+    let full = get("/runtime_config").await.unwrap().text().await.unwrap();
+    assert!(
+        full.starts_with("defaults:\n  ingestion_rate: 10000.0"),
+        "{full}"
+    );
+    assert_eq!(
+        get("/runtime_config?mode=bogus").await.unwrap().status(),
+        400
+    );
+    weir.stop().await.unwrap();
+}

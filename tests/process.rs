@@ -1,0 +1,190 @@
+//! The real `weir` binary as an operator runs it: embedded defaults, start-up errors, and
+//! graceful shutdown on SIGTERM.
+
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::RawRequest;
+use weir::remote_write::prompb::WriteRequest;
+
+fn weir() -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_weir"));
+    command.current_dir(env!("CARGO_MANIFEST_DIR"));
+    command
+}
+
+/// Starts the binary and reads the address it prints.
+fn spawn(args: &[&str]) -> (Child, SocketAddr) {
+    let mut child = weir()
+        .args(["--http-addr", "127.0.0.1:0"])
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let address = line
+        .strip_prefix("weir listening on http://")
+        .and_then(|rest| rest.split_whitespace().next())
+        .unwrap_or_else(|| panic!("unexpected first line: {line:?}"));
+    (child, address.parse().unwrap())
+}
+
+fn sigterm(child: &Child) {
+    let status = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+}
+
+fn wait_exit(child: &mut Child, within: Duration) -> std::process::ExitStatus {
+    let deadline = Instant::now() + within;
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            return status;
+        }
+        assert!(Instant::now() < deadline, "weir did not exit");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[tokio::test]
+async fn embedded_defaults_run_in_sink_mode() {
+    let output = weir()
+        .args(["--http-addr", "127.0.0.1:0"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = output.id();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    Command::new("kill")
+        .args(["-TERM", &pid.to_string()])
+        .status()
+        .unwrap();
+    let output = output.wait_with_output().unwrap();
+    assert!(output.status.success(), "{output:?}");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stdout.starts_with("weir listening on http://127.0.0.1:"),
+        "{stdout}"
+    );
+    assert!(stderr.contains("SINK MODE"), "{stderr}");
+    assert!(stderr.contains("runtime-config/overrides.yaml"), "{stderr}");
+}
+
+#[test]
+fn bad_runtime_config_at_start_is_fatal_with_a_clear_message() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("overrides.yaml");
+    std::fs::write(&path, "overrides:\n  t:\n    ingestion_rat: 5\n").unwrap();
+    let output = weir()
+        .args([
+            "--http-addr",
+            "127.0.0.1:0",
+            "--runtime-config",
+            path.to_str().unwrap(),
+        ])
+        .output()
+        .unwrap();
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("a bad file at start-up is fatal"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("unknown key `ingestion_rat` in overrides.t"),
+        "{stderr}"
+    );
+
+    let output = weir()
+        .args(["--runtime-config", "/nonexistent.yaml"])
+        .output()
+        .unwrap();
+    assert!(!output.status.success());
+    assert!(String::from_utf8_lossy(&output.stderr).contains("cannot read /nonexistent.yaml"));
+}
+
+#[test]
+fn bad_flags_exit_2_with_usage() {
+    let output = weir().args(["--ingestion-rate", "lots"]).output().unwrap();
+    assert_eq!(output.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&output.stderr).contains("--ingestion-rate"));
+    let output = weir().args(["--request-rate", "5"]).output().unwrap();
+    assert_eq!(output.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&output.stderr).contains("request_burst_size is 0"));
+}
+
+/// SIGTERM: /ready turns 503 at once, the in-flight request finishes, new connections are
+/// refused, and the process exits 0.
+#[tokio::test]
+async fn sigterm_drains_in_flight_requests_and_exits_zero() {
+    let (mut child, addr) = spawn(&["--shutdown-delay", "1s", "--shutdown-drain-timeout", "5s"]);
+    let client = reqwest::Client::new();
+    let ready = |client: reqwest::Client| async move {
+        client
+            .get(format!("http://{addr}/ready"))
+            .send()
+            .await
+            .map(|response| response.status().as_u16())
+            .ok()
+    };
+    assert_eq!(ready(client.clone()).await, Some(200));
+
+    let body = WriteRequest::synthetic(5, 1, 1).encode_snappy();
+    let mut in_flight = RawRequest::start_push(addr, "t", body.len()).await;
+    in_flight.send(&body[..1]).await; // stalls mid-body
+
+    sigterm(&child);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(
+        ready(client.clone()).await,
+        Some(503),
+        "not ready while draining"
+    );
+
+    in_flight.send(&body[1..]).await;
+    let answer = in_flight.response().await;
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+
+    let status =
+        tokio::task::spawn_blocking(move || wait_exit(&mut child, Duration::from_secs(10)))
+            .await
+            .unwrap();
+    assert!(status.success(), "{status:?}");
+    assert!(
+        tokio::net::TcpStream::connect(addr).await.is_err(),
+        "new connections are refused"
+    );
+}
+
+/// A request that never finishes cannot hold shutdown hostage past the drain timeout.
+#[tokio::test]
+async fn drain_timeout_bounds_shutdown() {
+    let (mut child, addr) = spawn(&["--shutdown-drain-timeout", "500ms"]);
+    let mut stuck = RawRequest::start_push(addr, "t", 100).await;
+    stuck.send(b"x").await;
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let started = Instant::now();
+    sigterm(&child);
+    let status =
+        tokio::task::spawn_blocking(move || wait_exit(&mut child, Duration::from_secs(10)))
+            .await
+            .unwrap();
+    assert!(status.success(), "{status:?}");
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        started.elapsed()
+    );
+}
