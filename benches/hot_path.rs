@@ -1,1 +1,128 @@
-fn main() {}
+//! The hot path: one admission decision, and the remote-write body scan against a full
+//! prost decode (the data-structure choice this justifies: scan, not decode).
+//!
+//! `cargo bench --bench hot_path`
+
+use std::hint::black_box;
+use std::sync::Arc;
+use std::time::Duration;
+
+use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use runtime_config::{Defaults, RuntimeConfig};
+use weir::limiter::{EngineClock, LimitKind, Limiter};
+use weir::metrics::Metrics;
+use weir::remote_write::{self, prompb::WriteRequest};
+
+fn limiter(extra_tenants: usize) -> Limiter {
+    let config = RuntimeConfig::parse(
+        "overrides:\n  open:\n    ingestion_rate: 1e9\n    ingestion_burst_size: 4000000000\n    request_rate: 1e9\n    request_burst_size: 4000000000\n  limited:\n    ingestion_rate: 1\n    ingestion_burst_size: 1\n    request_rate: 1\n    request_burst_size: 1\n",
+        Defaults::default(),
+    )
+    .unwrap();
+    let limiter = Limiter::with_clock(
+        Arc::new(config),
+        Duration::from_secs(3600),
+        Arc::new(Metrics::new()),
+        EngineClock::real(),
+    );
+    for i in 0..extra_tenants {
+        limiter.tenant(&format!("tenant-{i}"));
+    }
+    limiter
+}
+
+/// One admission decision = tenant lookup + one bucket check (the definition);
+/// `both_limits` is what a push pays: lookup + request-rate + ingestion-rate checks.
+fn decision(c: &mut Criterion) {
+    let mut group = c.benchmark_group("decision");
+    for tenants in [1, 10_000] {
+        let limiter = limiter(tenants);
+        group.bench_with_input(
+            BenchmarkId::new("admitted", tenants),
+            &limiter,
+            |b, limiter| {
+                b.iter(|| {
+                    let tenant = limiter.tenant(black_box("open"));
+                    black_box(limiter.check("open", &tenant, LimitKind::Ingestion, black_box(100)))
+                })
+            },
+        );
+        group.bench_with_input(
+            BenchmarkId::new("rejected", tenants),
+            &limiter,
+            |b, limiter| {
+                b.iter(|| {
+                    let tenant = limiter.tenant(black_box("limited"));
+                    black_box(limiter.check("limited", &tenant, LimitKind::Request, 1))
+                })
+            },
+        );
+        group.bench_with_input(
+            BenchmarkId::new("both_limits", tenants),
+            &limiter,
+            |b, limiter| {
+                b.iter(|| {
+                    let tenant = limiter.tenant(black_box("open"));
+                    let request = limiter.check("open", &tenant, LimitKind::Request, 1);
+                    let ingestion =
+                        limiter.check("open", &tenant, LimitKind::Ingestion, black_box(100));
+                    black_box((request, ingestion))
+                })
+            },
+        );
+    }
+    group.finish();
+}
+
+/// The parts of a decision, to see where its time goes.
+fn decision_parts(c: &mut Criterion) {
+    let mut group = c.benchmark_group("decision_parts");
+    let clock = EngineClock::real();
+    group.bench_function("clock_now", |b| {
+        b.iter(|| black_box(governor::clock::Clock::now(&clock)))
+    });
+    let limiter = limiter(10_000);
+    group.bench_function("tenant_lookup_10000_tenants", |b| {
+        b.iter(|| black_box(limiter.tenant(black_box("open"))))
+    });
+    let tenant = limiter.tenant("open");
+    group.bench_function("ingestion_check", |b| {
+        b.iter(|| black_box(limiter.check("open", &tenant, LimitKind::Ingestion, black_box(100))))
+    });
+    group.finish();
+}
+
+fn scan(c: &mut Criterion) {
+    let mut group = c.benchmark_group("remote_write");
+    for series in [100, 2000] {
+        // Prometheus' default max_samples_per_send is 2000.
+        let request = WriteRequest::synthetic(series, 42, 1_700_000_000_000);
+        let body = request.encode_snappy();
+        let raw = snap::raw::Decoder::new().decompress_vec(&body).unwrap();
+        group.throughput(Throughput::Elements(series as u64));
+        group.bench_with_input(BenchmarkId::new("snappy+scan", series), &body, |b, body| {
+            b.iter(|| remote_write::decode(black_box(body), 100 << 20).unwrap())
+        });
+        group.bench_with_input(BenchmarkId::new("scan_only", series), &raw, |b, raw| {
+            b.iter(|| remote_write::scan(black_box(raw)).unwrap())
+        });
+        group.bench_with_input(
+            BenchmarkId::new("snappy+prost_decode", series),
+            &body,
+            |b, body| {
+                b.iter(|| {
+                    let raw = snap::raw::Decoder::new()
+                        .decompress_vec(black_box(body))
+                        .unwrap();
+                    <WriteRequest as prost::Message>::decode(&raw[..])
+                        .unwrap()
+                        .counts()
+                })
+            },
+        );
+    }
+    group.finish();
+}
+
+criterion_group!(benches, decision, decision_parts, scan);
+criterion_main!(benches);

@@ -34,6 +34,12 @@ impl DiscardReason {
         DiscardReason::InvalidRequestBody,
     ];
 
+    /// The reasons decided once the body is decoded, so with a known sample count.
+    pub const COUNTS_SAMPLES: [DiscardReason; 2] = [
+        DiscardReason::RateLimited,
+        DiscardReason::IngestionBurstExceeded,
+    ];
+
     pub fn as_str(self) -> &'static str {
         match self {
             DiscardReason::RateLimited => "rate_limited",
@@ -109,14 +115,18 @@ pub struct TenantMetrics {
     pub received_exemplars: IntCounter,
     pub received_metadata: IntCounter,
     discarded_requests: [IntCounter; DiscardReason::ALL.len()],
-    discarded_samples: [IntCounter; DiscardReason::ALL.len()],
+    /// Only for the reasons decided after the body was decoded (see
+    /// [`DiscardReason::COUNTS_SAMPLES`]); the others never know a sample count.
+    discarded_samples: [IntCounter; DiscardReason::COUNTS_SAMPLES.len()],
 }
 
 impl TenantMetrics {
     pub fn discard(&self, reason: DiscardReason, samples: u64) {
-        let index = reason as usize;
-        self.discarded_requests[index].inc();
-        if samples > 0 {
+        self.discarded_requests[reason as usize].inc();
+        if let Some(index) = DiscardReason::COUNTS_SAMPLES
+            .iter()
+            .position(|r| *r == reason)
+        {
             self.discarded_samples[index].inc_by(samples);
         }
     }
@@ -255,8 +265,8 @@ impl Metrics {
 
     /// The tenant's series, created (with every discard reason at 0) on first sight.
     pub fn tenant(&self, tenant: &str) -> TenantMetrics {
-        let per_reason = |vec: &IntCounterVec| {
-            DiscardReason::ALL.map(|reason| vec.with_label_values(&[reason.as_str(), tenant]))
+        let series = |vec: &IntCounterVec, reason: DiscardReason| {
+            vec.with_label_values(&[reason.as_str(), tenant])
         };
         TenantMetrics {
             requests_in: self.requests_in.with_label_values(&[tenant]),
@@ -264,8 +274,10 @@ impl Metrics {
             received_samples: self.received_samples.with_label_values(&[tenant]),
             received_exemplars: self.received_exemplars.with_label_values(&[tenant]),
             received_metadata: self.received_metadata.with_label_values(&[tenant]),
-            discarded_requests: per_reason(&self.discarded_requests),
-            discarded_samples: per_reason(&self.discarded_samples),
+            discarded_requests: DiscardReason::ALL
+                .map(|reason| series(&self.discarded_requests, reason)),
+            discarded_samples: DiscardReason::COUNTS_SAMPLES
+                .map(|reason| series(&self.discarded_samples, reason)),
         }
     }
 
@@ -284,6 +296,8 @@ impl Metrics {
             let _ = self
                 .discarded_requests
                 .remove_label_values(&[reason.as_str(), tenant]);
+        }
+        for reason in DiscardReason::COUNTS_SAMPLES {
             let _ = self
                 .discarded_samples
                 .remove_label_values(&[reason.as_str(), tenant]);

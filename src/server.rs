@@ -20,7 +20,7 @@ use tokio::task::JoinHandle;
 
 use crate::config::Config;
 use crate::instance::{InstanceLimiter, INGESTION_RATE_TICK};
-use crate::limiter::{EngineClock, Limiter};
+use crate::limiter::{EngineClock, Limiter, COARSE_CLOCK_TICK};
 use crate::metrics::Metrics;
 use crate::rejection::RetryBackoff;
 
@@ -90,6 +90,12 @@ pub async fn run_with_clock(
         spawn_every(INGESTION_RATE_TICK, {
             let state = Arc::clone(&state);
             move || state.instance.tick()
+        }),
+        spawn_every(COARSE_CLOCK_TICK, {
+            let state = Arc::clone(&state);
+            move || {
+                state.limiter.tick();
+            }
         }),
         spawn_every(eviction_period(state.config.tenant_idle_timeout), {
             let state = Arc::clone(&state);

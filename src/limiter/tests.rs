@@ -127,7 +127,7 @@ fn idle_tenants_are_evicted_only_once_their_buckets_are_full() {
     check(&limiter, "slow", 1000).unwrap();
     check(&limiter, "fast", 1).unwrap();
     assert_eq!(limiter.tracked_tenants(), 2);
-    clock.advance(Duration::from_secs(61));
+    clock.advance(Duration::from_secs(62));
     assert_eq!(
         limiter.evict_idle(),
         1,
@@ -137,7 +137,7 @@ fn idle_tenants_are_evicted_only_once_their_buckets_are_full() {
         check(&limiter, "slow", 1000).is_err(),
         "slow kept its state"
     );
-    clock.advance(Duration::from_secs(101));
+    clock.advance(Duration::from_secs(102));
     assert_eq!(limiter.evict_idle(), 1);
     assert_eq!(limiter.tracked_tenants(), 0);
 }
@@ -149,7 +149,7 @@ fn random_tenant_ids_do_not_grow_memory_or_metrics_without_bound() {
         for i in 0..2_000 {
             check(&limiter, &format!("random-{round}-{i}"), 1).unwrap();
         }
-        clock.advance(Duration::from_secs(61));
+        clock.advance(Duration::from_secs(62));
         limiter.evict_idle();
         assert_eq!(limiter.tracked_tenants(), 0);
     }

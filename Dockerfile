@@ -1,0 +1,15 @@
+# Multi-stage build of the weir binary. Runs as non-root and starts on the example overrides.
+FROM rust:1-bookworm AS build
+WORKDIR /src
+COPY . .
+RUN cargo build --release --locked --bin weir
+
+FROM debian:bookworm-slim
+RUN useradd --system --uid 10001 --no-create-home weir
+COPY --from=build /src/target/release/weir /usr/local/bin/weir
+COPY runtime-config/overrides.yaml /etc/weir/overrides.yaml
+ENV WEIR_HTTP_ADDR=0.0.0.0:8080 \
+    WEIR_RUNTIME_CONFIG=/etc/weir/overrides.yaml
+EXPOSE 8080
+USER 10001
+ENTRYPOINT ["/usr/local/bin/weir"]

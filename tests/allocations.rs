@@ -1,0 +1,102 @@
+//! The decision path (tenant lookup + bucket checks) and the body scan allocate nothing in
+//! steady state. Counted with a global allocator that tallies this thread's allocations.
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::cell::Cell;
+use std::sync::Arc;
+use std::time::Duration;
+
+use runtime_config::{Defaults, RuntimeConfig};
+use weir::limiter::{EngineClock, LimitKind, Limiter};
+use weir::metrics::Metrics;
+use weir::remote_write::{self, prompb::WriteRequest};
+
+struct CountingAllocator;
+
+thread_local! {
+    static ALLOCATIONS: Cell<u64> = const { Cell::new(0) };
+}
+
+unsafe impl GlobalAlloc for CountingAllocator {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        let _ = ALLOCATIONS.try_with(|count| count.set(count.get() + 1));
+        System.alloc(layout)
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        System.dealloc(ptr, layout)
+    }
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        let _ = ALLOCATIONS.try_with(|count| count.set(count.get() + 1));
+        System.realloc(ptr, layout, new_size)
+    }
+}
+
+#[global_allocator]
+static GLOBAL: CountingAllocator = CountingAllocator;
+
+fn allocations_during(work: impl FnOnce()) -> u64 {
+    let before = ALLOCATIONS.with(Cell::get);
+    work();
+    ALLOCATIONS.with(Cell::get) - before
+}
+
+#[test]
+fn decisions_allocate_nothing_in_steady_state() {
+    let config = RuntimeConfig::parse(
+        "overrides:\n  open:\n    ingestion_rate: 1e9\n    ingestion_burst_size: 4000000000\n  limited:\n    ingestion_rate: 1\n    ingestion_burst_size: 1\n    request_rate: 1\n    request_burst_size: 1\n",
+        Defaults::default(),
+    )
+    .unwrap();
+    let limiter = Limiter::with_clock(
+        Arc::new(config),
+        Duration::from_secs(600),
+        Arc::new(Metrics::new()),
+        EngineClock::real(),
+    );
+    let decide = |name: &str| {
+        let tenant = limiter.tenant(name);
+        let request = limiter.check(name, &tenant, LimitKind::Request, 1);
+        let ingestion = limiter.check(name, &tenant, LimitKind::Ingestion, 100);
+        (request.is_ok(), ingestion.is_ok())
+    };
+    // Warm up: first sight of each tenant allocates its state, as does each thread's first
+    // use of the epoch and hazard-pointer machinery.
+    for _ in 0..10 {
+        decide("open");
+        decide("limited");
+    }
+    let mut admitted = 0;
+    let allocations = allocations_during(|| {
+        for _ in 0..10_000 {
+            admitted += decide("open").1 as u32; // admitted path
+            assert_eq!(decide("limited"), (false, false)); // rejected path
+        }
+    });
+    assert_eq!(admitted, 10_000);
+    assert_eq!(
+        allocations, 0,
+        "{allocations} allocations in 20 000 decisions"
+    );
+
+    // A membership or config change rebuilds buckets once, then the path is clean again.
+    limiter.set_healthy_replicas(3);
+    decide("open");
+    assert_eq!(
+        allocations_during(|| {
+            decide("open");
+        }),
+        0
+    );
+}
+
+#[test]
+fn body_scan_allocates_nothing_in_steady_state() {
+    let body = WriteRequest::synthetic(500, 7, 1).encode_snappy();
+    remote_write::decode(&body, 1 << 20).unwrap(); // sizes the reused buffer
+    let allocations = allocations_during(|| {
+        for _ in 0..100 {
+            assert_eq!(remote_write::decode(&body, 1 << 20).unwrap().samples, 500);
+        }
+    });
+    assert_eq!(allocations, 0);
+}
