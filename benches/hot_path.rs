@@ -26,7 +26,7 @@ fn limiter(extra_tenants: usize) -> Limiter {
         EngineClock::real(),
     );
     for i in 0..extra_tenants {
-        limiter.tenant(&format!("tenant-{i}"));
+        limiter.tenant(&format!("tenant-{i}")).unwrap();
     }
     limiter
 }
@@ -42,7 +42,7 @@ fn decision(c: &mut Criterion) {
             &limiter,
             |b, limiter| {
                 b.iter(|| {
-                    let tenant = limiter.tenant(black_box("open"));
+                    let tenant = limiter.tenant(black_box("open")).unwrap();
                     black_box(limiter.check("open", &tenant, LimitKind::Ingestion, black_box(100)))
                 })
             },
@@ -52,7 +52,7 @@ fn decision(c: &mut Criterion) {
             &limiter,
             |b, limiter| {
                 b.iter(|| {
-                    let tenant = limiter.tenant(black_box("limited"));
+                    let tenant = limiter.tenant(black_box("limited")).unwrap();
                     black_box(limiter.check("limited", &tenant, LimitKind::Request, 1))
                 })
             },
@@ -62,7 +62,7 @@ fn decision(c: &mut Criterion) {
             &limiter,
             |b, limiter| {
                 b.iter(|| {
-                    let tenant = limiter.tenant(black_box("open"));
+                    let tenant = limiter.tenant(black_box("open")).unwrap();
                     let request = limiter.check("open", &tenant, LimitKind::Request, 1);
                     let ingestion =
                         limiter.check("open", &tenant, LimitKind::Ingestion, black_box(100));
@@ -85,7 +85,7 @@ fn decision_parts(c: &mut Criterion) {
     group.bench_function("tenant_lookup_10000_tenants", |b| {
         b.iter(|| black_box(limiter.tenant(black_box("open"))))
     });
-    let tenant = limiter.tenant("open");
+    let tenant = limiter.tenant("open").unwrap();
     group.bench_function("ingestion_check", |b| {
         b.iter(|| black_box(limiter.check("open", &tenant, LimitKind::Ingestion, black_box(100))))
     });

@@ -55,7 +55,7 @@ fn bytes_per_idle_tenant(c: &mut Criterion) {
     let limiter = new_limiter(Arc::clone(&metrics));
     let before = LIVE.load(Ordering::Relaxed);
     for name in &names {
-        limiter.tenant(name);
+        limiter.tenant(name).unwrap();
     }
     let total = (LIVE.load(Ordering::Relaxed) - before) as f64 / TENANTS as f64;
     drop(limiter);
@@ -79,7 +79,7 @@ fn bytes_per_idle_tenant(c: &mut Criterion) {
         let mut i = 0u64;
         b.iter(|| {
             i += 1;
-            black_box(limiter.tenant(&format!("new-{i}")));
+            black_box(limiter.tenant(&format!("new-{i}")).unwrap());
         })
     });
 }

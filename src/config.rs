@@ -90,6 +90,11 @@ pub struct Config {
     #[arg(long, env = "WEIR_MAX_INGESTION_RATE", default_value_t = 0.0)]
     pub max_ingestion_rate: f64,
 
+    /// Most tenants this replica tracks at once; beyond it, new tenants get 429 until idle
+    /// ones are evicted. Bounds memory (about 6 KiB per tenant with its metric series). 0 = off.
+    #[arg(long, env = "WEIR_MAX_TENANTS", default_value_t = 100_000)]
+    pub max_tenants: usize,
+
     /// Largest push body, in bytes, compressed and decompressed alike (Mimir's default, 100 MiB).
     #[arg(long, env = "WEIR_MAX_REQUEST_BODY_SIZE", default_value_t = 100 << 20)]
     pub max_request_body_size: u64,

@@ -143,7 +143,8 @@ impl InstanceLimiter {
         self.inflight_requests.load(Ordering::Acquire)
     }
 
-    fn reject(&self, limit: InstanceLimit, value: f64) -> InstanceRejection {
+    /// Counts a refusal for `limit` and describes it.
+    pub fn reject(&self, limit: InstanceLimit, value: f64) -> InstanceRejection {
         self.metrics
             .instance_rejected_requests
             .with_label_values(&[limit.reason()])

@@ -57,13 +57,16 @@ pub enum InstanceLimit {
     MaxInflightPushRequests,
     MaxInflightPushRequestsBytes,
     MaxIngestionRate,
+    /// Tenants with limiter state on this replica (`--max-tenants`); only new tenants are refused.
+    MaxTenants,
 }
 
 impl InstanceLimit {
-    pub const ALL: [InstanceLimit; 3] = [
+    pub const ALL: [InstanceLimit; 4] = [
         InstanceLimit::MaxInflightPushRequests,
         InstanceLimit::MaxInflightPushRequestsBytes,
         InstanceLimit::MaxIngestionRate,
+        InstanceLimit::MaxTenants,
     ];
 
     /// The key in `distributor_limits:` and the `limit` label of `weir_distributor_instance_limits`.
@@ -72,6 +75,15 @@ impl InstanceLimit {
             InstanceLimit::MaxInflightPushRequests => "max_inflight_push_requests",
             InstanceLimit::MaxInflightPushRequestsBytes => "max_inflight_push_requests_bytes",
             InstanceLimit::MaxIngestionRate => "max_ingestion_rate",
+            InstanceLimit::MaxTenants => "max_tenants",
+        }
+    }
+
+    /// Where an operator raises this limit.
+    pub fn setting(self) -> String {
+        match self {
+            InstanceLimit::MaxTenants => "the --max-tenants flag".to_string(),
+            _ => format!("distributor_limits.{} in the runtime overrides", self.key()),
         }
     }
 
@@ -83,6 +95,7 @@ impl InstanceLimit {
                 "distributor_max_inflight_push_requests_bytes"
             }
             InstanceLimit::MaxIngestionRate => "distributor_max_ingestion_rate",
+            InstanceLimit::MaxTenants => "distributor_max_tenants",
         }
     }
 }

@@ -16,6 +16,7 @@ use bytes::Bytes;
 use http_body_util::{BodyExt, LengthLimitError, Limited};
 
 use crate::limiter::LimitKind;
+use crate::metrics::InstanceLimit;
 use crate::rejection::PushError;
 use crate::remote_write::{self, WriteCounts};
 use crate::server::AppState;
@@ -76,7 +77,10 @@ async fn admit(state: &AppState, parts: &Parts, body: Body) -> Result<(), PushEr
             .map(|value| value.as_bytes()),
         state.config.no_auth_tenant.as_deref(),
     )?;
-    let tenant = state.limiter.tenant(tenant_name);
+    let tenant = state.limiter.tenant(tenant_name).map_err(|too_many| {
+        let limit = too_many.max_tenants as f64;
+        state.instance.reject(InstanceLimit::MaxTenants, limit)
+    })?;
     tenant.metrics.requests_in.inc();
     let discard = |err: PushError, items: u64| {
         if let Some(reason) = err.discard_reason() {
@@ -100,12 +104,7 @@ async fn admit(state: &AppState, parts: &Parts, body: Body) -> Result<(), PushEr
         .map_err(|err| discard(err, 0))?;
     if !inflight.has_bytes() {
         // Without a Content-Length the bytes could only be counted once read.
-        inflight
-            .add_bytes(body.len() as u64)
-            .map_err(|rejection| PushError::Instance {
-                limit: rejection.limit,
-                value: rejection.value,
-            })?;
+        inflight.add_bytes(body.len() as u64)?;
     }
     let counts = decode(body, max_size)
         .await

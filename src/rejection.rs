@@ -101,6 +101,15 @@ impl PushError {
     }
 }
 
+impl From<crate::instance::InstanceRejection> for PushError {
+    fn from(rejection: crate::instance::InstanceRejection) -> Self {
+        PushError::Instance {
+            limit: rejection.limit,
+            value: rejection.value,
+        }
+    }
+}
+
 /// Mimir's Retry-After backoff: `min × 2^(attempt−1)` seconds, ±50 % jitter, clamped to
 /// `[min, max]`. `attempt` is the client's `Retry-Attempt` header (1 when absent or invalid).
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -211,14 +220,16 @@ fn instance_message(limit: InstanceLimit, value: f64) -> String {
         InstanceLimit::MaxIngestionRate => {
             format!("its ingestion rate limit of {value} samples/s")
         }
+        InstanceLimit::MaxTenants => {
+            format!("the number of tenants it tracks, {value}, and this tenant is new to it")
+        }
     };
     format!(
         "the write request has been rejected because this replica exceeded {what} \
          (err-weir-distributor-{}). This limit is per replica, for all tenants together. To \
-         adjust it, set distributor_limits.{} in the runtime overrides, or contact your service \
-         administrator.",
+         adjust it, set {}, or contact your service administrator.",
         limit.key().replace('_', "-"),
-        limit.key(),
+        limit.setting(),
     )
 }
 

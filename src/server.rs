@@ -21,7 +21,7 @@ use tokio::task::JoinHandle;
 use crate::config::Config;
 use crate::instance::{InstanceLimiter, INGESTION_RATE_TICK};
 use crate::limiter::{EngineClock, Limiter, COARSE_CLOCK_TICK};
-use crate::metrics::Metrics;
+use crate::metrics::{InstanceLimit, Metrics};
 use crate::rejection::RetryBackoff;
 
 /// What every request handler shares. Lives in one `Arc`: cloning the router never copies
@@ -70,8 +70,13 @@ pub async fn run_with_clock(
         config.tenant_idle_timeout,
         Arc::clone(&metrics),
         clock,
-    );
+    )
+    .with_max_tenants(config.max_tenants);
     let instance = InstanceLimiter::new(first.instance, Arc::clone(&metrics));
+    metrics
+        .instance_limits
+        .with_label_values(&[InstanceLimit::MaxTenants.key()])
+        .set(config.max_tenants as f64);
     let state = Arc::new(AppState {
         backoff: config.retry_backoff(),
         limiter,

@@ -54,7 +54,7 @@ fn decisions_allocate_nothing_in_steady_state() {
         EngineClock::real(),
     );
     let decide = |name: &str| {
-        let tenant = limiter.tenant(name);
+        let tenant = limiter.tenant(name).unwrap();
         let request = limiter.check(name, &tenant, LimitKind::Request, 1);
         let ingestion = limiter.check(name, &tenant, LimitKind::Ingestion, 100);
         (request.is_ok(), ingestion.is_ok())

@@ -327,3 +327,30 @@ async fn other_routes_and_methods() {
     );
     weir.stop().await.unwrap();
 }
+
+#[tokio::test]
+async fn tenant_cap_refuses_new_tenants_with_429() {
+    let weir = Weir::start(Options {
+        configure: Box::new(|config| config.max_tenants = 1),
+        ..Options::default()
+    })
+    .await;
+    assert_eq!(weir.status("first", 1).await, 200);
+    let refused = weir.push("second", 1).await;
+    assert_eq!(refused.status(), 429);
+    let body = refused.text().await.unwrap();
+    assert!(
+        body.contains("the number of tenants it tracks, 1"),
+        "{body}"
+    );
+    assert!(body.contains("--max-tenants"), "{body}");
+    assert_eq!(weir.status("first", 1).await, 200);
+    assert_eq!(
+        weir.metric(
+            "weir_distributor_instance_rejected_requests_total{reason=\"distributor_max_tenants\"}"
+        )
+        .await,
+        Some(1.0)
+    );
+    weir.stop().await.unwrap();
+}

@@ -142,7 +142,15 @@ pub struct Limiter<C: Clock = EngineClock> {
     clock: C,
     start: C::Instant,
     idle_timeout: Duration,
+    /// Most tenants tracked at once; 0 = no cap.
+    max_tenants: usize,
     metrics: Arc<Metrics>,
+}
+
+/// A new tenant was refused because the replica already tracks `max_tenants`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TooManyTenants {
+    pub max_tenants: usize,
 }
 
 impl<C: Clock + Clone> Limiter<C> {
@@ -171,17 +179,31 @@ impl<C: Clock + Clone> Limiter<C> {
             start: clock.now(),
             clock,
             idle_timeout,
+            max_tenants: 0,
             metrics,
         }
     }
 
-    /// The tenant's state, created on first sight. Marks the tenant as active now.
-    pub fn tenant(&self, name: &str) -> Arc<Tenant<C>> {
+    /// Caps how many tenants are tracked at once: beyond it, new tenants are refused until
+    /// idle ones are evicted. Bounds memory against floods of random tenant IDs.
+    pub fn with_max_tenants(mut self, max_tenants: usize) -> Self {
+        self.max_tenants = max_tenants;
+        self
+    }
+
+    /// The tenant's state, created on first sight (unless the replica tracks too many
+    /// tenants already). Marks the tenant as active now.
+    pub fn tenant(&self, name: &str) -> Result<Arc<Tenant<C>>, TooManyTenants> {
         let now = self.coarse_now.load(Ordering::Relaxed);
         let tenants = self.tenants.pin();
         let tenant = match tenants.get(name) {
             Some(tenant) => tenant,
             None => {
+                if self.max_tenants > 0 && tenants.len() >= self.max_tenants {
+                    return Err(TooManyTenants {
+                        max_tenants: self.max_tenants,
+                    });
+                }
                 let tenant = tenants.get_or_insert_with(name.into(), || {
                     let inputs = self.inputs.load();
                     let limits = *inputs.config.tenant_limits(name);
@@ -206,7 +228,7 @@ impl<C: Clock + Clone> Limiter<C> {
         if tenant.last_seen.load(Ordering::Relaxed) != now {
             tenant.last_seen.store(now, Ordering::Relaxed);
         }
-        Arc::clone(tenant)
+        Ok(Arc::clone(tenant))
     }
 
     /// Takes `cost` tokens of the tenant's `kind` limit, or says why not.

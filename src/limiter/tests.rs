@@ -25,7 +25,7 @@ const TEN_PER_SECOND: &str =
     "overrides:\n  t:\n    ingestion_rate: 10\n    ingestion_burst_size: 10\n";
 
 fn check(limiter: &Limiter<FakeRelativeClock>, name: &str, cost: u64) -> Result<(), Rejection> {
-    let tenant = limiter.tenant(name);
+    let tenant = limiter.tenant(name).unwrap();
     limiter.check(name, &tenant, LimitKind::Ingestion, cost)
 }
 
@@ -56,7 +56,7 @@ fn rejection_names_fleet_limit_and_wait() {
 #[test]
 fn request_rate_zero_is_unlimited_and_ingestion_rate_zero_blocks() {
     let (limiter, _clock) = limiter("overrides:\n  blocked:\n    ingestion_rate: 0\n");
-    let tenant = limiter.tenant("any");
+    let tenant = limiter.tenant("any").unwrap();
     for _ in 0..10_000 {
         assert_eq!(limiter.check("any", &tenant, LimitKind::Request, 1), Ok(()));
     }
@@ -162,4 +162,20 @@ fn random_tenant_ids_do_not_grow_memory_or_metrics_without_bound() {
         .map(|family| family.get_metric().len())
         .sum();
     assert_eq!(per_tenant_series, 0);
+}
+
+#[test]
+fn tenant_cap_refuses_only_new_tenants_until_idle_ones_go() {
+    let (limiter, clock) = limiter("");
+    let limiter = limiter.with_max_tenants(2);
+    assert!(limiter.tenant("a").is_ok());
+    assert!(limiter.tenant("b").is_ok());
+    assert_eq!(
+        limiter.tenant("c").err(),
+        Some(TooManyTenants { max_tenants: 2 })
+    );
+    assert!(limiter.tenant("a").is_ok(), "known tenants keep working");
+    clock.advance(Duration::from_secs(62));
+    limiter.evict_idle();
+    assert!(limiter.tenant("c").is_ok());
 }
