@@ -53,6 +53,43 @@ pub struct Config {
     #[arg(long, env = "WEIR_LOG_LEVEL", default_value = "info")]
     pub log_level: String,
 
+    /// This replica's name in the ring; unique per process start by default.
+    #[arg(long, env = "WEIR_NODE_ID", default_value_t = default_node_id())]
+    pub node_id: String,
+
+    /// UDP address for gossip; port 0 picks a free port.
+    #[arg(long, env = "WEIR_GOSSIP_ADDR", default_value = "127.0.0.1:7946")]
+    pub gossip_addr: SocketAddr,
+
+    /// Address peers send gossip to (default: --gossip-addr). Required when --gossip-addr
+    /// binds every interface (0.0.0.0).
+    #[arg(long, env = "WEIR_GOSSIP_ADVERTISE_ADDR")]
+    pub gossip_advertise_addr: Option<SocketAddr>,
+
+    /// Seeds to join through, `host:port` of other replicas' gossip, comma-separated.
+    #[arg(long, env = "WEIR_JOIN", value_delimiter = ',')]
+    pub join: Vec<String>,
+
+    /// Replicas gossip only with replicas of the same cluster id.
+    #[arg(long, env = "WEIR_CLUSTER_ID", default_value = "weir")]
+    pub cluster_id: String,
+
+    /// Time between gossip rounds.
+    #[arg(long, env = "WEIR_GOSSIP_INTERVAL", default_value = "200ms", value_parser = humantime::parse_duration)]
+    pub gossip_interval: Duration,
+
+    /// Failure detector: a peer is dead once its heartbeat is this many mean intervals late.
+    #[arg(long, env = "WEIR_RING_PHI_THRESHOLD", default_value_t = 12.0)]
+    pub ring_phi_threshold: f64,
+
+    /// How long a dead peer is remembered before it is forgotten.
+    #[arg(long, env = "WEIR_RING_DEAD_NODE_GRACE_PERIOD", default_value = "1m", value_parser = humantime::parse_duration)]
+    pub ring_dead_node_grace_period: Duration,
+
+    /// /ready waits for the seeds to be seen, or this long (the first replica has no peers).
+    #[arg(long, env = "WEIR_RING_JOIN_TIMEOUT", default_value = "5s", value_parser = humantime::parse_duration)]
+    pub ring_join_timeout: Duration,
+
     /// Default per-tenant ingestion rate, fleet-wide: samples + histograms + exemplars +
     /// metadata per second. 0 rejects all ingestion.
     #[arg(long, env = "WEIR_INGESTION_RATE", default_value_t = 10_000.0)]
@@ -127,6 +164,15 @@ pub struct Config {
     pub shutdown_drain_timeout: Duration,
 }
 
+fn default_node_id() -> String {
+    let host = std::fs::read_to_string("/etc/hostname")
+        .ok()
+        .map(|name| name.trim().to_string())
+        .filter(|name| !name.is_empty())
+        .unwrap_or_else(|| "weir".to_string());
+    format!("{host}-{:08x}", rand::random::<u32>())
+}
+
 fn parse_strategy(value: &str) -> Result<RateLimitStrategy, String> {
     serde_yaml_ng::from_str(value)
         .map_err(|_| format!("unknown strategy {value:?}; expected: divided"))
@@ -194,6 +240,15 @@ impl Config {
         if self.runtime_config_period.is_zero() {
             bail!("--runtime-config-period must be > 0");
         }
+        if self.gossip_interval < Duration::from_millis(10) {
+            bail!("--gossip-interval must be at least 10ms");
+        }
+        if !(self.ring_phi_threshold.is_finite() && self.ring_phi_threshold > 0.0) {
+            bail!("--ring-phi-threshold must be > 0");
+        }
+        if self.node_id.is_empty() || self.cluster_id.is_empty() {
+            bail!("--node-id and --cluster-id must not be empty");
+        }
         if let Some(tenant) = &self.no_auth_tenant {
             crate::tenant::validate(tenant)
                 .with_context(|| format!("--no-auth-tenant {tenant:?}"))?;
@@ -226,10 +281,28 @@ impl Config {
         }
     }
 
-    /// A configuration for tests: HTTP on an ephemeral port, everything else default.
+    /// How this replica joins the ring; `http_addr` is what it publishes for operators.
+    pub fn ring(&self, http_addr: SocketAddr) -> ring::RingConfig {
+        ring::RingConfig {
+            node_id: self.node_id.clone(),
+            cluster_id: self.cluster_id.clone(),
+            listen_addr: self.gossip_addr,
+            advertise_addr: self.gossip_advertise_addr,
+            seeds: self.join.clone(),
+            gossip_interval: self.gossip_interval,
+            phi_threshold: self.ring_phi_threshold,
+            dead_node_grace_period: self.ring_dead_node_grace_period,
+            join_timeout: self.ring_join_timeout,
+            http_addr: http_addr.to_string(),
+            version: env!("CARGO_PKG_VERSION").to_string(),
+        }
+    }
+
+    /// A configuration for tests: HTTP and gossip on ephemeral ports, everything else default.
     pub fn for_test(runtime_config: impl Into<PathBuf>) -> Config {
         let mut config = Config::load_from(["weir"]).expect("defaults are valid");
         config.http_addr = "127.0.0.1:0".parse().expect("valid address");
+        config.gossip_addr = "127.0.0.1:0".parse().expect("valid address");
         config.runtime_config = runtime_config.into();
         config
     }

@@ -12,6 +12,9 @@
 //! - [`limiter`]: the per-tenant engine: limit maths (pure), governor buckets, tenant map.
 //! - [`rejection`]: typed errors and their one mapping to status codes, headers and bodies.
 //! - [`metrics`]: every metric family, defined in one place.
+//! - [`ring_page`]: `GET /ring`, members and effective limits, HTML or JSON.
+//!
+//! Membership (the gossip ring) is the `ring` crate's business (`ring/`).
 //!
 //! The runtime overrides file is the `runtime-config` crate's business.
 
@@ -22,5 +25,6 @@ pub mod metrics;
 pub mod push;
 pub mod rejection;
 pub mod remote_write;
+pub mod ring_page;
 pub mod server;
 pub mod tenant;

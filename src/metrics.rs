@@ -6,8 +6,8 @@
 //! `--tenant-idle-timeout`, so random tenant IDs cannot grow them without bound.
 
 use prometheus::{
-    Gauge, GaugeVec, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, Opts,
-    Registry,
+    Gauge, GaugeVec, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec,
+    Opts, Registry,
 };
 
 /// Why a tenant's request or samples were discarded (`reason` label).
@@ -117,6 +117,10 @@ pub struct Metrics {
     pub push_duration: HistogramVec,
     pub tracked_tenants: IntGauge,
     pub sink_requests: IntCounter,
+    pub local_limit: GaugeVec,
+    pub ring_members: IntGaugeVec,
+    pub ring_healthy_replicas: IntGauge,
+    pub ring_healthy_changes: IntCounter,
 }
 
 /// One tenant's series, looked up once when the tenant is first seen so the push path does
@@ -127,6 +131,9 @@ pub struct TenantMetrics {
     pub received_samples: IntCounter,
     pub received_exemplars: IntCounter,
     pub received_metadata: IntCounter,
+    /// This replica's share of the tenant's request and ingestion rates (+Inf: unlimited).
+    pub local_request_rate: Gauge,
+    pub local_ingestion_rate: Gauge,
     discarded_requests: [IntCounter; DiscardReason::ALL.len()],
     /// Only for the reasons decided after the body was decoded (see
     /// [`DiscardReason::COUNTS_SAMPLES`]); the others never know a sample count.
@@ -249,6 +256,33 @@ impl Metrics {
                 "Tenants with limiter state on this replica.",
             )
             .expect("valid"),
+            local_limit: GaugeVec::new(
+                Opts::new(
+                    "weir_limiter_local_limit",
+                    "This replica's share of a tenant's fleet-wide limit, per second \
+                 (+Inf: unlimited), by limit (request_rate, ingestion_rate).",
+                ),
+                &["user", "limit"],
+            )
+            .expect("valid"),
+            ring_members: IntGaugeVec::new(
+                Opts::new(
+                    "weir_ring_members",
+                    "Live ring members as this replica sees them, by state.",
+                ),
+                &["state"],
+            )
+            .expect("valid"),
+            ring_healthy_replicas: IntGauge::new(
+                "weir_ring_healthy_replicas",
+                "Live ACTIVE replicas including this one: what divided limits divide by.",
+            )
+            .expect("valid"),
+            ring_healthy_changes: IntCounter::new(
+                "weir_ring_healthy_replicas_changes_total",
+                "Times the healthy count changed (a flapping detector shows here).",
+            )
+            .expect("valid"),
             sink_requests: IntCounter::new(
                 "weir_sink_requests_total",
                 "Admitted push requests acknowledged without forwarding (sink mode).",
@@ -265,6 +299,10 @@ impl Metrics {
             Box::new(metrics.push_duration.clone()),
             Box::new(metrics.tracked_tenants.clone()),
             Box::new(metrics.sink_requests.clone()),
+            Box::new(metrics.local_limit.clone()),
+            Box::new(metrics.ring_members.clone()),
+            Box::new(metrics.ring_healthy_replicas.clone()),
+            Box::new(metrics.ring_healthy_changes.clone()),
         ] {
             metrics.registry.register(collector).expect("unique metric");
         }
@@ -287,6 +325,12 @@ impl Metrics {
             received_samples: self.received_samples.with_label_values(&[tenant]),
             received_exemplars: self.received_exemplars.with_label_values(&[tenant]),
             received_metadata: self.received_metadata.with_label_values(&[tenant]),
+            local_request_rate: self
+                .local_limit
+                .with_label_values(&[tenant, "request_rate"]),
+            local_ingestion_rate: self
+                .local_limit
+                .with_label_values(&[tenant, "ingestion_rate"]),
             discarded_requests: DiscardReason::ALL
                 .map(|reason| series(&self.discarded_requests, reason)),
             discarded_samples: DiscardReason::COUNTS_SAMPLES
@@ -304,6 +348,9 @@ impl Metrics {
             &self.received_metadata,
         ] {
             let _ = vec.remove_label_values(&[tenant]);
+        }
+        for limit in ["request_rate", "ingestion_rate"] {
+            let _ = self.local_limit.remove_label_values(&[tenant, limit]);
         }
         for reason in DiscardReason::ALL {
             let _ = self

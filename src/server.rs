@@ -12,6 +12,7 @@ use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
+use ring::{Membership, Ring};
 use runtime_config::{ReloadMetrics, Reloader, RenderMode, RuntimeConfig};
 use serde::Deserialize;
 use tokio::net::TcpListener;
@@ -33,6 +34,7 @@ pub struct AppState {
     pub metrics: Arc<Metrics>,
     pub backoff: RetryBackoff,
     runtime_config: watch::Receiver<Arc<RuntimeConfig>>,
+    pub(crate) membership: watch::Receiver<Arc<Membership>>,
     draining: AtomicBool,
 }
 
@@ -72,6 +74,10 @@ pub async fn run_with_clock(
         clock,
     )
     .with_max_tenants(config.max_tenants);
+    let address = listener.local_addr()?;
+    let ring = Ring::join(config.ring(address))
+        .await
+        .context("joining the ring")?;
     let instance = InstanceLimiter::new(first.instance, Arc::clone(&metrics));
     metrics
         .instance_limits
@@ -83,6 +89,7 @@ pub async fn run_with_clock(
         instance,
         metrics,
         runtime_config: config_rx.clone(),
+        membership: ring.membership(),
         draining: AtomicBool::new(false),
         config,
     });
@@ -92,6 +99,7 @@ pub async fn run_with_clock(
     let tasks = vec![
         tokio::spawn(reloader.run(period, config_tx, stopped(stop_rx.clone()))),
         spawn_config_applier(Arc::clone(&state), config_rx),
+        spawn_membership_applier(Arc::clone(&state), ring.membership()),
         spawn_every(INGESTION_RATE_TICK, {
             let state = Arc::clone(&state);
             move || state.instance.tick()
@@ -113,7 +121,6 @@ pub async fn run_with_clock(
         }),
     ];
 
-    let address = listener.local_addr()?;
     tracing::info!(%address, runtime_config = %state.config.runtime_config.display(), "weir listening");
     println!("weir listening on http://{address} (push: POST http://{address}/api/v1/push)");
     tracing::warn!(
@@ -132,16 +139,20 @@ pub async fn run_with_clock(
     tokio::select! {
         result = &mut server => {
             stop(tasks, stop_tx);
+            ring.shutdown().await;
             return result.context("HTTP server failed");
         }
         _ = shutdown => {}
     }
 
-    // Graceful shutdown: say not-ready first, keep serving for the shutdown delay so the
-    // balancer notices, then refuse new connections and let in-flight requests finish.
+    // Graceful shutdown: say not-ready and LEAVING first, so the balancer and the peers
+    // (which re-divide at once) notice while this replica still serves; then refuse new
+    // connections and let in-flight requests finish.
+    let shutdown_started = tokio::time::Instant::now();
     state.draining.store(true, Ordering::SeqCst);
-    tracing::info!(delay = ?state.config.shutdown_delay, "shutting down: /ready now answers 503");
-    tokio::time::sleep(state.config.shutdown_delay).await;
+    tracing::info!(delay = ?state.config.shutdown_delay, "shutting down: /ready now answers 503, leaving the ring");
+    ring.leave().await;
+    tokio::time::sleep_until(shutdown_started + state.config.shutdown_delay).await;
     let _ = drain_tx.send(());
     let drain_timeout = state.config.shutdown_drain_timeout;
     match tokio::time::timeout(drain_timeout, &mut server).await {
@@ -153,6 +164,7 @@ pub async fn run_with_clock(
         ),
     }
     stop(tasks, stop_tx);
+    ring.shutdown().await;
     tracing::info!("shut down cleanly");
     Ok(())
 }
@@ -164,6 +176,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/ready", get(ready))
         .route("/health", get(|| async { "ok\n" }))
         .route("/runtime_config", get(runtime_config))
+        .route("/ring", get(crate::ring_page::ring))
         .with_state(state)
 }
 
@@ -179,10 +192,16 @@ async fn metrics(State(state): State<Arc<AppState>>) -> Response {
 }
 
 async fn ready(State(state): State<Arc<AppState>>) -> Response {
+    // The runtime config was loaded before the server started; what remains is the ring.
     if state.draining.load(Ordering::SeqCst) {
         (StatusCode::SERVICE_UNAVAILABLE, "shutting down\n").into_response()
+    } else if !state.membership.borrow().joined {
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "joining the ring: seeds not seen yet\n",
+        )
+            .into_response()
     } else {
-        // The config was loaded before the server started, so serving means ready.
         (StatusCode::OK, "ready\n").into_response()
     }
 }
@@ -225,6 +244,42 @@ fn spawn_config_applier(
             let config = Arc::clone(&config_rx.borrow_and_update());
             state.instance.set_limits(config.instance);
             state.limiter.set_config(config);
+        }
+    })
+}
+
+/// Feeds each membership change to the limiter (which re-divides lazily) and the metrics.
+fn spawn_membership_applier(
+    state: Arc<AppState>,
+    mut membership_rx: watch::Receiver<Arc<Membership>>,
+) -> JoinHandle<()> {
+    tokio::spawn(async move {
+        let mut healthy = 0;
+        loop {
+            let membership = Arc::clone(&membership_rx.borrow_and_update());
+            if membership.healthy != healthy {
+                if healthy != 0 {
+                    state.metrics.ring_healthy_changes.inc();
+                    tracing::info!(
+                        from = healthy,
+                        to = membership.healthy,
+                        "healthy replica count changed"
+                    );
+                }
+                healthy = membership.healthy;
+                state.limiter.set_healthy_replicas(healthy);
+                state.metrics.ring_healthy_replicas.set(healthy as i64);
+            }
+            for (member_state, count) in membership.count_by_state() {
+                state
+                    .metrics
+                    .ring_members
+                    .with_label_values(&[member_state])
+                    .set(count as i64);
+            }
+            if membership_rx.changed().await.is_err() {
+                return;
+            }
         }
     })
 }

@@ -20,7 +20,7 @@ fn weir() -> Command {
 /// Starts the binary and reads the address it prints.
 fn spawn(args: &[&str]) -> (Child, SocketAddr) {
     let mut child = weir()
-        .args(["--http-addr", "127.0.0.1:0"])
+        .args(["--http-addr", "127.0.0.1:0", "--gossip-addr", "127.0.0.1:0"])
         .args(args)
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
@@ -59,7 +59,7 @@ fn wait_exit(child: &mut Child, within: Duration) -> std::process::ExitStatus {
 #[tokio::test]
 async fn embedded_defaults_run_in_sink_mode() {
     let output = weir()
-        .args(["--http-addr", "127.0.0.1:0"])
+        .args(["--http-addr", "127.0.0.1:0", "--gossip-addr", "127.0.0.1:0"])
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()

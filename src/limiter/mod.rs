@@ -87,6 +87,36 @@ struct TenantBuckets<C: Clock> {
     ingestion: Option<Bucket<C>>,
 }
 
+impl LocalLimit {
+    /// The rate as a gauge shows it: +Inf when unlimited, 0 when everything is refused.
+    fn per_second(&self) -> f64 {
+        match self {
+            LocalLimit::Unlimited => f64::INFINITY,
+            LocalLimit::Deny => 0.0,
+            LocalLimit::Limited(rate) => rate.per_second,
+        }
+    }
+}
+
+impl<C: Clock> Tenant<C> {
+    fn publish_local(&self, local: &LocalLimits) {
+        self.metrics
+            .local_request_rate
+            .set(local.request.per_second());
+        self.metrics
+            .local_ingestion_rate
+            .set(local.ingestion.per_second());
+    }
+}
+
+/// A tenant's limits as this replica enforces them, for `/ring`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TenantView {
+    pub tenant: String,
+    pub limits: TenantLimits,
+    pub local: LocalLimits,
+}
+
 impl<C: Clock + Clone> TenantBuckets<C> {
     fn new(limits: TenantLimits, inputs: &Inputs, clock: &C) -> Self {
         let local = local_limits(&limits, inputs.healthy_replicas);
@@ -207,16 +237,15 @@ impl<C: Clock + Clone> Limiter<C> {
                 let tenant = tenants.get_or_insert_with(name.into(), || {
                     let inputs = self.inputs.load();
                     let limits = *inputs.config.tenant_limits(name);
-                    Arc::new(Tenant {
-                        buckets: ArcSwap::from_pointee(TenantBuckets::new(
-                            limits,
-                            &inputs,
-                            &self.clock,
-                        )),
+                    let buckets = TenantBuckets::new(limits, &inputs, &self.clock);
+                    let tenant = Tenant {
                         rebuild: Mutex::new(()),
                         last_seen: AtomicU64::new(now),
                         metrics: self.metrics.tenant(name),
-                    })
+                        buckets: ArcSwap::from_pointee(buckets),
+                    };
+                    tenant.publish_local(&tenant.buckets.load().local);
+                    Arc::new(tenant)
                 });
                 // Counted here and on eviction only: the map's length is not free.
                 self.metrics.tracked_tenants.set(tenants.len() as i64);
@@ -302,9 +331,9 @@ impl<C: Clock + Clone> Limiter<C> {
                 .store(inputs.generation, Ordering::Release);
             return buckets;
         }
-        tenant
-            .buckets
-            .store(Arc::new(buckets.rebuilt(limits, &inputs, &self.clock)));
+        let rebuilt = buckets.rebuilt(limits, &inputs, &self.clock);
+        tenant.publish_local(&rebuilt.local);
+        tenant.buckets.store(Arc::new(rebuilt));
         tenant.buckets.load()
     }
 
@@ -358,6 +387,26 @@ impl<C: Clock + Clone> Limiter<C> {
         let after = tenants.len();
         self.metrics.tracked_tenants.set(after as i64);
         before.saturating_sub(after)
+    }
+
+    /// Every tracked tenant's limits under the current inputs, sorted by tenant.
+    pub fn tenant_views(&self) -> Vec<TenantView> {
+        let inputs = self.inputs.load();
+        let mut views: Vec<TenantView> = self
+            .tenants
+            .pin()
+            .keys()
+            .map(|name| {
+                let limits = *inputs.config.tenant_limits(name);
+                TenantView {
+                    tenant: name.to_string(),
+                    local: local_limits(&limits, inputs.healthy_replicas),
+                    limits,
+                }
+            })
+            .collect();
+        views.sort_by(|a, b| a.tenant.cmp(&b.tenant));
+        views
     }
 
     pub fn tracked_tenants(&self) -> usize {

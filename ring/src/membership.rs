@@ -1,0 +1,198 @@
+//! What consumers see: the live members, their states, and the healthy count. Computed by a
+//! pure function from what gossip reports, so the rules are tested without sockets.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use serde::Serialize;
+
+/// Keys each replica publishes about itself.
+pub const KEY_STATE: &str = "state";
+pub const KEY_HTTP_ADDR: &str = "http_addr";
+pub const KEY_VERSION: &str = "version";
+
+/// A replica's lifecycle state, as it announces it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum MemberState {
+    /// Serving; counted in the healthy count.
+    Active,
+    /// Shutting down; peers stop counting it at once.
+    Leaving,
+    /// Announced something this version does not know (a newer peer); not counted.
+    Unknown,
+}
+
+impl MemberState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            MemberState::Active => "ACTIVE",
+            MemberState::Leaving => "LEAVING",
+            MemberState::Unknown => "UNKNOWN",
+        }
+    }
+
+    pub fn parse(text: Option<&str>) -> MemberState {
+        match text {
+            Some("ACTIVE") => MemberState::Active,
+            Some("LEAVING") => MemberState::Leaving,
+            _ => MemberState::Unknown,
+        }
+    }
+}
+
+/// One live member, as gossip reports it.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Member {
+    pub node_id: String,
+    /// Start time of this incarnation (Unix ms); a restarted replica is a new incarnation.
+    pub generation: u64,
+    pub gossip_addr: SocketAddr,
+    pub http_addr: Option<String>,
+    pub version: Option<String>,
+    pub state: MemberState,
+    pub is_self: bool,
+    /// Time since this replica last saw the member's heartbeat move (0 for itself).
+    #[serde(serialize_with = "seconds")]
+    pub last_heard: Duration,
+}
+
+fn seconds<S: serde::Serializer>(duration: &Duration, serializer: S) -> Result<S::Ok, S::Error> {
+    serializer.serialize_f64(duration.as_secs_f64())
+}
+
+/// The membership as one replica sees it.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Membership {
+    /// Live members, this replica included, ordered by node id.
+    pub members: Vec<Member>,
+    /// Live `ACTIVE` members, this replica included. Never below 1: a replica always counts
+    /// itself, even while leaving, so a limit is never divided by 0.
+    pub healthy: usize,
+    /// Whether this replica has seen its seeds (or waited out the join timeout).
+    pub joined: bool,
+}
+
+impl Membership {
+    /// A replica alone: what a consumer sees before gossip reports anything.
+    pub fn alone() -> Self {
+        Membership {
+            members: Vec::new(),
+            healthy: 1,
+            joined: false,
+        }
+    }
+
+    /// Builds the membership from the live members gossip reports.
+    pub fn from_members(mut members: Vec<Member>, joined: bool) -> Self {
+        members.sort_by(|a, b| (&a.node_id, a.generation).cmp(&(&b.node_id, b.generation)));
+        let active_peers = members
+            .iter()
+            .filter(|member| !member.is_self && member.state == MemberState::Active)
+            .count();
+        Membership {
+            healthy: active_peers + 1,
+            members,
+            joined,
+        }
+    }
+
+    /// Counts per state, for the `weir_ring_members{state}` gauge.
+    pub fn count_by_state(&self) -> BTreeMap<&'static str, usize> {
+        let mut counts: BTreeMap<&'static str, usize> = [
+            MemberState::Active,
+            MemberState::Leaving,
+            MemberState::Unknown,
+        ]
+        .into_iter()
+        .map(|state| (state.as_str(), 0))
+        .collect();
+        for member in &self.members {
+            *counts.entry(member.state.as_str()).or_default() += 1;
+        }
+        counts
+    }
+
+    /// Whether every address in `seeds` (other than `self_addr`) belongs to a live member.
+    pub fn has_seen(&self, seeds: &[SocketAddr], self_addr: SocketAddr) -> bool {
+        seeds
+            .iter()
+            .filter(|seed| **seed != self_addr)
+            .all(|seed| self.members.iter().any(|m| m.gossip_addr == *seed))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn member(id: &str, port: u16, state: MemberState, is_self: bool) -> Member {
+        Member {
+            node_id: id.into(),
+            generation: 1,
+            gossip_addr: SocketAddr::from(([127, 0, 0, 1], port)),
+            http_addr: None,
+            version: None,
+            state,
+            is_self,
+            last_heard: Duration::ZERO,
+        }
+    }
+
+    #[test]
+    fn healthy_counts_active_peers_and_always_self() {
+        let membership = Membership::from_members(
+            vec![
+                member("c", 3, MemberState::Active, false),
+                member("a", 1, MemberState::Active, true),
+                member("b", 2, MemberState::Leaving, false),
+                member("d", 4, MemberState::Unknown, false),
+            ],
+            true,
+        );
+        assert_eq!(membership.healthy, 2);
+        assert_eq!(
+            membership
+                .members
+                .iter()
+                .map(|m| m.node_id.as_str())
+                .collect::<Vec<_>>(),
+            ["a", "b", "c", "d"]
+        );
+        assert_eq!(membership.count_by_state()["LEAVING"], 1);
+    }
+
+    #[test]
+    fn a_leaving_self_still_counts_itself() {
+        let membership =
+            Membership::from_members(vec![member("a", 1, MemberState::Leaving, true)], true);
+        assert_eq!(membership.healthy, 1);
+        assert_eq!(Membership::from_members(Vec::new(), false).healthy, 1);
+        assert_eq!(Membership::alone().healthy, 1);
+    }
+
+    #[test]
+    fn seeds_seen() {
+        let membership = Membership::from_members(
+            vec![
+                member("a", 1, MemberState::Active, true),
+                member("b", 2, MemberState::Active, false),
+            ],
+            false,
+        );
+        let addr = |port| SocketAddr::from(([127, 0, 0, 1], port));
+        assert!(membership.has_seen(&[addr(1), addr(2)], addr(1)));
+        assert!(!membership.has_seen(&[addr(2), addr(3)], addr(1)));
+        assert!(membership.has_seen(&[], addr(1)));
+    }
+
+    #[test]
+    fn state_round_trip() {
+        for state in [MemberState::Active, MemberState::Leaving] {
+            assert_eq!(MemberState::parse(Some(state.as_str())), state);
+        }
+        assert_eq!(MemberState::parse(Some("JOINING")), MemberState::Unknown);
+        assert_eq!(MemberState::parse(None), MemberState::Unknown);
+    }
+}

@@ -1,0 +1,239 @@
+//! The gossip edge: joins the chitchat cluster, publishes this replica's state, and turns
+//! what gossip reports into a [`Membership`] on a watch channel.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use anyhow::{bail, Context};
+use chitchat::transport::UdpTransport;
+use chitchat::{
+    spawn_chitchat, ChitchatConfig, ChitchatHandle, ChitchatId, FailureDetectorConfig,
+    ProtocolVersion,
+};
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+use crate::membership::{Member, MemberState, Membership, KEY_HTTP_ADDR, KEY_STATE, KEY_VERSION};
+
+/// How this replica joins the ring.
+#[derive(Debug, Clone)]
+pub struct RingConfig {
+    /// Unique per process start.
+    pub node_id: String,
+    /// Replicas with another cluster id ignore this one, and it them.
+    pub cluster_id: String,
+    /// UDP address to bind for gossip; port 0 picks a free port.
+    pub listen_addr: SocketAddr,
+    /// Address peers send gossip to; defaults to `listen_addr`.
+    pub advertise_addr: Option<SocketAddr>,
+    /// `host:port` of replicas to contact first.
+    pub seeds: Vec<String>,
+    pub gossip_interval: Duration,
+    /// The failure detector declares a peer dead once the time since its last heartbeat
+    /// exceeds this many mean heartbeat intervals.
+    pub phi_threshold: f64,
+    /// How long a dead peer is remembered before it is forgotten.
+    pub dead_node_grace_period: Duration,
+    /// The first replica has no peers to see: after this long it stops waiting for seeds.
+    pub join_timeout: Duration,
+    /// Published for operators and tools (`/ring`).
+    pub http_addr: String,
+    pub version: String,
+}
+
+/// A joined replica. Dropping it without [`Ring::shutdown`] stops gossip abruptly, as a crash
+/// would.
+pub struct Ring {
+    handle: ChitchatHandle,
+    membership_rx: watch::Receiver<Arc<Membership>>,
+    observer: JoinHandle<()>,
+    gossip_interval: Duration,
+    self_addr: SocketAddr,
+}
+
+impl Ring {
+    pub async fn join(config: RingConfig) -> anyhow::Result<Ring> {
+        let listen_addr = if config.listen_addr.port() == 0 {
+            // chitchat needs its address before it binds: find a free port first.
+            std::net::UdpSocket::bind(config.listen_addr)
+                .and_then(|socket| socket.local_addr())
+                .with_context(|| format!("cannot bind gossip address {}", config.listen_addr))?
+        } else {
+            config.listen_addr
+        };
+        let advertise_addr = config.advertise_addr.unwrap_or(listen_addr);
+        if advertise_addr.ip().is_unspecified() {
+            bail!(
+                "gossip address {listen_addr} binds every interface; set --gossip-advertise-addr \
+                 to the address peers should use"
+            );
+        }
+        let generation = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_millis() as u64;
+        let chitchat_config = ChitchatConfig {
+            chitchat_id: ChitchatId::new(config.node_id.clone(), generation, advertise_addr),
+            cluster_id: config.cluster_id.clone(),
+            gossip_interval: config.gossip_interval,
+            listen_addr,
+            seed_nodes: config.seeds.clone(),
+            failure_detector_config: FailureDetectorConfig {
+                phi_threshold: config.phi_threshold,
+                // chitchat's default prior (5 s) makes a young peer take tens of seconds to be
+                // declared dead; the gossip interval is the honest prior.
+                initial_interval: config.gossip_interval,
+                dead_node_grace_period: config.dead_node_grace_period,
+                ..FailureDetectorConfig::default()
+            },
+            marked_for_deletion_grace_period: config.dead_node_grace_period,
+            catchup_callback: None,
+            extra_liveness_predicate: None,
+            protocol_version: ProtocolVersion::V0,
+        };
+        let initial = vec![
+            (
+                KEY_STATE.to_string(),
+                MemberState::Active.as_str().to_string(),
+            ),
+            (KEY_HTTP_ADDR.to_string(), config.http_addr.clone()),
+            (KEY_VERSION.to_string(), config.version.clone()),
+        ];
+        let handle = spawn_chitchat(chitchat_config, initial, &UdpTransport)
+            .await
+            .with_context(|| format!("cannot start gossip on {listen_addr}"))?;
+
+        let mut seeds = Vec::new();
+        for seed in &config.seeds {
+            match tokio::net::lookup_host(seed.as_str()).await {
+                Ok(addrs) => seeds.extend(addrs),
+                Err(err) => tracing::warn!(%seed, %err, "cannot resolve seed; not waiting for it"),
+            }
+        }
+        let (membership_tx, membership_rx) = watch::channel(Arc::new(Membership::alone()));
+        let observer = tokio::spawn(observe(
+            handle.chitchat(),
+            membership_tx,
+            Observation {
+                period: config.gossip_interval / 2,
+                seeds,
+                self_addr: advertise_addr,
+                join_timeout: config.join_timeout,
+            },
+        ));
+        tracing::info!(
+            node_id = %config.node_id, cluster_id = %config.cluster_id, gossip = %advertise_addr,
+            seeds = ?config.seeds, "joined the ring"
+        );
+        Ok(Ring {
+            handle,
+            membership_rx,
+            observer,
+            gossip_interval: config.gossip_interval,
+            self_addr: advertise_addr,
+        })
+    }
+
+    /// The membership as this replica sees it, refreshed every half gossip interval.
+    pub fn membership(&self) -> watch::Receiver<Arc<Membership>> {
+        self.membership_rx.clone()
+    }
+
+    pub fn gossip_addr(&self) -> SocketAddr {
+        self.self_addr
+    }
+
+    /// Announces `LEAVING` and waits long enough for it to gossip out, so peers re-divide
+    /// before this replica stops serving.
+    pub async fn leave(&self) {
+        self.handle
+            .with_chitchat(|chitchat| {
+                chitchat
+                    .self_node_state()
+                    .set(KEY_STATE, MemberState::Leaving.as_str())
+            })
+            .await;
+        tokio::time::sleep(self.gossip_interval * 3).await;
+    }
+
+    /// Stops gossip. Peers see this replica's heartbeat stop and drop it.
+    pub async fn shutdown(self) {
+        self.observer.abort();
+        if let Err(err) = self.handle.shutdown().await {
+            tracing::warn!(%err, "gossip did not stop cleanly");
+        }
+    }
+}
+
+struct Observation {
+    period: Duration,
+    seeds: Vec<SocketAddr>,
+    self_addr: SocketAddr,
+    join_timeout: Duration,
+}
+
+/// Reads the live nodes from chitchat every `period` and publishes the membership. Polling,
+/// not chitchat's own watcher, because that one fires only on key changes, and "last heard"
+/// needs every heartbeat.
+async fn observe(
+    chitchat: Arc<tokio::sync::Mutex<chitchat::Chitchat>>,
+    membership_tx: watch::Sender<Arc<Membership>>,
+    observation: Observation,
+) {
+    let started = Instant::now();
+    let mut heard: HashMap<ChitchatId, (u64, Instant)> = HashMap::new();
+    let mut joined = false;
+    let mut ticker = tokio::time::interval(observation.period);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        ticker.tick().await;
+        let now = Instant::now();
+        let members: Vec<Member> = {
+            let chitchat = chitchat.lock().await;
+            let self_id = chitchat.self_chitchat_id().clone();
+            chitchat
+                .live_nodes()
+                .filter_map(|id| {
+                    let state = chitchat.node_state(id)?;
+                    let heartbeat: u64 = state.heartbeat().into();
+                    let entry = heard.entry(id.clone()).or_insert((heartbeat, now));
+                    if entry.0 != heartbeat {
+                        *entry = (heartbeat, now);
+                    }
+                    let is_self = *id == self_id;
+                    Some(Member {
+                        node_id: id.node_id.to_string(),
+                        generation: id.generation_id,
+                        gossip_addr: id.gossip_advertise_addr,
+                        http_addr: state.get(KEY_HTTP_ADDR).map(str::to_string),
+                        version: state.get(KEY_VERSION).map(str::to_string),
+                        state: MemberState::parse(state.get(KEY_STATE)),
+                        is_self,
+                        last_heard: if is_self {
+                            Duration::ZERO
+                        } else {
+                            now.duration_since(entry.1)
+                        },
+                    })
+                })
+                .collect()
+        };
+        heard.retain(|id, _| {
+            members
+                .iter()
+                .any(|m| m.node_id == *id.node_id && m.generation == id.generation_id)
+        });
+        let mut membership = Membership::from_members(members, joined);
+        if !joined
+            && (started.elapsed() >= observation.join_timeout
+                || membership.has_seen(&observation.seeds, observation.self_addr))
+        {
+            joined = true;
+            membership.joined = true;
+            tracing::info!(healthy = membership.healthy, "ring joined: peers seen");
+        }
+        membership_tx.send_replace(Arc::new(membership));
+    }
+}

@@ -1,0 +1,165 @@
+//! `GET /ring`: the members, the healthy count and each active tenant's effective limits.
+//! HTML for people; JSON for machines (`Accept: application/json` or `?format=json`).
+
+use std::fmt::Write;
+use std::sync::Arc;
+
+use axum::extract::{Query, State};
+use axum::http::{header, HeaderMap};
+use axum::response::{Html, IntoResponse, Response};
+use axum::Json;
+use ring::Member;
+use serde::{Deserialize, Serialize};
+
+use crate::limiter::maths::LocalLimit;
+use crate::limiter::TenantView;
+use crate::server::AppState;
+
+#[derive(Deserialize)]
+pub struct RingQuery {
+    format: Option<String>,
+}
+
+#[derive(Serialize)]
+struct RingStatus {
+    node_id: String,
+    cluster_id: String,
+    healthy: usize,
+    joined: bool,
+    members: Vec<Member>,
+    tenants: Vec<TenantLimitsView>,
+}
+
+/// Rates are per second; `null` for a local rate means unlimited.
+#[derive(Serialize)]
+struct TenantLimitsView {
+    tenant: String,
+    strategy: &'static str,
+    request_rate: f64,
+    request_burst_size: u64,
+    local_request_rate: Option<f64>,
+    ingestion_rate: f64,
+    ingestion_burst_size: u64,
+    local_ingestion_rate: Option<f64>,
+}
+
+fn local_rate(limit: LocalLimit) -> Option<f64> {
+    match limit {
+        LocalLimit::Unlimited => None,
+        LocalLimit::Deny => Some(0.0),
+        LocalLimit::Limited(rate) => Some(rate.per_second),
+    }
+}
+
+impl From<TenantView> for TenantLimitsView {
+    fn from(view: TenantView) -> Self {
+        TenantLimitsView {
+            strategy: view.limits.rate_limit_strategy.as_str(),
+            request_rate: view.limits.request_rate,
+            request_burst_size: view.limits.request_burst_size,
+            local_request_rate: local_rate(view.local.request),
+            ingestion_rate: view.limits.ingestion_rate,
+            ingestion_burst_size: view.limits.ingestion_burst_size,
+            local_ingestion_rate: local_rate(view.local.ingestion),
+            tenant: view.tenant,
+        }
+    }
+}
+
+pub async fn ring(
+    State(state): State<Arc<AppState>>,
+    Query(query): Query<RingQuery>,
+    headers: HeaderMap,
+) -> Response {
+    let membership = Arc::clone(&state.membership.borrow());
+    let status = RingStatus {
+        node_id: state.config.node_id.clone(),
+        cluster_id: state.config.cluster_id.clone(),
+        healthy: membership.healthy,
+        joined: membership.joined,
+        members: membership.members.clone(),
+        tenants: state
+            .limiter
+            .tenant_views()
+            .into_iter()
+            .map(Into::into)
+            .collect(),
+    };
+    let wants_json = query.format.as_deref() == Some("json")
+        || headers
+            .get(header::ACCEPT)
+            .and_then(|accept| accept.to_str().ok())
+            .is_some_and(|accept| accept.contains("application/json"));
+    if wants_json {
+        Json(status).into_response()
+    } else {
+        Html(render_html(&status)).into_response()
+    }
+}
+
+fn render_html(status: &RingStatus) -> String {
+    let mut page = String::new();
+    let _ = write!(
+        page,
+        "<!doctype html><html><head><meta charset=\"utf-8\"><title>weir ring</title>\
+         <style>body{{font-family:sans-serif}}td,th{{padding:2px 10px;text-align:left}}</style>\
+         </head><body><h1>weir ring</h1><p>This replica: <b>{}</b> in cluster <b>{}</b>. \
+         Healthy replicas: <b>{}</b>{}.</p><h2>Members</h2><table><tr><th>node</th>\
+         <th>state</th><th>gossip</th><th>http</th><th>version</th><th>last heard</th></tr>",
+        escape(&status.node_id),
+        escape(&status.cluster_id),
+        status.healthy,
+        if status.joined {
+            ""
+        } else {
+            " (still joining)"
+        },
+    );
+    for member in &status.members {
+        let _ = write!(
+            page,
+            "<tr><td>{}{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{:.1} s ago</td></tr>",
+            escape(&member.node_id),
+            if member.is_self { " (this replica)" } else { "" },
+            member.state.as_str(),
+            member.gossip_addr,
+            escape(member.http_addr.as_deref().unwrap_or("")),
+            escape(member.version.as_deref().unwrap_or("")),
+            member.last_heard.as_secs_f64(),
+        );
+    }
+    page.push_str(
+        "</table><h2>Active tenants</h2><table><tr><th>tenant</th><th>strategy</th>\
+         <th>request rate (fleet / here)</th><th>request burst</th>\
+         <th>ingestion rate (fleet / here)</th><th>ingestion burst</th></tr>",
+    );
+    let rate = |rate: Option<f64>| rate.map_or("unlimited".to_string(), |r| format!("{r:.1}"));
+    for tenant in &status.tenants {
+        let _ = write!(
+            page,
+            "<tr><td>{}</td><td>{}</td><td>{} / {}</td><td>{}</td><td>{} / {}</td><td>{}</td></tr>",
+            escape(&tenant.tenant),
+            tenant.strategy,
+            if tenant.request_rate == 0.0 {
+                "unlimited".to_string()
+            } else {
+                tenant.request_rate.to_string()
+            },
+            rate(tenant.local_request_rate),
+            tenant.request_burst_size,
+            tenant.ingestion_rate,
+            rate(tenant.local_ingestion_rate),
+            tenant.ingestion_burst_size,
+        );
+    }
+    page.push_str("</table></body></html>\n");
+    page
+}
+
+fn escape(text: &str) -> String {
+    text.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+        .replace('"', "&quot;")
+        .replace('\'', "&#39;")
+}
