@@ -1,0 +1,239 @@
+//! The ring with real `weir` processes gossiping on 127.0.0.x: convergence, crash detection,
+//! graceful leave, join, and cluster isolation. Timings are the targets, measured from
+//! the event to the moment every peer's `/ring` shows the new count.
+
+use std::io::{BufRead, BufReader};
+use std::net::{IpAddr, SocketAddr};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+struct Replica {
+    child: Child,
+    http: SocketAddr,
+    started: Instant,
+}
+
+/// A free UDP port on `ip` (bound, then released for the replica to take).
+fn free_gossip_addr(ip: [u8; 4]) -> SocketAddr {
+    let socket = std::net::UdpSocket::bind(SocketAddr::from((ip, 0))).unwrap();
+    socket.local_addr().unwrap()
+}
+
+fn spawn(gossip: SocketAddr, seeds: &[SocketAddr], cluster: &str, extra: &[&str]) -> Replica {
+    let ip: IpAddr = gossip.ip();
+    let join = seeds
+        .iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join(",");
+    let started = Instant::now();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_weir"))
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .args(["--http-addr", &format!("{ip}:0")])
+        .args(["--gossip-addr", &gossip.to_string()])
+        .args(["--join", &join])
+        .args(["--cluster-id", cluster])
+        .args(["--node-id", &format!("{cluster}-{gossip}")])
+        .args(extra)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let http = line
+        .strip_prefix("weir listening on http://")
+        .and_then(|rest| rest.split_whitespace().next())
+        .unwrap_or_else(|| panic!("unexpected first line: {line:?}"))
+        .parse()
+        .unwrap();
+    Replica {
+        child,
+        http,
+        started,
+    }
+}
+
+impl Replica {
+    async fn ring(&self) -> Option<serde_json::Value> {
+        let url = format!("http://{}/ring?format=json", self.http);
+        reqwest::get(url).await.ok()?.json().await.ok()
+    }
+
+    async fn healthy(&self) -> Option<u64> {
+        self.ring().await?["healthy"].as_u64()
+    }
+
+    async fn ready(&self) -> Option<u16> {
+        let url = format!("http://{}/ready", self.http);
+        Some(reqwest::get(url).await.ok()?.status().as_u16())
+    }
+
+    fn signal(&self, signal: &str) {
+        let status = Command::new("kill")
+            .args([signal, &self.child.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(status.success());
+    }
+}
+
+impl Drop for Replica {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Waits until every replica reports `healthy`; returns how long that took.
+async fn until_healthy(replicas: &[&Replica], healthy: u64, timeout: Duration) -> Duration {
+    let started = Instant::now();
+    loop {
+        let mut all = true;
+        for replica in replicas {
+            all &= replica.healthy().await == Some(healthy);
+        }
+        if all {
+            return started.elapsed();
+        }
+        if started.elapsed() > timeout {
+            let mut seen = Vec::new();
+            for replica in replicas {
+                seen.push(replica.healthy().await);
+            }
+            panic!("healthy never reached {healthy} within {timeout:?}: {seen:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test]
+async fn converge_crash_join_and_leave() {
+    let addrs: Vec<SocketAddr> = (2..=4).map(|i| free_gossip_addr([127, 0, 0, i])).collect();
+    let mut replicas: Vec<Replica> = addrs
+        .iter()
+        .map(|addr| spawn(*addr, &addrs, "scenario", &[]))
+        .collect();
+
+    // Three replicas converge to 3.
+    let took = until_healthy(
+        &replicas.iter().collect::<Vec<_>>(),
+        3,
+        Duration::from_secs(10),
+    )
+    .await;
+    eprintln!("3 replicas converged in {took:?}");
+    for replica in &replicas {
+        assert_eq!(replica.ready().await, Some(200));
+    }
+
+    // SIGKILL one that has been up at least 2 s: the others drop it within 3 s.
+    let victim = replicas.pop().unwrap();
+    let up = victim.started.elapsed();
+    if up < Duration::from_secs(2) {
+        tokio::time::sleep(Duration::from_secs(2) - up).await;
+    }
+    victim.signal("-KILL");
+    let killed = Instant::now();
+    let survivors: Vec<&Replica> = replicas.iter().collect();
+    until_healthy(&survivors, 2, Duration::from_secs(10)).await;
+    let detected = killed.elapsed();
+    eprintln!("SIGKILL detected by all survivors in {detected:?}");
+    assert!(
+        detected <= Duration::from_secs(3),
+        "crash detection took {detected:?}"
+    );
+    drop(victim);
+
+    // A fourth replica joins through one seed; it is not ready before it counts its peers,
+    // and the peers count it within 2 s.
+    let fourth = spawn(
+        free_gossip_addr([127, 0, 0, 5]),
+        &[addrs[0]],
+        "scenario",
+        &["--ring-join-timeout", "30s"],
+    );
+    let everyone = [&replicas[0], &replicas[1], &fourth];
+    until_healthy(&everyone, 3, Duration::from_secs(10)).await;
+    let since_start = fourth.started.elapsed();
+    eprintln!("the new replica was counted by all within {since_start:?} of its start");
+    assert!(
+        since_start <= Duration::from_secs(2),
+        "join took {since_start:?}"
+    );
+    assert_eq!(fourth.ready().await, Some(200));
+
+    // SIGTERM one: it announces LEAVING and the others re-divide within 1 s.
+    let leaver = replicas.pop().unwrap();
+    leaver.signal("-TERM");
+    let terminated = Instant::now();
+    until_healthy(&[&replicas[0], &fourth], 2, Duration::from_secs(5)).await;
+    let left = terminated.elapsed();
+    eprintln!("graceful leave seen by all in {left:?}");
+    assert!(left <= Duration::from_secs(1), "leave took {left:?}");
+    drop(leaver);
+}
+
+#[tokio::test]
+async fn replica_is_not_ready_until_it_has_seen_its_seeds() {
+    let seed_addr = free_gossip_addr([127, 0, 0, 6]);
+    let late = spawn(
+        free_gossip_addr([127, 0, 0, 7]),
+        &[seed_addr],
+        "readiness",
+        &["--ring-join-timeout", "60s"],
+    );
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    assert_eq!(late.ready().await, Some(503), "its seed is not up yet");
+    let seed = spawn(
+        seed_addr,
+        &[seed_addr],
+        "readiness",
+        &["--ring-join-timeout", "60s"],
+    );
+    until_healthy(&[&seed, &late], 2, Duration::from_secs(10)).await;
+    let deadline = Instant::now() + Duration::from_secs(3);
+    while late.ready().await != Some(200) {
+        assert!(Instant::now() < deadline, "not ready after seeing its seed");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // The seed lists only itself, so it was ready at once.
+    assert_eq!(seed.ready().await, Some(200));
+}
+
+#[tokio::test]
+async fn clusters_with_different_ids_never_merge() {
+    let alpha: Vec<SocketAddr> = (8..=9).map(|i| free_gossip_addr([127, 0, 0, i])).collect();
+    let beta_addr = free_gossip_addr([127, 0, 0, 10]);
+    // Each side lists the other's replicas as seeds too: only the cluster id keeps them apart.
+    let all: Vec<SocketAddr> = alpha.iter().copied().chain([beta_addr]).collect();
+    let fast_join = ["--ring-join-timeout", "1s"];
+    let alpha_replicas: Vec<Replica> = alpha
+        .iter()
+        .map(|addr| spawn(*addr, &all, "alpha", &fast_join))
+        .collect();
+    let beta = spawn(beta_addr, &all, "beta", &fast_join);
+
+    until_healthy(
+        &alpha_replicas.iter().collect::<Vec<_>>(),
+        2,
+        Duration::from_secs(10),
+    )
+    .await;
+    tokio::time::sleep(Duration::from_secs(2)).await; // many gossip rounds
+    for replica in &alpha_replicas {
+        let ring = replica.ring().await.unwrap();
+        assert_eq!(ring["healthy"], 2);
+        assert_eq!(ring["members"].as_array().unwrap().len(), 2, "{ring}");
+    }
+    let ring = beta.ring().await.unwrap();
+    assert_eq!(ring["healthy"], 1);
+    assert_eq!(ring["members"].as_array().unwrap().len(), 1, "{ring}");
+    assert_eq!(
+        beta.ready().await,
+        Some(200),
+        "ready after the join timeout"
+    );
+}
