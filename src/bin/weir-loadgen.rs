@@ -75,6 +75,11 @@ struct Args {
     /// No live progress line.
     #[arg(long)]
     quiet: bool,
+
+    /// Treat a target that refuses connections as gone: its share moves to the others, as a
+    /// load balancer's health check would move it.
+    #[arg(long)]
+    failover: bool,
 }
 
 /// Counts for one target, or for all.
@@ -167,6 +172,9 @@ struct Splitter {
     current: Vec<f64>,
 }
 
+/// Targets found unreachable with `--failover`.
+type Down = Arc<Vec<std::sync::atomic::AtomicBool>>;
+
 impl Splitter {
     fn new(first: Vec<f64>, later: Vec<(f64, Vec<f64>)>) -> Self {
         let mut schedule = vec![(0.0, first)];
@@ -179,16 +187,29 @@ impl Splitter {
         }
     }
 
-    fn pick(&mut self, elapsed_seconds: f64) -> usize {
-        let weights = &self
+    /// The next target; targets marked down get no share (unless all are down).
+    fn pick(&mut self, elapsed_seconds: f64, down: &[bool]) -> usize {
+        let scheduled = &self
             .schedule
             .iter()
             .rev()
             .find(|(at, _)| *at <= elapsed_seconds)
             .expect("schedule starts at 0")
             .1;
+        let mut weights: Vec<f64> = scheduled
+            .iter()
+            .zip(down)
+            .map(|(weight, down)| if *down { 0.0 } else { *weight })
+            .collect();
+        if weights.iter().sum::<f64>() == 0.0 {
+            // The split sends nothing to the live targets: spread evenly over them.
+            weights = down.iter().map(|down| if *down { 0.0 } else { 1.0 }).collect();
+            if weights.iter().sum::<f64>() == 0.0 {
+                weights = scheduled.clone();
+            }
+        }
         let total: f64 = weights.iter().sum();
-        for (current, weight) in self.current.iter_mut().zip(weights) {
+        for (current, weight) in self.current.iter_mut().zip(&weights) {
             *current += weight;
         }
         let (best, _) = self
@@ -316,6 +337,7 @@ async fn main() -> anyhow::Result<()> {
     let samples = args.series_per_request as u64;
     let total_requests = (requests_per_second * args.duration.as_secs_f64()).round() as u64;
     let mut splitter = Splitter::new(split, later);
+    let down: Down = Arc::new((0..targets).map(|_| Default::default()).collect());
     let start = Instant::now();
     let mut tasks = tokio::task::JoinSet::new();
     let progress = (!args.quiet).then(|| spawn_progress(Arc::clone(&stats), start, targets));
@@ -324,7 +346,11 @@ async fn main() -> anyhow::Result<()> {
         let due = start + Duration::from_secs_f64(index as f64 / requests_per_second);
         tokio::time::sleep_until(due.into()).await;
         let elapsed = due.duration_since(start).as_secs_f64();
-        let target = splitter.pick(elapsed);
+        let down_now: Vec<bool> = down
+            .iter()
+            .map(|flag| flag.load(std::sync::atomic::Ordering::Relaxed))
+            .collect();
+        let target = splitter.pick(elapsed, &down_now);
         let second = (elapsed as usize).min(seconds);
         let tenant = (index % args.tenants.len() as u64) as usize;
         let Ok(permit) = Arc::clone(&outstanding).try_acquire_owned() else {
@@ -342,6 +368,8 @@ async fn main() -> anyhow::Result<()> {
             .header("X-Scope-OrgID", &args.tenants[tenant])
             .body(bodies[tenant][(index / args.tenants.len() as u64 % 4) as usize].clone());
         let stats = Arc::clone(&stats);
+        let down = Arc::clone(&down);
+        let failover = args.failover;
         tasks.spawn(async move {
             let sent = Instant::now();
             let outcome = match request.send().await {
@@ -351,7 +379,12 @@ async fn main() -> anyhow::Result<()> {
                     Outcome::Status(status)
                 }
                 Err(err) if err.is_timeout() => Outcome::Error("timeout"),
-                Err(err) if err.is_connect() => Outcome::Error("connect_error"),
+                Err(err) if err.is_connect() => {
+                    if failover {
+                        down[target].store(true, std::sync::atomic::Ordering::Relaxed);
+                    }
+                    Outcome::Error("connect_error")
+                }
                 Err(_) => Outcome::Error("error"),
             };
             let latency = sent.elapsed().as_micros() as u64;
@@ -482,11 +515,26 @@ mod tests {
     fn splitter_follows_weights_and_schedule() {
         let mut splitter = Splitter::new(vec![70.0, 20.0, 10.0], vec![(10.0, vec![0.0, 0.0, 1.0])]);
         let mut counts = [0; 3];
+        let up = [false; 3];
         for _ in 0..1000 {
-            counts[splitter.pick(0.0)] += 1;
+            counts[splitter.pick(0.0, &up)] += 1;
         }
         assert_eq!(counts, [700, 200, 100]);
-        assert!((0..100).all(|_| splitter.pick(10.0) == 2));
+        assert!((0..100).all(|_| splitter.pick(10.0, &up) == 2));
+    }
+
+    #[test]
+    fn down_targets_get_no_share() {
+        let mut splitter = Splitter::new(vec![1.0, 1.0, 1.0], vec![]);
+        let down = [false, true, false];
+        assert!((0..100).all(|_| splitter.pick(0.0, &down) != 1));
+        // A split that sends everything to a down target spreads over the live ones.
+        let mut splitter = Splitter::new(vec![0.0, 1.0, 0.0], vec![]);
+        let mut counts = [0; 3];
+        for _ in 0..100 {
+            counts[splitter.pick(0.0, &down)] += 1;
+        }
+        assert_eq!(counts, [50, 0, 50]);
     }
 
     #[test]
