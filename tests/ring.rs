@@ -164,6 +164,11 @@ async fn converge_crash_join_and_leave() {
         "join took {since_start:?}"
     );
     assert_eq!(fourth.ready().await, Some(200));
+    let members = replicas[0].ring().await.unwrap()["members"]
+        .as_array()
+        .unwrap()
+        .len();
+    assert_eq!(members, 3, "the killed replica is not listed");
 
     // SIGTERM one: it announces LEAVING and the others re-divide within 1 s.
     let leaver = replicas.pop().unwrap();

@@ -203,7 +203,10 @@ impl Splitter {
             .collect();
         if weights.iter().sum::<f64>() == 0.0 {
             // The split sends nothing to the live targets: spread evenly over them.
-            weights = down.iter().map(|down| if *down { 0.0 } else { 1.0 }).collect();
+            weights = down
+                .iter()
+                .map(|down| if *down { 0.0 } else { 1.0 })
+                .collect();
             if weights.iter().sum::<f64>() == 0.0 {
                 weights = scheduled.clone();
             }

@@ -179,3 +179,19 @@ fn tenant_cap_refuses_only_new_tenants_until_idle_ones_go() {
     limiter.evict_idle();
     assert!(limiter.tenant("c").is_ok());
 }
+
+#[test]
+fn membership_change_carries_tokens_over() {
+    let (limiter, clock) = limiter(TEN_PER_SECOND);
+    limiter.set_healthy_replicas(3);
+    assert_eq!(check(&limiter, "t", 6), Ok(())); // 4 tokens left, refilling at 10/3 per s
+    limiter.set_healthy_replicas(2); // a peer left: 5/s from now, same tokens
+    assert_eq!(check(&limiter, "t", 4), Ok(()));
+    assert!(
+        check(&limiter, "t", 1).is_err(),
+        "no fresh burst when the count changes"
+    );
+    clock.advance(Duration::from_millis(200));
+    assert_eq!(check(&limiter, "t", 1), Ok(()));
+    assert!(check(&limiter, "t", 1).is_err());
+}
