@@ -175,7 +175,7 @@ fn default_node_id() -> String {
 
 fn parse_strategy(value: &str) -> Result<RateLimitStrategy, String> {
     serde_yaml_ng::from_str(value)
-        .map_err(|_| format!("unknown strategy {value:?}; expected: divided"))
+        .map_err(|_| format!("unknown strategy {value:?}; expected: divided or weighted"))
 }
 
 impl Config {

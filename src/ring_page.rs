@@ -41,6 +41,9 @@ struct TenantLimitsView {
     ingestion_rate: f64,
     ingestion_burst_size: u64,
     local_ingestion_rate: Option<f64>,
+    /// Offered here over the last second (refused included): what `weighted` shares by.
+    demand_requests_per_second: f64,
+    demand_items_per_second: f64,
 }
 
 fn local_rate(limit: LocalLimit) -> Option<f64> {
@@ -61,6 +64,8 @@ impl From<TenantView> for TenantLimitsView {
             ingestion_rate: view.limits.ingestion_rate,
             ingestion_burst_size: view.limits.ingestion_burst_size,
             local_ingestion_rate: local_rate(view.local.ingestion),
+            demand_requests_per_second: view.demand.requests_per_second,
+            demand_items_per_second: view.demand.items_per_second,
             tenant: view.tenant,
         }
     }
@@ -131,13 +136,14 @@ fn render_html(status: &RingStatus) -> String {
     page.push_str(
         "</table><h2>Active tenants</h2><table><tr><th>tenant</th><th>strategy</th>\
          <th>request rate (fleet / here)</th><th>request burst</th>\
-         <th>ingestion rate (fleet / here)</th><th>ingestion burst</th></tr>",
+         <th>ingestion rate (fleet / here)</th><th>ingestion burst</th>\
+         <th>demand here (items/s)</th></tr>",
     );
     let rate = |rate: Option<f64>| rate.map_or("unlimited".to_string(), |r| format!("{r:.1}"));
     for tenant in &status.tenants {
         let _ = write!(
             page,
-            "<tr><td>{}</td><td>{}</td><td>{} / {}</td><td>{}</td><td>{} / {}</td><td>{}</td></tr>",
+            "<tr><td>{}</td><td>{}</td><td>{} / {}</td><td>{}</td><td>{} / {}</td><td>{}</td><td>{:.0}</td></tr>",
             escape(&tenant.tenant),
             tenant.strategy,
             if tenant.request_rate == 0.0 {
@@ -150,6 +156,7 @@ fn render_html(status: &RingStatus) -> String {
             tenant.ingestion_rate,
             rate(tenant.local_ingestion_rate),
             tenant.ingestion_burst_size,
+            tenant.demand_items_per_second,
         );
     }
     page.push_str("</table></body></html>\n");

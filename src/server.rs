@@ -21,6 +21,7 @@ use tokio::task::JoinHandle;
 
 use crate::config::Config;
 use crate::instance::{InstanceLimiter, INGESTION_RATE_TICK};
+use crate::limiter::demand::DEMAND_SLOT;
 use crate::limiter::{EngineClock, Limiter, COARSE_CLOCK_TICK};
 use crate::metrics::{InstanceLimit, Metrics};
 use crate::rejection::RetryBackoff;
@@ -75,9 +76,11 @@ pub async fn run_with_clock(
     )
     .with_max_tenants(config.max_tenants);
     let address = listener.local_addr()?;
-    let ring = Ring::join(config.ring(address))
-        .await
-        .context("joining the ring")?;
+    let ring = Arc::new(
+        Ring::join(config.ring(address))
+            .await
+            .context("joining the ring")?,
+    );
     let instance = InstanceLimiter::new(first.instance, Arc::clone(&metrics));
     metrics
         .instance_limits
@@ -104,6 +107,7 @@ pub async fn run_with_clock(
             let state = Arc::clone(&state);
             move || state.instance.tick()
         }),
+        spawn_demand_publisher(Arc::clone(&state), Arc::clone(&ring)),
         spawn_every(COARSE_CLOCK_TICK, {
             let state = Arc::clone(&state);
             move || {
@@ -280,6 +284,29 @@ fn spawn_membership_applier(
             if membership_rx.changed().await.is_err() {
                 return;
             }
+        }
+    })
+}
+
+/// Every demand slot: moves each tenant's demand window on and publishes the result to the
+/// ring, where `weighted` replicas read each other's demand.
+fn spawn_demand_publisher(state: Arc<AppState>, ring: Arc<Ring>) -> JoinHandle<()> {
+    tokio::spawn(async move {
+        let mut ticker = tokio::time::interval(DEMAND_SLOT);
+        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            ticker.tick().await;
+            let entries = state
+                .limiter
+                .tick_demand()
+                .into_iter()
+                .map(|report| ring::DemandEntry {
+                    tenant: report.tenant,
+                    requests: report.demand.requests_per_second,
+                    items: report.demand.items_per_second,
+                })
+                .collect();
+            ring.publish_demand(entries).await;
         }
     })
 }

@@ -15,6 +15,7 @@ use chitchat::{
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
+use crate::demand::{self, DecodedDemand, DemandEntry, DEMAND_KEY};
 use crate::membership::{Member, MemberState, Membership, KEY_HTTP_ADDR, KEY_STATE, KEY_VERSION};
 
 /// How this replica joins the ring.
@@ -118,6 +119,8 @@ impl Ring {
             membership_tx,
             Observation {
                 period: config.gossip_interval / 2,
+                // A peer unheard for this long is likely gone: its demand no longer counts.
+                demand_max_age: (config.gossip_interval * 5).max(Duration::from_secs(1)),
                 seeds,
                 self_addr: advertise_addr,
                 join_timeout: config.join_timeout,
@@ -158,10 +161,23 @@ impl Ring {
         tokio::time::sleep(self.gossip_interval * 3).await;
     }
 
+    /// Publishes this replica's per-tenant demand (for `weighted`); bounded, see [`demand`].
+    pub async fn publish_demand(&self, entries: Vec<DemandEntry>) {
+        let value = demand::encode(entries);
+        self.handle
+            .with_chitchat(|chitchat| chitchat.self_node_state().set(DEMAND_KEY, &value))
+            .await;
+    }
+
     /// Stops gossip. Peers see this replica's heartbeat stop and drop it.
-    pub async fn shutdown(self) {
+    pub async fn shutdown(&self) {
         self.observer.abort();
-        if let Err(err) = self.handle.shutdown().await {
+        let stopped = self.handle.termination_watcher();
+        if let Err(err) = self.handle.initiate_shutdown() {
+            tracing::warn!(%err, "gossip did not stop cleanly");
+            return;
+        }
+        if let Err(err) = stopped.await {
             tracing::warn!(%err, "gossip did not stop cleanly");
         }
     }
@@ -169,6 +185,7 @@ impl Ring {
 
 struct Observation {
     period: Duration,
+    demand_max_age: Duration,
     seeds: Vec<SocketAddr>,
     self_addr: SocketAddr,
     join_timeout: Duration,
@@ -184,6 +201,9 @@ async fn observe(
 ) {
     let started = Instant::now();
     let mut heard: HashMap<ChitchatId, (u64, Instant)> = HashMap::new();
+    // Decoded demand reports by (node id, generation), with the version they were decoded at.
+    let mut reports: HashMap<(String, u64), (u64, DecodedDemand)> = HashMap::new();
+    let mut peer_demand = Arc::new(crate::PeerDemand::default());
     let mut joined = false;
     let mut ticker = tokio::time::interval(observation.period);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -203,6 +223,14 @@ async fn observe(
                         *entry = (heartbeat, now);
                     }
                     let is_self = *id == self_id;
+                    if let Some(versioned) = state.get_versioned(DEMAND_KEY) {
+                        let key = (id.node_id.to_string(), id.generation_id);
+                        if reports.get(&key).map(|(version, _)| *version) != Some(versioned.version)
+                        {
+                            let decoded = demand::decode(&versioned.value).unwrap_or_default();
+                            reports.insert(key, (versioned.version, decoded));
+                        }
+                    }
                     Some(Member {
                         node_id: id.node_id.to_string(),
                         generation: id.generation_id,
@@ -225,7 +253,25 @@ async fn observe(
                 .iter()
                 .any(|m| m.node_id == *id.node_id && m.generation == id.generation_id)
         });
+        reports.retain(|(node_id, generation), _| {
+            members
+                .iter()
+                .any(|m| m.node_id == *node_id && m.generation == *generation)
+        });
+        let aggregated = demand::aggregate(
+            &members,
+            |member| {
+                reports
+                    .get(&(member.node_id.clone(), member.generation))
+                    .map(|(_, report)| report)
+            },
+            observation.demand_max_age,
+        );
+        if aggregated != *peer_demand {
+            peer_demand = Arc::new(aggregated);
+        }
         let mut membership = Membership::from_members(members, joined);
+        membership.peer_demand = Arc::clone(&peer_demand);
         if !joined
             && (started.elapsed() >= observation.join_timeout
                 || membership.has_seen(&observation.seeds, observation.self_addr))

@@ -13,12 +13,16 @@ pub enum RateLimitStrategy {
     /// Mimir's: local rate = tenant rate ÷ healthy replicas. Burst is not divided.
     #[default]
     Divided,
+    /// Local rate and burst = tenant limit × this replica's share of the tenant's recent
+    /// demand, learned over gossip, with floors. Holds under any load-balancer skew.
+    Weighted,
 }
 
 impl RateLimitStrategy {
     pub fn as_str(self) -> &'static str {
         match self {
             RateLimitStrategy::Divided => "divided",
+            RateLimitStrategy::Weighted => "weighted",
         }
     }
 }

@@ -9,6 +9,7 @@
 
 pub mod bucket;
 pub mod clock;
+pub mod demand;
 pub mod maths;
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -22,7 +23,9 @@ use runtime_config::{RuntimeConfig, TenantLimits};
 use crate::metrics::{Metrics, TenantMetrics};
 use bucket::{nanos_between, Bucket, Outcome};
 pub use clock::EngineClock;
-use maths::{local_limits, LocalLimit, LocalLimits};
+use demand::{DemandMeter, OwnDemand};
+use maths::{local_limits, LocalLimit, LocalLimits, TenantDemand};
+use ring::PeerDemand;
 
 /// How often the server calls [`Limiter::tick`].
 pub const COARSE_CLOCK_TICK: Duration = Duration::from_secs(1);
@@ -65,7 +68,27 @@ pub enum RejectionCause {
 pub struct Inputs {
     pub config: Arc<RuntimeConfig>,
     pub healthy_replicas: usize,
+    pub peer_demand: Arc<PeerDemand>,
     generation: u64,
+}
+
+impl Inputs {
+    /// A tenant's limits and local limits under these inputs and its own recent demand.
+    fn local(&self, name: &str, own: OwnDemand) -> (TenantLimits, LocalLimits) {
+        let limits = *self.config.tenant_limits(name);
+        let (peer_requests, peer_items) = self.peer_demand.get(name);
+        let demand = TenantDemand {
+            own_requests: own.requests_per_second,
+            own_items: own.items_per_second,
+            peer_requests,
+            peer_items,
+            largest_request: own.largest_request,
+        };
+        (
+            limits,
+            local_limits(&limits, self.healthy_replicas, &demand),
+        )
+    }
 }
 
 /// One tenant's state on this replica.
@@ -75,6 +98,7 @@ pub struct Tenant<C: Clock = EngineClock> {
     rebuild: Mutex<()>,
     /// Nanoseconds since the limiter's start at the last request.
     last_seen: AtomicU64,
+    demand: DemandMeter,
     pub metrics: TenantMetrics,
 }
 
@@ -115,17 +139,24 @@ pub struct TenantView {
     pub tenant: String,
     pub limits: TenantLimits,
     pub local: LocalLimits,
+    pub demand: OwnDemand,
+}
+
+/// A tenant's recent demand on this replica, for the ring.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DemandReport {
+    pub tenant: String,
+    pub demand: OwnDemand,
 }
 
 impl<C: Clock + Clone> TenantBuckets<C> {
-    fn new(limits: TenantLimits, inputs: &Inputs, clock: &C) -> Self {
-        let local = local_limits(&limits, inputs.healthy_replicas);
+    fn new(limits: TenantLimits, local: LocalLimits, generation: u64, clock: &C) -> Self {
         let fresh = |limit: LocalLimit| match limit {
             LocalLimit::Limited(rate) => Some(Bucket::new(rate, clock)),
             LocalLimit::Unlimited | LocalLimit::Deny => None,
         };
         TenantBuckets {
-            generation: AtomicU64::new(inputs.generation),
+            generation: AtomicU64::new(generation),
             limits,
             request: fresh(local.request),
             ingestion: fresh(local.ingestion),
@@ -134,15 +165,20 @@ impl<C: Clock + Clone> TenantBuckets<C> {
     }
 
     /// Buckets for new limits, carrying tokens over from these.
-    fn rebuilt(&self, limits: TenantLimits, inputs: &Inputs, clock: &C) -> Self {
-        let local = local_limits(&limits, inputs.healthy_replicas);
+    fn rebuilt(
+        &self,
+        limits: TenantLimits,
+        local: LocalLimits,
+        generation: u64,
+        clock: &C,
+    ) -> Self {
         let carry = |old: &Option<Bucket<C>>, limit: LocalLimit| match (old, limit) {
             (_, LocalLimit::Unlimited | LocalLimit::Deny) => None,
             (Some(old), LocalLimit::Limited(rate)) => Some(old.carry_over(rate)),
             (None, LocalLimit::Limited(rate)) => Some(Bucket::new(rate, clock)),
         };
         TenantBuckets {
-            generation: AtomicU64::new(inputs.generation),
+            generation: AtomicU64::new(generation),
             limits,
             request: carry(&self.request, local.request),
             ingestion: carry(&self.ingestion, local.ingestion),
@@ -201,6 +237,7 @@ impl<C: Clock + Clone> Limiter<C> {
             inputs: ArcSwap::from_pointee(Inputs {
                 config,
                 healthy_replicas: 1,
+                peer_demand: Arc::default(),
                 generation: 0,
             }),
             generation: AtomicU64::new(0),
@@ -236,11 +273,12 @@ impl<C: Clock + Clone> Limiter<C> {
                 }
                 let tenant = tenants.get_or_insert_with(name.into(), || {
                     let inputs = self.inputs.load();
-                    let limits = *inputs.config.tenant_limits(name);
-                    let buckets = TenantBuckets::new(limits, &inputs, &self.clock);
+                    let (limits, local) = inputs.local(name, OwnDemand::default());
+                    let buckets = TenantBuckets::new(limits, local, inputs.generation, &self.clock);
                     let tenant = Tenant {
                         rebuild: Mutex::new(()),
                         last_seen: AtomicU64::new(now),
+                        demand: DemandMeter::default(),
                         metrics: self.metrics.tenant(name),
                         buckets: ArcSwap::from_pointee(buckets),
                     };
@@ -268,6 +306,11 @@ impl<C: Clock + Clone> Limiter<C> {
         kind: LimitKind,
         cost: u64,
     ) -> Result<(), Rejection> {
+        // Demand counts what is offered, refused or not: it is what `weighted` shares by.
+        match kind {
+            LimitKind::Request => tenant.demand.offer_request(),
+            LimitKind::Ingestion => tenant.demand.offer_items(cost),
+        }
         let buckets = self.current(name, tenant);
         let (local, bucket, limit, burst) = match kind {
             LimitKind::Request => (
@@ -322,16 +365,14 @@ impl<C: Clock + Clone> Limiter<C> {
         if buckets.generation.load(Ordering::Acquire) == inputs.generation {
             return buckets; // another request rebuilt them while this one waited
         }
-        let limits = *inputs.config.tenant_limits(name);
-        if limits == buckets.limits
-            && local_limits(&limits, inputs.healthy_replicas) == buckets.local
-        {
+        let (limits, local) = inputs.local(name, tenant.demand.current());
+        if limits == buckets.limits && local.close_to(&buckets.local) {
             buckets
                 .generation
                 .store(inputs.generation, Ordering::Release);
             return buckets;
         }
-        let rebuilt = buckets.rebuilt(limits, &inputs, &self.clock);
+        let rebuilt = buckets.rebuilt(limits, local, inputs.generation, &self.clock);
         tenant.publish_local(&rebuilt.local);
         tenant.buckets.store(Arc::new(rebuilt));
         tenant.buckets.load()
@@ -339,25 +380,69 @@ impl<C: Clock + Clone> Limiter<C> {
 
     /// Puts a new config in force; tenants pick it up on their next request.
     pub fn set_config(&self, config: Arc<RuntimeConfig>) {
-        self.update_inputs(|inputs| (config, inputs.healthy_replicas));
+        self.update_inputs(|inputs| {
+            (
+                config,
+                inputs.healthy_replicas,
+                Arc::clone(&inputs.peer_demand),
+            )
+        });
     }
 
     /// Tells the limiter how many healthy replicas share each tenant's limit.
     pub fn set_healthy_replicas(&self, healthy_replicas: usize) {
-        self.update_inputs(|inputs| (Arc::clone(&inputs.config), healthy_replicas));
+        self.set_membership(
+            healthy_replicas,
+            Arc::clone(&self.inputs.load().peer_demand),
+        );
     }
 
-    fn update_inputs(&self, next: impl FnOnce(&Inputs) -> (Arc<RuntimeConfig>, usize)) {
+    /// Tells the limiter the healthy count and the peers' demand (for `weighted`).
+    pub fn set_membership(&self, healthy_replicas: usize, peer_demand: Arc<PeerDemand>) {
+        self.update_inputs(|inputs| (Arc::clone(&inputs.config), healthy_replicas, peer_demand));
+    }
+
+    fn update_inputs(
+        &self,
+        next: impl FnOnce(&Inputs) -> (Arc<RuntimeConfig>, usize, Arc<PeerDemand>),
+    ) {
         let _writer = self.inputs_writer.lock().unwrap_or_else(|e| e.into_inner());
         let current = self.inputs.load_full();
-        let (config, healthy_replicas) = next(&current);
+        let (config, healthy_replicas, peer_demand) = next(&current);
         let generation = current.generation + 1;
         self.inputs.store(Arc::new(Inputs {
             config,
             healthy_replicas,
+            peer_demand,
             generation,
         }));
         self.generation.store(generation, Ordering::Release);
+    }
+
+    /// Moves every tenant's demand window on by one slot (call every
+    /// [`demand::DEMAND_SLOT`]) and returns the tenants with recent demand, for the ring.
+    /// Tenants re-derive their local limits on their next request.
+    pub fn tick_demand(&self) -> Vec<DemandReport> {
+        let reports = self
+            .tenants
+            .pin()
+            .iter()
+            .filter_map(|(name, tenant)| {
+                let demand = tenant.demand.tick();
+                (demand != OwnDemand::default()).then(|| DemandReport {
+                    tenant: name.to_string(),
+                    demand,
+                })
+            })
+            .collect();
+        self.update_inputs(|inputs| {
+            (
+                Arc::clone(&inputs.config),
+                inputs.healthy_replicas,
+                Arc::clone(&inputs.peer_demand),
+            )
+        });
+        reports
     }
 
     pub fn inputs(&self) -> Arc<Inputs> {
@@ -395,13 +480,15 @@ impl<C: Clock + Clone> Limiter<C> {
         let mut views: Vec<TenantView> = self
             .tenants
             .pin()
-            .keys()
-            .map(|name| {
-                let limits = *inputs.config.tenant_limits(name);
+            .iter()
+            .map(|(name, tenant)| {
+                let demand = tenant.demand.current();
+                let (limits, local) = inputs.local(name, demand);
                 TenantView {
                     tenant: name.to_string(),
-                    local: local_limits(&limits, inputs.healthy_replicas),
                     limits,
+                    local,
+                    demand,
                 }
             })
             .collect();
