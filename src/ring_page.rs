@@ -44,6 +44,9 @@ struct TenantLimitsView {
     /// Offered here over the last second (refused included): what `weighted` shares by.
     demand_requests_per_second: f64,
     demand_items_per_second: f64,
+    /// What the peers report for this tenant.
+    peer_demand_requests_per_second: f64,
+    peer_demand_items_per_second: f64,
 }
 
 fn local_rate(limit: LocalLimit) -> Option<f64> {
@@ -66,6 +69,8 @@ impl From<TenantView> for TenantLimitsView {
             local_ingestion_rate: local_rate(view.local.ingestion),
             demand_requests_per_second: view.demand.requests_per_second,
             demand_items_per_second: view.demand.items_per_second,
+            peer_demand_requests_per_second: view.peer_demand.0,
+            peer_demand_items_per_second: view.peer_demand.1,
             tenant: view.tenant,
         }
     }

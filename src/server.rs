@@ -259,19 +259,24 @@ fn spawn_membership_applier(
 ) -> JoinHandle<()> {
     tokio::spawn(async move {
         let mut healthy = 0;
+        let mut peer_demand = Arc::new(ring::PeerDemand::default());
         loop {
             let membership = Arc::clone(&membership_rx.borrow_and_update());
-            if membership.healthy != healthy {
-                if healthy != 0 {
-                    state.metrics.ring_healthy_changes.inc();
-                    tracing::info!(
-                        from = healthy,
-                        to = membership.healthy,
-                        "healthy replica count changed"
-                    );
-                }
+            let demand_changed = !Arc::ptr_eq(&membership.peer_demand, &peer_demand);
+            if membership.healthy != healthy && healthy != 0 {
+                state.metrics.ring_healthy_changes.inc();
+                tracing::info!(
+                    from = healthy,
+                    to = membership.healthy,
+                    "healthy replica count changed"
+                );
+            }
+            if membership.healthy != healthy || demand_changed {
                 healthy = membership.healthy;
-                state.limiter.set_healthy_replicas(healthy);
+                peer_demand = Arc::clone(&membership.peer_demand);
+                state
+                    .limiter
+                    .set_membership(healthy, Arc::clone(&peer_demand));
                 state.metrics.ring_healthy_replicas.set(healthy as i64);
             }
             for (member_state, count) in membership.count_by_state() {

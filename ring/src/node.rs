@@ -268,6 +268,7 @@ async fn observe(
             observation.demand_max_age,
         );
         if aggregated != *peer_demand {
+            tracing::trace!(tenants = aggregated.tenants.len(), "peer demand changed");
             peer_demand = Arc::new(aggregated);
         }
         let mut membership = Membership::from_members(members, joined);

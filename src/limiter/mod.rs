@@ -140,6 +140,8 @@ pub struct TenantView {
     pub limits: TenantLimits,
     pub local: LocalLimits,
     pub demand: OwnDemand,
+    /// (requests/s, items/s) the peers report for this tenant.
+    pub peer_demand: (f64, f64),
 }
 
 /// A tenant's recent demand on this replica, for the ring.
@@ -489,6 +491,7 @@ impl<C: Clock + Clone> Limiter<C> {
                     limits,
                     local,
                     demand,
+                    peer_demand: inputs.peer_demand.get(name),
                 }
             })
             .collect();
