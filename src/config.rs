@@ -33,6 +33,24 @@ pub struct Config {
     #[arg(long, env = "WEIR_HTTP_ADDR", default_value = "127.0.0.1:8080")]
     pub http_addr: SocketAddr,
 
+    /// Remote-write receiver to forward admitted pushes to (e.g.
+    /// `http://prometheus:9090/api/v1/write`). Without it, weir runs in sink mode: admitted
+    /// pushes are counted and acknowledged, then dropped.
+    #[arg(long, env = "WEIR_UPSTREAM")]
+    pub upstream: Option<String>,
+
+    /// Longest wait for the upstream's answer; the client hears 504 after it.
+    #[arg(long, env = "WEIR_UPSTREAM_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration)]
+    pub upstream_timeout: Duration,
+
+    /// The header that carries the tenant to the upstream.
+    #[arg(
+        long,
+        env = "WEIR_UPSTREAM_TENANT_HEADER",
+        default_value = "X-Scope-OrgID"
+    )]
+    pub upstream_tenant_header: String,
+
     /// Runtime overrides file (per-tenant limits, instance limits), reloaded periodically.
     #[arg(
         long,
@@ -107,8 +125,9 @@ pub struct Config {
     #[arg(long, env = "WEIR_REQUEST_BURST_SIZE", default_value_t = 0)]
     pub request_burst_size: u64,
 
-    /// Default strategy for turning a fleet-wide limit into a local one: `divided`.
-    #[arg(long, env = "WEIR_RATE_LIMIT_STRATEGY", default_value = "divided", value_parser = parse_strategy)]
+    /// Default strategy for turning a fleet-wide limit into a local one: `weighted` (by each
+    /// replica's share of the tenant's demand) or `divided` (rate ÷ healthy replicas, Mimir's).
+    #[arg(long, env = "WEIR_RATE_LIMIT_STRATEGY", default_value = "weighted", value_parser = parse_strategy)]
     pub rate_limit_strategy: RateLimitStrategy,
 
     /// Push requests handled at once by this replica; 0 = off.
@@ -239,6 +258,9 @@ impl Config {
         }
         if self.runtime_config_period.is_zero() {
             bail!("--runtime-config-period must be > 0");
+        }
+        if self.upstream_timeout.is_zero() {
+            bail!("--upstream-timeout must be > 0");
         }
         if self.gossip_interval < Duration::from_millis(10) {
             bail!("--gossip-interval must be at least 10ms");

@@ -5,8 +5,9 @@
 //! - [`server`]: `run(config, listener, shutdown)`: the HTTP routes, the background tasks
 //!   (config reload, EWMA tick, idle-tenant eviction) and graceful shutdown.
 //! - [`push`]: the push path, in order: instance limits → tenant → request rate → decode →
-//!   ingestion rate → sink.
+//!   ingestion rate → forward (or sink).
 //! - [`instance`]: per-process limits (in-flight requests and bytes, ingestion-rate EWMA).
+//! - [`upstream`]: forwarding admitted pushes, bytes unchanged, to a remote-write receiver.
 //! - [`tenant`]: tenant IDs from `X-Scope-OrgID`, with Mimir's validation.
 //! - [`remote_write`]: snappy + zero-copy protobuf scan of remote-write 1.0 bodies.
 //! - [`limiter`]: the per-tenant engine: limit maths (pure), governor buckets, tenant map.
@@ -28,3 +29,4 @@ pub mod remote_write;
 pub mod ring_page;
 pub mod server;
 pub mod tenant;
+pub mod upstream;

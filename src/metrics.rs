@@ -6,8 +6,8 @@
 //! `--tenant-idle-timeout`, so random tenant IDs cannot grow them without bound.
 
 use prometheus::{
-    Gauge, GaugeVec, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec,
-    Opts, Registry,
+    Gauge, GaugeVec, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
+    IntGaugeVec, Opts, Registry,
 };
 
 /// Why a tenant's request or samples were discarded (`reason` label).
@@ -118,6 +118,8 @@ pub struct Metrics {
     pub tracked_tenants: IntGauge,
     pub sink_requests: IntCounter,
     pub local_limit: GaugeVec,
+    pub upstream_requests: IntCounterVec,
+    pub upstream_duration: Histogram,
     pub ring_members: IntGaugeVec,
     pub ring_healthy_replicas: IntGauge,
     pub ring_healthy_changes: IntCounter,
@@ -256,6 +258,23 @@ impl Metrics {
                 "Tenants with limiter state on this replica.",
             )
             .expect("valid"),
+            upstream_requests: counter_vec(
+                r,
+                "weir_upstream_requests_total",
+                "Forwards to the upstream receiver, by outcome: 2xx, 4xx, 5xx, timeout, error.",
+                &["status_class"],
+            ),
+            upstream_duration: Histogram::with_opts(
+                HistogramOpts::new(
+                    "weir_upstream_request_duration_seconds",
+                    "Time from sending a push upstream to its answer.",
+                )
+                .buckets(vec![
+                    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
+                    10.0, 30.0,
+                ]),
+            )
+            .expect("valid"),
             local_limit: GaugeVec::new(
                 Opts::new(
                     "weir_limiter_local_limit",
@@ -300,6 +319,7 @@ impl Metrics {
             Box::new(metrics.tracked_tenants.clone()),
             Box::new(metrics.sink_requests.clone()),
             Box::new(metrics.local_limit.clone()),
+            Box::new(metrics.upstream_duration.clone()),
             Box::new(metrics.ring_members.clone()),
             Box::new(metrics.ring_healthy_replicas.clone()),
             Box::new(metrics.ring_healthy_changes.clone()),

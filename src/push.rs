@@ -30,11 +30,7 @@ pub async fn push(State(state): State<Arc<AppState>>, request: Request) -> Respo
     let started = Instant::now();
     let (parts, body) = request.into_parts();
     let response = match admit(&state, &parts, body).await {
-        Ok(()) => {
-            // Sink mode: admitted, counted, acknowledged.
-            state.metrics.sink_requests.inc();
-            StatusCode::OK.into_response()
-        }
+        Ok(()) => StatusCode::OK.into_response(),
         Err(err) => {
             if err.status().is_server_error() || err.status() == StatusCode::BAD_REQUEST {
                 tracing::debug!(%err, "push refused");
@@ -102,6 +98,7 @@ async fn admit(state: &AppState, parts: &Parts, body: Body) -> Result<(), PushEr
     let body = read_body(body, content_length, max_size)
         .await
         .map_err(|err| discard(err, 0))?;
+    let forwarded_body = body.clone(); // a reference count, not a copy
     if !inflight.has_bytes() {
         // Without a Content-Length the bytes could only be counted once read.
         inflight.add_bytes(body.len() as u64)?;
@@ -117,8 +114,8 @@ async fn admit(state: &AppState, parts: &Parts, body: Body) -> Result<(), PushEr
         .check(tenant_name, &tenant, LimitKind::Ingestion, cost)
         .map_err(|rejection| discard(PushError::RateLimited(rejection), cost))?;
 
-    // 6. Admitted: count it. (Forwarding upstream arrives with the forwarding issue; until
-    //    then every admitted request is acknowledged in sink mode.)
+    // 6. Admitted: count it, then forward the client's bytes unchanged, or in sink mode just
+    //    acknowledge. The in-flight guard is still held: the upstream wait counts.
     state.instance.record_admitted(cost);
     tenant.metrics.received_requests.inc();
     tenant
@@ -127,6 +124,15 @@ async fn admit(state: &AppState, parts: &Parts, body: Body) -> Result<(), PushEr
         .inc_by(counts.samples + counts.histograms);
     tenant.metrics.received_exemplars.inc_by(counts.exemplars);
     tenant.metrics.received_metadata.inc_by(counts.metadata);
+    match &state.upstream {
+        Some(upstream) => {
+            upstream
+                .forward(tenant_name, &parts.headers, forwarded_body, &state.metrics)
+                .await?
+        }
+        None => state.metrics.sink_requests.inc(),
+    }
+    drop(inflight);
     Ok(())
 }
 

@@ -31,6 +31,8 @@ pub enum PushError {
     Decode(#[from] DecodeError),
     #[error("could not read the request body: {0}")]
     ReadBody(String),
+    #[error("{0}")]
+    Upstream(#[from] crate::upstream::ForwardError),
 }
 
 impl PushError {
@@ -43,6 +45,7 @@ impl PushError {
                 StatusCode::PAYLOAD_TOO_LARGE
             }
             PushError::Decode(_) => StatusCode::BAD_REQUEST,
+            PushError::Upstream(err) => err.status(),
         }
     }
 
@@ -63,7 +66,7 @@ impl PushError {
             PushError::Decode(_) | PushError::ReadBody(_) => {
                 Some(DiscardReason::InvalidRequestBody)
             }
-            PushError::Instance { .. } | PushError::Tenant(_) => None,
+            PushError::Instance { .. } | PushError::Tenant(_) | PushError::Upstream(_) => None,
         }
     }
 

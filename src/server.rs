@@ -25,6 +25,7 @@ use crate::limiter::demand::DEMAND_SLOT;
 use crate::limiter::{EngineClock, Limiter, COARSE_CLOCK_TICK};
 use crate::metrics::{InstanceLimit, Metrics};
 use crate::rejection::RetryBackoff;
+use crate::upstream::Upstream;
 
 /// What every request handler shares. Lives in one `Arc`: cloning the router never copies
 /// limiter state.
@@ -34,6 +35,8 @@ pub struct AppState {
     pub instance: Arc<InstanceLimiter>,
     pub metrics: Arc<Metrics>,
     pub backoff: RetryBackoff,
+    /// Where admitted pushes go; `None` is sink mode.
+    pub upstream: Option<Upstream>,
     runtime_config: watch::Receiver<Arc<RuntimeConfig>>,
     pub(crate) membership: watch::Receiver<Arc<Membership>>,
     draining: AtomicBool,
@@ -86,7 +89,13 @@ pub async fn run_with_clock(
         .instance_limits
         .with_label_values(&[InstanceLimit::MaxTenants.key()])
         .set(config.max_tenants as f64);
+    let upstream = config
+        .upstream
+        .as_deref()
+        .map(|url| Upstream::new(url, config.upstream_timeout, &config.upstream_tenant_header))
+        .transpose()?;
     let state = Arc::new(AppState {
+        upstream,
         backoff: config.retry_backoff(),
         limiter,
         instance,
@@ -127,10 +136,13 @@ pub async fn run_with_clock(
 
     tracing::info!(%address, runtime_config = %state.config.runtime_config.display(), "weir listening");
     println!("weir listening on http://{address} (push: POST http://{address}/api/v1/push)");
-    tracing::warn!(
-        "SINK MODE: no upstream is configured; admitted writes are acknowledged and counted, \
-         then dropped"
-    );
+    match &state.upstream {
+        Some(upstream) => tracing::info!(upstream = %upstream.url(), "forwarding admitted writes"),
+        None => tracing::warn!(
+            "SINK MODE: no --upstream is configured; admitted writes are acknowledged and \
+             counted, then dropped"
+        ),
+    }
 
     let (drain_tx, drain_rx) = oneshot::channel::<()>();
     let server = axum::serve(listener, router(Arc::clone(&state)))

@@ -2,112 +2,12 @@
 //! graceful leave, join, and cluster isolation. Timings are the targets, measured from
 //! the event to the moment every peer's `/ring` shows the new count.
 
-use std::io::{BufRead, BufReader};
-use std::net::{IpAddr, SocketAddr};
-use std::process::{Child, Command, Stdio};
+mod common;
+
+use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-struct Replica {
-    child: Child,
-    http: SocketAddr,
-    started: Instant,
-}
-
-/// A free UDP port on `ip` (bound, then released for the replica to take).
-fn free_gossip_addr(ip: [u8; 4]) -> SocketAddr {
-    let socket = std::net::UdpSocket::bind(SocketAddr::from((ip, 0))).unwrap();
-    socket.local_addr().unwrap()
-}
-
-fn spawn(gossip: SocketAddr, seeds: &[SocketAddr], cluster: &str, extra: &[&str]) -> Replica {
-    let ip: IpAddr = gossip.ip();
-    let join = seeds
-        .iter()
-        .map(ToString::to_string)
-        .collect::<Vec<_>>()
-        .join(",");
-    let started = Instant::now();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_weir"))
-        .current_dir(env!("CARGO_MANIFEST_DIR"))
-        .args(["--http-addr", &format!("{ip}:0")])
-        .args(["--gossip-addr", &gossip.to_string()])
-        .args(["--join", &join])
-        .args(["--cluster-id", cluster])
-        .args(["--node-id", &format!("{cluster}-{gossip}")])
-        .args(extra)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    let http = line
-        .strip_prefix("weir listening on http://")
-        .and_then(|rest| rest.split_whitespace().next())
-        .unwrap_or_else(|| panic!("unexpected first line: {line:?}"))
-        .parse()
-        .unwrap();
-    Replica {
-        child,
-        http,
-        started,
-    }
-}
-
-impl Replica {
-    async fn ring(&self) -> Option<serde_json::Value> {
-        let url = format!("http://{}/ring?format=json", self.http);
-        reqwest::get(url).await.ok()?.json().await.ok()
-    }
-
-    async fn healthy(&self) -> Option<u64> {
-        self.ring().await?["healthy"].as_u64()
-    }
-
-    async fn ready(&self) -> Option<u16> {
-        let url = format!("http://{}/ready", self.http);
-        Some(reqwest::get(url).await.ok()?.status().as_u16())
-    }
-
-    fn signal(&self, signal: &str) {
-        let status = Command::new("kill")
-            .args([signal, &self.child.id().to_string()])
-            .status()
-            .unwrap();
-        assert!(status.success());
-    }
-}
-
-impl Drop for Replica {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// Waits until every replica reports `healthy`; returns how long that took.
-async fn until_healthy(replicas: &[&Replica], healthy: u64, timeout: Duration) -> Duration {
-    let started = Instant::now();
-    loop {
-        let mut all = true;
-        for replica in replicas {
-            all &= replica.healthy().await == Some(healthy);
-        }
-        if all {
-            return started.elapsed();
-        }
-        if started.elapsed() > timeout {
-            let mut seen = Vec::new();
-            for replica in replicas {
-                seen.push(replica.healthy().await);
-            }
-            panic!("healthy never reached {healthy} within {timeout:?}: {seen:?}");
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
+use common::fleet::{free_gossip_addr, spawn, until_healthy, Replica};
 
 #[tokio::test]
 async fn converge_crash_join_and_leave() {

@@ -214,7 +214,7 @@ mod tests {
         let limits = config.tenant_limits("team-a");
         assert_eq!(limits.ingestion_rate, 500.0);
         assert_eq!(limits.ingestion_burst_size, 200_000);
-        assert_eq!(limits.rate_limit_strategy, RateLimitStrategy::Divided);
+        assert_eq!(limits.rate_limit_strategy, RateLimitStrategy::Weighted);
         assert_eq!(config.tenant_limits("other"), &TenantLimits::default());
     }
 

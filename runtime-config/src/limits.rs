@@ -11,10 +11,11 @@ use serde::{Deserialize, Serialize};
 #[serde(rename_all = "snake_case")]
 pub enum RateLimitStrategy {
     /// Mimir's: local rate = tenant rate ÷ healthy replicas. Burst is not divided.
-    #[default]
     Divided,
     /// Local rate and burst = tenant limit × this replica's share of the tenant's recent
-    /// demand, learned over gossip, with floors. Holds under any load-balancer skew.
+    /// demand, learned over gossip, with floors. Holds under any load-balancer skew; the
+    /// default, since it was measured at least as accurate as `divided` under even load.
+    #[default]
     Weighted,
 }
 
@@ -52,7 +53,7 @@ impl Default for TenantLimits {
             ingestion_burst_size: 200_000,
             request_rate: 0.0,
             request_burst_size: 0,
-            rate_limit_strategy: RateLimitStrategy::Divided,
+            rate_limit_strategy: RateLimitStrategy::Weighted,
         }
     }
 }

@@ -21,8 +21,8 @@ fn limiter(yaml: &str) -> (Limiter<FakeRelativeClock>, FakeRelativeClock) {
     (limiter, clock)
 }
 
-const TEN_PER_SECOND: &str =
-    "overrides:\n  t:\n    ingestion_rate: 10\n    ingestion_burst_size: 10\n";
+/// `divided`, so the bucket shapes below follow from the healthy count alone.
+const TEN_PER_SECOND: &str = "overrides:\n  t:\n    ingestion_rate: 10\n    ingestion_burst_size: 10\n    rate_limit_strategy: divided\n";
 
 fn check(limiter: &Limiter<FakeRelativeClock>, name: &str, cost: u64) -> Result<(), Rejection> {
     let tenant = limiter.tenant(name).unwrap();

@@ -1,6 +1,8 @@
 //! A real weir on 127.0.0.1:0 in this process, spoken to over real HTTP.
 #![allow(dead_code)] // each test binary uses a different part of this
 
+pub mod fleet;
+
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};

@@ -1,0 +1,170 @@
+//! Forwarding admitted writes to a remote-write receiver (Prometheus, Mimir, VictoriaMetrics,
+//! Thanos Receive), passing the client's compressed bytes through unchanged.
+
+use std::time::{Duration, Instant};
+
+use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
+use bytes::Bytes;
+
+use crate::metrics::Metrics;
+
+/// The headers that matter to a remote-write receiver, with what to send when the client
+/// did not say.
+const PASSED_THROUGH: [(&str, &str); 3] = [
+    ("content-encoding", "snappy"),
+    ("content-type", "application/x-protobuf"),
+    ("x-prometheus-remote-write-version", "0.1.0"),
+];
+
+/// Upstream answers kept in a pass-through body, at most.
+const MAX_UPSTREAM_BODY: usize = 4096;
+
+/// Why a forward did not end in a 2xx.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum ForwardError {
+    /// The receiver refused the data (4xx): the client must not retry it as is.
+    #[error("{body}")]
+    Rejected { status: StatusCode, body: String },
+    /// The receiver failed (5xx): worth a retry.
+    #[error("the upstream remote-write receiver failed with {status}: {body}")]
+    Failed { status: StatusCode, body: String },
+    #[error("the upstream remote-write receiver did not answer within {0:?}")]
+    Timeout(Duration),
+    #[error("cannot reach the upstream remote-write receiver: {0}")]
+    Unreachable(String),
+}
+
+impl ForwardError {
+    /// What the client is told: the receiver's own 4xx; 502 for a failed or unreachable
+    /// receiver; 504 for one that did not answer in time. 5xx makes clients retry.
+    pub fn status(&self) -> StatusCode {
+        match self {
+            ForwardError::Rejected { status, .. } => *status,
+            ForwardError::Failed { .. } | ForwardError::Unreachable(_) => StatusCode::BAD_GATEWAY,
+            ForwardError::Timeout(_) => StatusCode::GATEWAY_TIMEOUT,
+        }
+    }
+
+    fn class(&self) -> &'static str {
+        match self {
+            ForwardError::Rejected { .. } => "4xx",
+            ForwardError::Failed { .. } => "5xx",
+            ForwardError::Timeout(_) => "timeout",
+            ForwardError::Unreachable(_) => "error",
+        }
+    }
+}
+
+pub struct Upstream {
+    client: reqwest::Client,
+    url: reqwest::Url,
+    tenant_header: HeaderName,
+    timeout: Duration,
+}
+
+impl Upstream {
+    pub fn new(url: &str, timeout: Duration, tenant_header: &str) -> anyhow::Result<Self> {
+        let url = reqwest::Url::parse(url)
+            .map_err(|err| anyhow::anyhow!("--upstream {url:?} is not a URL: {err}"))?;
+        anyhow::ensure!(
+            matches!(url.scheme(), "http" | "https"),
+            "--upstream must be an http:// or https:// URL, got {url}"
+        );
+        let tenant_header = HeaderName::from_bytes(tenant_header.as_bytes()).map_err(|_| {
+            anyhow::anyhow!("--upstream-tenant-header {tenant_header:?} is not a header name")
+        })?;
+        // One pooled client: keep-alive connections are reused across requests and tenants.
+        let client = reqwest::Client::builder()
+            .timeout(timeout)
+            .connect_timeout(timeout.min(Duration::from_secs(5)))
+            .pool_idle_timeout(Duration::from_secs(90))
+            .tcp_nodelay(true)
+            .user_agent(concat!("weir/", env!("CARGO_PKG_VERSION")))
+            .build()?;
+        Ok(Upstream {
+            client,
+            url,
+            tenant_header,
+            timeout,
+        })
+    }
+
+    pub fn url(&self) -> &reqwest::Url {
+        &self.url
+    }
+
+    /// Sends `body` (the client's bytes, unchanged) for `tenant`, and maps the answer.
+    pub async fn forward(
+        &self,
+        tenant: &str,
+        client_headers: &HeaderMap,
+        body: Bytes,
+        metrics: &Metrics,
+    ) -> Result<(), ForwardError> {
+        let started = Instant::now();
+        let result = self.send(tenant, client_headers, body).await;
+        let class = match &result {
+            Ok(()) => "2xx",
+            Err(err) => err.class(),
+        };
+        metrics.upstream_requests.with_label_values(&[class]).inc();
+        metrics
+            .upstream_duration
+            .observe(started.elapsed().as_secs_f64());
+        result
+    }
+
+    async fn send(
+        &self,
+        tenant: &str,
+        client_headers: &HeaderMap,
+        body: Bytes,
+    ) -> Result<(), ForwardError> {
+        let mut request = self.client.post(self.url.clone()).body(body);
+        for (name, default) in PASSED_THROUGH {
+            let value = client_headers
+                .get(name)
+                .cloned()
+                .unwrap_or_else(|| HeaderValue::from_static(default));
+            request = request.header(name, value);
+        }
+        request = request.header(self.tenant_header.clone(), tenant);
+        let response = request
+            .send()
+            .await
+            .map_err(|err| self.transport_error(err))?;
+        let status = response.status();
+        if status.is_success() {
+            // Drain the body so the connection goes back to the pool.
+            let _ = response.bytes().await;
+            return Ok(());
+        }
+        let body = match response.bytes().await {
+            Ok(bytes) => String::from_utf8_lossy(&bytes[..bytes.len().min(MAX_UPSTREAM_BODY)])
+                .trim_end()
+                .to_string(),
+            Err(err) => return Err(self.transport_error(err)),
+        };
+        let status = StatusCode::from_u16(status.as_u16()).unwrap_or(StatusCode::BAD_GATEWAY);
+        if status.is_client_error() {
+            Err(ForwardError::Rejected { status, body })
+        } else {
+            Err(ForwardError::Failed { status, body })
+        }
+    }
+
+    fn transport_error(&self, err: reqwest::Error) -> ForwardError {
+        if err.is_timeout() {
+            ForwardError::Timeout(self.timeout)
+        } else {
+            // The source chain says why (refused, reset, DNS); the top level rarely does.
+            let mut message = err.to_string();
+            let mut source = std::error::Error::source(&err);
+            while let Some(cause) = source {
+                message = format!("{message}: {cause}");
+                source = cause.source();
+            }
+            ForwardError::Unreachable(message)
+        }
+    }
+}
