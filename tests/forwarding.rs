@@ -1,0 +1,234 @@
+//! Forwarding over real HTTP: a real weir forwards to a real HTTP receiver in this process
+//! (an axum server that records what it gets and answers as told). The end-to-end test with
+//! real Prometheus and nginx is `tests/e2e_prometheus.rs`.
+
+mod common;
+
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode};
+use axum::routing::post;
+use axum::Router;
+use common::{Options, Weir};
+use weir::remote_write::prompb::WriteRequest;
+
+#[derive(Clone, Default)]
+struct Receiver {
+    received: Arc<Mutex<Vec<(HeaderMap, Bytes)>>>,
+    /// What to answer, and how long to wait first.
+    answer: Arc<Mutex<(StatusCode, &'static str, Duration)>>,
+}
+
+async fn receive(
+    State(receiver): State<Receiver>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> (StatusCode, &'static str) {
+    receiver.received.lock().unwrap().push((headers, body));
+    let (status, text, delay) = *receiver.answer.lock().unwrap();
+    tokio::time::sleep(delay).await;
+    (status, text)
+}
+
+async fn start_receiver() -> (SocketAddr, Receiver) {
+    let receiver = Receiver::default();
+    *receiver.answer.lock().unwrap() = (StatusCode::NO_CONTENT, "", Duration::ZERO);
+    let app = Router::new()
+        .route("/api/v1/write", post(receive))
+        .with_state(receiver.clone());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    (addr, receiver)
+}
+
+async fn weir_forwarding_to(upstream: String, timeout: Duration) -> Weir {
+    Weir::start(Options {
+        configure: Box::new(move |config| {
+            config.upstream = Some(upstream);
+            config.upstream_timeout = timeout;
+            config.upstream_tenant_header = "X-Tenant".into();
+        }),
+        ..Options::default()
+    })
+    .await
+}
+
+#[tokio::test]
+async fn admitted_push_is_forwarded_byte_for_byte_with_its_headers() {
+    let (addr, receiver) = start_receiver().await;
+    let weir = weir_forwarding_to(
+        format!("http://{addr}/api/v1/write"),
+        Duration::from_secs(5),
+    )
+    .await;
+    let body = WriteRequest::synthetic(10, 3, 1).encode_snappy();
+    let response = weir.push_body(Some("team-a"), body.clone()).await;
+    assert_eq!(response.status(), 200);
+
+    let received = receiver.received.lock().unwrap().clone();
+    assert_eq!(received.len(), 1);
+    let (headers, forwarded) = &received[0];
+    assert_eq!(
+        forwarded.as_ref(),
+        body.as_slice(),
+        "the original compressed bytes, unchanged"
+    );
+    assert_eq!(headers["content-encoding"], "snappy");
+    assert_eq!(headers["content-type"], "application/x-protobuf");
+    assert_eq!(headers["x-prometheus-remote-write-version"], "0.1.0");
+    assert_eq!(
+        headers["x-tenant"], "team-a",
+        "the tenant, under the configured header name"
+    );
+    assert_eq!(
+        weir.metric("weir_upstream_requests_total{status_class=\"2xx\"}")
+            .await,
+        Some(1.0)
+    );
+    assert_eq!(weir.metric("weir_sink_requests_total").await, Some(0.0));
+    weir.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn refused_pushes_are_not_forwarded() {
+    let (addr, receiver) = start_receiver().await;
+    let weir = weir_forwarding_to(
+        format!("http://{addr}/api/v1/write"),
+        Duration::from_secs(5),
+    )
+    .await;
+    assert_eq!(
+        weir.push_body(Some("t"), b"garbage".to_vec())
+            .await
+            .status(),
+        400
+    );
+    assert_eq!(
+        weir.push_body(None, WriteRequest::synthetic(1, 1, 1).encode_snappy())
+            .await
+            .status(),
+        401
+    );
+    assert!(receiver.received.lock().unwrap().is_empty());
+    weir.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn upstream_answers_are_mapped() {
+    let (addr, receiver) = start_receiver().await;
+    let weir = weir_forwarding_to(
+        format!("http://{addr}/api/v1/write"),
+        Duration::from_millis(500),
+    )
+    .await;
+
+    // 4xx: the same status and body, so the client does not retry.
+    *receiver.answer.lock().unwrap() = (
+        StatusCode::BAD_REQUEST,
+        "out of order sample",
+        Duration::ZERO,
+    );
+    let response = weir.push("t", 1).await;
+    assert_eq!(response.status(), 400);
+    assert!(!response.headers().contains_key("retry-after"));
+    assert_eq!(response.text().await.unwrap(), "out of order sample\n");
+
+    // 5xx: 502 with a clear message and Retry-After, so the client retries.
+    *receiver.answer.lock().unwrap() = (
+        StatusCode::SERVICE_UNAVAILABLE,
+        "tsdb closed",
+        Duration::ZERO,
+    );
+    let response = weir.push("t", 1).await;
+    assert_eq!(response.status(), 502);
+    assert!(response.headers().contains_key("retry-after"));
+    let text = response.text().await.unwrap();
+    assert!(
+        text.contains(
+            "upstream remote-write receiver failed with 503 Service Unavailable: tsdb closed"
+        ),
+        "{text}"
+    );
+
+    // Too slow: 504 after the timeout, never later, and the wait counts as in flight.
+    *receiver.answer.lock().unwrap() = (StatusCode::OK, "", Duration::from_secs(5));
+    let started = Instant::now();
+    let slow = weir.push("t", 1);
+    let inflight = async {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        weir.metric("weir_distributor_inflight_push_requests").await
+    };
+    let (response, inflight) = tokio::join!(slow, inflight);
+    assert_eq!(inflight, Some(1.0), "the upstream wait is in flight");
+    assert_eq!(response.status(), 504);
+    let waited = started.elapsed();
+    assert!(
+        waited >= Duration::from_millis(450) && waited < Duration::from_secs(2),
+        "{waited:?}"
+    );
+    assert!(response
+        .text()
+        .await
+        .unwrap()
+        .contains("did not answer within 500ms"));
+
+    for (class, count) in [("4xx", 1.0), ("5xx", 1.0), ("timeout", 1.0)] {
+        let series = format!("weir_upstream_requests_total{{status_class=\"{class}\"}}");
+        assert_eq!(weir.metric(&series).await, Some(count), "{class}");
+    }
+    weir.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn unreachable_upstream_is_a_502_with_the_reason() {
+    // A port nothing listens on.
+    let closed = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let weir = weir_forwarding_to(
+        format!("http://{closed}/api/v1/write"),
+        Duration::from_secs(2),
+    )
+    .await;
+    let response = weir.push("t", 1).await;
+    assert_eq!(response.status(), 502);
+    let text = response.text().await.unwrap();
+    assert!(
+        text.contains("cannot reach the upstream remote-write receiver"),
+        "{text}"
+    );
+    assert!(text.to_lowercase().contains("refused"), "{text}");
+    assert_eq!(
+        weir.metric("weir_upstream_requests_total{status_class=\"error\"}")
+            .await,
+        Some(1.0)
+    );
+    weir.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn bad_upstream_urls_are_refused_at_start() {
+    for (url, expected) in [
+        ("not a url", "is not a URL"),
+        ("ftp://x/y", "http:// or https://"),
+    ] {
+        let err = weir::config::Config::load_from(["weir", "--upstream", url])
+            .map(|config| {
+                weir::upstream::Upstream::new(
+                    config.upstream.as_deref().unwrap(),
+                    config.upstream_timeout,
+                    &config.upstream_tenant_header,
+                )
+            })
+            .unwrap()
+            .err()
+            .unwrap();
+        assert!(err.to_string().contains(expected), "{url}: {err}");
+    }
+}
