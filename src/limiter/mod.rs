@@ -314,6 +314,30 @@ impl<C: Clock + Clone> Limiter<C> {
             LimitKind::Ingestion => tenant.demand.offer_items(cost),
         }
         let buckets = self.current(name, tenant);
+        match self.check_buckets(&buckets, kind, cost) {
+            // Under `weighted` the local ingestion burst is a share of the configured one, at
+            // least the largest recent request. A request larger than any recent one but not
+            // than the configured burst must not be told it can never pass: grow the local
+            // burst to it (tokens carry over, so this admits nothing extra) and check again.
+            Err(rejection)
+                if rejection.cause == RejectionCause::LargerThanBurst
+                    && kind == LimitKind::Ingestion
+                    && cost <= buckets.limits.ingestion_burst_size =>
+            {
+                drop(buckets);
+                let widened = self.rebuild(name, tenant, cost);
+                self.check_buckets(&widened, kind, cost)
+            }
+            result => result,
+        }
+    }
+
+    fn check_buckets(
+        &self,
+        buckets: &TenantBuckets<C>,
+        kind: LimitKind,
+        cost: u64,
+    ) -> Result<(), Rejection> {
         let (local, bucket, limit, burst) = match kind {
             LimitKind::Request => (
                 buckets.local.request,
@@ -361,14 +385,31 @@ impl<C: Clock + Clone> Limiter<C> {
             return buckets;
         }
         drop(buckets);
+        self.rebuild(name, tenant, 0)
+    }
+
+    /// Rebuilds the tenant's buckets if the inputs moved on (and the limits moved by more
+    /// than 1 %), or if the local ingestion burst must grow to `largest_request`.
+    fn rebuild(
+        &self,
+        name: &str,
+        tenant: &Tenant<C>,
+        largest_request: u64,
+    ) -> Guard<Arc<TenantBuckets<C>>> {
         let _rebuilding = tenant.rebuild.lock().unwrap_or_else(|e| e.into_inner());
         let inputs = self.inputs.load();
         let buckets = tenant.buckets.load();
-        if buckets.generation.load(Ordering::Acquire) == inputs.generation {
+        let burst_fits = match buckets.local.ingestion {
+            LocalLimit::Limited(rate) => rate.burst >= largest_request,
+            LocalLimit::Unlimited | LocalLimit::Deny => true,
+        };
+        if buckets.generation.load(Ordering::Acquire) == inputs.generation && burst_fits {
             return buckets; // another request rebuilt them while this one waited
         }
-        let (limits, local) = inputs.local(name, tenant.demand.current());
-        if limits == buckets.limits && local.close_to(&buckets.local) {
+        let mut own = tenant.demand.current();
+        own.largest_request = own.largest_request.max(largest_request);
+        let (limits, local) = inputs.local(name, own);
+        if limits == buckets.limits && local.close_to(&buckets.local) && burst_fits {
             buckets
                 .generation
                 .store(inputs.generation, Ordering::Release);

@@ -195,3 +195,25 @@ fn membership_change_carries_tokens_over() {
     assert_eq!(check(&limiter, "t", 1), Ok(()));
     assert!(check(&limiter, "t", 1).is_err());
 }
+
+#[test]
+fn weighted_grows_the_local_burst_for_a_request_larger_than_any_recent_one() {
+    let (limiter, _clock) = limiter(
+        "overrides:\n  w:\n    ingestion_rate: 100\n    ingestion_burst_size: 1000\n    rate_limit_strategy: weighted\n",
+    );
+    // Three replicas, no demand known yet: the even share, so a local burst of 334.
+    limiter.set_healthy_replicas(3);
+    // 500 is more than the local burst but within the configured one: the burst grows to 500,
+    // the 334 tokens held carry over, and the request waits for the rest instead of being
+    // told it can never pass.
+    let rejection = check(&limiter, "w", 500).unwrap_err();
+    assert!(
+        matches!(rejection.cause, RejectionCause::RateLimited { .. }),
+        "not 'can never pass': {rejection:?}"
+    );
+    // Beyond the configured burst it truly can never pass.
+    assert_eq!(
+        check(&limiter, "w", 1001).unwrap_err().cause,
+        RejectionCause::LargerThanBurst
+    );
+}
