@@ -102,6 +102,41 @@ class Fleet:
                 proc.kill()
 
 
+class LocalLimitSampler:
+    """Samples the sum of every replica's local ingestion limit for the tenant (from /ring)
+    while a scenario runs: what the (1 + ε) bound is about."""
+
+    def __init__(self, fleet, skip_first=FIRST):
+        self.fleet, self.skip_first, self.sums, self.done = fleet, skip_first, [], False
+        self.thread = threading.Thread(target=self.run, daemon=True)
+        self.thread.start()
+
+    def run(self):
+        started = time.time()
+        while not self.done:
+            time.sleep(0.5)
+            total = 0.0
+            try:
+                for i, (proc, _) in enumerate(self.fleet.replicas):
+                    if proc.poll() is not None:
+                        continue
+                    for tenant in self.fleet.ring(i)["tenants"]:
+                        if tenant["tenant"] == TENANT and tenant["local_ingestion_rate"] is not None:
+                            total += tenant["local_ingestion_rate"]
+            except OSError:
+                continue
+            if time.time() - started >= self.skip_first:
+                self.sums.append(total / LIMIT)
+
+    def stop(self):
+        self.done = True
+        self.thread.join()
+        if not self.sums:
+            return "no samples of the local limits"
+        return (f"sum of local limits after {self.skip_first}s: max {max(self.sums):.3f} L, "
+                f"mean {sum(self.sums) / len(self.sums):.3f} L over {len(self.sums)} samples")
+
+
 def loadgen(name, urls, split, offered, duration, extra=()):
     os.makedirs(OUT, exist_ok=True)
     output = os.path.join(OUT, f"{name}.json")
@@ -144,9 +179,11 @@ def scenario_even(strategy, duration):
     fleet = Fleet(3, strategy)
     try:
         before = fleet.healthy_changes()
+        sampler = LocalLimitSampler(fleet)
         report = loadgen(f"{strategy}-even", fleet.urls(), [34, 33, 33], 3 * LIMIT, duration)
         flaps = [a - b for a, b in zip(fleet.healthy_changes(), before)]
-        return summary("even", report, strategy, f"healthy-count changes during run: {flaps}")
+        return summary("even", report, strategy,
+                       f"healthy-count changes during run: {flaps}; {sampler.stop()}")
     finally:
         fleet.stop()
 
@@ -154,8 +191,9 @@ def scenario_even(strategy, duration):
 def scenario_skew(strategy, duration, split, name):
     fleet = Fleet(3, strategy)
     try:
+        sampler = LocalLimitSampler(fleet)
         report = loadgen(f"{strategy}-{name}", fleet.urls(), split, 3 * LIMIT, duration)
-        return summary(name, report, strategy)
+        return summary(name, report, strategy, sampler.stop())
     finally:
         fleet.stop()
 

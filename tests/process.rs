@@ -3,11 +3,11 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use common::fleet::listening_addr;
 use common::RawRequest;
 use weir::remote_write::prompb::WriteRequest;
 
@@ -26,15 +26,8 @@ fn spawn(args: &[&str]) -> (Child, SocketAddr) {
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    let address = line
-        .strip_prefix("weir listening on http://")
-        .and_then(|rest| rest.split_whitespace().next())
-        .unwrap_or_else(|| panic!("unexpected first line: {line:?}"));
-    (child, address.parse().unwrap())
+    let address = listening_addr(&mut child);
+    (child, address)
 }
 
 fn sigterm(child: &Child) {

@@ -17,6 +17,19 @@ pub fn free_gossip_addr(ip: [u8; 4]) -> SocketAddr {
     socket.local_addr().unwrap()
 }
 
+/// The HTTP address a `weir` child prints on its first line of stdout.
+pub fn listening_addr(child: &mut Child) -> SocketAddr {
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().expect("stdout is piped"))
+        .read_line(&mut line)
+        .unwrap();
+    line.strip_prefix("weir listening on http://")
+        .and_then(|rest| rest.split_whitespace().next())
+        .unwrap_or_else(|| panic!("unexpected first line: {line:?}"))
+        .parse()
+        .unwrap()
+}
+
 pub fn spawn(gossip: SocketAddr, seeds: &[SocketAddr], cluster: &str, extra: &[&str]) -> Replica {
     let ip: IpAddr = gossip.ip();
     let join = seeds
@@ -37,16 +50,7 @@ pub fn spawn(gossip: SocketAddr, seeds: &[SocketAddr], cluster: &str, extra: &[&
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    let http = line
-        .strip_prefix("weir listening on http://")
-        .and_then(|rest| rest.split_whitespace().next())
-        .unwrap_or_else(|| panic!("unexpected first line: {line:?}"))
-        .parse()
-        .unwrap();
+    let http = listening_addr(&mut child);
     Replica {
         child,
         http,
