@@ -12,6 +12,12 @@ pub const DEMAND_SLOT: Duration = Duration::from_millis(250);
 /// enough to follow a balancer that moves a tenant within a couple of seconds.
 pub const DEMAND_SLOTS: usize = 4;
 
+/// Slots after a tenant is first seen here before its demand counts as settled: a full
+/// window, plus two slots for peers' reports to arrive over gossip. Until then `weighted`
+/// gives it no more than the even share, so replicas that each see a new tenant's first
+/// requests do not each take the whole limit before they hear of one another.
+pub const SETTLING_SLOTS: u32 = DEMAND_SLOTS as u32 + 2;
+
 /// One slot: requests, items, largest request (items).
 type Slot = (u64, u64, u64);
 
@@ -26,6 +32,8 @@ pub struct DemandMeter {
     requests_per_second: AtomicU64,
     items_per_second: AtomicU64,
     largest: AtomicU64,
+    /// Ticks since the meter was created, saturating at `SETTLING_SLOTS`.
+    age: std::sync::atomic::AtomicU32,
 }
 
 /// A tenant's demand on this replica over the last window.
@@ -34,6 +42,9 @@ pub struct OwnDemand {
     pub requests_per_second: f64,
     pub items_per_second: f64,
     pub largest_request: u64,
+    /// Whether a full window and a round of gossip have passed since the tenant was first
+    /// seen here.
+    pub settled: bool,
 }
 
 impl DemandMeter {
@@ -60,10 +71,15 @@ impl DemandMeter {
         slots[*next] = slot;
         *next = (*next + 1) % DEMAND_SLOTS;
         let seconds = (DEMAND_SLOT * DEMAND_SLOTS as u32).as_secs_f64();
+        let age = self.age.load(Ordering::Relaxed);
+        if age < SETTLING_SLOTS {
+            self.age.store(age + 1, Ordering::Relaxed);
+        }
         let demand = OwnDemand {
             requests_per_second: slots.iter().map(|s| s.0).sum::<u64>() as f64 / seconds,
             items_per_second: slots.iter().map(|s| s.1).sum::<u64>() as f64 / seconds,
             largest_request: slots.iter().map(|s| s.2).max().unwrap_or(0),
+            settled: age + 1 >= SETTLING_SLOTS,
         };
         self.requests_per_second
             .store(demand.requests_per_second.to_bits(), Ordering::Relaxed);
@@ -80,6 +96,7 @@ impl DemandMeter {
             requests_per_second: f64::from_bits(self.requests_per_second.load(Ordering::Relaxed)),
             items_per_second: f64::from_bits(self.items_per_second.load(Ordering::Relaxed)),
             largest_request: self.largest.load(Ordering::Relaxed),
+            settled: self.age.load(Ordering::Relaxed) >= SETTLING_SLOTS,
         }
     }
 }

@@ -55,6 +55,9 @@ pub struct TenantDemand {
     /// The largest single request (in items) seen here recently: the burst never drops below
     /// it, so a large request can still pass where it lands.
     pub largest_request: u64,
+    /// Whether this replica's view of the demand has settled (see `demand::SETTLING_SLOTS`);
+    /// until then the share is at most the even one.
+    pub settled: bool,
 }
 
 /// This replica's share of a tenant's limit under `weighted`: own demand ÷ fleet demand, at
@@ -90,11 +93,29 @@ pub fn local_limits(
             let share = 1.0 / healthy_replicas.max(1) as f64;
             (share, share, None)
         }
-        RateLimitStrategy::Weighted => (
-            weighted_share(demand.own_requests, demand.peer_requests, healthy_replicas),
-            weighted_share(demand.own_items, demand.peer_items, healthy_replicas),
-            Some(demand.largest_request),
-        ),
+        RateLimitStrategy::Weighted => {
+            let even = 1.0 / healthy_replicas.max(1) as f64;
+            let settle = |share: f64| {
+                if demand.settled {
+                    share
+                } else {
+                    share.min(even)
+                }
+            };
+            (
+                settle(weighted_share(
+                    demand.own_requests,
+                    demand.peer_requests,
+                    healthy_replicas,
+                )),
+                settle(weighted_share(
+                    demand.own_items,
+                    demand.peer_items,
+                    healthy_replicas,
+                )),
+                Some(demand.largest_request),
+            )
+        }
     };
     let burst = |configured: u64, share: f64, floor: u64| match burst_floor {
         None => configured,
@@ -154,6 +175,7 @@ mod tests {
         peer_requests: 0.0,
         peer_items: 0.0,
         largest_request: 0,
+        settled: true,
     };
 
     fn limits(ingestion_rate: f64, request_rate: f64) -> TenantLimits {
@@ -250,8 +272,33 @@ mod weighted_tests {
             own_items: own,
             peer_items: peers,
             largest_request: largest,
+            settled: true,
             ..TenantDemand::default()
         }
+    }
+
+    #[test]
+    fn an_unsettled_tenant_gets_at_most_the_even_share() {
+        let unsettled = TenantDemand {
+            settled: false,
+            ..demand(30_000.0, 0.0, 100)
+        };
+        let local = local_limits(&weighted(9_000.0, 9_000), 3, &unsettled);
+        assert_eq!(
+            local.ingestion,
+            LocalLimit::Limited(Rate {
+                per_second: 3_000.0,
+                burst: 3_000
+            })
+        );
+        let settled = local_limits(&weighted(9_000.0, 9_000), 3, &demand(30_000.0, 0.0, 100));
+        assert_eq!(
+            settled.ingestion,
+            LocalLimit::Limited(Rate {
+                per_second: 9_000.0,
+                burst: 9_000
+            })
+        );
     }
 
     #[test]

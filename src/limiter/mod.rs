@@ -83,6 +83,7 @@ impl Inputs {
             peer_requests,
             peer_items,
             largest_request: own.largest_request,
+            settled: own.settled,
         };
         (
             limits,
