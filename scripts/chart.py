@@ -29,7 +29,9 @@ def main():
         label = os.path.basename(path).split("-")[0]
         series.append((label, [s["admitted_samples"] for s in report["timeline"]]))
     seconds = max(len(values) for _, values in series)
-    top = max(max(max(values) for _, values in series), args.limit) * 1.15
+    highest = max(max(max(values) for _, values in series), args.limit) * 1.1
+    step = 10 ** max(len(str(int(highest))) - 2, 0) * 5  # round gridlines
+    top = -(-highest // step) * step
     plot_w, plot_h = WIDTH - LEFT - RIGHT, HEIGHT - TOP - BOTTOM
     x = lambda t: LEFT + plot_w * t / max(seconds - 1, 1)
     y = lambda v: TOP + plot_h * (1 - v / top)
