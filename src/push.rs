@@ -56,14 +56,7 @@ async fn admit(state: &AppState, parts: &Parts, body: Body) -> Result<(), PushEr
     // 1. Instance limits, before anything else: they protect this process, and need only
     //    the headers, so an overloaded replica sheds load without reading bodies. The guard
     //    keeps the request counted in flight until the answer is ready.
-    let mut inflight =
-        state
-            .instance
-            .start(content_length)
-            .map_err(|rejection| PushError::Instance {
-                limit: rejection.limit,
-                value: rejection.value,
-            })?;
+    let mut inflight = state.instance.start(content_length)?;
 
     // 2. Tenant: every later limit is per tenant.
     let tenant_name = tenant::resolve(
@@ -98,12 +91,12 @@ async fn admit(state: &AppState, parts: &Parts, body: Body) -> Result<(), PushEr
     let body = read_body(body, content_length, max_size)
         .await
         .map_err(|err| discard(err, 0))?;
-    let forwarded_body = body.clone(); // a reference count, not a copy
     if !inflight.has_bytes() {
         // Without a Content-Length the bytes could only be counted once read.
         inflight.add_bytes(body.len() as u64)?;
     }
-    let counts = decode(body, max_size)
+    // `Bytes` clones share the buffer: the scan and the forward see the same bytes.
+    let counts = decode(body.clone(), max_size)
         .await
         .map_err(|err| discard(PushError::Decode(err), 0))?;
 
@@ -127,7 +120,7 @@ async fn admit(state: &AppState, parts: &Parts, body: Body) -> Result<(), PushEr
     match &state.upstream {
         Some(upstream) => {
             upstream
-                .forward(tenant_name, &parts.headers, forwarded_body, &state.metrics)
+                .forward(tenant_name, &parts.headers, body, &state.metrics)
                 .await?
         }
         None => state.metrics.sink_requests.inc(),

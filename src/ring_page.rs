@@ -49,12 +49,9 @@ struct TenantLimitsView {
     peer_demand_items_per_second: f64,
 }
 
+/// JSON has no infinity: an unlimited rate is `null`.
 fn local_rate(limit: LocalLimit) -> Option<f64> {
-    match limit {
-        LocalLimit::Unlimited => None,
-        LocalLimit::Deny => Some(0.0),
-        LocalLimit::Limited(rate) => Some(rate.per_second),
-    }
+    Some(limit.per_second()).filter(|rate| rate.is_finite())
 }
 
 impl From<TenantView> for TenantLimitsView {

@@ -38,15 +38,20 @@ fn sigterm(child: &Child) {
     assert!(status.success());
 }
 
-fn wait_exit(child: &mut Child, within: Duration) -> std::process::ExitStatus {
-    let deadline = Instant::now() + within;
-    loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            return status;
+/// Waits (without blocking the runtime) for the process to exit, at most `within`.
+async fn wait_exit(mut child: Child, within: Duration) -> std::process::ExitStatus {
+    tokio::task::spawn_blocking(move || {
+        let deadline = Instant::now() + within;
+        loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                return status;
+            }
+            assert!(Instant::now() < deadline, "weir did not exit");
+            std::thread::sleep(Duration::from_millis(20));
         }
-        assert!(Instant::now() < deadline, "weir did not exit");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    })
+    .await
+    .unwrap()
 }
 
 #[tokio::test]
@@ -122,7 +127,7 @@ fn bad_flags_exit_2_with_usage() {
 /// refused, and the process exits 0.
 #[tokio::test]
 async fn sigterm_drains_in_flight_requests_and_exits_zero() {
-    let (mut child, addr) = spawn(&["--shutdown-delay", "1s", "--shutdown-drain-timeout", "5s"]);
+    let (child, addr) = spawn(&["--shutdown-delay", "1s", "--shutdown-drain-timeout", "5s"]);
     let client = reqwest::Client::new();
     let ready = |client: reqwest::Client| async move {
         client
@@ -150,10 +155,7 @@ async fn sigterm_drains_in_flight_requests_and_exits_zero() {
     let answer = in_flight.response().await;
     assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
 
-    let status =
-        tokio::task::spawn_blocking(move || wait_exit(&mut child, Duration::from_secs(10)))
-            .await
-            .unwrap();
+    let status = wait_exit(child, Duration::from_secs(10)).await;
     assert!(status.success(), "{status:?}");
     assert!(
         tokio::net::TcpStream::connect(addr).await.is_err(),
@@ -164,16 +166,13 @@ async fn sigterm_drains_in_flight_requests_and_exits_zero() {
 /// A request that never finishes cannot hold shutdown hostage past the drain timeout.
 #[tokio::test]
 async fn drain_timeout_bounds_shutdown() {
-    let (mut child, addr) = spawn(&["--shutdown-drain-timeout", "500ms"]);
+    let (child, addr) = spawn(&["--shutdown-drain-timeout", "500ms"]);
     let mut stuck = RawRequest::start_push(addr, "t", 100).await;
     stuck.send(b"x").await;
     tokio::time::sleep(Duration::from_millis(100)).await;
     let started = Instant::now();
     sigterm(&child);
-    let status =
-        tokio::task::spawn_blocking(move || wait_exit(&mut child, Duration::from_secs(10)))
-            .await
-            .unwrap();
+    let status = wait_exit(child, Duration::from_secs(10)).await;
     assert!(status.success(), "{status:?}");
     assert!(
         started.elapsed() < Duration::from_secs(5),

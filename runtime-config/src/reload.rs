@@ -1,7 +1,7 @@
 //! The periodic reloader: re-reads the file every period, re-parses only when its content
 //! hash changed, and keeps the last good config when the new one is bad.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -80,10 +80,6 @@ impl Reloader {
             metrics,
             last_seen_sha256: None,
         }
-    }
-
-    pub fn path(&self) -> &Path {
-        &self.path
     }
 
     /// The first load. Any error is returned: a bad file at start-up is fatal.

@@ -56,10 +56,6 @@ impl<C: Clock + Clone> Bucket<C> {
         next
     }
 
-    pub fn rate(&self) -> Rate {
-        self.rate
-    }
-
     /// Takes `cost` tokens if they are there.
     pub fn check(&self, cost: u64) -> Outcome {
         if cost == 0 {

@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use arc_swap::{ArcSwap, Guard};
 use governor::clock::Clock;
-use runtime_config::{RuntimeConfig, TenantLimits};
+use runtime_config::{RateLimitStrategy, RuntimeConfig, TenantLimits};
 
 use crate::metrics::{Metrics, TenantMetrics};
 use bucket::{nanos_between, Bucket, Outcome};
@@ -114,7 +114,7 @@ struct TenantBuckets<C: Clock> {
 
 impl LocalLimit {
     /// The rate as a gauge shows it: +Inf when unlimited, 0 when everything is refused.
-    fn per_second(&self) -> f64 {
+    pub fn per_second(&self) -> f64 {
         match self {
             LocalLimit::Unlimited => f64::INFINITY,
             LocalLimit::Deny => 0.0,
@@ -473,24 +473,21 @@ impl<C: Clock + Clone> Limiter<C> {
             .iter()
             .filter_map(|(name, tenant)| {
                 let demand = tenant.demand.tick();
-                (demand != OwnDemand::default()).then(|| DemandReport {
+                // Only `weighted` shares depend on a tenant's own demand: mark just those
+                // buckets stale (no generation matches u64::MAX), so they are re-derived on
+                // the tenant's next request and every other tenant keeps its fast path.
+                let buckets = tenant.buckets.load();
+                if buckets.limits.rate_limit_strategy == RateLimitStrategy::Weighted {
+                    buckets.generation.store(u64::MAX, Ordering::Release);
+                }
+                let active = demand.requests_per_second > 0.0 || demand.items_per_second > 0.0;
+                active.then(|| DemandReport {
                     tenant: name.to_string(),
                     demand,
                 })
             })
             .collect();
-        self.update_inputs(|inputs| {
-            (
-                Arc::clone(&inputs.config),
-                inputs.healthy_replicas,
-                Arc::clone(&inputs.peer_demand),
-            )
-        });
         reports
-    }
-
-    pub fn inputs(&self) -> Arc<Inputs> {
-        self.inputs.load_full()
     }
 
     /// Drops tenants idle for longer than the idle timeout *and* long enough for their

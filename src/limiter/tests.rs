@@ -217,3 +217,18 @@ fn weighted_grows_the_local_burst_for_a_request_larger_than_any_recent_one() {
         RejectionCause::LargerThanBurst
     );
 }
+
+#[test]
+fn only_tenants_with_recent_demand_are_reported_to_the_ring() {
+    let (limiter, _clock) = limiter("");
+    check(&limiter, "busy", 10).unwrap();
+    let reports = limiter.tick_demand();
+    assert_eq!(reports.len(), 1);
+    assert_eq!(reports[0].tenant, "busy");
+    assert_eq!(reports[0].demand.items_per_second, 10.0);
+    // Idle for longer than the window (and settled by then): no longer reported.
+    for _ in 0..demand::SETTLING_SLOTS {
+        limiter.tick_demand();
+    }
+    assert!(limiter.tick_demand().is_empty());
+}
