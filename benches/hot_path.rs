@@ -8,21 +8,21 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use engine::{EngineClock, LimitKind, Limiter};
 use runtime_config::{Defaults, RuntimeConfig};
-use weir::limiter::{EngineClock, LimitKind, Limiter};
-use weir::metrics::Metrics;
+use weir::metrics::{Metrics, TenantSeries};
 use weir::remote_write::{self, prompb::WriteRequest};
 
-fn limiter(extra_tenants: usize) -> Limiter {
+fn limiter(extra_tenants: usize) -> Limiter<TenantSeries> {
     let config = RuntimeConfig::parse(
-        "overrides:\n  open:\n    ingestion_rate: 1e9\n    ingestion_burst_size: 4000000000\n    request_rate: 1e9\n    request_burst_size: 4000000000\n  limited:\n    ingestion_rate: 1\n    ingestion_burst_size: 1\n    request_rate: 1\n    request_burst_size: 1\n",
+        "overrides:\n  open:\n    ingestion_rate: 1e9\n    ingestion_burst_size: 4000000000\n    request_rate: 1e9\n    request_burst_size: 4000000000\n  open-divided:\n    ingestion_rate: 1e9\n    ingestion_burst_size: 4000000000\n    rate_limit_strategy: divided\n  limited:\n    ingestion_rate: 1\n    ingestion_burst_size: 1\n    request_rate: 1\n    request_burst_size: 1\n",
         Defaults::default(),
     )
     .unwrap();
     let limiter = Limiter::with_clock(
         Arc::new(config),
         Duration::from_secs(3600),
-        Arc::new(Metrics::new()),
+        TenantSeries(Arc::new(Metrics::new())),
         EngineClock::real(),
     );
     for i in 0..extra_tenants {
@@ -33,6 +33,7 @@ fn limiter(extra_tenants: usize) -> Limiter {
 
 /// One admission decision = tenant lookup + one bucket check (the definition);
 /// `both_limits` is what a push pays: lookup + request-rate + ingestion-rate checks.
+/// `admitted` is `weighted` (the fleet view); `admitted_divided` the governor bucket.
 fn decision(c: &mut Criterion) {
     let mut group = c.benchmark_group("decision");
     for tenants in [1, 10_000] {
@@ -43,7 +44,17 @@ fn decision(c: &mut Criterion) {
             |b, limiter| {
                 b.iter(|| {
                     let tenant = limiter.tenant(black_box("open")).unwrap();
-                    black_box(limiter.check("open", &tenant, LimitKind::Ingestion, black_box(100)))
+                    black_box(limiter.check(&tenant, LimitKind::Ingestion, black_box(100)))
+                })
+            },
+        );
+        group.bench_with_input(
+            BenchmarkId::new("admitted_divided", tenants),
+            &limiter,
+            |b, limiter| {
+                b.iter(|| {
+                    let tenant = limiter.tenant(black_box("open-divided")).unwrap();
+                    black_box(limiter.check(&tenant, LimitKind::Ingestion, black_box(100)))
                 })
             },
         );
@@ -53,7 +64,7 @@ fn decision(c: &mut Criterion) {
             |b, limiter| {
                 b.iter(|| {
                     let tenant = limiter.tenant(black_box("limited")).unwrap();
-                    black_box(limiter.check("limited", &tenant, LimitKind::Request, 1))
+                    black_box(limiter.check(&tenant, LimitKind::Request, 1))
                 })
             },
         );
@@ -63,9 +74,8 @@ fn decision(c: &mut Criterion) {
             |b, limiter| {
                 b.iter(|| {
                     let tenant = limiter.tenant(black_box("open")).unwrap();
-                    let request = limiter.check("open", &tenant, LimitKind::Request, 1);
-                    let ingestion =
-                        limiter.check("open", &tenant, LimitKind::Ingestion, black_box(100));
+                    let request = limiter.check(&tenant, LimitKind::Request, 1);
+                    let ingestion = limiter.check(&tenant, LimitKind::Ingestion, black_box(100));
                     black_box((request, ingestion))
                 })
             },
@@ -87,7 +97,7 @@ fn decision_parts(c: &mut Criterion) {
     });
     let tenant = limiter.tenant("open").unwrap();
     group.bench_function("ingestion_check", |b| {
-        b.iter(|| black_box(limiter.check("open", &tenant, LimitKind::Ingestion, black_box(100))))
+        b.iter(|| black_box(limiter.check(&tenant, LimitKind::Ingestion, black_box(100))))
     });
     group.finish();
 }

@@ -10,9 +10,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, Criterion};
+use engine::{EngineClock, Limiter};
 use runtime_config::{Defaults, RuntimeConfig};
-use weir::limiter::{EngineClock, Limiter};
-use weir::metrics::Metrics;
+use weir::metrics::{Metrics, TenantSeries};
 
 struct LiveBytes;
 
@@ -36,12 +36,12 @@ unsafe impl GlobalAlloc for LiveBytes {
 #[global_allocator]
 static GLOBAL: LiveBytes = LiveBytes;
 
-fn new_limiter(metrics: Arc<Metrics>) -> Limiter {
+fn new_limiter(metrics: Arc<Metrics>) -> Limiter<TenantSeries> {
     let config = RuntimeConfig::parse("", Defaults::default()).unwrap();
     Limiter::with_clock(
         Arc::new(config),
         Duration::from_secs(3600),
-        metrics,
+        TenantSeries(metrics),
         EngineClock::real(),
     )
 }

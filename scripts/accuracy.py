@@ -29,6 +29,7 @@ OUT = os.path.join(ROOT, "target", "accuracy")
 LIMIT = 10_000
 TENANT = "accuracy"
 FIRST = 5  # seconds reported separately
+EXTRA_ARGS = os.environ.get("WEIR_EXTRA_ARGS", "").split()
 
 
 def free_udp(ip):
@@ -53,7 +54,7 @@ class Fleet:
             proc = subprocess.Popen(
                 [WEIR, "--http-addr", f"{ip}:0", "--gossip-addr", addr, "--join", ",".join(gossip),
                  "--cluster-id", f"accuracy-{os.getpid()}", "--runtime-config", overrides,
-                 "--max-inflight-push-requests", "0"],
+                 "--max-inflight-push-requests", "0", *EXTRA_ARGS],
                 stdout=subprocess.PIPE, stderr=open(os.path.join(self.dir, f"{ip}.log"), "w"),
                 text=True,
             )

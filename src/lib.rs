@@ -10,18 +10,17 @@
 //! - [`upstream`]: forwarding admitted pushes, bytes unchanged, to a remote-write receiver.
 //! - [`tenant`]: tenant IDs from `X-Scope-OrgID`, with Mimir's validation.
 //! - [`remote_write`]: snappy + zero-copy protobuf scan of remote-write 1.0 bodies.
-//! - [`limiter`]: the per-tenant engine: limit maths (pure), governor buckets, tenant map.
 //! - [`rejection`]: typed errors and their one mapping to status codes, headers and bodies.
 //! - [`metrics`]: every metric family, defined in one place.
 //! - [`ring_page`]: `GET /ring`, members and effective limits, HTML or JSON.
 //!
-//! Membership (the gossip ring) is the `ring` crate's business (`ring/`).
+//! The limit engine (limit maths, buckets, fleet views, the tenant map) is the `engine`
+//! crate's business (`engine/`); membership and gossip are the `ring` crate's (`ring/`).
 //!
 //! The runtime overrides file is the `runtime-config` crate's business.
 
 pub mod config;
 pub mod instance;
-pub mod limiter;
 pub mod metrics;
 pub mod push;
 pub mod rejection;

@@ -409,3 +409,30 @@ impl Default for Metrics {
         Self::new()
     }
 }
+
+/// The limit engine's hooks: a tenant's series live and die with its limiter state.
+#[derive(Clone)]
+pub struct TenantSeries(pub std::sync::Arc<Metrics>);
+
+impl engine::TenantHooks for TenantSeries {
+    type Data = TenantMetrics;
+
+    fn create(&self, tenant: &str) -> TenantMetrics {
+        self.0.tenant(tenant)
+    }
+
+    fn evicted(&self, tenant: &str) {
+        self.0.remove_tenant(tenant);
+    }
+
+    fn local_limits(&self, series: &TenantMetrics, local: &engine::LocalLimits) {
+        series.local_request_rate.set(local.request.per_second());
+        series
+            .local_ingestion_rate
+            .set(local.ingestion.per_second());
+    }
+
+    fn tracked(&self, tenants: usize) {
+        self.0.tracked_tenants.set(tenants as i64);
+    }
+}

@@ -15,12 +15,12 @@ use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use http_body_util::{BodyExt, LengthLimitError, Limited};
 
-use crate::limiter::LimitKind;
 use crate::metrics::InstanceLimit;
 use crate::rejection::PushError;
 use crate::remote_write::{self, WriteCounts};
 use crate::server::AppState;
 use crate::tenant::{self, TENANT_HEADER};
+use engine::LimitKind;
 
 /// Bodies larger than this are decoded on the blocking pool, so one huge request does not
 /// stall the other requests on its worker thread.
@@ -70,10 +70,10 @@ async fn admit(state: &AppState, parts: &Parts, body: Body) -> Result<(), PushEr
         let limit = too_many.max_tenants as f64;
         state.instance.reject(InstanceLimit::MaxTenants, limit)
     })?;
-    tenant.metrics.requests_in.inc();
+    tenant.data.requests_in.inc();
     let discard = |err: PushError, items: u64| {
         if let Some(reason) = err.discard_reason() {
-            tenant.metrics.discard(reason, items);
+            tenant.data.discard(reason, items);
         }
         err
     };
@@ -82,7 +82,7 @@ async fn admit(state: &AppState, parts: &Parts, body: Body) -> Result<(), PushEr
     //    tenant over its request rate costs no decompression.
     state
         .limiter
-        .check(tenant_name, &tenant, LimitKind::Request, 1)
+        .check(&tenant, LimitKind::Request, 1)
         .map_err(|rejection| discard(PushError::RateLimited(rejection), 0))?;
 
     // 4. Body: read up to the size limit, decompress, scan. Bad input is the client's fault
@@ -104,19 +104,19 @@ async fn admit(state: &AppState, parts: &Parts, body: Body) -> Result<(), PushEr
     let cost = counts.cost();
     state
         .limiter
-        .check(tenant_name, &tenant, LimitKind::Ingestion, cost)
+        .check(&tenant, LimitKind::Ingestion, cost)
         .map_err(|rejection| discard(PushError::RateLimited(rejection), cost))?;
 
     // 6. Admitted: count it, then forward the client's bytes unchanged, or in sink mode just
     //    acknowledge. The in-flight guard is still held: the upstream wait counts.
     state.instance.record_admitted(cost);
-    tenant.metrics.received_requests.inc();
+    tenant.data.received_requests.inc();
     tenant
-        .metrics
+        .data
         .received_samples
         .inc_by(counts.samples + counts.histograms);
-    tenant.metrics.received_exemplars.inc_by(counts.exemplars);
-    tenant.metrics.received_metadata.inc_by(counts.metadata);
+    tenant.data.received_exemplars.inc_by(counts.exemplars);
+    tenant.data.received_metadata.inc_by(counts.metadata);
     match &state.upstream {
         Some(upstream) => {
             upstream

@@ -12,10 +12,10 @@ use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use rand::Rng;
 
-use crate::limiter::{LimitKind, Rejection, RejectionCause};
 use crate::metrics::{DiscardReason, InstanceLimit};
 use crate::remote_write::DecodeError;
 use crate::tenant::TenantError;
+use engine::{LimitKind, Rejection, RejectionCause};
 
 #[derive(Debug, thiserror::Error)]
 pub enum PushError {
@@ -148,8 +148,9 @@ impl Default for RetryBackoff {
 }
 
 /// `RateLimit-Policy` and `RateLimit` for a tenant rejection: `q` is the fleet-wide quota per
-/// window `w` (seconds, widened until `q` is a whole number ≥ 1 for slow rates), `r` what is
-/// left (0: the request was refused), `t` seconds until the request could pass (for a request
+/// window `w` (seconds, widened until `q` is a whole number ≥ 1 for slow rates), `r` the
+/// tokens left in the bucket the request was checked against (fewer than the request
+/// needed), `t` seconds until the request could pass (for a request
 /// larger than the burst, until the bucket is full; it still will not pass).
 fn ratelimit_fields(rejection: &Rejection) -> (String, String) {
     let name = match rejection.kind {
@@ -171,7 +172,7 @@ fn ratelimit_fields(rejection: &Rejection) -> (String, String) {
     };
     (
         format!("\"{name}\";q={quota};w={window}"),
-        format!("\"{name}\";r=0;t={until}"),
+        format!("\"{name}\";r={};t={until}", rejection.remaining),
     )
 }
 
@@ -284,12 +285,13 @@ mod tests {
             burst: 200_000,
             local_limit: 5_000.0,
             cost: 10,
+            remaining: 7,
         };
         assert_eq!(
             ratelimit_fields(&rejection),
             (
                 "\"tenant-ingestion-rate\";q=10000;w=1".to_string(),
-                "\"tenant-ingestion-rate\";r=0;t=2".to_string()
+                "\"tenant-ingestion-rate\";r=7;t=2".to_string()
             )
         );
         let slow = Rejection {

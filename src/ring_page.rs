@@ -11,8 +11,8 @@ use axum::Json;
 use ring::Member;
 use serde::{Deserialize, Serialize};
 
-use crate::limiter::maths::LocalLimit;
-use crate::limiter::TenantView;
+use engine::{LocalLimit, TenantView};
+
 use crate::server::AppState;
 
 #[derive(Deserialize)]
@@ -41,12 +41,18 @@ struct TenantLimitsView {
     ingestion_rate: f64,
     ingestion_burst_size: u64,
     local_ingestion_rate: Option<f64>,
-    /// Offered here over the last second (refused included): what `weighted` shares by.
-    demand_requests_per_second: f64,
-    demand_items_per_second: f64,
-    /// What the peers report for this tenant.
-    peer_demand_requests_per_second: f64,
-    peer_demand_items_per_second: f64,
+    /// `weighted`: this replica's view of the fleet buckets, in tokens (below 0: debt);
+    /// `null` under `divided` or when unlimited.
+    fleet_request_tokens: Option<f64>,
+    fleet_ingestion_tokens: Option<f64>,
+    /// `weighted`: requests and items admitted here, and by the peers as gossip reported
+    /// them, since this replica started tracking the tenant.
+    admitted_requests_here: u64,
+    admitted_items_here: u64,
+    admitted_requests_by_peers: u64,
+    admitted_items_by_peers: u64,
+    /// `weighted`: new to the fleet, held to the even share until the peers' reports arrive.
+    settling: bool,
 }
 
 /// JSON has no infinity: an unlimited rate is `null`.
@@ -64,10 +70,13 @@ impl From<TenantView> for TenantLimitsView {
             ingestion_rate: view.limits.ingestion_rate,
             ingestion_burst_size: view.limits.ingestion_burst_size,
             local_ingestion_rate: local_rate(view.local.ingestion),
-            demand_requests_per_second: view.demand.requests_per_second,
-            demand_items_per_second: view.demand.items_per_second,
-            peer_demand_requests_per_second: view.peer_demand.0,
-            peer_demand_items_per_second: view.peer_demand.1,
+            fleet_request_tokens: view.fleet_level.0,
+            fleet_ingestion_tokens: view.fleet_level.1,
+            admitted_requests_here: view.admitted_here.0,
+            admitted_items_here: view.admitted_here.1,
+            admitted_requests_by_peers: view.admitted_by_peers.0,
+            admitted_items_by_peers: view.admitted_by_peers.1,
+            settling: view.settling,
             tenant: view.tenant,
         }
     }
@@ -139,13 +148,13 @@ fn render_html(status: &RingStatus) -> String {
         "</table><h2>Active tenants</h2><table><tr><th>tenant</th><th>strategy</th>\
          <th>request rate (fleet / here)</th><th>request burst</th>\
          <th>ingestion rate (fleet / here)</th><th>ingestion burst</th>\
-         <th>demand here (items/s)</th></tr>",
+         <th>fleet ingestion tokens (this view)</th><th>items admitted here / by peers</th></tr>",
     );
     let rate = |rate: Option<f64>| rate.map_or("unlimited".to_string(), |r| format!("{r:.1}"));
     for tenant in &status.tenants {
         let _ = write!(
             page,
-            "<tr><td>{}</td><td>{}</td><td>{} / {}</td><td>{}</td><td>{} / {}</td><td>{}</td><td>{:.0}</td></tr>",
+            "<tr><td>{}</td><td>{}</td><td>{} / {}</td><td>{}</td><td>{} / {}</td><td>{}</td><td>{}</td><td>{} / {}</td></tr>",
             escape(&tenant.tenant),
             tenant.strategy,
             if tenant.request_rate == 0.0 {
@@ -158,7 +167,11 @@ fn render_html(status: &RingStatus) -> String {
             tenant.ingestion_rate,
             rate(tenant.local_ingestion_rate),
             tenant.ingestion_burst_size,
-            tenant.demand_items_per_second,
+            tenant.fleet_ingestion_tokens.map_or("-".to_string(), |tokens| {
+                format!("{tokens:.0}{}", if tenant.settling { " (settling)" } else { "" })
+            }),
+            tenant.admitted_items_here,
+            tenant.admitted_items_by_peers,
         );
     }
     page.push_str("</table></body></html>\n");

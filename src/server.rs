@@ -20,10 +20,10 @@ use tokio::sync::{oneshot, watch};
 use tokio::task::JoinHandle;
 
 use crate::config::Config;
+use engine::{EngineClock, Limiter, COARSE_CLOCK_TICK};
+
 use crate::instance::{InstanceLimiter, INGESTION_RATE_TICK};
-use crate::limiter::demand::DEMAND_SLOT;
-use crate::limiter::{EngineClock, Limiter, COARSE_CLOCK_TICK};
-use crate::metrics::{InstanceLimit, Metrics};
+use crate::metrics::{InstanceLimit, Metrics, TenantSeries};
 use crate::rejection::RetryBackoff;
 use crate::upstream::Upstream;
 
@@ -31,7 +31,7 @@ use crate::upstream::Upstream;
 /// limiter state.
 pub struct AppState {
     pub config: Config,
-    pub limiter: Limiter,
+    pub limiter: Limiter<TenantSeries>,
     pub instance: Arc<InstanceLimiter>,
     pub metrics: Arc<Metrics>,
     pub backoff: RetryBackoff,
@@ -74,10 +74,11 @@ pub async fn run_with_clock(
     let limiter = Limiter::with_clock(
         Arc::clone(&first),
         config.tenant_idle_timeout,
-        Arc::clone(&metrics),
+        TenantSeries(Arc::clone(&metrics)),
         clock,
     )
-    .with_max_tenants(config.max_tenants);
+    .with_max_tenants(config.max_tenants)
+    .with_settling(settling_time(config.gossip_interval));
     let address = listener.local_addr()?;
     let ring = Arc::new(
         Ring::join(config.ring(address))
@@ -116,7 +117,7 @@ pub async fn run_with_clock(
             let state = Arc::clone(&state);
             move || state.instance.tick()
         }),
-        spawn_demand_publisher(Arc::clone(&state), Arc::clone(&ring)),
+        spawn_usage_publisher(Arc::clone(&state), Arc::clone(&ring)),
         spawn_every(COARSE_CLOCK_TICK, {
             let state = Arc::clone(&state);
             move || {
@@ -264,32 +265,46 @@ fn spawn_config_applier(
     })
 }
 
-/// Feeds each membership change to the limiter (which re-divides lazily) and the metrics.
+/// Feeds each membership change to the limiter and the metrics: the healthy count (which
+/// `divided` divides by), and the peers' usage (which `weighted` charges to its fleet views).
 fn spawn_membership_applier(
     state: Arc<AppState>,
     mut membership_rx: watch::Receiver<Arc<Membership>>,
 ) -> JoinHandle<()> {
+    let backdate = usage_age(state.config.gossip_interval);
     tokio::spawn(async move {
         let mut healthy = 0;
-        let mut peer_demand = Arc::new(ring::PeerDemand::default());
+        let mut peer_usage = Arc::new(ring::PeerUsage::default());
         loop {
             let membership = Arc::clone(&membership_rx.borrow_and_update());
-            let demand_changed = !Arc::ptr_eq(&membership.peer_demand, &peer_demand);
-            if membership.healthy != healthy && healthy != 0 {
-                state.metrics.ring_healthy_changes.inc();
-                tracing::info!(
-                    from = healthy,
-                    to = membership.healthy,
-                    "healthy replica count changed"
-                );
-            }
-            if membership.healthy != healthy || demand_changed {
+            if membership.healthy != healthy {
+                if healthy != 0 {
+                    state.metrics.ring_healthy_changes.inc();
+                    tracing::info!(
+                        from = healthy,
+                        to = membership.healthy,
+                        "healthy replica count changed"
+                    );
+                }
                 healthy = membership.healthy;
-                peer_demand = Arc::clone(&membership.peer_demand);
-                state
-                    .limiter
-                    .set_membership(healthy, Arc::clone(&peer_demand));
+                state.limiter.set_healthy_replicas(healthy);
                 state.metrics.ring_healthy_replicas.set(healthy as i64);
+            }
+            if !Arc::ptr_eq(&membership.peer_usage, &peer_usage) {
+                peer_usage = Arc::clone(&membership.peer_usage);
+                let totals: engine::PeerUsage = peer_usage
+                    .iter()
+                    .map(|(tenant, usage)| {
+                        let totals = engine::PeerTotals {
+                            requests: usage.requests,
+                            items: usage.items,
+                            requests_level: usage.requests_level,
+                            items_level: usage.items_level,
+                        };
+                        (tenant.clone(), totals)
+                    })
+                    .collect();
+                state.limiter.apply_peer_usage(Arc::new(totals), backdate);
             }
             for (member_state, count) in membership.count_by_state() {
                 state
@@ -305,27 +320,48 @@ fn spawn_membership_applier(
     })
 }
 
-/// Every demand slot: moves each tenant's demand window on and publishes the result to the
-/// ring, where `weighted` replicas read each other's demand.
-fn spawn_demand_publisher(state: Arc<AppState>, ring: Arc<Ring>) -> JoinHandle<()> {
+/// Publishes this replica's admissions under `weighted` to the ring twice per gossip round,
+/// so each round carries news at most half a round old.
+fn spawn_usage_publisher(state: Arc<AppState>, ring: Arc<Ring>) -> JoinHandle<()> {
     tokio::spawn(async move {
-        let mut ticker = tokio::time::interval(DEMAND_SLOT);
+        let mut ticker = tokio::time::interval(state.config.gossip_interval / 2);
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             ticker.tick().await;
-            let entries = state
+            let reports: Vec<ring::UsageEntry> = state
                 .limiter
-                .tick_demand()
+                .usage_reports()
                 .into_iter()
-                .map(|report| ring::DemandEntry {
+                .map(|report| ring::UsageEntry {
                     tenant: report.tenant,
-                    requests: report.demand.requests_per_second,
-                    items: report.demand.items_per_second,
+                    requests: report.requests,
+                    items: report.items,
+                    requests_level: report.requests_level,
+                    items_level: report.items_level,
                 })
                 .collect();
-            ring.publish_demand(entries).await;
+            let listed = ring.publish_usage(&reports).await;
+            state.limiter.mark_listed(
+                reports[..listed]
+                    .iter()
+                    .map(|r| (r.tenant.as_str(), r.requests, r.items)),
+            );
         }
     })
+}
+
+/// About how old a peer's admissions are when this replica applies them: half a publishing
+/// period before they are published, half a gossip round in transit, a quarter round until
+/// the observer reads them. Charged that far back, a report costs what the admissions cost
+/// when they happened; the estimate errs short, which errs on the cautious side.
+fn usage_age(gossip_interval: Duration) -> Duration {
+    gossip_interval * 3 / 4
+}
+
+/// How long a tenant new to the whole fleet is held to the even share: long enough for every
+/// peer to publish and gossip its first admissions of it.
+fn settling_time(gossip_interval: Duration) -> Duration {
+    (gossip_interval * 5).max(Duration::from_secs(1))
 }
 
 fn spawn_every(period: Duration, mut work: impl FnMut() + Send + 'static) -> JoinHandle<()> {

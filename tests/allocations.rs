@@ -6,9 +6,9 @@ use std::cell::Cell;
 use std::sync::Arc;
 use std::time::Duration;
 
+use engine::{EngineClock, LimitKind, Limiter};
 use runtime_config::{Defaults, RuntimeConfig};
-use weir::limiter::{EngineClock, LimitKind, Limiter};
-use weir::metrics::Metrics;
+use weir::metrics::{Metrics, TenantSeries};
 use weir::remote_write::{self, prompb::WriteRequest};
 
 struct CountingAllocator;
@@ -50,13 +50,13 @@ fn decisions_allocate_nothing_in_steady_state() {
     let limiter = Limiter::with_clock(
         Arc::new(config),
         Duration::from_secs(600),
-        Arc::new(Metrics::new()),
+        TenantSeries(Arc::new(Metrics::new())),
         EngineClock::real(),
     );
     let decide = |name: &str| {
         let tenant = limiter.tenant(name).unwrap();
-        let request = limiter.check(name, &tenant, LimitKind::Request, 1);
-        let ingestion = limiter.check(name, &tenant, LimitKind::Ingestion, 100);
+        let request = limiter.check(&tenant, LimitKind::Request, 1);
+        let ingestion = limiter.check(&tenant, LimitKind::Ingestion, 100);
         (request.is_ok(), ingestion.is_ok())
     };
     // Warm up: first sight of each tenant allocates its state, as does each thread's first

@@ -248,7 +248,7 @@ async fn exact_token_sequence_over_http() {
     assert_eq!(response.status(), 429);
     assert_eq!(
         response.headers()["ratelimit"],
-        "\"tenant-ingestion-rate\";r=0;t=1"
+        "\"tenant-ingestion-rate\";r=5;t=1"
     );
     let body = response.text().await.unwrap();
     assert!(

@@ -1,7 +1,7 @@
 //! What consumers see: the live members, their states, and the healthy count. Computed by a
 //! pure function from what gossip reports, so the rules are tested without sockets.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::time::Duration;
 
@@ -62,22 +62,6 @@ fn seconds<S: serde::Serializer>(duration: &Duration, serializer: S) -> Result<S
     serializer.serialize_f64(duration.as_secs_f64())
 }
 
-/// What the peers report of each tenant's demand (requests/s, items/s), summed over live,
-/// `ACTIVE`, recently heard peers. This replica's own demand is not in it.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct PeerDemand {
-    pub tenants: HashMap<String, (f64, f64)>,
-    /// What is assumed of a tenant that no peer lists (each peer lists only its largest
-    /// tenants; the rest are estimated from the remainder it reports).
-    pub unlisted: (f64, f64),
-}
-
-impl PeerDemand {
-    pub fn get(&self, tenant: &str) -> (f64, f64) {
-        self.tenants.get(tenant).copied().unwrap_or(self.unlisted)
-    }
-}
-
 /// The membership as one replica sees it.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Membership {
@@ -88,9 +72,10 @@ pub struct Membership {
     pub healthy: usize,
     /// Whether this replica has seen its seeds (or waited out the join timeout).
     pub joined: bool,
-    /// The peers' demand per tenant, for the `weighted` strategy.
+    /// What the peers have admitted per tenant, for the `weighted` strategy. A new `Arc`
+    /// only when a report changed it.
     #[serde(skip)]
-    pub peer_demand: std::sync::Arc<PeerDemand>,
+    pub peer_usage: std::sync::Arc<crate::PeerUsage>,
 }
 
 impl Membership {
@@ -100,7 +85,7 @@ impl Membership {
             members: Vec::new(),
             healthy: 1,
             joined: false,
-            peer_demand: Default::default(),
+            peer_usage: Default::default(),
         }
     }
 
@@ -115,7 +100,7 @@ impl Membership {
             healthy: active_peers + 1,
             members,
             joined,
-            peer_demand: Default::default(),
+            peer_usage: Default::default(),
         }
     }
 

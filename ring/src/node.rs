@@ -15,8 +15,8 @@ use chitchat::{
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-use crate::demand::{self, DecodedDemand, DemandEntry, DEMAND_KEY};
 use crate::membership::{Member, MemberState, Membership, KEY_HTTP_ADDR, KEY_STATE, KEY_VERSION};
+use crate::usage::{self, PeerKey, UsageAggregate, UsageEntry, USAGE_KEY};
 
 /// How this replica joins the ring.
 #[derive(Debug, Clone)]
@@ -119,8 +119,6 @@ impl Ring {
             membership_tx,
             Observation {
                 period: config.gossip_interval / 2,
-                // A peer unheard for this long is likely gone: its demand no longer counts.
-                demand_max_age: (config.gossip_interval * 5).max(Duration::from_secs(1)),
                 seeds,
                 self_addr: advertise_addr,
                 join_timeout: config.join_timeout,
@@ -161,12 +159,18 @@ impl Ring {
         tokio::time::sleep(self.gossip_interval * 3).await;
     }
 
-    /// Publishes this replica's per-tenant demand (for `weighted`); bounded, see [`demand`].
-    pub async fn publish_demand(&self, entries: Vec<DemandEntry>) {
-        let value = demand::encode(entries);
+    /// Publishes this replica's per-tenant usage (for `weighted`), in the order given, as
+    /// many entries as fit the cap; returns how many were published. See [`usage`].
+    pub async fn publish_usage(&self, entries: &[UsageEntry]) -> usize {
+        // Every replica's key travels in the same datagrams: the more replicas, the smaller
+        // each key, so one round still carries every replica's news.
+        let healthy = self.membership_rx.borrow().healthy.max(1);
+        let cap = (MAX_USAGE_BYTES_ALL / healthy).clamp(MIN_USAGE_BYTES, MAX_USAGE_BYTES);
+        let (value, listed) = usage::encode(entries, cap);
         self.handle
-            .with_chitchat(|chitchat| chitchat.self_node_state().set(DEMAND_KEY, &value))
+            .with_chitchat(|chitchat| chitchat.self_node_state().set(USAGE_KEY, &value))
             .await;
+        listed
     }
 
     /// Stops gossip. Peers see this replica's heartbeat stop and drop it.
@@ -183,9 +187,13 @@ impl Ring {
     }
 }
 
+/// The usage keys of all replicas together stay under this (a UDP datagram is 65 507 bytes).
+const MAX_USAGE_BYTES_ALL: usize = 48 * 1024;
+const MAX_USAGE_BYTES: usize = 24 * 1024;
+const MIN_USAGE_BYTES: usize = 4 * 1024;
+
 struct Observation {
     period: Duration,
-    demand_max_age: Duration,
     seeds: Vec<SocketAddr>,
     self_addr: SocketAddr,
     join_timeout: Duration,
@@ -201,15 +209,18 @@ async fn observe(
 ) {
     let started = Instant::now();
     let mut heard: HashMap<ChitchatId, (u64, Instant)> = HashMap::new();
-    // Decoded demand reports by (node id, generation), with the version they were decoded at.
-    let mut reports: HashMap<(String, u64), (u64, DecodedDemand)> = HashMap::new();
-    let mut peer_demand = Arc::new(crate::PeerDemand::default());
+    // The version of each peer's usage key last folded into the aggregate.
+    let mut usage_versions: HashMap<PeerKey, u64> = HashMap::new();
+    let mut aggregate = UsageAggregate::default();
+    let mut peer_usage = Arc::new(crate::PeerUsage::default());
+    let mut rejected: HashMap<PeerKey, u64> = HashMap::new();
     let mut joined = false;
     let mut ticker = tokio::time::interval(observation.period);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         ticker.tick().await;
         let now = Instant::now();
+        let mut usage_changed = false;
         let members: Vec<Member> = {
             let chitchat = chitchat.lock().await;
             let self_id = chitchat.self_chitchat_id().clone();
@@ -223,12 +234,24 @@ async fn observe(
                         *entry = (heartbeat, now);
                     }
                     let is_self = *id == self_id;
-                    if let Some(versioned) = state.get_versioned(DEMAND_KEY) {
+                    if let Some(versioned) = state.get_versioned(USAGE_KEY).filter(|_| !is_self) {
                         let key = (id.node_id.to_string(), id.generation_id);
-                        if reports.get(&key).map(|(version, _)| *version) != Some(versioned.version)
-                        {
-                            let decoded = demand::decode(&versioned.value).unwrap_or_default();
-                            reports.insert(key, (versioned.version, decoded));
+                        if usage_versions.get(&key) != Some(&versioned.version) {
+                            usage_versions.insert(key.clone(), versioned.version);
+                            match usage::decode(&versioned.value) {
+                                Some(entries) => {
+                                    aggregate.observe(&key, &entries, now);
+                                    usage_changed = true;
+                                }
+                                None => {
+                                    // Untrusted input: ignored, and said once per peer.
+                                    let count = rejected.entry(key).or_default();
+                                    if *count == 0 {
+                                        tracing::warn!(peer = %id.node_id, "ignoring a usage report this version cannot read");
+                                    }
+                                    *count += 1;
+                                }
+                            }
                         }
                     }
                     Some(Member {
@@ -253,26 +276,19 @@ async fn observe(
                 .iter()
                 .any(|m| m.node_id == *id.node_id && m.generation == id.generation_id)
         });
-        reports.retain(|(node_id, generation), _| {
+        let live = |(node_id, generation): &PeerKey| {
             members
                 .iter()
                 .any(|m| m.node_id == *node_id && m.generation == *generation)
-        });
-        let aggregated = demand::aggregate(
-            &members,
-            |member| {
-                reports
-                    .get(&(member.node_id.clone(), member.generation))
-                    .map(|(_, report)| report)
-            },
-            observation.demand_max_age,
-        );
-        if aggregated != *peer_demand {
-            tracing::trace!(tenants = aggregated.tenants.len(), "peer demand changed");
-            peer_demand = Arc::new(aggregated);
+        };
+        usage_versions.retain(|key, _| live(key));
+        rejected.retain(|key, _| live(key));
+        aggregate.retain_peers(live, now);
+        if usage_changed {
+            peer_usage = Arc::new(aggregate.snapshot(now));
         }
         let mut membership = Membership::from_members(members, joined);
-        membership.peer_demand = Arc::clone(&peer_demand);
+        membership.peer_usage = Arc::clone(&peer_usage);
         if !joined
             && (started.elapsed() >= observation.join_timeout
                 || membership.has_seen(&observation.seeds, observation.self_addr))

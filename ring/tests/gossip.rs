@@ -1,8 +1,8 @@
-//! Two real rings on 127.0.0.1 over UDP: membership and demand travel between them.
+//! Two real rings on 127.0.0.1 over UDP: membership and usage travel between them.
 
 use std::time::{Duration, Instant};
 
-use weir_ring::{DemandEntry, Ring, RingConfig};
+use weir_ring::{Ring, RingConfig, UsageEntry};
 
 fn config(node_id: &str, listen: std::net::SocketAddr, seeds: Vec<String>) -> RingConfig {
     RingConfig {
@@ -21,7 +21,7 @@ fn config(node_id: &str, listen: std::net::SocketAddr, seeds: Vec<String>) -> Ri
 }
 
 #[tokio::test]
-async fn demand_published_by_one_replica_reaches_the_other() {
+async fn usage_published_by_one_replica_reaches_the_other() {
     let first = Ring::join(config("a", "127.0.0.1:0".parse().unwrap(), vec![]))
         .await
         .unwrap();
@@ -29,30 +29,41 @@ async fn demand_published_by_one_replica_reaches_the_other() {
     let second = Ring::join(config("b", "127.0.0.1:0".parse().unwrap(), vec![seed]))
         .await
         .unwrap();
-    first
-        .publish_demand(vec![DemandEntry {
-            tenant: "t".into(),
-            requests: 10.0,
-            items: 1000.0,
-        }])
-        .await;
+    let entry = |items| UsageEntry {
+        tenant: "t".into(),
+        requests: 10,
+        items,
+        requests_level: None,
+        items_level: Some(-5.0),
+    };
+    assert_eq!(first.publish_usage(&[entry(1000)]).await, 1);
     let membership = second.membership();
-    let deadline = Instant::now() + Duration::from_secs(5);
-    loop {
-        let current = membership.borrow().clone();
-        if current.healthy == 2 && current.peer_demand.get("t") == (10.0, 1000.0) {
-            break;
+    let wait_for = |items: u64| {
+        let membership = membership.clone();
+        async move {
+            let deadline = Instant::now() + Duration::from_secs(5);
+            loop {
+                let current = membership.borrow().clone();
+                let usage = current.peer_usage.get("t").copied();
+                if current.healthy == 2 && usage.map(|u| u.items) == Some(items) {
+                    return usage.unwrap();
+                }
+                assert!(
+                    Instant::now() < deadline,
+                    "usage never arrived: healthy {}, {usage:?}",
+                    current.healthy
+                );
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
         }
-        assert!(
-            Instant::now() < deadline,
-            "demand never arrived: healthy {}, {:?}",
-            current.healthy,
-            current.peer_demand
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    // The publisher does not count its own demand as a peer's.
-    assert_eq!(first.membership().borrow().peer_demand.get("t"), (0.0, 0.0));
+    };
+    let usage = wait_for(1000).await;
+    assert_eq!((usage.requests, usage.items_level), (10, Some(-5.0)));
+    // Cumulative: the next report adds only what is new.
+    first.publish_usage(&[entry(1500)]).await;
+    wait_for(1500).await;
+    // The publisher does not count its own usage as a peer's.
+    assert!(first.membership().borrow().peer_usage.get("t").is_none());
     first.shutdown().await;
     second.shutdown().await;
 }

@@ -1,5 +1,6 @@
 //! weir-loadgen: pushes real remote-write traffic at one or more weir replicas, open loop,
-//! and reports what was offered, admitted and rejected, per target and per second.
+//! and reports what was offered, admitted and rejected, per target, per tenant and per
+//! second, beside what one ideal bucket would have admitted of the same traffic.
 //!
 //! ```text
 //! weir-loadgen --target http://127.0.0.1:8080 --target http://127.0.0.1:8081 \
@@ -7,16 +8,29 @@
 //!     --tenants team-a --duration 30s --output result.json
 //! ```
 //!
-//! Open loop: request *i* is due at `start + i / rate` whether or not earlier ones have
-//! answered, so a slow server cannot slow the offered load down (no coordinated omission).
-//! When `--max-outstanding` requests are already waiting, a due request is not sent and is
-//! counted as `unsent`.
+//! Two arrival modes:
+//! - **dense** (the default): each tenant's requests are evenly spaced at its rate.
+//! - **senders** (`--senders N`): the way Prometheus and agents really send. Each tenant has N
+//!   senders with uneven rates; each sender sends when it holds `--series-per-request`
+//!   samples (Prometheus' `max_samples_per_send`) or when `--batch-send-deadline` has passed,
+//!   with the interval jittered. A tenant then arrives as a few large requests a second.
+//!
+//! Open loop: the whole schedule is drawn up front and each request is sent when it is due,
+//! whether or not earlier ones have answered, so a slow server cannot slow the offered load
+//! down (no coordinated omission). When `--max-outstanding` requests are already waiting, a
+//! due request is not sent and is counted as `unsent`.
+//!
+//! `--ideal-rate`/`--ideal-burst` give the baseline: one exact token bucket per tenant, fed
+//! the same schedule. What it refuses, no fleet could admit without exceeding the limit.
 
 use std::collections::BTreeMap;
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use clap::Parser;
+use clap::{Parser, ValueEnum};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
 use serde::Serialize;
 use tokio::sync::Semaphore;
 use weir::remote_write::prompb::WriteRequest;
@@ -40,21 +54,60 @@ struct Args {
     #[arg(long = "split-at")]
     split_at: Vec<String>,
 
+    /// How each request picks its target among the split's weights: `round-robin` (smooth
+    /// weighted round robin, like nginx) or `random` (weighted, seeded).
+    #[arg(long, value_enum, default_value_t = Route::RoundRobin)]
+    route: Route,
+
     /// Offered load in samples per second (total over all targets and tenants).
     #[arg(long, conflicts_with = "requests_per_second")]
     samples_per_second: Option<f64>,
 
-    /// Offered load in requests per second.
+    /// Offered load in requests per second (dense mode only).
     #[arg(long)]
     requests_per_second: Option<f64>,
 
-    /// Series per request, one sample each.
+    /// Series per request, one sample each. With `--senders`, the most a sender puts in one
+    /// request (Prometheus' `max_samples_per_send`).
     #[arg(long, default_value_t = 100)]
     series_per_request: usize,
 
-    /// Tenants, comma-separated; requests go to them in turn.
+    /// Realistic arrival: this many senders per tenant, each batching its samples (0: dense).
+    #[arg(long, default_value_t = 0)]
+    senders: usize,
+
+    /// With `--senders`: a sender with fewer samples than a full request sends what it has
+    /// after this long (Prometheus' `batch_send_deadline`).
+    #[arg(long, default_value = "5s", value_parser = humantime::parse_duration)]
+    batch_send_deadline: Duration,
+
+    /// With `--senders`: each sender's rate is the tenant's mean × a factor drawn uniformly
+    /// from [1 − spread, 1 + spread].
+    #[arg(long, default_value_t = 0.5)]
+    sender_spread: f64,
+
+    /// With `--senders`: each interval between a sender's requests is stretched or shrunk
+    /// by up to this fraction, at random.
+    #[arg(long, default_value_t = 0.1)]
+    jitter: f64,
+
+    /// Tenants, comma-separated.
     #[arg(long, value_delimiter = ',', default_value = "loadgen")]
     tenants: Vec<String>,
+
+    /// `TENANTS×PREFIX`: generate this many tenants named PREFIX0001, … instead of
+    /// `--tenants`, e.g. `1000×t` (an ASCII `x` works too).
+    #[arg(long)]
+    tenant_count: Option<String>,
+
+    /// How the offered load is shared among tenants: `even`, or `zipf:S` (the k-th tenant
+    /// offers in proportion to 1 ÷ k^S).
+    #[arg(long, default_value = "even")]
+    tenant_weights: String,
+
+    /// Seed for the schedule and the random route.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
 
     /// How long to send.
     #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
@@ -67,6 +120,14 @@ struct Args {
     /// Per-request timeout.
     #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
     timeout: Duration,
+
+    /// The ideal baseline: every tenant's limit (samples/s) for one exact bucket per tenant.
+    #[arg(long)]
+    ideal_rate: Option<f64>,
+
+    /// The ideal baseline's burst (samples); defaults to the rate.
+    #[arg(long)]
+    ideal_burst: Option<f64>,
 
     /// Where to write the JSON report.
     #[arg(long, default_value = "loadgen-result.json")]
@@ -82,7 +143,122 @@ struct Args {
     failover: bool,
 }
 
-/// Counts for one target, or for all.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum Route {
+    RoundRobin,
+    Random,
+}
+
+/// One request of the schedule.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Send {
+    /// Seconds from the start.
+    at: f64,
+    tenant: usize,
+    samples: u32,
+}
+
+/// Each tenant's share of the offered load.
+fn tenant_weights(spec: &str, tenants: usize) -> anyhow::Result<Vec<f64>> {
+    let weights: Vec<f64> = match spec.split_once(':') {
+        None if spec == "even" => vec![1.0; tenants],
+        Some(("zipf", exponent)) => {
+            let exponent: f64 = exponent.parse()?;
+            (1..=tenants)
+                .map(|rank| 1.0 / (rank as f64).powf(exponent))
+                .collect()
+        }
+        _ => anyhow::bail!("--tenant-weights wants `even` or `zipf:S`, got {spec:?}"),
+    };
+    let total: f64 = weights.iter().sum();
+    Ok(weights.into_iter().map(|w| w / total).collect())
+}
+
+/// Dense: each tenant's requests evenly spaced at its rate, its first at a seeded offset so
+/// tenants do not all send at once.
+fn dense_schedule(rates: &[f64], size: u32, seconds: f64, rng: &mut StdRng) -> Vec<Send> {
+    let mut schedule = Vec::new();
+    for (tenant, rate) in rates.iter().enumerate() {
+        let interval = size as f64 / rate;
+        let mut at = if rates.len() == 1 {
+            0.0
+        } else {
+            rng.random_range(0.0..interval.min(seconds))
+        };
+        while at < seconds {
+            schedule.push(Send {
+                at,
+                tenant,
+                samples: size,
+            });
+            at += interval;
+        }
+    }
+    schedule.sort_by(|a, b| a.at.total_cmp(&b.at));
+    schedule
+}
+
+/// Senders: per tenant, `senders` batching senders with uneven rates (see the module docs).
+struct SenderModel {
+    senders: usize,
+    max_batch: u32,
+    deadline: f64,
+    spread: f64,
+    jitter: f64,
+}
+
+impl SenderModel {
+    fn schedule(&self, rates: &[f64], seconds: f64, rng: &mut StdRng) -> Vec<Send> {
+        let mut schedule = Vec::new();
+        for (tenant, rate) in rates.iter().enumerate() {
+            let factors: Vec<f64> = (0..self.senders)
+                .map(|_| 1.0 + rng.random_range(-self.spread..=self.spread))
+                .collect();
+            let total: f64 = factors.iter().sum();
+            for factor in factors {
+                let sender_rate = rate * factor / total;
+                if sender_rate <= 0.0 {
+                    continue;
+                }
+                // A full batch as soon as it has one, or what it has at the deadline.
+                let interval = (self.max_batch as f64 / sender_rate).min(self.deadline);
+                let batch = ((sender_rate * interval).round() as u32).max(1);
+                let mut at = rng.random_range(0.0..interval);
+                while at < seconds {
+                    schedule.push(Send {
+                        at,
+                        tenant,
+                        samples: batch,
+                    });
+                    at += interval * (1.0 + rng.random_range(-self.jitter..=self.jitter));
+                }
+            }
+        }
+        schedule.sort_by(|a, b| a.at.total_cmp(&b.at));
+        schedule
+    }
+}
+
+/// One exact token bucket per tenant fed the schedule: what an ideal, central limiter would
+/// admit. Returns, per request, whether it would pass.
+fn ideal_admissions(schedule: &[Send], tenants: usize, rate: f64, burst: f64) -> Vec<bool> {
+    let mut buckets = vec![(burst, 0.0f64); tenants];
+    schedule
+        .iter()
+        .map(|send| {
+            let (tokens, last) = &mut buckets[send.tenant];
+            *tokens = (*tokens + (send.at - *last) * rate).min(burst);
+            *last = send.at;
+            let passes = *tokens >= send.samples as f64;
+            if passes {
+                *tokens -= send.samples as f64;
+            }
+            passes
+        })
+        .collect()
+}
+
+/// Counts for one target, one tenant, or all.
 #[derive(Debug, Clone, Default, Serialize)]
 struct Counts {
     requests: u64,
@@ -91,13 +267,18 @@ struct Counts {
     rejected_samples: u64,
     failed_samples: u64,
     unsent_requests: u64,
+    /// What the ideal bucket would have admitted of the same requests.
+    ideal_admitted_samples: u64,
     status: BTreeMap<String, u64>,
 }
 
 impl Counts {
-    fn record(&mut self, outcome: &Outcome, samples: u64) {
+    fn record(&mut self, outcome: &Outcome, samples: u64, ideal: bool) {
         self.requests += 1;
         self.offered_samples += samples;
+        if ideal {
+            self.ideal_admitted_samples += samples;
+        }
         match outcome {
             Outcome::Unsent => self.unsent_requests += 1,
             Outcome::Status(200..=299) => self.admitted_samples += samples,
@@ -119,13 +300,44 @@ enum Outcome {
     Unsent,
 }
 
+/// Per second: offered, admitted, ideal admitted.
+type Cell = [u64; 3];
+
 #[derive(Default)]
 struct Stats {
     total: Counts,
     targets: Vec<Counts>,
+    tenants: Vec<Counts>,
     latencies_us: Vec<Vec<u64>>,
-    /// Per second (by send time): per target (offered, admitted).
-    timeline: Vec<Vec<(u64, u64)>>,
+    /// Per second (by due time): per target.
+    timeline: Vec<Vec<Cell>>,
+    /// Per tenant: per second.
+    tenant_timeline: Vec<Vec<Cell>>,
+}
+
+impl Stats {
+    fn record(
+        &mut self,
+        send: &Send,
+        target: usize,
+        second: usize,
+        outcome: &Outcome,
+        ideal: bool,
+    ) {
+        let samples = send.samples as u64;
+        self.total.record(outcome, samples, ideal);
+        self.targets[target].record(outcome, samples, ideal);
+        self.tenants[send.tenant].record(outcome, samples, ideal);
+        let admitted = matches!(outcome, Outcome::Status(200..=299));
+        for cell in [
+            &mut self.timeline[second][target],
+            &mut self.tenant_timeline[send.tenant][second],
+        ] {
+            cell[0] += samples;
+            cell[1] += if admitted { samples } else { 0 };
+            cell[2] += if ideal { samples } else { 0 };
+        }
+    }
 }
 
 #[derive(Serialize)]
@@ -151,32 +363,48 @@ struct Second {
     second: usize,
     offered_samples: u64,
     admitted_samples: u64,
+    ideal_admitted_samples: u64,
     admitted_per_target: Vec<u64>,
+}
+
+#[derive(Serialize)]
+struct TenantReport {
+    tenant: String,
+    offered_samples_per_second: f64,
+    counts: Counts,
+    /// Per second: [offered, admitted, ideal admitted].
+    per_second: Vec<Cell>,
 }
 
 #[derive(Serialize)]
 struct Report {
     targets: Vec<String>,
-    tenants: Vec<String>,
+    tenants: usize,
     duration_seconds: f64,
+    mode: &'static str,
     series_per_request: usize,
-    requests_per_second: f64,
+    requests: usize,
+    ideal: Option<(f64, f64)>,
     total: TargetReport,
     per_target: Vec<TargetReport>,
     timeline: Vec<Second>,
+    per_tenant: Vec<TenantReport>,
 }
 
-/// Which target request `index` goes to: smooth weighted round robin, deterministic.
+/// Which target request `index` goes to: smooth weighted round robin (deterministic) or a
+/// weighted random draw.
 struct Splitter {
     schedule: Vec<(f64, Vec<f64>)>,
     current: Vec<f64>,
+    route: Route,
+    rng: StdRng,
 }
 
 /// Targets found unreachable with `--failover`.
 type Down = Arc<Vec<std::sync::atomic::AtomicBool>>;
 
 impl Splitter {
-    fn new(first: Vec<f64>, later: Vec<(f64, Vec<f64>)>) -> Self {
+    fn new(first: Vec<f64>, later: Vec<(f64, Vec<f64>)>, route: Route, seed: u64) -> Self {
         let mut schedule = vec![(0.0, first)];
         schedule.extend(later);
         schedule.sort_by(|a, b| a.0.total_cmp(&b.0));
@@ -184,6 +412,8 @@ impl Splitter {
         Splitter {
             schedule,
             current: vec![0.0; targets],
+            route,
+            rng: StdRng::seed_from_u64(seed ^ 0x5eed),
         }
     }
 
@@ -212,6 +442,16 @@ impl Splitter {
             }
         }
         let total: f64 = weights.iter().sum();
+        if self.route == Route::Random {
+            let mut draw = self.rng.random_range(0.0..total);
+            for (target, weight) in weights.iter().enumerate() {
+                if draw < *weight {
+                    return target;
+                }
+                draw -= weight;
+            }
+            return weights.iter().rposition(|w| *w > 0.0).unwrap_or(0);
+        }
         for (current, weight) in self.current.iter_mut().zip(&weights) {
             *current += weight;
         }
@@ -246,6 +486,19 @@ fn check_weights(weights: &[f64], targets: usize) -> anyhow::Result<()> {
         "split weights must be ≥ 0 and not all 0"
     );
     Ok(())
+}
+
+fn tenant_names(args: &Args) -> anyhow::Result<Vec<String>> {
+    let Some(spec) = &args.tenant_count else {
+        return Ok(args.tenants.clone());
+    };
+    let (count, prefix) = spec
+        .split_once('×')
+        .or_else(|| spec.split_once('x'))
+        .ok_or_else(|| anyhow::anyhow!("--tenant-count wants COUNT×PREFIX, got {spec:?}"))?;
+    let count: usize = count.parse()?;
+    anyhow::ensure!(count >= 1, "--tenant-count needs at least one tenant");
+    Ok((1..=count).map(|i| format!("{prefix}{i:04}")).collect())
 }
 
 fn percentile(sorted: &[u64], p: f64) -> Option<f64> {
@@ -286,39 +539,62 @@ async fn main() -> anyhow::Result<()> {
         later.push((at.parse::<f64>()?, parse_weights(weights, targets)?));
     }
     anyhow::ensure!(
-        args.series_per_request > 0,
+        args.series_per_request > 0 && args.series_per_request <= u32::MAX as usize,
         "--series-per-request must be ≥ 1"
     );
-    let requests_per_second = match (args.samples_per_second, args.requests_per_second) {
-        (Some(samples), None) => samples / args.series_per_request as f64,
-        (None, Some(requests)) => requests,
+    let size = args.series_per_request as u32;
+    let samples_per_second = match (args.samples_per_second, args.requests_per_second) {
+        (Some(samples), None) => samples,
+        (None, Some(_)) if args.senders > 0 => {
+            anyhow::bail!("with --senders, give --samples-per-second")
+        }
+        (None, Some(requests)) => requests * size as f64,
         _ => anyhow::bail!("give --samples-per-second or --requests-per-second"),
     };
-    anyhow::ensure!(requests_per_second > 0.0, "the rate must be > 0");
+    anyhow::ensure!(samples_per_second > 0.0, "the rate must be > 0");
+    let tenants = tenant_names(&args)?;
+    let tenant_rates: Vec<f64> = tenant_weights(&args.tenant_weights, tenants.len())?
+        .into_iter()
+        .map(|weight| weight * samples_per_second)
+        .collect();
+    let seconds = args.duration.as_secs_f64();
+    let mut rng = StdRng::seed_from_u64(args.seed);
+    let (mode, schedule) = if args.senders == 0 {
+        (
+            "dense",
+            dense_schedule(&tenant_rates, size, seconds, &mut rng),
+        )
+    } else {
+        let model = SenderModel {
+            senders: args.senders,
+            max_batch: size,
+            deadline: args.batch_send_deadline.as_secs_f64(),
+            spread: args.sender_spread.clamp(0.0, 0.99),
+            jitter: args.jitter.clamp(0.0, 0.99),
+        };
+        ("senders", model.schedule(&tenant_rates, seconds, &mut rng))
+    };
+    let ideal = args
+        .ideal_rate
+        .map(|rate| (rate, args.ideal_burst.unwrap_or(rate)));
+    let ideal_passes = match ideal {
+        Some((rate, burst)) => ideal_admissions(&schedule, tenants.len(), rate, burst),
+        None => vec![false; schedule.len()],
+    };
 
-    // Bodies are encoded up front (a few per tenant) so the generator spends its CPU sending.
+    // Bodies are encoded up front, one per request size, so the generator spends its CPU
+    // sending.
     let now_ms = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)?
         .as_millis() as i64;
-    let bodies: Vec<Vec<bytes::Bytes>> = args
-        .tenants
-        .iter()
-        .enumerate()
-        .map(|(t, _)| {
-            (0..4)
-                .map(|k| {
-                    bytes::Bytes::from(
-                        WriteRequest::synthetic(
-                            args.series_per_request,
-                            (t * 4 + k) as u64,
-                            now_ms,
-                        )
-                        .encode_snappy(),
-                    )
-                })
-                .collect()
-        })
-        .collect();
+    let mut bodies: HashMap<u32, bytes::Bytes> = HashMap::new();
+    for send in &schedule {
+        bodies.entry(send.samples).or_insert_with(|| {
+            WriteRequest::synthetic(send.samples as usize, send.samples as u64, now_ms)
+                .encode_snappy()
+                .into()
+        });
+    }
     let urls: Vec<String> = args
         .targets
         .iter()
@@ -329,38 +605,36 @@ async fn main() -> anyhow::Result<()> {
         .pool_max_idle_per_host(args.max_outstanding)
         .build()?;
 
-    let seconds = args.duration.as_secs_f64().ceil() as usize;
+    let whole_seconds = seconds.ceil() as usize;
     let stats = Arc::new(Mutex::new(Stats {
         targets: vec![Counts::default(); targets],
+        tenants: vec![Counts::default(); tenants.len()],
         latencies_us: vec![Vec::new(); targets],
-        timeline: vec![vec![(0, 0); targets]; seconds + 1],
+        timeline: vec![vec![[0; 3]; targets]; whole_seconds + 1],
+        tenant_timeline: vec![vec![[0; 3]; whole_seconds + 1]; tenants.len()],
         ..Stats::default()
     }));
     let outstanding = Arc::new(Semaphore::new(args.max_outstanding));
-    let samples = args.series_per_request as u64;
-    let total_requests = (requests_per_second * args.duration.as_secs_f64()).round() as u64;
-    let mut splitter = Splitter::new(split, later);
+    let mut splitter = Splitter::new(split, later, args.route, args.seed);
     let down: Down = Arc::new((0..targets).map(|_| Default::default()).collect());
     let start = Instant::now();
     let mut tasks = tokio::task::JoinSet::new();
     let progress = (!args.quiet).then(|| spawn_progress(Arc::clone(&stats), start, targets));
 
-    for index in 0..total_requests {
-        let due = start + Duration::from_secs_f64(index as f64 / requests_per_second);
+    for (send, ideal) in schedule.iter().copied().zip(ideal_passes.iter().copied()) {
+        let due = start + Duration::from_secs_f64(send.at);
         tokio::time::sleep_until(due.into()).await;
-        let elapsed = due.duration_since(start).as_secs_f64();
         let down_now: Vec<bool> = down
             .iter()
             .map(|flag| flag.load(std::sync::atomic::Ordering::Relaxed))
             .collect();
-        let target = splitter.pick(elapsed, &down_now);
-        let second = (elapsed as usize).min(seconds);
-        let tenant = (index % args.tenants.len() as u64) as usize;
+        let target = splitter.pick(send.at, &down_now);
+        let second = (send.at as usize).min(whole_seconds);
         let Ok(permit) = Arc::clone(&outstanding).try_acquire_owned() else {
-            let mut stats = stats.lock().unwrap();
-            stats.total.record(&Outcome::Unsent, samples);
-            stats.targets[target].record(&Outcome::Unsent, samples);
-            stats.timeline[second][target].0 += samples;
+            stats
+                .lock()
+                .unwrap()
+                .record(&send, target, second, &Outcome::Unsent, ideal);
             continue;
         };
         let request = client
@@ -368,8 +642,8 @@ async fn main() -> anyhow::Result<()> {
             .header("Content-Encoding", "snappy")
             .header("Content-Type", "application/x-protobuf")
             .header("X-Prometheus-Remote-Write-Version", "0.1.0")
-            .header("X-Scope-OrgID", &args.tenants[tenant])
-            .body(bodies[tenant][(index / args.tenants.len() as u64 % 4) as usize].clone());
+            .header("X-Scope-OrgID", &tenants[send.tenant])
+            .body(bodies[&send.samples].clone());
         let stats = Arc::clone(&stats);
         let down = Arc::clone(&down);
         let failover = args.failover;
@@ -393,14 +667,8 @@ async fn main() -> anyhow::Result<()> {
             let latency = sent.elapsed().as_micros() as u64;
             drop(permit);
             let mut stats = stats.lock().unwrap();
-            stats.total.record(&outcome, samples);
-            stats.targets[target].record(&outcome, samples);
+            stats.record(&send, target, second, &outcome, ideal);
             stats.latencies_us[target].push(latency);
-            let cell = &mut stats.timeline[second][target];
-            cell.0 += samples;
-            if matches!(outcome, Outcome::Status(200..=299)) {
-                cell.1 += samples;
-            }
         });
         while tasks.try_join_next().is_some() {}
     }
@@ -410,7 +678,6 @@ async fn main() -> anyhow::Result<()> {
         eprintln!();
     }
 
-    let elapsed = args.duration.as_secs_f64();
     let mut stats = Arc::try_unwrap(stats)
         .map_err(|_| anyhow::anyhow!("tasks still hold the stats"))?
         .into_inner()
@@ -419,19 +686,21 @@ async fn main() -> anyhow::Result<()> {
     let per_target: Vec<TargetReport> = (0..targets)
         .map(|t| TargetReport {
             target: args.targets[t].clone(),
-            rates: rates(&stats.targets[t], &mut stats.latencies_us[t], elapsed),
+            rates: rates(&stats.targets[t], &mut stats.latencies_us[t], seconds),
             counts: stats.targets[t].clone(),
         })
         .collect();
     let report = Report {
         targets: args.targets.clone(),
-        tenants: args.tenants.clone(),
-        duration_seconds: elapsed,
+        tenants: tenants.len(),
+        duration_seconds: seconds,
+        mode,
         series_per_request: args.series_per_request,
-        requests_per_second,
+        requests: schedule.len(),
+        ideal,
         total: TargetReport {
             target: "total".into(),
-            rates: rates(&stats.total, &mut all_latencies, elapsed),
+            rates: rates(&stats.total, &mut all_latencies, seconds),
             counts: stats.total.clone(),
         },
         per_target,
@@ -439,16 +708,27 @@ async fn main() -> anyhow::Result<()> {
             .timeline
             .iter()
             .enumerate()
-            .take(seconds)
+            .take(whole_seconds)
             .map(|(second, cells)| Second {
                 second,
-                offered_samples: cells.iter().map(|c| c.0).sum(),
-                admitted_samples: cells.iter().map(|c| c.1).sum(),
-                admitted_per_target: cells.iter().map(|c| c.1).collect(),
+                offered_samples: cells.iter().map(|c| c[0]).sum(),
+                admitted_samples: cells.iter().map(|c| c[1]).sum(),
+                ideal_admitted_samples: cells.iter().map(|c| c[2]).sum(),
+                admitted_per_target: cells.iter().map(|c| c[1]).collect(),
+            })
+            .collect(),
+        per_tenant: tenants
+            .iter()
+            .enumerate()
+            .map(|(i, tenant)| TenantReport {
+                tenant: tenant.clone(),
+                offered_samples_per_second: tenant_rates[i],
+                counts: stats.tenants[i].clone(),
+                per_second: stats.tenant_timeline[i][..whole_seconds].to_vec(),
             })
             .collect(),
     };
-    std::fs::write(&args.output, serde_json::to_string_pretty(&report)?)?;
+    std::fs::write(&args.output, serde_json::to_string(&report)?)?;
     print_summary(&report);
     eprintln!("report written to {}", args.output);
     Ok(())
@@ -508,6 +788,17 @@ fn print_summary(report: &Report) {
             row.counts.status,
         );
     }
+    if report.ideal.is_some() {
+        let total = &report.total.counts;
+        println!(
+            "ideal bucket: would admit {} of {} samples ({:.2} % refused); admitted {}",
+            total.ideal_admitted_samples,
+            total.offered_samples,
+            100.0
+                * (1.0 - total.ideal_admitted_samples as f64 / total.offered_samples.max(1) as f64),
+            total.admitted_samples,
+        );
+    }
 }
 
 #[cfg(test)]
@@ -516,7 +807,12 @@ mod tests {
 
     #[test]
     fn splitter_follows_weights_and_schedule() {
-        let mut splitter = Splitter::new(vec![70.0, 20.0, 10.0], vec![(10.0, vec![0.0, 0.0, 1.0])]);
+        let mut splitter = Splitter::new(
+            vec![70.0, 20.0, 10.0],
+            vec![(10.0, vec![0.0, 0.0, 1.0])],
+            Route::RoundRobin,
+            1,
+        );
         let mut counts = [0; 3];
         let up = [false; 3];
         for _ in 0..1000 {
@@ -527,12 +823,23 @@ mod tests {
     }
 
     #[test]
+    fn random_route_follows_weights_roughly() {
+        let mut splitter = Splitter::new(vec![70.0, 20.0, 10.0], vec![], Route::Random, 7);
+        let mut counts = [0; 3];
+        for _ in 0..10_000 {
+            counts[splitter.pick(0.0, &[false; 3])] += 1;
+        }
+        assert!((6700..7300).contains(&counts[0]), "{counts:?}");
+        assert!((800..1200).contains(&counts[2]), "{counts:?}");
+    }
+
+    #[test]
     fn down_targets_get_no_share() {
-        let mut splitter = Splitter::new(vec![1.0, 1.0, 1.0], vec![]);
+        let mut splitter = Splitter::new(vec![1.0, 1.0, 1.0], vec![], Route::RoundRobin, 1);
         let down = [false, true, false];
         assert!((0..100).all(|_| splitter.pick(0.0, &down) != 1));
         // A split that sends everything to a down target spreads over the live ones.
-        let mut splitter = Splitter::new(vec![0.0, 1.0, 0.0], vec![]);
+        let mut splitter = Splitter::new(vec![0.0, 1.0, 0.0], vec![], Route::RoundRobin, 1);
         let mut counts = [0; 3];
         for _ in 0..100 {
             counts[splitter.pick(0.0, &down)] += 1;
@@ -546,5 +853,54 @@ mod tests {
         assert!(parse_weights("0,0", 2).is_err());
         assert!(parse_weights("-1,2", 2).is_err());
         assert_eq!(parse_weights("1, 2", 2).unwrap(), vec![1.0, 2.0]);
+    }
+
+    #[test]
+    fn senders_offer_the_rate_in_batches_of_at_most_the_batch_size() {
+        let model = SenderModel {
+            senders: 10,
+            max_batch: 2000,
+            deadline: 5.0,
+            spread: 0.5,
+            jitter: 0.1,
+        };
+        let mut rng = StdRng::seed_from_u64(3);
+        let schedule = model.schedule(&[9000.0], 60.0, &mut rng);
+        let offered: u64 = schedule.iter().map(|s| s.samples as u64).sum();
+        let per_second = offered as f64 / 60.0;
+        assert!((8500.0..9500.0).contains(&per_second), "{per_second}");
+        assert!(schedule.iter().all(|s| s.samples <= 2000));
+        // 10 senders at ~900 samples/s each: ~4.5 requests/s, not a dense stream.
+        let requests_per_second = schedule.len() as f64 / 60.0;
+        assert!(
+            (4.0..5.5).contains(&requests_per_second),
+            "{requests_per_second}"
+        );
+        // Slow senders flush what they have at the deadline.
+        let slow = model.schedule(&[100.0], 60.0, &mut rng);
+        assert!(slow.iter().all(|s| s.samples < 2000));
+    }
+
+    #[test]
+    fn zipf_weights_favour_the_first_tenants() {
+        let weights = tenant_weights("zipf:1", 3).unwrap();
+        assert!((weights[0] / weights[1] - 2.0).abs() < 1e-9);
+        assert!((weights.iter().sum::<f64>() - 1.0).abs() < 1e-9);
+        assert!(tenant_weights("pareto:1", 3).is_err());
+    }
+
+    #[test]
+    fn the_ideal_bucket_is_exact() {
+        let send = |at, samples| Send {
+            at,
+            tenant: 0,
+            samples,
+        };
+        let schedule = [send(0.0, 60), send(0.0, 50), send(0.5, 50), send(0.5, 1)];
+        // 100/s, burst 100: 60 passes, 50 does not (40 left), 50 passes at 0.5 s (90), 1 too.
+        assert_eq!(
+            ideal_admissions(&schedule, 1, 100.0, 100.0),
+            [true, false, true, true]
+        );
     }
 }

@@ -7,11 +7,11 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
+use engine::EngineClock;
 use governor::clock::FakeRelativeClock;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 use weir::config::Config;
-use weir::limiter::EngineClock;
 use weir::remote_write::prompb::WriteRequest;
 
 pub struct Weir {

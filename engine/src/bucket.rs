@@ -14,19 +14,7 @@ use governor::middleware::NoOpMiddleware;
 use governor::state::{InMemoryState, NotKeyed};
 use governor::{Quota, RateLimiter};
 
-use super::maths::Rate;
-
-/// The outcome of one check.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub enum Outcome {
-    Allowed,
-    /// Not now; `wait` is how long until this cost could pass.
-    Denied {
-        wait: Duration,
-    },
-    /// The cost is larger than the burst: it can never pass.
-    TooLarge,
-}
+use crate::maths::{Outcome, Rate};
 
 pub struct Bucket<C: Clock> {
     limiter: RateLimiter<NotKeyed, InMemoryState, C, NoOpMiddleware<C::Instant>>,
@@ -44,16 +32,21 @@ impl<C: Clock + Clone> Bucket<C> {
         }
     }
 
-    /// A bucket of the new shape holding the tokens this one holds now, capped at the new
-    /// burst. This bucket is drained in the process, so call it only when replacing it.
-    pub fn carry_over(&self, rate: Rate) -> Self {
-        let next = Bucket::new(rate, &self.clock);
+    /// A bucket of the given shape holding `tokens` (capped at its burst; below 1, empty).
+    pub fn with_tokens(rate: Rate, tokens: f64, clock: &C) -> Self {
+        let next = Bucket::new(rate, clock);
         let burst = capacity(rate.burst);
-        let held = (self.drain_available().floor() as u64).min(burst as u64);
+        let held = (tokens.max(0.0).floor() as u64).min(burst as u64);
         if let Some(deficit) = NonZeroU32::new(burst - held as u32) {
             let _ = next.limiter.check_n(deficit);
         }
         next
+    }
+
+    /// A bucket of the new shape holding the tokens this one holds now, capped at the new
+    /// burst. This bucket is drained in the process, so call it only when replacing it.
+    pub fn carry_over(&self, rate: Rate) -> Self {
+        Bucket::with_tokens(rate, self.drain_available(), &self.clock)
     }
 
     /// Takes `cost` tokens if they are there.
@@ -67,17 +60,23 @@ impl<C: Clock + Clone> Bucket<C> {
         let cost = NonZeroU32::new(cost as u32).expect("1 ≤ cost ≤ u32::MAX");
         match self.limiter.check_n(cost) {
             Ok(Ok(())) => Outcome::Allowed,
-            Ok(Err(not_until)) => Outcome::Denied {
-                wait: not_until.wait_time_from(self.clock.now()),
-            },
+            Ok(Err(not_until)) => {
+                let wait = not_until.wait_time_from(self.clock.now());
+                // The wait is the time the missing tokens take to arrive.
+                let missing = (wait.as_secs_f64() * self.rate.per_second).ceil();
+                Outcome::Denied {
+                    wait,
+                    available: (cost.get() as f64 - missing).max(0.0) as u64,
+                }
+            }
             Err(_) => Outcome::TooLarge,
         }
     }
 
     /// How many tokens the bucket holds, found by asking for a full burst: if that passes the
     /// bucket was full; if not, the wait tells how far from full it is. Either way the probe
-    /// consumes tokens, which is why only [`Bucket::carry_over`] calls it.
-    fn drain_available(&self) -> f64 {
+    /// consumes tokens: call it only when replacing the bucket.
+    pub fn drain_available(&self) -> f64 {
         let burst = NonZeroU32::new(capacity(self.rate.burst)).expect("burst ≥ 1");
         match self.limiter.check_n(burst) {
             Ok(Ok(())) => f64::from(burst.get()),
@@ -114,6 +113,13 @@ mod tests {
     use super::*;
     use governor::clock::FakeRelativeClock;
 
+    fn denied(wait_ms: u64, available: u64) -> Outcome {
+        Outcome::Denied {
+            wait: Duration::from_millis(wait_ms),
+            available,
+        }
+    }
+
     fn bucket(per_second: f64, burst: u64) -> (Bucket<FakeRelativeClock>, FakeRelativeClock) {
         let clock = FakeRelativeClock::default();
         (Bucket::new(Rate { per_second, burst }, &clock), clock)
@@ -126,19 +132,9 @@ mod tests {
         assert_eq!(bucket.check(1), Outcome::Allowed);
         assert_eq!(bucket.check(1), Outcome::Allowed);
         assert_eq!(bucket.check(1), Outcome::Allowed);
-        assert_eq!(
-            bucket.check(1),
-            Outcome::Denied {
-                wait: Duration::from_millis(100)
-            }
-        );
+        assert_eq!(bucket.check(1), denied(100, 0));
         clock.advance(Duration::from_millis(50));
-        assert_eq!(
-            bucket.check(1),
-            Outcome::Denied {
-                wait: Duration::from_millis(50)
-            }
-        );
+        assert_eq!(bucket.check(1), denied(50, 0));
         clock.advance(Duration::from_millis(50));
         assert_eq!(bucket.check(1), Outcome::Allowed);
         assert!(matches!(bucket.check(1), Outcome::Denied { .. }));
@@ -167,12 +163,12 @@ mod tests {
     fn multi_token_wait_is_exact() {
         let (bucket, _clock) = bucket(1000.0, 100);
         assert_eq!(bucket.check(100), Outcome::Allowed);
-        assert_eq!(
-            bucket.check(50),
-            Outcome::Denied {
-                wait: Duration::from_millis(50)
-            }
-        );
+        assert_eq!(bucket.check(50), denied(50, 0));
+        // …and a refusal says how many tokens really are there.
+        let (bucket, clock) = super::tests::bucket(1000.0, 100);
+        assert_eq!(bucket.check(100), Outcome::Allowed);
+        clock.advance(Duration::from_millis(30));
+        assert_eq!(bucket.check(50), denied(20, 30));
     }
 
     #[test]

@@ -1,0 +1,305 @@
+//! One replica's view of a tenant's **fleet-wide** token bucket, for `weighted`.
+//!
+//! Every replica keeps a view of the same bucket (rate L, capacity B). Its own admissions come
+//! out of the view at once; the peers' admissions arrive over gossip as cumulative counts and
+//! are charged when they arrive, back-dated to about when they happened. A charge is never
+//! refused: the view may go below zero (debt), and admissions wait until the refill has paid
+//! it back. So, whatever the balancer does, the fleet admits at most `B + L·t` over any span
+//! `t`, plus what peers admitted but have not reported yet (one gossip delay's worth), and
+//! that excess is paid back as soon as it is reported.
+//!
+//! The state is one atomic: the generic cell rate algorithm's "theoretical arrival time",
+//! here `full_at`, the instant (nanoseconds on the engine clock) when the bucket would be full
+//! again. The level at `now` is `burst − max(0, full_at − now) ÷ period`; a level below zero
+//! is debt.
+//!
+//! governor (used for `divided`) implements the same algorithm, but it cannot charge tokens
+//! spent elsewhere without checking them, read the level, or hold debt; those three are what
+//! a fleet view needs, so this one is written out here (about forty lines), with property
+//! tests beside it.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use crate::maths::{Outcome, Rate};
+
+/// A lock-free view of a fleet-wide bucket. Time is passed in (nanoseconds on the engine's
+/// clock), so the maths is tested without sleeping.
+#[derive(Debug)]
+pub struct FleetBucket {
+    full_at: AtomicU64,
+    /// Nanoseconds per token.
+    period: f64,
+    rate: Rate,
+}
+
+impl FleetBucket {
+    /// A bucket holding `level` tokens at `now` (capped at the burst; negative is debt).
+    pub fn with_level(rate: Rate, level: f64, now: u64) -> Self {
+        let bucket = FleetBucket {
+            full_at: AtomicU64::new(0),
+            period: 1e9 / rate.per_second,
+            rate,
+        };
+        bucket
+            .full_at
+            .store(bucket.full_at_for(level, now), Ordering::Relaxed);
+        bucket
+    }
+
+    /// A full bucket.
+    pub fn full(rate: Rate, now: u64) -> Self {
+        FleetBucket::with_level(rate, f64::INFINITY, now)
+    }
+
+    pub fn rate(&self) -> Rate {
+        self.rate
+    }
+
+    fn full_at_for(&self, level: f64, now: u64) -> u64 {
+        let missing = (self.rate.burst as f64 - level.min(self.rate.burst as f64)).max(0.0);
+        now.saturating_add(nanos(missing * self.period))
+    }
+
+    /// Tokens in the bucket at `now`: at most the burst, below zero in debt.
+    pub fn level(&self, now: u64) -> f64 {
+        let full_at = self.full_at.load(Ordering::Acquire);
+        self.rate.burst as f64 - full_at.saturating_sub(now) as f64 / self.period
+    }
+
+    /// Takes `cost` tokens if the bucket holds them at `now`.
+    pub fn check(&self, cost: u64, now: u64) -> Outcome {
+        self.check_leaving(cost, 0.0, now)
+    }
+
+    /// Takes `cost` tokens if the bucket holds them at `now` with `reserve` tokens to spare
+    /// (what the peers have likely spent but not reported yet).
+    pub fn check_leaving(&self, cost: u64, reserve: f64, now: u64) -> Outcome {
+        if cost > self.rate.burst {
+            return Outcome::TooLarge;
+        }
+        let tolerance = (self.rate.burst as f64 - reserve.max(0.0)) * self.period;
+        let charge = nanos(cost as f64 * self.period);
+        let mut full_at = self.full_at.load(Ordering::Acquire);
+        loop {
+            let next = full_at.max(now).saturating_add(charge);
+            let ahead = (next - now) as f64;
+            if ahead > tolerance + 0.5 {
+                let level =
+                    self.rate.burst as f64 - full_at.saturating_sub(now) as f64 / self.period;
+                return Outcome::Denied {
+                    wait: Duration::from_nanos(nanos(ahead - tolerance)),
+                    available: level.max(0.0).floor() as u64,
+                };
+            }
+            match self.full_at.compare_exchange_weak(
+                full_at,
+                next,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            ) {
+                Ok(_) => return Outcome::Allowed,
+                Err(current) => full_at = current,
+            }
+        }
+    }
+
+    /// Charges `cost` tokens spent elsewhere at `at` (which may be in the past): no check,
+    /// the level may go below zero. The refill between `at` and now still counts, so a
+    /// late report of an admission costs what the admission cost when it happened.
+    pub fn charge(&self, cost: u64, at: u64) {
+        if cost == 0 {
+            return;
+        }
+        let charge = nanos(cost as f64 * self.period);
+        let _ = self
+            .full_at
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |full_at| {
+                Some(full_at.max(at).saturating_add(charge))
+            });
+    }
+
+    /// Gives back `cost` tokens taken by [`FleetBucket::check`] for a request that was then
+    /// refused by another check, so it costs nothing.
+    pub fn refund(&self, cost: u64) {
+        let charge = nanos(cost as f64 * self.period);
+        let _ = self
+            .full_at
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |full_at| {
+                Some(full_at.saturating_sub(charge))
+            });
+    }
+
+    /// This bucket's tokens (or debt) in a bucket of another shape: capped at the new burst,
+    /// refilling at the new rate from `now`.
+    pub fn reshaped(&self, rate: Rate, now: u64) -> FleetBucket {
+        FleetBucket::with_level(rate, self.level(now), now)
+    }
+}
+
+fn nanos(value: f64) -> u64 {
+    value.round().clamp(0.0, u64::MAX as f64) as u64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    const SECOND: u64 = 1_000_000_000;
+    const MS: u64 = 1_000_000;
+
+    fn rate(per_second: f64, burst: u64) -> Rate {
+        Rate { per_second, burst }
+    }
+
+    #[test]
+    fn burst_then_rate() {
+        let bucket = FleetBucket::full(rate(10.0, 3), 0);
+        for _ in 0..3 {
+            assert_eq!(bucket.check(1, 0), Outcome::Allowed);
+        }
+        assert_eq!(
+            bucket.check(1, 0),
+            Outcome::Denied {
+                wait: Duration::from_millis(100),
+                available: 0
+            }
+        );
+        assert_eq!(bucket.check(1, 100 * MS), Outcome::Allowed);
+        assert_eq!(bucket.level(100 * MS), 0.0);
+        // Never fuller than the burst.
+        assert_eq!(bucket.level(100 * SECOND), 3.0);
+        assert_eq!(bucket.check(4, 100 * SECOND), Outcome::TooLarge);
+    }
+
+    #[test]
+    fn a_refusal_reports_the_tokens_really_there() {
+        let bucket = FleetBucket::full(rate(1000.0, 1000), 0);
+        assert_eq!(bucket.check(600, 0), Outcome::Allowed);
+        assert_eq!(
+            bucket.check(500, 0),
+            Outcome::Denied {
+                wait: Duration::from_millis(100),
+                available: 400
+            }
+        );
+    }
+
+    #[test]
+    fn charges_make_debt_that_admissions_wait_out() {
+        let bucket = FleetBucket::full(rate(100.0, 100), 0);
+        bucket.charge(300, 0); // peers spent three bursts
+        assert_eq!(bucket.level(0), -200.0);
+        assert!(matches!(bucket.check(1, SECOND), Outcome::Denied { .. }));
+        assert_eq!(bucket.level(2 * SECOND), 0.0);
+        assert_eq!(bucket.check(1, 2 * SECOND + 10 * MS), Outcome::Allowed);
+    }
+
+    #[test]
+    fn a_late_charge_counts_the_refill_since_it_happened() {
+        // Full at 0; a peer spent 100 at 0; heard of at 1 s. The refill between counts.
+        let bucket = FleetBucket::full(rate(100.0, 100), 0);
+        bucket.charge(100, 0);
+        assert_eq!(bucket.level(SECOND), 100.0);
+        // The same charge applied as if it happened now is the cautious reading.
+        let late = FleetBucket::full(rate(100.0, 100), 0);
+        late.charge(100, SECOND);
+        assert_eq!(late.level(SECOND), 0.0);
+    }
+
+    #[test]
+    fn refund_gives_tokens_back() {
+        let bucket = FleetBucket::full(rate(10.0, 10), 0);
+        assert_eq!(bucket.check(10, 0), Outcome::Allowed);
+        bucket.refund(4);
+        assert_eq!(bucket.level(0), 4.0);
+    }
+
+    #[test]
+    fn reshaping_keeps_tokens_and_debt_not_a_fresh_burst() {
+        let bucket = FleetBucket::full(rate(10.0, 10), 0);
+        assert_eq!(bucket.check(10, 0), Outcome::Allowed);
+        let bigger = bucket.reshaped(rate(100.0, 200), 0);
+        assert_eq!(bigger.level(0), 0.0);
+        assert_eq!(bigger.level(SECOND), 100.0);
+        let indebted = FleetBucket::with_level(rate(10.0, 10), -5.0, 0);
+        assert_eq!(indebted.reshaped(rate(20.0, 5), 0).level(0), -5.0);
+        assert_eq!(
+            bucket
+                .reshaped(rate(10.0, 2), 10 * SECOND)
+                .level(10 * SECOND),
+            2.0
+        );
+    }
+
+    proptest! {
+        /// The sum bound. Replicas admit against their own views; each replica's admissions
+        /// reach the others after a delay. Over any span t the fleet admits at most B + L·t
+        /// plus the most that was ever admitted but not yet reported (one delay's worth): the
+        /// excess is bounded by what can be in flight, never by the time elapsed.
+        #[test]
+        fn fleet_admits_at_most_one_burst_plus_the_rate_plus_what_is_unreported(
+            replicas in 2usize..6,
+            events in prop::collection::vec((0usize..6, 1u64..300, 0u64..50), 1..300),
+            delay_ms in 0u64..400,
+        ) {
+            let limit = rate(1000.0, 1000);
+            let views: Vec<FleetBucket> = (0..replicas).map(|_| FleetBucket::full(limit, 0)).collect();
+            // (delivered at, to, cost, happened at)
+            let mut in_flight: Vec<(u64, usize, u64, u64)> = Vec::new();
+            let mut now = 0;
+            let mut admitted = 0u64;
+            let mut peak_unreported = 0u64;
+            for (who, cost, gap_ms) in events {
+                now += gap_ms * MS;
+                let who = who % replicas;
+                in_flight.retain(|&(at, to, cost, happened)| {
+                    if at <= now { views[to].charge(cost, happened); false } else { true }
+                });
+                if views[who].check(cost, now) == Outcome::Allowed {
+                    admitted += cost;
+                    for to in (0..replicas).filter(|&to| to != who) {
+                        in_flight.push((now + delay_ms * MS, to, cost, now));
+                    }
+                }
+                // What the admitting replica had not heard of when it admitted.
+                let unreported: u64 = in_flight.iter().filter(|f| f.1 == who).map(|f| f.2).sum();
+                peak_unreported = peak_unreported.max(unreported);
+                let bound = limit.burst as f64 + limit.per_second * now as f64 / 1e9;
+                prop_assert!(
+                    admitted as f64 <= bound + peak_unreported as f64 + 1.0,
+                    "admitted {admitted} > {bound} + {peak_unreported} unreported"
+                );
+            }
+            // Once everything is reported, the excess is debt: no view holds more than the
+            // bucket would after the admissions.
+            for (_, to, cost, happened) in in_flight.drain(..) { views[to].charge(cost, happened); }
+            let excess = admitted as f64 - (limit.burst as f64 + limit.per_second * now as f64 / 1e9);
+            if excess > 0.0 {
+                for view in &views { prop_assert!(view.level(now) <= 1.0); }
+            }
+        }
+
+        /// Alone, a view is an exact token bucket: whatever the order of checks, it admits at
+        /// most B + L·t over t.
+        #[test]
+        fn one_view_is_an_exact_bucket(
+            checks in prop::collection::vec((1u64..500, 0u64..100), 1..400),
+        ) {
+            let limit = rate(2000.0, 1000);
+            let bucket = FleetBucket::full(limit, 0);
+            let (mut now, mut admitted) = (0u64, 0u64);
+            for (cost, gap_ms) in checks {
+                now += gap_ms * MS;
+                match bucket.check(cost, now) {
+                    Outcome::Allowed => admitted += cost,
+                    Outcome::Denied { available, .. } => prop_assert!(available < cost),
+                    Outcome::TooLarge => unreachable!(),
+                }
+                prop_assert!(admitted as f64 <= 1000.0 + 2000.0 * now as f64 / 1e9 + 1e-6);
+                prop_assert!(bucket.level(now) >= -1e-6);
+            }
+        }
+    }
+}

@@ -1,0 +1,27 @@
+//! weir's limit engine: per-tenant token buckets that enforce **fleet-wide** limits from
+//! local decisions. No HTTP, no gossip transport: an embedding service feeds it the runtime
+//! config, the healthy replica count and the peers' usage, and asks it "may this proceed?".
+//!
+//! # Layout
+//! - [`maths`]: pure limit maths: how a fleet-wide limit becomes what one replica enforces
+//!   (`divided`, `weighted`), and the settling share of a tenant new to the fleet.
+//! - [`bucket`]: a governor bucket with a fair hand-over of tokens when its shape changes
+//!   (`divided`).
+//! - [`fleet`]: one replica's view of a fleet-wide bucket (`weighted`): own admissions at once,
+//!   the peers' as gossip reports them, debt allowed; the sum bound as a property test.
+//! - [`limiter`]: the tenant map and the decision path; config, membership and peer usage
+//!   put in force at once; usage reports for gossip; idle eviction.
+//! - [`clock`]: the real clock, or one a test moves by hand.
+
+pub mod bucket;
+pub mod clock;
+pub mod fleet;
+pub mod limiter;
+pub mod maths;
+
+pub use clock::EngineClock;
+pub use limiter::{
+    LimitKind, Limiter, NoHooks, PeerTotals, PeerUsage, Rejection, RejectionCause, Tenant,
+    TenantHooks, TenantView, TooManyTenants, UsageReport, COARSE_CLOCK_TICK,
+};
+pub use maths::{LocalLimit, LocalLimits, Outcome, Rate};

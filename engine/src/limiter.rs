@@ -1,0 +1,756 @@
+//! The per-tenant limit engine: one bucket per (tenant, limit kind), shaped by the limit maths
+//! from the config in force and the membership.
+//!
+//! The decision path — tenant lookup, one bucket check — is lock-free and allocation-free in
+//! steady state: tenants live in a papaya map (lock-free reads), a tenant's buckets sit behind
+//! an `ArcSwap`, and a bucket is one atomic. A new config or healthy count is put in force at
+//! once, for every tracked tenant, carrying each bucket's tokens over (no fresh burst, and
+//! idle tenants too); a generation number catches a tenant created while that happens.
+//!
+//! Under `weighted`, a tenant's buckets are views of fleet-wide buckets ([`crate::fleet`]):
+//! this replica's admissions are counted for gossip ([`Limiter::usage_reports`]), and the
+//! peers' counts are charged as they arrive ([`Limiter::apply_peer_usage`]).
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use arc_swap::{ArcSwap, Guard};
+use governor::clock::Clock;
+use runtime_config::{RuntimeConfig, TenantLimits};
+
+use crate::bucket::{nanos_between, Bucket};
+use crate::clock::EngineClock;
+use crate::fleet::FleetBucket;
+use crate::maths::{local_limits, settling_budget, LocalLimit, LocalLimits, Outcome};
+
+/// Seconds over which the peers' admission rate is smoothed.
+const PEER_RATE_SMOOTHING: f64 = 1.0;
+
+/// How often the embedding service calls [`Limiter::tick`].
+pub const COARSE_CLOCK_TICK: Duration = Duration::from_secs(1);
+
+/// Which of a tenant's limits a check is against.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LimitKind {
+    /// One token per push request, checked before the body is read.
+    Request,
+    /// One token per sample, histogram, exemplar and metadata entry.
+    Ingestion,
+}
+
+impl LimitKind {
+    fn index(self) -> usize {
+        match self {
+            LimitKind::Request => 0,
+            LimitKind::Ingestion => 1,
+        }
+    }
+}
+
+/// Why a check failed, with the fleet-wide numbers the refusal names.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Rejection {
+    pub kind: LimitKind,
+    pub cause: RejectionCause,
+    /// The tenant's fleet-wide rate for this limit, as configured.
+    pub limit: f64,
+    /// The tenant's burst for this limit, as configured.
+    pub burst: u64,
+    /// The rate this replica enforces (the fleet rate under `weighted`).
+    pub local_limit: f64,
+    /// What the request asked for.
+    pub cost: u64,
+    /// Whole tokens left in the bucket this request was checked against.
+    pub remaining: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum RejectionCause {
+    /// Over the rate; the cost could pass after `wait`.
+    RateLimited { wait: Duration },
+    /// The cost exceeds the burst: it can never pass.
+    LargerThanBurst,
+    /// The limit is 0: nothing passes.
+    Blocked,
+}
+
+/// What the engine tells its embedder about tenants (metrics, mostly). All methods but
+/// `create` have empty defaults.
+pub trait TenantHooks: Send + Sync + 'static {
+    /// Per-tenant data the embedder keeps with the tenant, dropped with it.
+    type Data: Send + Sync + 'static;
+    fn create(&self, tenant: &str) -> Self::Data;
+    /// The tenant's state was dropped after its idle timeout.
+    fn evicted(&self, _tenant: &str) {}
+    /// The tenant's local limits changed (a reload, a membership change, or its creation).
+    fn local_limits(&self, _data: &Self::Data, _local: &LocalLimits) {}
+    /// The number of tracked tenants changed.
+    fn tracked(&self, _tenants: usize) {}
+}
+
+/// Hooks that do nothing, for embedders without metrics and for tests.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct NoHooks;
+
+impl TenantHooks for NoHooks {
+    type Data = ();
+    fn create(&self, _tenant: &str) {}
+}
+
+/// The peers' admissions for one tenant under `weighted`: cumulative counts summed over
+/// peers (monotonic: a peer that restarts or forgets the tenant adds from zero again), and
+/// the lowest bucket level a peer reported, refilled to the moment the snapshot was taken.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct PeerTotals {
+    pub requests: u64,
+    pub items: u64,
+    pub requests_level: Option<f64>,
+    pub items_level: Option<f64>,
+}
+
+impl PeerTotals {
+    fn total(&self, kind: LimitKind) -> u64 {
+        match kind {
+            LimitKind::Request => self.requests,
+            LimitKind::Ingestion => self.items,
+        }
+    }
+
+    fn level(&self, kind: LimitKind) -> Option<f64> {
+        match kind {
+            LimitKind::Request => self.requests_level,
+            LimitKind::Ingestion => self.items_level,
+        }
+    }
+}
+
+/// All tenants' [`PeerTotals`], as gossip last reported them.
+pub type PeerUsage = HashMap<String, PeerTotals>;
+
+/// This replica's own admissions of one tenant under `weighted`, for gossip.
+#[derive(Debug, Clone, PartialEq)]
+pub struct UsageReport {
+    pub tenant: String,
+    /// Cumulative admitted requests and items since this replica started tracking the tenant.
+    pub requests: u64,
+    pub items: u64,
+    /// This replica's view of the fleet buckets, when not full (new replicas start from it).
+    pub requests_level: Option<f64>,
+    pub items_level: Option<f64>,
+}
+
+/// The inputs of the limit maths, replaced as a whole when any of them changes.
+struct Inputs {
+    config: Arc<RuntimeConfig>,
+    healthy_replicas: usize,
+    generation: u64,
+}
+
+/// One tenant's state on this replica.
+pub struct Tenant<D, C: Clock = EngineClock> {
+    name: Box<str>,
+    state: ArcSwap<TenantState<C>>,
+    /// Serializes rebuilds only; the decision path never takes it.
+    rebuild: Mutex<()>,
+    /// Coarse nanoseconds since the limiter's start at the last request.
+    last_seen: AtomicU64,
+    /// Per [`LimitKind::index`].
+    usage: [KindUsage; 2],
+    /// Until then (engine nanoseconds) the tenant is settling: see [`settling_budget`].
+    settling_until: u64,
+    settling_from: u64,
+    /// Coarse time this tenant was last listed in a usage report (rotation).
+    listed_at: AtomicU64,
+    pub data: D,
+}
+
+#[derive(Default)]
+struct KindUsage {
+    /// Admitted here under `weighted`, cumulative: what gossip carries.
+    admitted: AtomicU64,
+    /// `admitted` as last handed to gossip.
+    published: AtomicU64,
+    /// The peers' cumulative total already charged to the view.
+    peers_applied: AtomicU64,
+    /// Spent from the settling budget.
+    settling_spent: AtomicU64,
+    /// The peers' admissions per second, smoothed over about a second (f64 bits).
+    peer_rate: AtomicU64,
+}
+
+/// A tenant's buckets under one generation of inputs.
+struct TenantState<C: Clock> {
+    generation: AtomicU64,
+    limits: TenantLimits,
+    local: LocalLimits,
+    /// Per [`LimitKind::index`].
+    buckets: [KindBucket<C>; 2],
+}
+
+enum KindBucket<C: Clock> {
+    None,
+    Divided(Bucket<C>),
+    Fleet(FleetBucket),
+}
+
+/// A tenant's limits as this replica enforces them, for status pages.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TenantView {
+    pub tenant: String,
+    pub limits: TenantLimits,
+    pub local: LocalLimits,
+    /// Under `weighted`: this replica's view of the fleet buckets (requests, items).
+    pub fleet_level: (Option<f64>, Option<f64>),
+    /// Under `weighted`: admitted here and on the peers, cumulative (requests, items).
+    pub admitted_here: (u64, u64),
+    pub admitted_by_peers: (u64, u64),
+    pub settling: bool,
+}
+
+/// A new tenant was refused because the replica already tracks `max_tenants`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TooManyTenants {
+    pub max_tenants: usize,
+}
+
+type TenantMap<D, C> = papaya::HashMap<Box<str>, Arc<Tenant<D, C>>, foldhash::fast::RandomState>;
+
+pub struct Limiter<H: TenantHooks = NoHooks, C: Clock = EngineClock> {
+    tenants: TenantMap<H::Data, C>,
+    inputs: ArcSwap<Inputs>,
+    /// `inputs.generation`, readable with one atomic load on the decision path.
+    generation: AtomicU64,
+    /// Serializes writers of `inputs` so generations are unique.
+    inputs_writer: Mutex<()>,
+    /// `inputs.healthy_replicas`, for the settling budget.
+    healthy: AtomicUsize,
+    /// The peers' usage as last applied, for tenants new to this replica.
+    peers: ArcSwap<PeerUsage>,
+    /// When `peers` was applied (engine nanoseconds), to refill the levels it reports.
+    peers_at: AtomicU64,
+    /// Nanoseconds since `start`, refreshed by [`Limiter::tick`]: a coarse clock for
+    /// `last_seen`, so marking a tenant active costs no clock read.
+    coarse_now: AtomicU64,
+    clock: C,
+    start: C::Instant,
+    idle_timeout: Duration,
+    /// Most tenants tracked at once; 0 = no cap.
+    max_tenants: usize,
+    /// How long a tenant new to the whole fleet is held to the even share.
+    settling: Duration,
+    /// Nanoseconds the peers' usage is back-dated by (see [`Limiter::apply_peer_usage`]).
+    backdate_nanos: AtomicU64,
+    hooks: H,
+}
+
+impl<H: TenantHooks, C: Clock + Clone> Limiter<H, C> {
+    pub fn with_clock(
+        config: Arc<RuntimeConfig>,
+        idle_timeout: Duration,
+        hooks: H,
+        clock: C,
+    ) -> Self {
+        Limiter {
+            // Blocking resize: with incremental resizing, lookups walk the old and new tables
+            // until the copy finishes, which `decision_parts/tenant_lookup` measured at 4×.
+            // foldhash: a fraction of SipHash's cost, seeded per process.
+            tenants: papaya::HashMap::builder()
+                .resize_mode(papaya::ResizeMode::Blocking)
+                .hasher(foldhash::fast::RandomState::default())
+                .build(),
+            inputs: ArcSwap::from_pointee(Inputs {
+                config,
+                healthy_replicas: 1,
+                generation: 0,
+            }),
+            generation: AtomicU64::new(0),
+            inputs_writer: Mutex::new(()),
+            healthy: AtomicUsize::new(1),
+            peers: ArcSwap::from_pointee(PeerUsage::new()),
+            peers_at: AtomicU64::new(0),
+            coarse_now: AtomicU64::new(0),
+            start: clock.now(),
+            clock,
+            idle_timeout,
+            max_tenants: 0,
+            settling: Duration::from_secs(1),
+            backdate_nanos: AtomicU64::new(0),
+            hooks,
+        }
+    }
+
+    /// Caps how many tenants are tracked at once: beyond it, new tenants are refused until
+    /// idle ones are evicted. Bounds memory against floods of random tenant IDs.
+    pub fn with_max_tenants(mut self, max_tenants: usize) -> Self {
+        self.max_tenants = max_tenants;
+        self
+    }
+
+    /// How long a tenant that no peer has reported yet is held to the even share under
+    /// `weighted`: long enough for the peers' first reports of it to arrive.
+    pub fn with_settling(mut self, settling: Duration) -> Self {
+        self.settling = settling;
+        self
+    }
+
+    fn now(&self) -> u64 {
+        nanos_between(self.start, self.clock.now())
+    }
+
+    /// The tenant's state, created on first sight (unless the replica tracks too many
+    /// tenants already). Marks the tenant as active now.
+    pub fn tenant(&self, name: &str) -> Result<Arc<Tenant<H::Data, C>>, TooManyTenants> {
+        let coarse = self.coarse_now.load(Ordering::Relaxed);
+        let tenants = self.tenants.pin();
+        let tenant = match tenants.get(name) {
+            Some(tenant) => tenant,
+            None => {
+                if self.max_tenants > 0 && tenants.len() >= self.max_tenants {
+                    return Err(TooManyTenants {
+                        max_tenants: self.max_tenants,
+                    });
+                }
+                let tenant = tenants.get_or_insert_with(name.into(), || self.new_tenant(name));
+                // Counted here and on eviction only: the map's length is not free.
+                self.hooks.tracked(tenants.len());
+                tenant
+            }
+        };
+        // Write only when the coarse clock moved: no cache-line ping-pong between cores
+        // serving the same tenant.
+        if tenant.last_seen.load(Ordering::Relaxed) != coarse {
+            tenant.last_seen.store(coarse, Ordering::Relaxed);
+        }
+        Ok(Arc::clone(tenant))
+    }
+
+    fn new_tenant(&self, name: &str) -> Arc<Tenant<H::Data, C>> {
+        let now = self.now();
+        let inputs = self.inputs.load();
+        let limits = *inputs.config.tenant_limits(name);
+        let local = local_limits(&limits, inputs.healthy_replicas);
+        // A tenant the peers already report is known to the fleet: start from what they
+        // report (their admissions so far are not charged again, and the view starts at the
+        // lowest level a peer has, refilled since). One nobody reports is new to the fleet:
+        // it settles.
+        let peers = self.peers.load();
+        let reported = peers.get(name).copied();
+        let since_report = now.saturating_sub(self.peers_at.load(Ordering::Acquire));
+        let fresh = |kind: LimitKind, limit: LocalLimit| match limit {
+            LocalLimit::Unlimited | LocalLimit::Deny => KindBucket::None,
+            LocalLimit::Divided(rate) => KindBucket::Divided(Bucket::new(rate, &self.clock)),
+            LocalLimit::Fleet(rate) => {
+                let level = reported
+                    .and_then(|totals| totals.level(kind))
+                    .map_or(f64::INFINITY, |level| {
+                        level + rate.per_second * since_report as f64 / 1e9
+                    });
+                KindBucket::Fleet(FleetBucket::with_level(rate, level, now))
+            }
+        };
+        let state = TenantState {
+            generation: AtomicU64::new(inputs.generation),
+            buckets: [
+                fresh(LimitKind::Request, local.request),
+                fresh(LimitKind::Ingestion, local.ingestion),
+            ],
+            limits,
+            local,
+        };
+        let tenant = Tenant {
+            name: name.into(),
+            state: ArcSwap::from_pointee(state),
+            rebuild: Mutex::new(()),
+            last_seen: AtomicU64::new(self.coarse_now.load(Ordering::Relaxed)),
+            usage: Default::default(),
+            settling_until: if reported.is_some() {
+                0
+            } else {
+                now + self.settling.as_nanos() as u64
+            },
+            settling_from: now,
+            listed_at: AtomicU64::new(0),
+            data: self.hooks.create(name),
+        };
+        if let Some(totals) = reported {
+            for kind in [LimitKind::Request, LimitKind::Ingestion] {
+                tenant.usage[kind.index()]
+                    .peers_applied
+                    .store(totals.total(kind), Ordering::Relaxed);
+            }
+        }
+        self.hooks.local_limits(&tenant.data, &local);
+        Arc::new(tenant)
+    }
+
+    /// Takes `cost` tokens of the tenant's `kind` limit, or says why not.
+    pub fn check(
+        &self,
+        tenant: &Tenant<H::Data, C>,
+        kind: LimitKind,
+        cost: u64,
+    ) -> Result<(), Rejection> {
+        let state = self.current(tenant);
+        let (local, limit, burst) = match kind {
+            LimitKind::Request => (
+                state.local.request,
+                state.limits.request_rate,
+                state.limits.request_burst_size,
+            ),
+            LimitKind::Ingestion => (
+                state.local.ingestion,
+                state.limits.ingestion_rate,
+                state.limits.ingestion_burst_size,
+            ),
+        };
+        let rejection = |cause, remaining| Rejection {
+            kind,
+            cause,
+            limit,
+            burst,
+            local_limit: local.per_second(),
+            cost,
+            remaining,
+        };
+        let outcome = match &state.buckets[kind.index()] {
+            KindBucket::None if local == LocalLimit::Unlimited => return Ok(()),
+            KindBucket::None => return Err(rejection(RejectionCause::Blocked, 0)),
+            KindBucket::Divided(bucket) => bucket.check(cost),
+            KindBucket::Fleet(fleet) => self.check_fleet(tenant, kind, fleet, cost),
+        };
+        match outcome {
+            Outcome::Allowed => Ok(()),
+            Outcome::Denied { wait, available } => {
+                Err(rejection(RejectionCause::RateLimited { wait }, available))
+            }
+            Outcome::TooLarge => Err(rejection(RejectionCause::LargerThanBurst, 0)),
+        }
+    }
+
+    /// `weighted`: the fleet view decides; while the tenant settles, its even share too.
+    fn check_fleet(
+        &self,
+        tenant: &Tenant<H::Data, C>,
+        kind: LimitKind,
+        fleet: &FleetBucket,
+        cost: u64,
+    ) -> Outcome {
+        let now = self.now();
+        let usage = &tenant.usage[kind.index()];
+        let settling = now < tenant.settling_until;
+        if settling {
+            let rate = fleet.rate();
+            let healthy = self.healthy.load(Ordering::Relaxed);
+            let elapsed = Duration::from_nanos(now - tenant.settling_from);
+            let budget = settling_budget(rate, healthy, elapsed);
+            let reserved =
+                usage
+                    .settling_spent
+                    .fetch_update(Ordering::AcqRel, Ordering::Acquire, |spent| {
+                        // One request always fits, so a share smaller than a request never
+                        // refuses it outright.
+                        (spent == 0 || (spent + cost) as f64 <= budget).then_some(spent + cost)
+                    });
+            if let Err(spent) = reserved {
+                if cost > rate.burst {
+                    return Outcome::TooLarge;
+                }
+                let missing = (spent + cost) as f64 - budget;
+                let wait = missing * healthy.max(1) as f64 / rate.per_second;
+                return Outcome::Denied {
+                    wait: Duration::from_secs_f64(wait.clamp(0.0, 1e9)),
+                    available: (budget - spent as f64).max(0.0) as u64,
+                };
+            }
+        }
+        // What the peers have likely admitted since their last report: left in the bucket for
+        // them, so replicas do not all spend the same refill before they hear of each other.
+        let unreported = now.saturating_sub(self.peers_at.load(Ordering::Acquire))
+            + self.backdate_nanos.load(Ordering::Relaxed);
+        let peer_rate = f64::from_bits(usage.peer_rate.load(Ordering::Relaxed));
+        let reserve = peer_rate * (unreported.min(1_000_000_000) as f64 / 1e9);
+        let outcome = fleet.check_leaving(cost, reserve, now);
+        match outcome {
+            Outcome::Allowed => {
+                usage.admitted.fetch_add(cost, Ordering::Relaxed);
+            }
+            _ if settling => {
+                usage.settling_spent.fetch_sub(cost, Ordering::AcqRel);
+            }
+            _ => {}
+        }
+        outcome
+    }
+
+    /// The tenant's buckets for the current inputs, rebuilt first if the inputs moved on
+    /// (only for a tenant created while new inputs were being put in force).
+    fn current(&self, tenant: &Tenant<H::Data, C>) -> Guard<Arc<TenantState<C>>> {
+        let generation = self.generation.load(Ordering::Acquire);
+        let state = tenant.state.load();
+        if state.generation.load(Ordering::Acquire) == generation {
+            return state;
+        }
+        drop(state);
+        self.rebuild(tenant);
+        tenant.state.load()
+    }
+
+    /// Rebuilds the tenant's buckets for the current inputs, carrying tokens over.
+    fn rebuild(&self, tenant: &Tenant<H::Data, C>) {
+        let _rebuilding = tenant.rebuild.lock().unwrap_or_else(|e| e.into_inner());
+        let inputs = self.inputs.load();
+        let state = tenant.state.load();
+        if state.generation.load(Ordering::Acquire) == inputs.generation {
+            return; // another thread rebuilt it while this one waited
+        }
+        let limits = *inputs.config.tenant_limits(&tenant.name);
+        let local = local_limits(&limits, inputs.healthy_replicas);
+        if limits == state.limits && local == state.local {
+            state.generation.store(inputs.generation, Ordering::Release);
+            return;
+        }
+        let now = self.now();
+        let carry = |old: &KindBucket<C>, limit: LocalLimit| match (old, limit) {
+            (_, LocalLimit::Unlimited | LocalLimit::Deny) => KindBucket::None,
+            (KindBucket::None, LocalLimit::Divided(rate)) => {
+                KindBucket::Divided(Bucket::new(rate, &self.clock))
+            }
+            (KindBucket::None, LocalLimit::Fleet(rate)) => {
+                KindBucket::Fleet(FleetBucket::full(rate, now))
+            }
+            (KindBucket::Divided(old), LocalLimit::Divided(rate)) => {
+                KindBucket::Divided(old.carry_over(rate))
+            }
+            (KindBucket::Divided(old), LocalLimit::Fleet(rate)) => {
+                KindBucket::Fleet(FleetBucket::with_level(rate, old.drain_available(), now))
+            }
+            (KindBucket::Fleet(old), LocalLimit::Fleet(rate)) => {
+                KindBucket::Fleet(old.reshaped(rate, now))
+            }
+            (KindBucket::Fleet(old), LocalLimit::Divided(rate)) => {
+                KindBucket::Divided(Bucket::with_tokens(rate, old.level(now), &self.clock))
+            }
+        };
+        let rebuilt = TenantState {
+            generation: AtomicU64::new(inputs.generation),
+            buckets: [
+                carry(&state.buckets[0], local.request),
+                carry(&state.buckets[1], local.ingestion),
+            ],
+            limits,
+            local,
+        };
+        self.hooks.local_limits(&tenant.data, &local);
+        tenant.state.store(Arc::new(rebuilt));
+    }
+
+    /// Puts a new config in force, for every tracked tenant at once.
+    pub fn set_config(&self, config: Arc<RuntimeConfig>) {
+        self.update_inputs(|inputs| (config, inputs.healthy_replicas));
+    }
+
+    /// Tells the limiter how many healthy replicas share each tenant's limit.
+    pub fn set_healthy_replicas(&self, healthy_replicas: usize) {
+        let healthy_replicas = healthy_replicas.max(1);
+        if self.inputs.load().healthy_replicas == healthy_replicas {
+            return;
+        }
+        self.update_inputs(|inputs| (Arc::clone(&inputs.config), healthy_replicas));
+    }
+
+    fn update_inputs(&self, next: impl FnOnce(&Inputs) -> (Arc<RuntimeConfig>, usize)) {
+        let _writer = self.inputs_writer.lock().unwrap_or_else(|e| e.into_inner());
+        let current = self.inputs.load_full();
+        let (config, healthy_replicas) = next(&current);
+        let generation = current.generation + 1;
+        self.inputs.store(Arc::new(Inputs {
+            config,
+            healthy_replicas,
+            generation,
+        }));
+        self.healthy.store(healthy_replicas, Ordering::Relaxed);
+        self.generation.store(generation, Ordering::Release);
+        // In force from now, for idle tenants too: their tokens accrue under the new limits
+        // from this moment.
+        for tenant in self.tenants.pin().values() {
+            self.rebuild(tenant);
+        }
+    }
+
+    /// Charges the peers' admissions, as gossip reports them, to the tenants' fleet views.
+    /// `backdate`: about how long ago the reported admissions happened.
+    pub fn apply_peer_usage(&self, usage: Arc<PeerUsage>, backdate: Duration) {
+        let now = self.now();
+        let at = now.saturating_sub(backdate.as_nanos() as u64);
+        let since = now.saturating_sub(self.peers_at.load(Ordering::Acquire));
+        let seconds = (since as f64 / 1e9).max(1e-3);
+        // Exponential smoothing over about a second, in step with the reports.
+        let weight = (seconds / PEER_RATE_SMOOTHING).min(1.0);
+        let tenants = self.tenants.pin();
+        for (name, totals) in usage.iter() {
+            let Some(tenant) = tenants.get(name.as_str()) else {
+                continue;
+            };
+            let state = tenant.state.load();
+            for kind in [LimitKind::Request, LimitKind::Ingestion] {
+                let total = totals.total(kind);
+                let kind_usage = &tenant.usage[kind.index()];
+                let applied = kind_usage.peers_applied.fetch_max(total, Ordering::AcqRel);
+                let spent = total.saturating_sub(applied);
+                if let (true, KindBucket::Fleet(fleet)) = (spent > 0, &state.buckets[kind.index()])
+                {
+                    fleet.charge(spent, at);
+                }
+                let rate = f64::from_bits(kind_usage.peer_rate.load(Ordering::Relaxed));
+                let rate = rate + (spent as f64 / seconds - rate) * weight;
+                kind_usage
+                    .peer_rate
+                    .store(rate.to_bits(), Ordering::Relaxed);
+            }
+        }
+        self.peers.store(usage);
+        self.peers_at.store(now, Ordering::Release);
+        self.backdate_nanos
+            .store(backdate.as_nanos() as u64, Ordering::Relaxed);
+    }
+
+    /// This replica's admissions under `weighted`, for gossip, most urgent first: tenants with
+    /// unpublished admissions (largest first), then the rest, least recently listed first, so
+    /// that with more tenants than one message holds every tenant is still listed in turn.
+    /// Call [`Limiter::mark_listed`] with the ones that were sent.
+    pub fn usage_reports(&self) -> Vec<UsageReport> {
+        let now = self.now();
+        let mut reports: Vec<(u64, u64, UsageReport)> =
+            self.tenants
+                .pin()
+                .iter()
+                .filter_map(|(name, tenant)| {
+                    let state = tenant.state.load();
+                    let [request, ingestion] = &tenant.usage;
+                    let requests = request.admitted.load(Ordering::Relaxed);
+                    let items = ingestion.admitted.load(Ordering::Relaxed);
+                    if requests == 0 && items == 0 {
+                        return None;
+                    }
+                    let unpublished = (requests - request.published.load(Ordering::Relaxed))
+                        + (items - ingestion.published.load(Ordering::Relaxed));
+                    let level = |bucket: &KindBucket<C>| match bucket {
+                        KindBucket::Fleet(fleet) => Some(fleet.level(now))
+                            .filter(|level| *level < fleet.rate().burst as f64),
+                        _ => None,
+                    };
+                    Some((
+                        unpublished,
+                        tenant.listed_at.load(Ordering::Relaxed),
+                        UsageReport {
+                            tenant: name.to_string(),
+                            requests,
+                            items,
+                            requests_level: level(&state.buckets[0]),
+                            items_level: level(&state.buckets[1]),
+                        },
+                    ))
+                })
+                .collect();
+        reports.sort_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
+        reports.into_iter().map(|(_, _, report)| report).collect()
+    }
+
+    /// Records that these reports — (tenant, requests, items) — were sent.
+    pub fn mark_listed<'a>(&self, sent: impl IntoIterator<Item = (&'a str, u64, u64)>) {
+        let coarse = self.coarse_now.load(Ordering::Relaxed);
+        let tenants = self.tenants.pin();
+        for (name, requests, items) in sent {
+            if let Some(tenant) = tenants.get(name) {
+                tenant.usage[0]
+                    .published
+                    .fetch_max(requests, Ordering::Relaxed);
+                tenant.usage[1]
+                    .published
+                    .fetch_max(items, Ordering::Relaxed);
+                tenant.listed_at.store(coarse.max(1), Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// Drops tenants idle for longer than the idle timeout *and* long enough for their
+    /// buckets to be full again, so eviction never changes a decision. Returns how many were
+    /// dropped.
+    pub fn evict_idle(&self) -> usize {
+        let coarse = self.tick();
+        let now = self.now();
+        let tenants = self.tenants.pin();
+        let before = tenants.len();
+        tenants.retain(|name, tenant| {
+            let idle = Duration::from_nanos(
+                coarse.saturating_sub(tenant.last_seen.load(Ordering::Relaxed)),
+            );
+            let state = tenant.state.load();
+            let refill = Duration::from_secs_f64(state.local.refill_seconds().min(1e9));
+            // A fleet view in debt (peers spent more) is not full whatever the idle time.
+            let full = state.buckets.iter().all(|bucket| match bucket {
+                KindBucket::Fleet(fleet) => fleet.level(now) >= fleet.rate().burst as f64,
+                _ => true,
+            });
+            // One tick of slack: `last_seen` is read from the coarse clock.
+            let keep = !full || idle <= self.idle_timeout.max(refill) + COARSE_CLOCK_TICK;
+            if !keep {
+                self.hooks.evicted(name);
+            }
+            keep
+        });
+        let after = tenants.len();
+        self.hooks.tracked(after);
+        before.saturating_sub(after)
+    }
+
+    /// Every tracked tenant's limits as this replica enforces them, sorted by tenant.
+    pub fn tenant_views(&self) -> Vec<TenantView> {
+        let now = self.now();
+        let peers = self.peers.load();
+        let mut views: Vec<TenantView> = self
+            .tenants
+            .pin()
+            .iter()
+            .map(|(name, tenant)| {
+                let state = tenant.state.load();
+                let level = |bucket: &KindBucket<C>| match bucket {
+                    KindBucket::Fleet(fleet) => Some(fleet.level(now)),
+                    _ => None,
+                };
+                let totals = peers.get(name.as_ref()).copied().unwrap_or_default();
+                TenantView {
+                    tenant: name.to_string(),
+                    limits: state.limits,
+                    local: state.local,
+                    fleet_level: (level(&state.buckets[0]), level(&state.buckets[1])),
+                    admitted_here: (
+                        tenant.usage[0].admitted.load(Ordering::Relaxed),
+                        tenant.usage[1].admitted.load(Ordering::Relaxed),
+                    ),
+                    admitted_by_peers: (totals.requests, totals.items),
+                    settling: now < tenant.settling_until,
+                }
+            })
+            .collect();
+        views.sort_by(|a, b| a.tenant.cmp(&b.tenant));
+        views
+    }
+
+    pub fn tracked_tenants(&self) -> usize {
+        self.tenants.len()
+    }
+
+    /// Refreshes the coarse clock; call every [`COARSE_CLOCK_TICK`]. Returns its new value.
+    pub fn tick(&self) -> u64 {
+        let now = self.now();
+        self.coarse_now.store(now, Ordering::Relaxed);
+        now
+    }
+}
+
+#[cfg(test)]
+#[path = "tests.rs"]
+mod tests;

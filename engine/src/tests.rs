@@ -1,0 +1,406 @@
+use std::sync::atomic::AtomicUsize;
+use std::sync::Arc;
+use std::time::Duration;
+
+use governor::clock::FakeRelativeClock;
+use runtime_config::{Defaults, RuntimeConfig};
+
+use super::*;
+
+fn config(yaml: &str) -> Arc<RuntimeConfig> {
+    Arc::new(RuntimeConfig::parse(yaml, Defaults::default()).unwrap())
+}
+
+/// Counts what the engine tells its embedder.
+#[derive(Default)]
+struct Counting {
+    live: Arc<AtomicUsize>,
+}
+
+impl TenantHooks for Counting {
+    type Data = ();
+    fn create(&self, _tenant: &str) {
+        self.live.fetch_add(1, Ordering::Relaxed);
+    }
+    fn evicted(&self, _tenant: &str) {
+        self.live.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+type TestLimiter = Limiter<Counting, FakeRelativeClock>;
+
+fn limiter(yaml: &str) -> (TestLimiter, FakeRelativeClock) {
+    let clock = FakeRelativeClock::default();
+    let limiter = Limiter::with_clock(
+        config(yaml),
+        Duration::from_secs(60),
+        Counting::default(),
+        clock.clone(),
+    );
+    (limiter, clock)
+}
+
+/// `divided`, so the bucket shapes below follow from the healthy count alone.
+const TEN_PER_SECOND: &str = "overrides:\n  t:\n    ingestion_rate: 10\n    ingestion_burst_size: 10\n    rate_limit_strategy: divided\n";
+
+const WEIGHTED: &str = "overrides:\n  w:\n    ingestion_rate: 100\n    ingestion_burst_size: 100\n    rate_limit_strategy: weighted\n";
+
+fn check(limiter: &TestLimiter, name: &str, cost: u64) -> Result<(), Rejection> {
+    let tenant = limiter.tenant(name).unwrap();
+    limiter.check(&tenant, LimitKind::Ingestion, cost)
+}
+
+fn peers(tenant: &str, items: u64, items_level: Option<f64>) -> Arc<PeerUsage> {
+    Arc::new(PeerUsage::from([(
+        tenant.to_string(),
+        PeerTotals {
+            items,
+            items_level,
+            ..PeerTotals::default()
+        },
+    )]))
+}
+
+#[test]
+fn rejection_names_fleet_limit_wait_and_what_remains() {
+    let (limiter, _clock) = limiter(TEN_PER_SECOND);
+    assert_eq!(check(&limiter, "t", 7), Ok(()));
+    let rejection = check(&limiter, "t", 5).unwrap_err();
+    assert_eq!(
+        rejection,
+        Rejection {
+            kind: LimitKind::Ingestion,
+            cause: RejectionCause::RateLimited {
+                wait: Duration::from_millis(200)
+            },
+            limit: 10.0,
+            burst: 10,
+            local_limit: 10.0,
+            cost: 5,
+            remaining: 3,
+        }
+    );
+    assert_eq!(
+        check(&limiter, "t", 11).unwrap_err().cause,
+        RejectionCause::LargerThanBurst
+    );
+}
+
+#[test]
+fn request_rate_zero_is_unlimited_and_ingestion_rate_zero_blocks() {
+    let (limiter, _clock) = limiter("overrides:\n  blocked:\n    ingestion_rate: 0\n");
+    let tenant = limiter.tenant("any").unwrap();
+    for _ in 0..10_000 {
+        assert_eq!(limiter.check(&tenant, LimitKind::Request, 1), Ok(()));
+    }
+    assert_eq!(
+        check(&limiter, "blocked", 1).unwrap_err().cause,
+        RejectionCause::Blocked
+    );
+}
+
+#[test]
+fn reload_applies_the_new_limit_without_a_fresh_burst() {
+    for strategy in ["divided", "weighted"] {
+        let (limiter, clock) = limiter(&TEN_PER_SECOND.replace("divided", strategy));
+        assert_eq!(check(&limiter, "t", 10), Ok(())); // bucket empty
+                                                      // Raise the limit: a naive rebuild would hand out a full burst of 100 now.
+        limiter.set_config(config(&format!(
+            "overrides:\n  t:\n    ingestion_rate: 100\n    ingestion_burst_size: 100\n    rate_limit_strategy: {strategy}\n"
+        )));
+        assert!(
+            check(&limiter, "t", 1).is_err(),
+            "{strategy}: no fresh burst"
+        );
+        // The new rate is in force: 100/s refills 10 tokens in 100 ms.
+        clock.advance(Duration::from_millis(100));
+        assert_eq!(check(&limiter, "t", 10), Ok(()), "{strategy}");
+        assert!(check(&limiter, "t", 1).is_err(), "{strategy}");
+    }
+}
+
+/// The reproduction: burst 10 000 at 10 000/s, drained; the burst raised to 20 000;
+/// 4 s later a request of 15 000 must pass. Limits are in force from the moment they are
+/// loaded, for an idle tenant too, not from its next request.
+#[test]
+fn a_limit_change_is_in_force_from_when_it_is_loaded() {
+    for strategy in ["divided", "weighted"] {
+        let yaml = |burst: u64| {
+            format!(
+                "overrides:\n  t:\n    ingestion_rate: 10000\n    ingestion_burst_size: {burst}\n    rate_limit_strategy: {strategy}\n"
+            )
+        };
+        let (limiter, clock) = limiter(&yaml(10_000));
+        assert_eq!(check(&limiter, "t", 10_000), Ok(()));
+        limiter.set_config(config(&yaml(20_000)));
+        clock.advance(Duration::from_secs(4));
+        assert_eq!(check(&limiter, "t", 15_000), Ok(()), "{strategy}");
+        // And no fresh burst: 5 000 left of the 20 000 that accrued.
+        let rejection = check(&limiter, "t", 6_000).unwrap_err();
+        assert_eq!(
+            rejection.remaining, 5_000,
+            "{strategy}: r= is what is really left"
+        );
+    }
+}
+
+#[test]
+fn lowering_the_limit_caps_held_tokens_at_the_new_burst() {
+    let (limiter, _clock) = limiter(TEN_PER_SECOND);
+    check(&limiter, "t", 1).unwrap(); // create state; 9 left
+    limiter.set_config(config(
+        "overrides:\n  t:\n    ingestion_rate: 10\n    ingestion_burst_size: 4\n    rate_limit_strategy: divided\n",
+    ));
+    assert_eq!(check(&limiter, "t", 4), Ok(()));
+    assert!(check(&limiter, "t", 1).is_err());
+}
+
+#[test]
+fn unchanged_limits_survive_an_unrelated_reload_exactly() {
+    let (limiter, _clock) = limiter(TEN_PER_SECOND);
+    check(&limiter, "t", 7).unwrap();
+    limiter.set_config(config(&format!(
+        "{TEN_PER_SECOND}  other:\n    ingestion_rate: 5\n"
+    )));
+    assert_eq!(check(&limiter, "t", 3), Ok(()));
+    assert!(check(&limiter, "t", 1).is_err());
+}
+
+#[test]
+fn switching_strategy_carries_tokens_over() {
+    let (limiter, _clock) = limiter(TEN_PER_SECOND);
+    check(&limiter, "t", 6).unwrap(); // 4 left
+    limiter.set_config(config(&TEN_PER_SECOND.replace("divided", "weighted")));
+    assert_eq!(check(&limiter, "t", 4), Ok(()));
+    assert!(check(&limiter, "t", 1).is_err());
+    limiter.set_config(config(TEN_PER_SECOND));
+    assert!(
+        check(&limiter, "t", 1).is_err(),
+        "still empty under divided"
+    );
+}
+
+#[test]
+fn healthy_replicas_divide_the_rate_not_the_burst() {
+    let (limiter, clock) = limiter(TEN_PER_SECOND);
+    limiter.set_healthy_replicas(2);
+    assert_eq!(check(&limiter, "t", 10), Ok(())); // burst not divided
+    let rejection = check(&limiter, "t", 1).unwrap_err();
+    assert_eq!(rejection.local_limit, 5.0);
+    assert_eq!(
+        rejection.limit, 10.0,
+        "the fleet-wide limit is what a 429 names"
+    );
+    clock.advance(Duration::from_millis(200)); // 5/s → one token per 200 ms
+    assert_eq!(check(&limiter, "t", 1), Ok(()));
+    assert!(check(&limiter, "t", 1).is_err());
+}
+
+#[test]
+fn membership_change_carries_tokens_over() {
+    let (limiter, clock) = limiter(TEN_PER_SECOND);
+    limiter.set_healthy_replicas(3);
+    assert_eq!(check(&limiter, "t", 6), Ok(())); // 4 tokens left, refilling at 10/3 per s
+    limiter.set_healthy_replicas(2); // a peer left: 5/s from now, same tokens
+    assert_eq!(check(&limiter, "t", 4), Ok(()));
+    assert!(
+        check(&limiter, "t", 1).is_err(),
+        "no fresh burst when the count changes"
+    );
+    clock.advance(Duration::from_millis(200));
+    assert_eq!(check(&limiter, "t", 1), Ok(()));
+    assert!(check(&limiter, "t", 1).is_err());
+}
+
+#[test]
+fn weighted_alone_is_the_fleet_bucket() {
+    let (limiter, clock) = limiter(WEIGHTED);
+    assert_eq!(check(&limiter, "w", 100), Ok(()));
+    assert!(check(&limiter, "w", 1).is_err());
+    clock.advance(Duration::from_millis(500));
+    assert_eq!(check(&limiter, "w", 50), Ok(()));
+    assert_eq!(
+        check(&limiter, "w", 101).unwrap_err().cause,
+        RejectionCause::LargerThanBurst
+    );
+}
+
+#[test]
+fn peer_admissions_are_charged_and_the_view_waits_out_the_debt() {
+    let (limiter, clock) = limiter(WEIGHTED);
+    limiter.set_healthy_replicas(3);
+    // The peers have served this tenant: it is known to the fleet, so it does not settle.
+    limiter.apply_peer_usage(peers("w", 0, None), Duration::ZERO);
+    assert_eq!(check(&limiter, "w", 60), Ok(()));
+    // The peers report 150 more: the view owes 110.
+    limiter.apply_peer_usage(peers("w", 150, None), Duration::ZERO);
+    clock.advance(Duration::from_secs(1)); // +100
+    assert!(check(&limiter, "w", 1).is_err(), "still 10 in debt");
+    clock.advance(Duration::from_millis(200));
+    assert_eq!(check(&limiter, "w", 10), Ok(()));
+    // A report already applied is not charged twice; an older (smaller) one changes nothing.
+    limiter.apply_peer_usage(peers("w", 150, None), Duration::ZERO);
+    limiter.apply_peer_usage(peers("w", 100, None), Duration::ZERO);
+    assert_eq!(limiter.tenant_views()[0].fleet_level.1, Some(0.0));
+}
+
+#[test]
+fn a_backdated_report_counts_the_refill_since() {
+    let (limiter, clock) = limiter(WEIGHTED);
+    limiter.apply_peer_usage(peers("w", 0, None), Duration::ZERO);
+    check(&limiter, "w", 1).unwrap();
+    clock.advance(Duration::from_secs(2));
+    // 100 spent by a peer about a second ago: the bucket has refilled since.
+    limiter.apply_peer_usage(peers("w", 100, None), Duration::from_secs(1));
+    assert_eq!(limiter.tenant_views()[0].fleet_level.1, Some(100.0));
+}
+
+#[test]
+fn a_tenant_new_to_the_fleet_settles_at_the_even_share() {
+    let (limiter, clock) = limiter(WEIGHTED);
+    limiter.set_healthy_replicas(4);
+    // Nobody reports it: for the settling time this replica spends at most 100 ÷ 4, plus
+    // a quarter of the refill, though the fleet view holds 100.
+    assert_eq!(check(&limiter, "w", 20), Ok(()));
+    assert_eq!(check(&limiter, "w", 5), Ok(()));
+    let rejection = check(&limiter, "w", 5).unwrap_err();
+    assert!(matches!(
+        rejection.cause,
+        RejectionCause::RateLimited { .. }
+    ));
+    assert!(limiter.tenant_views()[0].settling);
+    clock.advance(Duration::from_millis(200)); // + 100 × 0.2 ÷ 4 = 5
+    assert_eq!(check(&limiter, "w", 5), Ok(()));
+    // Once settled, the fleet view alone decides: 100 − 30 + 20 = 90 left.
+    clock.advance(Duration::from_secs(1));
+    assert_eq!(check(&limiter, "w", 70), Ok(()));
+    assert!(!limiter.tenant_views()[0].settling);
+}
+
+#[test]
+fn one_request_always_fits_the_settling_share() {
+    let (limiter, _clock) = limiter(WEIGHTED);
+    limiter.set_healthy_replicas(10);
+    // A share of 10, a request of 80: it passes, as the first request.
+    assert_eq!(check(&limiter, "w", 80), Ok(()));
+    assert!(check(&limiter, "w", 1).is_err());
+}
+
+#[test]
+fn a_tenant_the_peers_report_starts_from_their_view_without_settling() {
+    let (limiter, clock) = limiter(WEIGHTED);
+    limiter.set_healthy_replicas(3);
+    // A peer's view of the fleet bucket is at 20, and its admissions so far (5 000) are
+    // history: they are not charged again.
+    limiter.apply_peer_usage(peers("w", 5_000, Some(20.0)), Duration::ZERO);
+    clock.advance(Duration::from_millis(100)); // +10 since the report
+    assert_eq!(check(&limiter, "w", 30), Ok(()));
+    assert!(check(&limiter, "w", 1).is_err());
+    assert!(!limiter.tenant_views()[0].settling);
+}
+
+#[test]
+fn usage_reports_list_unpublished_admissions_first_and_rotate_the_rest() {
+    let (limiter, clock) = limiter(
+        "overrides:\n  a:\n    rate_limit_strategy: weighted\n  b:\n    rate_limit_strategy: weighted\n  d:\n    rate_limit_strategy: divided\n",
+    );
+    check(&limiter, "a", 10).unwrap();
+    check(&limiter, "b", 500).unwrap();
+    check(&limiter, "d", 7).unwrap(); // divided: nothing to report
+    let reports = limiter.usage_reports();
+    let names: Vec<&str> = reports.iter().map(|r| r.tenant.as_str()).collect();
+    assert_eq!(names, ["b", "a"]);
+    assert_eq!(
+        (reports[0].items, reports[0].items_level),
+        (500, Some(199_500.0))
+    );
+    // Only b fitted in the message.
+    limiter.mark_listed(
+        reports[..1]
+            .iter()
+            .map(|r| (r.tenant.as_str(), r.requests, r.items)),
+    );
+    clock.advance(Duration::from_secs(1));
+    limiter.tick();
+    let names: Vec<String> = limiter
+        .usage_reports()
+        .into_iter()
+        .map(|r| r.tenant)
+        .collect();
+    assert_eq!(names, ["a", "b"], "a has news; b is listed again, in turn");
+    let all = limiter.usage_reports();
+    limiter.mark_listed(all.iter().map(|r| (r.tenant.as_str(), r.requests, r.items)));
+    check(&limiter, "b", 1).unwrap();
+    let names: Vec<String> = limiter
+        .usage_reports()
+        .into_iter()
+        .map(|r| r.tenant)
+        .collect();
+    assert_eq!(names, ["b", "a"]);
+}
+
+#[test]
+fn idle_tenants_are_evicted_only_once_their_buckets_are_full() {
+    // Burst 1000 at 10/s takes 100 s to refill, longer than the 60 s idle timeout.
+    let (limiter, clock) = limiter(
+        "overrides:\n  slow:\n    ingestion_rate: 10\n    ingestion_burst_size: 1000\n    rate_limit_strategy: divided\n",
+    );
+    check(&limiter, "slow", 1000).unwrap();
+    check(&limiter, "fast", 1).unwrap();
+    assert_eq!(limiter.tracked_tenants(), 2);
+    clock.advance(Duration::from_secs(62));
+    assert_eq!(
+        limiter.evict_idle(),
+        1,
+        "fast is idle and full; slow is still refilling"
+    );
+    assert!(
+        check(&limiter, "slow", 1000).is_err(),
+        "slow kept its state"
+    );
+    clock.advance(Duration::from_secs(102));
+    assert_eq!(limiter.evict_idle(), 1);
+    assert_eq!(limiter.tracked_tenants(), 0);
+}
+
+#[test]
+fn a_fleet_view_in_debt_is_not_evicted() {
+    let (limiter, clock) = limiter(WEIGHTED);
+    limiter.apply_peer_usage(peers("w", 0, None), Duration::ZERO);
+    check(&limiter, "w", 1).unwrap();
+    limiter.apply_peer_usage(peers("w", 100 * 100, None), Duration::ZERO); // 99 s of debt
+    clock.advance(Duration::from_secs(62));
+    assert_eq!(limiter.evict_idle(), 0);
+    clock.advance(Duration::from_secs(40));
+    assert_eq!(limiter.evict_idle(), 1);
+}
+
+#[test]
+fn random_tenant_ids_do_not_grow_memory_without_bound() {
+    let (limiter, clock) = limiter("");
+    for round in 0..5 {
+        for i in 0..2_000 {
+            check(&limiter, &format!("random-{round}-{i}"), 1).unwrap();
+        }
+        clock.advance(Duration::from_secs(62));
+        limiter.evict_idle();
+        assert_eq!(limiter.tracked_tenants(), 0);
+        assert_eq!(limiter.hooks.live.load(Ordering::Relaxed), 0);
+    }
+}
+
+#[test]
+fn tenant_cap_refuses_only_new_tenants_until_idle_ones_go() {
+    let (limiter, clock) = limiter("");
+    let limiter = limiter.with_max_tenants(2);
+    assert!(limiter.tenant("a").is_ok());
+    assert!(limiter.tenant("b").is_ok());
+    assert_eq!(
+        limiter.tenant("c").err(),
+        Some(TooManyTenants { max_tenants: 2 })
+    );
+    assert!(limiter.tenant("a").is_ok(), "known tenants keep working");
+    clock.advance(Duration::from_secs(62));
+    limiter.evict_idle();
+    assert!(limiter.tenant("c").is_ok());
+}
