@@ -45,7 +45,13 @@ fn load(replicas: &[Replica], dir: &std::path::Path, args: &[&str]) -> serde_jso
         loadgen.args(["--target", &format!("http://{}", replica.http)]);
     }
     let status = loadgen
-        .args(["--tenants", "t", "--quiet", "--output", report.to_str().unwrap()])
+        .args([
+            "--tenants",
+            "t",
+            "--quiet",
+            "--output",
+            report.to_str().unwrap(),
+        ])
         .args(["--ideal-rate", "10000"])
         .args(args)
         .status()

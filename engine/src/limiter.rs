@@ -27,6 +27,8 @@ use crate::maths::{local_limits, settling_budget, LocalLimit, LocalLimits, Outco
 
 /// Seconds over which the peers' admission rate is smoothed.
 const PEER_RATE_SMOOTHING: f64 = 1.0;
+/// How long (nanoseconds) a refusal marks a tenant as contended on this replica.
+const CONTENTION_MEMORY: u64 = 1_000_000_000;
 
 /// How often the embedding service calls [`Limiter::tick`].
 pub const COARSE_CLOCK_TICK: Duration = Duration::from_secs(1);
@@ -178,6 +180,8 @@ struct KindUsage {
     settling_spent: AtomicU64,
     /// The peers' admissions per second, smoothed over about a second (f64 bits).
     peer_rate: AtomicU64,
+    /// When this replica last refused one (engine nanoseconds + 1; 0: never).
+    refused_at: AtomicU64,
 }
 
 /// A tenant's buckets under one generation of inputs.
@@ -465,21 +469,32 @@ impl<H: TenantHooks, C: Clock + Clone> Limiter<H, C> {
                 };
             }
         }
-        // What the peers have likely admitted since their last report: left in the bucket for
-        // them, so replicas do not all spend the same refill before they hear of each other.
-        let unreported = now.saturating_sub(self.peers_at.load(Ordering::Acquire))
-            + self.backdate_nanos.load(Ordering::Relaxed);
-        let peer_rate = f64::from_bits(usage.peer_rate.load(Ordering::Relaxed));
-        let reserve = peer_rate * (unreported.min(1_000_000_000) as f64 / 1e9);
+        // While the tenant is contended here (refused within the last second), leave in the
+        // bucket what the peers have likely admitted since their last report, so replicas do
+        // not all spend the same refill before they hear of each other. Under the limit
+        // nothing is held back: the fleet has room, and holding back would refuse requests
+        // that one bucket would admit.
+        let refused_at = usage.refused_at.load(Ordering::Relaxed);
+        let contended = refused_at != 0 && now.saturating_sub(refused_at) < CONTENTION_MEMORY;
+        let reserve = if contended {
+            let unreported = now.saturating_sub(self.peers_at.load(Ordering::Acquire))
+                + self.backdate_nanos.load(Ordering::Relaxed);
+            let peer_rate = f64::from_bits(usage.peer_rate.load(Ordering::Relaxed));
+            peer_rate * (unreported.min(CONTENTION_MEMORY) as f64 / 1e9)
+        } else {
+            0.0
+        };
         let outcome = fleet.check_leaving(cost, reserve, now);
         match outcome {
             Outcome::Allowed => {
                 usage.admitted.fetch_add(cost, Ordering::Relaxed);
             }
-            _ if settling => {
-                usage.settling_spent.fetch_sub(cost, Ordering::AcqRel);
+            Outcome::Denied { .. } | Outcome::TooLarge => {
+                usage.refused_at.store(now + 1, Ordering::Relaxed);
+                if settling {
+                    usage.settling_spent.fetch_sub(cost, Ordering::AcqRel);
+                }
             }
-            _ => {}
         }
         outcome
     }
