@@ -476,11 +476,14 @@ impl<H: TenantHooks, C: Clock + Clone> Limiter<H, C> {
         // that one bucket would admit.
         let refused_at = usage.refused_at.load(Ordering::Relaxed);
         let contended = refused_at != 0 && now.saturating_sub(refused_at) < CONTENTION_MEMORY;
-        let reserve = if contended {
-            let unreported = now.saturating_sub(self.peers_at.load(Ordering::Acquire))
-                + self.backdate_nanos.load(Ordering::Relaxed);
+        let unreported = now.saturating_sub(self.peers_at.load(Ordering::Acquire))
+            + self.backdate_nanos.load(Ordering::Relaxed);
+        // No report for a second: the peers have admitted nothing since (they publish every
+        // change), and a stale rate must not hold tokens back.
+        let reserve = if contended && unreported < CONTENTION_MEMORY {
             let peer_rate = f64::from_bits(usage.peer_rate.load(Ordering::Relaxed));
-            peer_rate * (unreported.min(CONTENTION_MEMORY) as f64 / 1e9)
+            // Never so much that nothing could pass.
+            (peer_rate * unreported as f64 / 1e9).min(fleet.rate().burst as f64 / 2.0)
         } else {
             0.0
         };
