@@ -11,7 +11,7 @@ use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Through
 use engine::{EngineClock, LimitKind, Limiter};
 use runtime_config::{Defaults, RuntimeConfig};
 use weir::metrics::{Metrics, TenantSeries};
-use weir::remote_write::{self, prompb::WriteRequest};
+use weir::remote_write::{self, prompb::WriteRequest, v2_proto, Format};
 
 fn limiter(extra_tenants: usize) -> Limiter<TenantSeries> {
     let config = RuntimeConfig::parse(
@@ -111,7 +111,7 @@ fn scan(c: &mut Criterion) {
         let raw = snap::raw::Decoder::new().decompress_vec(&body).unwrap();
         group.throughput(Throughput::Elements(series as u64));
         group.bench_with_input(BenchmarkId::new("snappy+scan", series), &body, |b, body| {
-            b.iter(|| remote_write::decode(black_box(body), 100 << 20).unwrap())
+            b.iter(|| remote_write::decode(black_box(body), 100 << 20, Format::V1).unwrap())
         });
         group.bench_with_input(BenchmarkId::new("scan_only", series), &raw, |b, raw| {
             b.iter(|| remote_write::scan(black_box(raw)).unwrap())
@@ -134,5 +134,74 @@ fn scan(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, decision, decision_parts, scan);
+/// Remote-write 2.0: the same series as a 2.0 request (symbols, references, per-series
+/// metadata), scanned zero-copy against a full prost decode with Prometheus' own types.
+fn scan_v2(c: &mut Criterion) {
+    let mut group = c.benchmark_group("remote_write_v2");
+    for series in [100, 2000] {
+        let request = v2_request(series);
+        let body = request.encode_snappy();
+        group.throughput(Throughput::Elements(series as u64));
+        group.bench_with_input(BenchmarkId::new("snappy+scan", series), &body, |b, body| {
+            b.iter(|| remote_write::decode(black_box(body), 100 << 20, Format::V2).unwrap())
+        });
+        group.bench_with_input(
+            BenchmarkId::new("snappy+prost_decode", series),
+            &body,
+            |b, body| {
+                b.iter(|| {
+                    let raw = snap::raw::Decoder::new()
+                        .decompress_vec(black_box(body))
+                        .unwrap();
+                    <v2_proto::Request as prost::Message>::decode(&raw[..])
+                        .unwrap()
+                        .timeseries
+                        .len()
+                })
+            },
+        );
+    }
+    group.finish();
+}
+
+/// `series` series with four labels each, one sample and a metadata entry, as Prometheus 3
+/// sends them.
+fn v2_request(series: usize) -> v2_proto::Request {
+    let mut symbols: Vec<String> = [
+        "",
+        "__name__",
+        "weir_loadgen_series",
+        "job",
+        "bench",
+        "series",
+        "help",
+    ]
+    .into_iter()
+    .map(String::from)
+    .collect();
+    let timeseries = (0..series)
+        .map(|i| {
+            symbols.push(i.to_string());
+            v2_proto::TimeSeries {
+                labels_refs: vec![1, 2, 3, 4, 5, symbols.len() as u32 - 1],
+                samples: vec![v2_proto::Sample {
+                    value: i as f64,
+                    timestamp: 1_700_000_000_000,
+                }],
+                metadata: Some(v2_proto::Metadata {
+                    r#type: 2,
+                    help_ref: 6,
+                    unit_ref: 0,
+                }),
+                ..Default::default()
+            }
+        })
+        .collect();
+    v2_proto::Request {
+        symbols,
+        timeseries,
+    }
+}
+
+criterion_group!(benches, decision, decision_parts, scan, scan_v2);
 criterion_main!(benches);

@@ -17,7 +17,7 @@ use http_body_util::{BodyExt, LengthLimitError, Limited};
 
 use crate::metrics::InstanceLimit;
 use crate::rejection::PushError;
-use crate::remote_write::{self, WriteCounts};
+use crate::remote_write::{self, Format, WriteCounts, Written};
 use crate::server::AppState;
 use crate::tenant::{self, TENANT_HEADER};
 use engine::LimitKind;
@@ -29,15 +29,30 @@ const INLINE_DECODE_BYTES: usize = 512 << 10;
 pub async fn push(State(state): State<Arc<AppState>>, request: Request) -> Response {
     let started = Instant::now();
     let (parts, body) = request.into_parts();
-    let response = match admit(&state, &parts, body).await {
-        Ok(()) => StatusCode::OK.into_response(),
+    let format = Format::from_headers(
+        parts
+            .headers
+            .get(header::CONTENT_TYPE)
+            .map(|v| v.as_bytes()),
+        parts
+            .headers
+            .get(header::CONTENT_ENCODING)
+            .map(|v| v.as_bytes()),
+    );
+    let (mut response, written) = match admit(&state, &parts, body, &format).await {
+        Ok(written) => (StatusCode::OK.into_response(), written),
         Err(err) => {
             if err.status().is_server_error() || err.status() == StatusCode::BAD_REQUEST {
                 tracing::debug!(%err, "push refused");
             }
-            err.into_response_with(&parts.headers, &state.backoff)
+            let response = err.into_response_with(&parts.headers, &state.backoff);
+            (response, Written::default())
         }
     };
+    // Remote-write 2.0 receivers say what they wrote, on success and on refusal alike.
+    if format == Ok(Format::V2) {
+        written.insert_into(response.headers_mut());
+    }
     state
         .metrics
         .push_duration
@@ -46,7 +61,12 @@ pub async fn push(State(state): State<Arc<AppState>>, request: Request) -> Respo
     response
 }
 
-async fn admit(state: &AppState, parts: &Parts, body: Body) -> Result<(), PushError> {
+async fn admit(
+    state: &AppState,
+    parts: &Parts,
+    body: Body,
+    format: &Result<Format, remote_write::UnsupportedMedia>,
+) -> Result<Written, PushError> {
     let content_length = parts
         .headers
         .get(header::CONTENT_LENGTH)
@@ -78,15 +98,19 @@ async fn admit(state: &AppState, parts: &Parts, body: Body) -> Result<(), PushEr
         err
     };
 
-    // 3. Tenant request rate: one token per request, still before the body is read, so a
+    // 3. The body's format, from its headers: a message weir cannot count is refused (415)
+    //    before it costs a request token, and never passed uncharged.
+    let format = format.clone()?;
+
+    // 4. Tenant request rate: one token per request, still before the body is read, so a
     //    tenant over its request rate costs no decompression.
     state
         .limiter
         .check(&tenant, LimitKind::Request, 1)
         .map_err(|rejection| discard(PushError::RateLimited(rejection), 0))?;
 
-    // 4. Body: read up to the size limit, decompress, scan. Bad input is the client's fault
-    //    (4xx), never a panic.
+    // 5. Body: read up to the size limit, decompress, scan as its format. Bad input is the
+    //    client's fault (4xx), never a panic.
     let max_size = state.config.max_request_body_size as usize;
     let body = read_body(body, content_length, max_size)
         .await
@@ -96,18 +120,18 @@ async fn admit(state: &AppState, parts: &Parts, body: Body) -> Result<(), PushEr
         inflight.add_bytes(body.len() as u64)?;
     }
     // `Bytes` clones share the buffer: the scan and the forward see the same bytes.
-    let counts = decode(body.clone(), max_size)
+    let counts = decode(body.clone(), max_size, format)
         .await
         .map_err(|err| discard(PushError::Decode(err), 0))?;
 
-    // 5. Tenant ingestion rate: the cost is every item the request carries.
+    // 6. Tenant ingestion rate: the cost is every item the request carries.
     let cost = counts.cost();
     state
         .limiter
         .check(&tenant, LimitKind::Ingestion, cost)
         .map_err(|rejection| discard(PushError::RateLimited(rejection), cost))?;
 
-    // 6. Admitted: count it, then forward the client's bytes unchanged, or in sink mode just
+    // 7. Admitted: count it, then forward the client's bytes unchanged, or in sink mode just
     //    acknowledge. The in-flight guard is still held: the upstream wait counts.
     state.instance.record_admitted(cost);
     tenant.data.received_requests.inc();
@@ -117,16 +141,19 @@ async fn admit(state: &AppState, parts: &Parts, body: Body) -> Result<(), PushEr
         .inc_by(counts.samples + counts.histograms);
     tenant.data.received_exemplars.inc_by(counts.exemplars);
     tenant.data.received_metadata.inc_by(counts.metadata);
-    match &state.upstream {
-        Some(upstream) => {
-            upstream
-                .forward(tenant_name, &parts.headers, body, &state.metrics)
-                .await?
+    let written = match &state.upstream {
+        // The receiver's own account of what it wrote, when it gives one, is the truth.
+        Some(upstream) => upstream
+            .forward(tenant_name, &parts.headers, body, &state.metrics)
+            .await?
+            .unwrap_or_else(|| Written::of(&counts)),
+        None => {
+            state.metrics.sink_requests.inc();
+            Written::of(&counts)
         }
-        None => state.metrics.sink_requests.inc(),
-    }
+    };
     drop(inflight);
-    Ok(())
+    Ok(written)
 }
 
 async fn read_body(
@@ -146,11 +173,15 @@ async fn read_body(
     }
 }
 
-async fn decode(body: Bytes, max_size: usize) -> Result<WriteCounts, remote_write::DecodeError> {
+async fn decode(
+    body: Bytes,
+    max_size: usize,
+    format: Format,
+) -> Result<WriteCounts, remote_write::DecodeError> {
     if body.len() <= INLINE_DECODE_BYTES {
-        return remote_write::decode(&body, max_size);
+        return remote_write::decode(&body, max_size, format);
     }
-    tokio::task::spawn_blocking(move || remote_write::decode(&body, max_size))
+    tokio::task::spawn_blocking(move || remote_write::decode(&body, max_size, format))
         .await
         .unwrap_or_else(|join_error| {
             Err(remote_write::DecodeError::Protobuf(format!(

@@ -33,6 +33,8 @@ pub enum PushError {
     ReadBody(String),
     #[error("{0}")]
     Upstream(#[from] crate::upstream::ForwardError),
+    #[error("{0}")]
+    UnsupportedMedia(#[from] crate::remote_write::UnsupportedMedia),
 }
 
 impl PushError {
@@ -46,6 +48,7 @@ impl PushError {
             }
             PushError::Decode(_) => StatusCode::BAD_REQUEST,
             PushError::Upstream(err) => err.status(),
+            PushError::UnsupportedMedia(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
         }
     }
 
@@ -66,7 +69,10 @@ impl PushError {
             PushError::Decode(_) | PushError::ReadBody(_) => {
                 Some(DiscardReason::InvalidRequestBody)
             }
-            PushError::Instance { .. } | PushError::Tenant(_) | PushError::Upstream(_) => None,
+            PushError::Instance { .. }
+            | PushError::Tenant(_)
+            | PushError::Upstream(_)
+            | PushError::UnsupportedMedia(_) => None,
         }
     }
 

@@ -7,6 +7,7 @@ use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 use bytes::Bytes;
 
 use crate::metrics::Metrics;
+use crate::remote_write::Written;
 
 /// The headers that matter to a remote-write receiver, with what to send when the client
 /// did not say.
@@ -93,18 +94,19 @@ impl Upstream {
         &self.url
     }
 
-    /// Sends `body` (the client's bytes, unchanged) for `tenant`, and maps the answer.
+    /// Sends `body` (the client's bytes, unchanged) for `tenant`, and maps the answer. On
+    /// success, what the receiver says it wrote, if it says (remote-write 2.0 receivers do).
     pub async fn forward(
         &self,
         tenant: &str,
         client_headers: &HeaderMap,
         body: Bytes,
         metrics: &Metrics,
-    ) -> Result<(), ForwardError> {
+    ) -> Result<Option<Written>, ForwardError> {
         let started = Instant::now();
         let result = self.send(tenant, client_headers, body).await;
         let class = match &result {
-            Ok(()) => "2xx",
+            Ok(_) => "2xx",
             Err(err) => err.class(),
         };
         metrics.upstream_requests.with_label_values(&[class]).inc();
@@ -119,7 +121,7 @@ impl Upstream {
         tenant: &str,
         client_headers: &HeaderMap,
         body: Bytes,
-    ) -> Result<(), ForwardError> {
+    ) -> Result<Option<Written>, ForwardError> {
         let mut request = self.client.post(self.url.clone()).body(body);
         for (name, default) in PASSED_THROUGH {
             let value = client_headers
@@ -135,9 +137,10 @@ impl Upstream {
             .map_err(|err| self.transport_error(err))?;
         let status = response.status();
         if status.is_success() {
+            let written = Written::from_headers(response.headers());
             // Drain the body so the connection goes back to the pool.
             let _ = response.bytes().await;
-            return Ok(());
+            return Ok(written);
         }
         let body = match response.bytes().await {
             Ok(bytes) => String::from_utf8_lossy(&bytes[..bytes.len().min(MAX_UPSTREAM_BODY)])

@@ -9,7 +9,7 @@ use std::time::Duration;
 use engine::{EngineClock, LimitKind, Limiter};
 use runtime_config::{Defaults, RuntimeConfig};
 use weir::metrics::{Metrics, TenantSeries};
-use weir::remote_write::{self, prompb::WriteRequest};
+use weir::remote_write::{self, prompb::WriteRequest, Format};
 
 struct CountingAllocator;
 
@@ -92,10 +92,51 @@ fn decisions_allocate_nothing_in_steady_state() {
 #[test]
 fn body_scan_allocates_nothing_in_steady_state() {
     let body = WriteRequest::synthetic(500, 7, 1).encode_snappy();
-    remote_write::decode(&body, 1 << 20).unwrap(); // sizes the reused buffer
+    remote_write::decode(&body, 1 << 20, Format::V1).unwrap(); // sizes the reused buffer
     let allocations = allocations_during(|| {
         for _ in 0..100 {
-            assert_eq!(remote_write::decode(&body, 1 << 20).unwrap().samples, 500);
+            assert_eq!(
+                remote_write::decode(&body, 1 << 20, Format::V1)
+                    .unwrap()
+                    .samples,
+                500
+            );
+        }
+    });
+    assert_eq!(allocations, 0);
+}
+
+#[test]
+fn remote_write_2_0_scan_allocates_nothing_in_steady_state() {
+    use weir::remote_write::v2_proto::{Metadata, Request, Sample, TimeSeries};
+    let mut symbols: Vec<String> = ["", "__name__", "up", "instance"]
+        .into_iter()
+        .map(String::from)
+        .collect();
+    let mut timeseries = Vec::new();
+    for i in 0..500 {
+        symbols.push(format!("host-{i}"));
+        timeseries.push(TimeSeries {
+            labels_refs: vec![1, 2, 3, symbols.len() as u32 - 1],
+            samples: vec![Sample::default()],
+            metadata: Some(Metadata {
+                r#type: 2,
+                help_ref: 0,
+                unit_ref: 0,
+            }),
+            ..TimeSeries::default()
+        });
+    }
+    let body = Request {
+        symbols,
+        timeseries,
+    }
+    .encode_snappy();
+    remote_write::decode(&body, 1 << 20, Format::V2).unwrap(); // sizes the reused buffers
+    let allocations = allocations_during(|| {
+        for _ in 0..100 {
+            let counts = remote_write::decode(&body, 1 << 20, Format::V2).unwrap();
+            assert_eq!((counts.samples, counts.metadata), (500, 1));
         }
     });
     assert_eq!(allocations, 0);

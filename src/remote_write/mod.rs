@@ -1,4 +1,6 @@
-//! Remote-write 1.0 bodies: snappy raw-block decompression and a zero-copy protobuf scan.
+//! Remote-write bodies: the format from the headers, snappy raw-block decompression, and a
+//! zero-copy protobuf scan of 1.0 (`prometheus.WriteRequest`, here) and 2.0
+//! (`io.prometheus.write.v2.Request`, [`v2`]).
 //!
 //! Admission needs only counts (samples, histograms, exemplars, metadata) and the assurance
 //! that the body is well-formed, and forwarding passes the original compressed bytes through.
@@ -6,8 +8,14 @@
 //! prost's own varint and key primitives, checks every length, wire type and label string,
 //! and counts. `benches/hot_path.rs` compares it with a full prost decode; the README has the
 //! figures.
+//!
+//! A body weir cannot count is refused, never passed uncharged: an unknown `proto=` is 415,
+//! and a body of one version labelled as the other is 400 (each scan refuses the other
+//! version's fields).
 
 pub mod prompb;
+pub mod v2;
+pub mod v2_proto;
 
 use std::cell::RefCell;
 
@@ -27,6 +35,119 @@ impl WriteCounts {
     /// The ingestion-rate cost, as Mimir counts it: samples + histograms + exemplars + metadata.
     pub fn cost(&self) -> u64 {
         self.samples + self.histograms + self.exemplars + self.metadata
+    }
+}
+
+/// The protobuf message a push carries, from its `Content-Type`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Format {
+    /// `prometheus.WriteRequest`: `application/x-protobuf` with no `proto=` or
+    /// `proto=prometheus.WriteRequest`, and (as Mimir does) a missing or other media type.
+    V1,
+    /// `application/x-protobuf;proto=io.prometheus.write.v2.Request`.
+    V2,
+}
+
+/// A `Content-Type` or `Content-Encoding` weir cannot read: answered 415, as the
+/// remote-write 2.0 specification requires.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct UnsupportedMedia(pub String);
+
+impl Format {
+    /// The format from the push's headers.
+    pub fn from_headers(
+        content_type: Option<&[u8]>,
+        content_encoding: Option<&[u8]>,
+    ) -> Result<Format, UnsupportedMedia> {
+        if let Some(encoding) = content_encoding {
+            let encoding = String::from_utf8_lossy(encoding);
+            if !encoding.trim().eq_ignore_ascii_case("snappy") {
+                return Err(UnsupportedMedia(format!(
+                    "unsupported Content-Encoding {:?}: remote-write bodies must be                      snappy-compressed (block format)",
+                    encoding.trim()
+                )));
+            }
+        }
+        let Some(content_type) = content_type else {
+            return Ok(Format::V1);
+        };
+        let content_type = String::from_utf8_lossy(content_type);
+        let mut parts = content_type.split(';');
+        let media_type = parts.next().unwrap_or("").trim();
+        if !media_type.eq_ignore_ascii_case("application/x-protobuf") {
+            return Ok(Format::V1);
+        }
+        for parameter in parts {
+            let Some((name, value)) = parameter.split_once('=') else {
+                continue;
+            };
+            if !name.trim().eq_ignore_ascii_case("proto") {
+                continue;
+            }
+            return match value.trim().trim_matches('"') {
+                "prometheus.WriteRequest" => Ok(Format::V1),
+                "io.prometheus.write.v2.Request" => Ok(Format::V2),
+                other => Err(UnsupportedMedia(format!(
+                    "unsupported remote-write message proto={other:?}: weir accepts                      prometheus.WriteRequest (remote-write 1.0) and                      io.prometheus.write.v2.Request (2.0)"
+                ))),
+            };
+        }
+        Ok(Format::V1)
+    }
+}
+
+/// What a remote-write 2.0 receiver reports it wrote, in the `X-Prometheus-Remote-Write-*-Written`
+/// response headers (required by the 2.0 specification, on success and failure alike).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Written {
+    pub samples: u64,
+    pub histograms: u64,
+    pub exemplars: u64,
+}
+
+impl Written {
+    pub const SAMPLES_HEADER: &'static str = "x-prometheus-remote-write-samples-written";
+    pub const HISTOGRAMS_HEADER: &'static str = "x-prometheus-remote-write-histograms-written";
+    pub const EXEMPLARS_HEADER: &'static str = "x-prometheus-remote-write-exemplars-written";
+
+    pub fn of(counts: &WriteCounts) -> Written {
+        Written {
+            samples: counts.samples,
+            histograms: counts.histograms,
+            exemplars: counts.exemplars,
+        }
+    }
+
+    /// What a receiver's response says it wrote, if it says anything (a missing header of
+    /// the three counts as 0, as the specification allows).
+    pub fn from_headers(headers: &axum::http::HeaderMap) -> Option<Written> {
+        let read = |name: &str| {
+            headers
+                .get(name)
+                .and_then(|value| value.to_str().ok())
+                .and_then(|value| value.trim().parse::<u64>().ok())
+        };
+        let (samples, histograms, exemplars) = (
+            read(Self::SAMPLES_HEADER),
+            read(Self::HISTOGRAMS_HEADER),
+            read(Self::EXEMPLARS_HEADER),
+        );
+        (samples.is_some() || histograms.is_some() || exemplars.is_some()).then(|| Written {
+            samples: samples.unwrap_or(0),
+            histograms: histograms.unwrap_or(0),
+            exemplars: exemplars.unwrap_or(0),
+        })
+    }
+
+    pub fn insert_into(&self, headers: &mut axum::http::HeaderMap) {
+        for (name, value) in [
+            (Self::SAMPLES_HEADER, self.samples),
+            (Self::HISTOGRAMS_HEADER, self.histograms),
+            (Self::EXEMPLARS_HEADER, self.exemplars),
+        ] {
+            headers.insert(name, axum::http::HeaderValue::from(value));
+        }
     }
 }
 
@@ -51,8 +172,9 @@ thread_local! {
     static DECOMPRESSED: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
 }
 
-/// Decompresses a snappy raw block of at most `max_size` decompressed bytes and scans it.
-pub fn decode(body: &[u8], max_size: usize) -> Result<WriteCounts, DecodeError> {
+/// Decompresses a snappy raw block of at most `max_size` decompressed bytes and scans it as
+/// `format`.
+pub fn decode(body: &[u8], max_size: usize, format: Format) -> Result<WriteCounts, DecodeError> {
     let size =
         snap::raw::decompress_len(body).map_err(|err| DecodeError::Snappy(err.to_string()))?;
     if size > max_size {
@@ -67,7 +189,10 @@ pub fn decode(body: &[u8], max_size: usize) -> Result<WriteCounts, DecodeError> 
         let result = snap::raw::Decoder::new()
             .decompress(body, &mut buffer)
             .map_err(|err| DecodeError::Snappy(err.to_string()))
-            .and_then(|written| scan(&buffer[..written]));
+            .and_then(|written| match format {
+                Format::V1 => scan(&buffer[..written]),
+                Format::V2 => v2::scan(&buffer[..written]),
+            });
         if buffer.capacity() > RETAINED_BUFFER_BYTES {
             *buffer = Vec::new();
         }
@@ -94,6 +219,15 @@ pub fn scan(mut buf: &[u8]) -> Result<WriteCounts, DecodeError> {
                     DecodeError::Protobuf(format!("metadata[{}]: {reason}", counts.metadata))
                 })?;
                 counts.metadata += 1;
+            }
+            // Remote-write 2.0's symbols and series: a 2.0 body sent as 1.0 would otherwise
+            // scan as empty and pass uncharged.
+            4 | 5 => {
+                return Err(DecodeError::Protobuf(format!(
+                    "WriteRequest has field {tag}, which is remote-write 2.0's: send 2.0 \
+                     bodies with Content-Type \
+                     application/x-protobuf;proto=io.prometheus.write.v2.Request"
+                )))
             }
             _ => skip(&mut buf, wire_type, tag, "WriteRequest")?,
         }
@@ -154,7 +288,7 @@ fn check_label(mut buf: &[u8]) -> Result<(), String> {
 
 /// Walks a message's fields without interpreting them: every key, varint and length must be
 /// in bounds.
-fn check_message(mut buf: &[u8]) -> Result<(), String> {
+pub(super) fn check_message(mut buf: &[u8]) -> Result<(), String> {
     while !buf.is_empty() {
         let (tag, wire_type) = decode_key(&mut buf).map_err(|e| e.to_string())?;
         skip_field(wire_type, tag, &mut buf, DecodeContext::default())
@@ -164,7 +298,11 @@ fn check_message(mut buf: &[u8]) -> Result<(), String> {
 }
 
 /// A length-delimited field's bytes, after checking its wire type and length.
-fn field<'a>(buf: &mut &'a [u8], wire_type: WireType, name: &str) -> Result<&'a [u8], String> {
+pub(super) fn field<'a>(
+    buf: &mut &'a [u8],
+    wire_type: WireType,
+    name: &str,
+) -> Result<&'a [u8], String> {
     if wire_type != WireType::LengthDelimited {
         return Err(format!(
             "field `{name}` has wire type {wire_type:?}, expected LengthDelimited"
@@ -265,13 +403,15 @@ mod tests {
         #[test]
         fn scan_counts_match_a_full_decode(request in write_request()) {
             let body = request.encode_snappy();
-            prop_assert_eq!(decode(&body, usize::MAX), Ok(request.counts()));
+            prop_assert_eq!(decode(&body, usize::MAX, Format::V1), Ok(request.counts()));
         }
 
         #[test]
         fn arbitrary_bytes_never_panic(bytes in prop::collection::vec(any::<u8>(), 0..512)) {
             let _ = scan(&bytes);
-            let _ = decode(&bytes, 1 << 20);
+            let _ = decode(&bytes, 1 << 20, Format::V1);
+            let _ = decode(&bytes, 1 << 20, Format::V2);
+            let _ = v2::scan(&bytes);
         }
 
         #[test]
@@ -296,12 +436,12 @@ mod tests {
     #[test]
     fn errors_name_the_problem() {
         assert!(matches!(
-            decode(b"\xff\xff\xff", 100),
+            decode(b"\xff\xff\xff", 100, Format::V1),
             Err(DecodeError::Snappy(_))
         ));
         let big = WriteRequest::synthetic(100, 1, 1).encode_snappy();
         assert!(matches!(
-            decode(&big, 10),
+            decode(&big, 10, Format::V1),
             Err(DecodeError::TooLarge { limit: 10, .. })
         ));
         // timeseries field claiming more bytes than remain
@@ -321,6 +461,42 @@ mod tests {
         // timeseries with the wrong wire type
         let err = scan(&[0x08, 0x01]).unwrap_err().to_string();
         assert!(err.contains("wire type Varint"), "{err}");
+    }
+
+    #[test]
+    fn format_follows_the_content_type_as_the_2_0_specification_says() {
+        let format = |content_type: Option<&str>, encoding: Option<&str>| {
+            Format::from_headers(content_type.map(str::as_bytes), encoding.map(str::as_bytes))
+        };
+        assert_eq!(format(None, None), Ok(Format::V1));
+        assert_eq!(
+            format(Some("application/x-protobuf"), Some("snappy")),
+            Ok(Format::V1)
+        );
+        assert_eq!(
+            format(
+                Some("application/x-protobuf;proto=prometheus.WriteRequest"),
+                None
+            ),
+            Ok(Format::V1)
+        );
+        assert_eq!(
+            format(
+                Some("Application/X-Protobuf; proto=\"io.prometheus.write.v2.Request\""),
+                Some("SNAPPY")
+            ),
+            Ok(Format::V2)
+        );
+        // Mimir reads other media types as 1.0; so does weir (the scan then decides).
+        assert_eq!(format(Some("text/plain"), None), Ok(Format::V1));
+        assert!(format(
+            Some("application/x-protobuf;proto=io.prometheus.write.v3.Request"),
+            None
+        )
+        .unwrap_err()
+        .0
+        .contains("io.prometheus.write.v3.Request"));
+        assert!(format(None, Some("gzip")).unwrap_err().0.contains("gzip"));
     }
 
     #[test]
