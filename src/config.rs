@@ -11,7 +11,9 @@ use std::time::Duration;
 use anyhow::{bail, Context};
 use clap::parser::ValueSource;
 use clap::{CommandFactory, FromArgMatches, Parser, ValueEnum};
-use runtime_config::{Defaults, InstanceLimits, RateLimitStrategy, TenantLimits};
+use runtime_config::{
+    Defaults, InstanceLimits, RateLimitStrategy, StoreFailurePolicy, TenantLimits,
+};
 
 use crate::rejection::RetryBackoff;
 
@@ -125,10 +127,51 @@ pub struct Config {
     #[arg(long, env = "WEIR_REQUEST_BURST_SIZE", default_value_t = 0)]
     pub request_burst_size: u64,
 
-    /// Default strategy for turning a fleet-wide limit into a local one: `weighted` (by each
-    /// replica's share of the tenant's demand) or `divided` (rate ÷ healthy replicas, Mimir's).
+    /// Default strategy for turning a fleet-wide limit into a local one: `weighted` (every
+    /// replica keeps a view of one fleet bucket over gossip), `divided` (rate ÷ healthy
+    /// replicas, Mimir's) or `shared` (an authoritative bucket in Redis; needs --store-url).
     #[arg(long, env = "WEIR_RATE_LIMIT_STRATEGY", default_value = "weighted", value_parser = parse_strategy)]
     pub rate_limit_strategy: RateLimitStrategy,
+
+    /// Default for `shared` tenants while the store is down or slow: `open` (fall back to
+    /// `weighted`) or `closed` (refuse with 503).
+    #[arg(long, env = "WEIR_ON_STORE_FAILURE", default_value = "open", value_parser = parse_policy)]
+    pub on_store_failure: StoreFailurePolicy,
+
+    /// The shared store for `shared` tenants: `redis://` or `rediss://` URLs, comma-separated;
+    /// several (or one cluster node) mean a Redis Cluster. Not needed otherwise.
+    #[arg(long, env = "WEIR_STORE_URL", value_delimiter = ',')]
+    pub store_url: Vec<String>,
+
+    /// Longest wait for one store call; past it the call counts as failed and the tenant's
+    /// failure policy decides.
+    #[arg(long, env = "WEIR_STORE_TIMEOUT", default_value = "50ms", value_parser = humantime::parse_duration)]
+    pub store_timeout: Duration,
+
+    /// Longest wait to connect to the store (at start-up, and on each reconnect).
+    #[arg(long, env = "WEIR_STORE_CONNECT_TIMEOUT", default_value = "1s", value_parser = humantime::parse_duration)]
+    pub store_connect_timeout: Duration,
+
+    /// A lease covers this replica's demand for a tenant over this long.
+    #[arg(long, env = "WEIR_STORE_LEASE_WINDOW", default_value = "100ms", value_parser = humantime::parse_duration)]
+    pub store_lease_window: Duration,
+
+    /// Leased tokens unspent after this long go back to the store.
+    #[arg(long, env = "WEIR_STORE_LEASE_TTL", default_value = "500ms", value_parser = humantime::parse_duration)]
+    pub store_lease_ttl: Duration,
+
+    /// Most store calls per second for one tenant's limit from this replica; past it, the
+    /// tenant's leases grow instead of its calls multiplying.
+    #[arg(long, env = "WEIR_STORE_CALLS_PER_TENANT", default_value_t = 50.0)]
+    pub store_calls_per_tenant: f64,
+
+    /// The store's circuit breaker opens after this many failed calls in a row.
+    #[arg(long, env = "WEIR_STORE_BREAKER_FAILURES", default_value_t = 5)]
+    pub store_breaker_failures: u32,
+
+    /// How long the breaker stays open before one call probes the store.
+    #[arg(long, env = "WEIR_STORE_BREAKER_OPEN_FOR", default_value = "500ms", value_parser = humantime::parse_duration)]
+    pub store_breaker_open_for: Duration,
 
     /// Push requests handled at once by this replica; 0 = off.
     #[arg(long, env = "WEIR_MAX_INFLIGHT_PUSH_REQUESTS", default_value_t = 2000)]
@@ -194,7 +237,12 @@ fn default_node_id() -> String {
 
 fn parse_strategy(value: &str) -> Result<RateLimitStrategy, String> {
     serde_yaml_ng::from_str(value)
-        .map_err(|_| format!("unknown strategy {value:?}; expected: divided or weighted"))
+        .map_err(|_| format!("unknown strategy {value:?}; expected: weighted, divided or shared"))
+}
+
+fn parse_policy(value: &str) -> Result<StoreFailurePolicy, String> {
+    serde_yaml_ng::from_str(value)
+        .map_err(|_| format!("unknown store failure policy {value:?}; expected: open or closed"))
 }
 
 impl Config {
@@ -271,6 +319,20 @@ impl Config {
         if self.node_id.is_empty() || self.cluster_id.is_empty() {
             bail!("--node-id and --cluster-id must not be empty");
         }
+        if self.store_timeout.is_zero() || self.store_lease_window.is_zero() {
+            bail!("--store-timeout and --store-lease-window must be > 0");
+        }
+        if self.store_lease_ttl < self.store_lease_window {
+            bail!("--store-lease-ttl must be at least --store-lease-window");
+        }
+        if !(self.store_calls_per_tenant.is_finite() && self.store_calls_per_tenant > 0.0) {
+            bail!("--store-calls-per-tenant must be > 0");
+        }
+        if self.rate_limit_strategy == RateLimitStrategy::Shared && self.store_url.is_empty() {
+            bail!(
+                "--rate-limit-strategy shared needs a store: set --store-url (redis://host:6379)"
+            );
+        }
         if let Some(tenant) = &self.no_auth_tenant {
             crate::tenant::validate(tenant)
                 .with_context(|| format!("--no-auth-tenant {tenant:?}"))?;
@@ -287,6 +349,8 @@ impl Config {
                 request_rate: self.request_rate,
                 request_burst_size: self.request_burst_size,
                 rate_limit_strategy: self.rate_limit_strategy,
+                on_store_failure: self.on_store_failure,
+                store_shards: 1,
             },
             instance: InstanceLimits {
                 max_inflight_push_requests: self.max_inflight_push_requests,
@@ -300,6 +364,24 @@ impl Config {
         RetryBackoff {
             min: self.retry_after_min_backoff,
             max: self.retry_after_max_backoff,
+        }
+    }
+
+    /// How `shared` tenants use the store.
+    pub fn shared(&self) -> engine::SharedConfig {
+        engine::SharedConfig {
+            store_timeout: self.store_timeout,
+            lease_window: self.store_lease_window,
+            lease_ttl: self.store_lease_ttl,
+            calls_per_tenant: self.store_calls_per_tenant,
+            breaker: engine::breaker::BreakerConfig {
+                consecutive_failures: self.store_breaker_failures.max(1),
+                open_for: self.store_breaker_open_for,
+                ..engine::breaker::BreakerConfig::default()
+            },
+            replica_seed: self.node_id.bytes().fold(0u64, |hash, byte| {
+                hash.wrapping_mul(31).wrapping_add(byte as u64)
+            }),
         }
     }
 

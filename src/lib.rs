@@ -13,6 +13,8 @@
 //! - [`rejection`]: typed errors and their one mapping to status codes, headers and bodies.
 //! - [`metrics`]: every metric family, defined in one place.
 //! - [`ring_page`]: `GET /ring`, members and effective limits, HTML or JSON.
+//! - [`store`]: the shared store's edge: Redis (the `redis-store` crate), connected in the
+//!   background so a store that is down never keeps weir from starting.
 //!
 //! The limit engine (limit maths, buckets, fleet views, the tenant map) is the `engine`
 //! crate's business (`engine/`); membership and gossip are the `ring` crate's (`ring/`).
@@ -27,5 +29,6 @@ pub mod rejection;
 pub mod remote_write;
 pub mod ring_page;
 pub mod server;
+pub mod store;
 pub mod tenant;
 pub mod upstream;

@@ -123,6 +123,13 @@ pub struct Metrics {
     pub ring_members: IntGaugeVec,
     pub ring_healthy_replicas: IntGauge,
     pub ring_healthy_changes: IntCounter,
+    pub store_calls: IntCounterVec,
+    pub store_call_duration: HistogramVec,
+    pub store_breaker_state: IntGauge,
+    pub store_lease_tokens: Histogram,
+    pub store_tokens_leased: IntCounter,
+    pub store_tokens_returned: IntCounter,
+    pub store_policy_decisions: IntCounterVec,
 }
 
 /// One tenant's series, looked up once when the tenant is first seen so the push path does
@@ -307,6 +314,55 @@ impl Metrics {
                 "Admitted push requests acknowledged without forwarding (sink mode).",
             )
             .expect("valid"),
+            store_calls: counter_vec(
+                r,
+                "weir_store_calls_total",
+                "Calls to the shared store by operation (take, give_back) and outcome (ok, \
+                 error, timeout).",
+                &["op", "outcome"],
+            ),
+            store_call_duration: HistogramVec::new(
+                HistogramOpts::new(
+                    "weir_store_call_duration_seconds",
+                    "Time from a store call to its answer (or its timeout), by operation.",
+                )
+                .buckets(vec![
+                    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
+                ]),
+                &["op"],
+            )
+            .expect("valid"),
+            store_breaker_state: IntGauge::new(
+                "weir_store_breaker_state",
+                "The shared store's circuit breaker: 0 closed, 1 half-open, 2 open.",
+            )
+            .expect("valid"),
+            store_lease_tokens: Histogram::with_opts(
+                HistogramOpts::new(
+                    "weir_store_lease_tokens",
+                    "Tokens granted per lease from the shared store.",
+                )
+                .buckets(prometheus::exponential_buckets(1.0, 4.0, 12).expect("valid")),
+            )
+            .expect("valid"),
+            store_tokens_leased: IntCounter::new(
+                "weir_store_tokens_leased_total",
+                "Tokens leased from the shared store.",
+            )
+            .expect("valid"),
+            store_tokens_returned: IntCounter::new(
+                "weir_store_tokens_returned_total",
+                "Unspent leased tokens given back to the shared store.",
+            )
+            .expect("valid"),
+            store_policy_decisions: counter_vec(
+                r,
+                "weir_store_policy_decisions_total",
+                "Decisions for shared tenants taken under their on_store_failure policy while \
+                 the store could not answer, by policy (open, closed) and outcome (admitted, \
+                 refused).",
+                &["policy", "outcome"],
+            ),
             registry,
         };
         for collector in [
@@ -323,6 +379,11 @@ impl Metrics {
             Box::new(metrics.ring_members.clone()),
             Box::new(metrics.ring_healthy_replicas.clone()),
             Box::new(metrics.ring_healthy_changes.clone()),
+            Box::new(metrics.store_call_duration.clone()),
+            Box::new(metrics.store_breaker_state.clone()),
+            Box::new(metrics.store_lease_tokens.clone()),
+            Box::new(metrics.store_tokens_leased.clone()),
+            Box::new(metrics.store_tokens_returned.clone()),
         ] {
             metrics.registry.register(collector).expect("unique metric");
         }
@@ -434,5 +495,39 @@ impl engine::TenantHooks for TenantSeries {
 
     fn tracked(&self, tenants: usize) {
         self.0.tracked_tenants.set(tenants as i64);
+    }
+}
+
+/// The shared store's metrics, fed by the engine.
+pub struct StoreSeries(pub std::sync::Arc<Metrics>);
+
+impl engine::StoreObserver for StoreSeries {
+    fn call(&self, op: &'static str, outcome: &'static str, seconds: f64) {
+        self.0.store_calls.with_label_values(&[op, outcome]).inc();
+        self.0
+            .store_call_duration
+            .with_label_values(&[op])
+            .observe(seconds);
+    }
+
+    fn leased(&self, tokens: u64) {
+        self.0.store_lease_tokens.observe(tokens as f64);
+        self.0.store_tokens_leased.inc_by(tokens);
+    }
+
+    fn returned(&self, tokens: u64) {
+        self.0.store_tokens_returned.inc_by(tokens);
+    }
+
+    fn breaker(&self, state: engine::breaker::BreakerState) {
+        self.0.store_breaker_state.set(state as i64);
+    }
+
+    fn policy_decision(&self, policy: runtime_config::StoreFailurePolicy, admitted: bool) {
+        let outcome = if admitted { "admitted" } else { "refused" };
+        self.0
+            .store_policy_decisions
+            .with_label_values(&[policy.as_str(), outcome])
+            .inc();
     }
 }

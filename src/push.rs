@@ -106,7 +106,8 @@ async fn admit(
     //    tenant over its request rate costs no decompression.
     state
         .limiter
-        .check(&tenant, LimitKind::Request, 1)
+        .admit(&tenant, LimitKind::Request, 1)
+        .await
         .map_err(|rejection| discard(PushError::RateLimited(rejection), 0))?;
 
     // 5. Body: read up to the size limit, decompress, scan as its format. Bad input is the
@@ -128,7 +129,8 @@ async fn admit(
     let cost = counts.cost();
     state
         .limiter
-        .check(&tenant, LimitKind::Ingestion, cost)
+        .admit(&tenant, LimitKind::Ingestion, cost)
+        .await
         .map_err(|rejection| discard(PushError::RateLimited(rejection), cost))?;
 
     // 7. Admitted: count it, then forward the client's bytes unchanged, or in sink mode just

@@ -40,6 +40,11 @@ pub enum PushError {
 impl PushError {
     pub fn status(&self) -> StatusCode {
         match self {
+            PushError::RateLimited(rejection)
+                if rejection.cause == RejectionCause::StoreUnavailable =>
+            {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
             PushError::Instance { .. } | PushError::RateLimited(_) => StatusCode::TOO_MANY_REQUESTS,
             PushError::Tenant(TenantError::Missing) => StatusCode::UNAUTHORIZED,
             PushError::Tenant(_) | PushError::ReadBody(_) => StatusCode::BAD_REQUEST,
@@ -56,6 +61,11 @@ impl PushError {
     /// is known.
     pub fn discard_reason(&self) -> Option<DiscardReason> {
         match self {
+            PushError::RateLimited(rejection)
+                if rejection.cause == RejectionCause::StoreUnavailable =>
+            {
+                None
+            }
             PushError::RateLimited(rejection) => Some(match (rejection.kind, rejection.cause) {
                 (LimitKind::Request, _) => DiscardReason::RequestRateLimited,
                 (LimitKind::Ingestion, RejectionCause::LargerThanBurst) => {
@@ -96,7 +106,11 @@ impl PushError {
             let seconds = backoff.retry_after_seconds(attempt, &mut rand::rng());
             headers.insert(header::RETRY_AFTER, HeaderValue::from(seconds));
         }
-        if let PushError::RateLimited(rejection) = &self {
+        // The limit's state is known unless the store could not be asked.
+        if let PushError::RateLimited(rejection @ Rejection { cause, .. }) = &self {
+            if *cause == RejectionCause::StoreUnavailable {
+                return response;
+            }
             let (policy, state) = ratelimit_fields(rejection);
             if let (Ok(policy), Ok(state)) = (
                 HeaderValue::from_str(&policy),
@@ -174,7 +188,9 @@ fn ratelimit_fields(rejection: &Rejection) -> (String, String) {
         RejectionCause::LargerThanBurst if rejection.local_limit > 0.0 => {
             (rejection.burst as f64 / rejection.local_limit).ceil() as u64
         }
-        RejectionCause::LargerThanBurst | RejectionCause::Blocked => 0,
+        RejectionCause::LargerThanBurst
+        | RejectionCause::Blocked
+        | RejectionCause::StoreUnavailable => 0,
     };
     (
         format!("\"{name}\";q={quota};w={window}"),
@@ -187,6 +203,16 @@ fn rate_limit_message(rejection: &Rejection) -> String {
         limit, burst, cost, ..
     } = *rejection;
     match (rejection.kind, rejection.cause) {
+        (_, RejectionCause::StoreUnavailable) => format!(
+            "the request has been refused because the tenant's {} limit is enforced by the \
+             shared store, which did not answer in time, and the tenant's on_store_failure \
+             policy is closed: nothing is admitted that the store did not grant \
+             (err-weir-store-unavailable). Retry later.",
+            match rejection.kind {
+                LimitKind::Request => "request rate",
+                LimitKind::Ingestion => "ingestion rate",
+            }
+        ),
         (LimitKind::Request, _) => format!(
             "the request has been rejected because the tenant exceeded the request rate limit, \
              set to {limit} requests/s across all replicas with a maximum allowed burst of \

@@ -20,11 +20,12 @@ use tokio::sync::{oneshot, watch};
 use tokio::task::JoinHandle;
 
 use crate::config::Config;
-use engine::{EngineClock, Limiter, COARSE_CLOCK_TICK};
+use engine::{EngineClock, Limiter, Shared, COARSE_CLOCK_TICK};
 
 use crate::instance::{InstanceLimiter, INGESTION_RATE_TICK};
-use crate::metrics::{InstanceLimit, Metrics, TenantSeries};
+use crate::metrics::{InstanceLimit, Metrics, StoreSeries, TenantSeries};
 use crate::rejection::RetryBackoff;
+use crate::store::ConnectingStore;
 use crate::upstream::Upstream;
 
 /// What every request handler shares. Lives in one `Arc`: cloning the router never copies
@@ -37,6 +38,8 @@ pub struct AppState {
     pub backoff: RetryBackoff,
     /// Where admitted pushes go; `None` is sink mode.
     pub upstream: Option<Upstream>,
+    /// The shared store for `shared` tenants, when `--store-url` is set.
+    pub store: Option<Arc<ConnectingStore>>,
     runtime_config: watch::Receiver<Arc<RuntimeConfig>>,
     pub(crate) membership: watch::Receiver<Arc<Membership>>,
     draining: AtomicBool,
@@ -61,7 +64,19 @@ pub async fn run_with_clock(
 ) -> anyhow::Result<()> {
     let metrics = Arc::new(Metrics::new());
     let reload_metrics = ReloadMetrics::new(&metrics.registry).context("registering metrics")?;
-    let mut reloader = Reloader::new(&config.runtime_config, config.defaults(), reload_metrics);
+    let has_store = !config.store_url.is_empty();
+    let mut reloader = Reloader::new(&config.runtime_config, config.defaults(), reload_metrics)
+        .with_check(move |config| {
+            if config.uses_shared_store() && !has_store {
+                Err(
+                    "a tenant uses rate_limit_strategy: shared, which needs the shared store: \
+                     start weir with --store-url (redis://host:6379)"
+                        .to_string(),
+                )
+            } else {
+                Ok(())
+            }
+        });
     let first = reloader.load_first().with_context(|| {
         format!(
             "loading runtime config {} (a bad file at start-up is fatal)",
@@ -71,7 +86,14 @@ pub async fn run_with_clock(
     let first = Arc::new(first);
     let (config_tx, config_rx) = watch::channel(Arc::clone(&first));
 
-    let limiter = Limiter::with_clock(
+    let store = has_store.then(|| {
+        ConnectingStore::start(redis_store::RedisConfig {
+            urls: config.store_url.clone(),
+            connect_timeout: config.store_connect_timeout,
+            response_timeout: config.store_timeout,
+        })
+    });
+    let mut limiter = Limiter::with_clock(
         Arc::clone(&first),
         config.tenant_idle_timeout,
         TenantSeries(Arc::clone(&metrics)),
@@ -79,6 +101,14 @@ pub async fn run_with_clock(
     )
     .with_max_tenants(config.max_tenants)
     .with_settling(settling_time(config.gossip_interval));
+    if let Some(store) = &store {
+        let shared = Shared::new(
+            Arc::clone(store) as Arc<dyn engine::Store>,
+            config.shared(),
+            Box::new(StoreSeries(Arc::clone(&metrics))),
+        );
+        limiter = limiter.with_shared(Arc::new(shared));
+    }
     let address = listener.local_addr()?;
     let ring = Arc::new(
         Ring::join(config.ring(address))
@@ -97,6 +127,7 @@ pub async fn run_with_clock(
         .transpose()?;
     let state = Arc::new(AppState {
         upstream,
+        store,
         backoff: config.retry_backoff(),
         limiter,
         instance,
@@ -118,6 +149,7 @@ pub async fn run_with_clock(
             move || state.instance.tick()
         }),
         spawn_usage_publisher(Arc::clone(&state), Arc::clone(&ring)),
+        spawn_lease_returner(Arc::clone(&state)),
         spawn_every(COARSE_CLOCK_TICK, {
             let state = Arc::clone(&state);
             move || {
@@ -181,6 +213,8 @@ pub async fn run_with_clock(
         ),
     }
     stop(tasks, stop_tx);
+    // Unspent leases go back to the store, so the fleet keeps them.
+    state.limiter.return_leases(true).await;
     ring.shutdown().await;
     tracing::info!("shut down cleanly");
     Ok(())
@@ -209,7 +243,9 @@ async fn metrics(State(state): State<Arc<AppState>>) -> Response {
 }
 
 async fn ready(State(state): State<Arc<AppState>>) -> Response {
-    // The runtime config was loaded before the server started; what remains is the ring.
+    // The runtime config was loaded before the server started; what remains is the ring. The
+    // shared store is reported, not required: a replica serves every tenant that does not
+    // need it, and `shared` tenants follow their failure policy while it is away.
     if state.draining.load(Ordering::SeqCst) {
         (StatusCode::SERVICE_UNAVAILABLE, "shutting down\n").into_response()
     } else if !state.membership.borrow().joined {
@@ -218,6 +254,14 @@ async fn ready(State(state): State<Arc<AppState>>) -> Response {
             "joining the ring: seeds not seen yet\n",
         )
             .into_response()
+    } else if let Some(store) = &state.store {
+        let reachable = store.reachable(state.config.store_timeout).await;
+        let store = if reachable {
+            "reachable"
+        } else {
+            "unreachable"
+        };
+        (StatusCode::OK, format!("ready\nshared store: {store}\n")).into_response()
     } else {
         (StatusCode::OK, "ready\n").into_response()
     }
@@ -346,6 +390,21 @@ fn spawn_usage_publisher(state: Arc<AppState>, ring: Arc<Ring>) -> JoinHandle<()
                     .iter()
                     .map(|r| (r.tenant.as_str(), r.requests, r.items)),
             );
+        }
+    })
+}
+
+/// Every lease window: gives expired and surplus leased tokens back to the shared store.
+fn spawn_lease_returner(state: Arc<AppState>) -> JoinHandle<()> {
+    tokio::spawn(async move {
+        if state.store.is_none() {
+            return;
+        }
+        let mut ticker = tokio::time::interval(state.config.store_lease_window);
+        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            ticker.tick().await;
+            state.limiter.return_leases(false).await;
         }
     })
 }

@@ -11,13 +11,21 @@
 //!   the peers' as gossip reports them, debt allowed; the sum bound as a property test.
 //! - [`limiter`]: the tenant map and the decision path; config, membership and peer usage
 //!   put in force at once; usage reports for gossip; idle eviction.
+//! - [`store`]: the shared store's interface (`Store`), the bucket algorithm it runs
+//!   atomically (the pure twin of the Redis script), and an in-memory store.
+//! - [`shared`]: `shared` tenants: leases from the store, single-flight renewal, returns,
+//!   the failure policy.
+//! - [`breaker`]: the store's circuit breaker, a state machine with time as an input.
 //! - [`clock`]: the real clock, or one a test moves by hand.
 
+pub mod breaker;
 pub mod bucket;
 pub mod clock;
 pub mod fleet;
 pub mod limiter;
 pub mod maths;
+pub mod shared;
+pub mod store;
 
 pub use clock::EngineClock;
 pub use limiter::{
@@ -25,3 +33,5 @@ pub use limiter::{
     TenantHooks, TenantView, TooManyTenants, UsageReport, COARSE_CLOCK_TICK,
 };
 pub use maths::{LocalLimit, LocalLimits, Outcome, Rate};
+pub use shared::{Shared, SharedConfig, StoreObserver};
+pub use store::{BucketKey, Grant, MemoryStore, Store, StoreError};

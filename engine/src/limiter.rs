@@ -13,17 +13,21 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use arc_swap::{ArcSwap, Guard};
 use governor::clock::Clock;
-use runtime_config::{RuntimeConfig, TenantLimits};
+use runtime_config::{RuntimeConfig, StoreFailurePolicy, TenantLimits};
 
 use crate::bucket::{nanos_between, Bucket};
 use crate::clock::EngineClock;
 use crate::fleet::FleetBucket;
-use crate::maths::{local_limits, settling_budget, LocalLimit, LocalLimits, Outcome};
+use crate::maths::{
+    local_limits, settling_budget, shard_rate, LocalLimit, LocalLimits, Outcome, Rate,
+};
+use crate::shared::{self, Lease, Shared, SharedOutcome, SharedRequest};
+use crate::store::BucketKey;
 
 /// Seconds over which the peers' admission rate is smoothed.
 const PEER_RATE_SMOOTHING: f64 = 1.0;
@@ -34,7 +38,7 @@ const CONTENTION_MEMORY: u64 = 1_000_000_000;
 pub const COARSE_CLOCK_TICK: Duration = Duration::from_secs(1);
 
 /// Which of a tenant's limits a check is against.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum LimitKind {
     /// One token per push request, checked before the body is read.
     Request,
@@ -76,6 +80,8 @@ pub enum RejectionCause {
     LargerThanBurst,
     /// The limit is 0: nothing passes.
     Blocked,
+    /// `shared` with `on_store_failure: closed`: the store could not answer in time.
+    StoreUnavailable,
 }
 
 /// What the engine tells its embedder about tenants (metrics, mostly). All methods but
@@ -165,6 +171,8 @@ pub struct Tenant<D, C: Clock = EngineClock> {
     settling_from: u64,
     /// Coarse time this tenant was last listed in a usage report (rotation).
     listed_at: AtomicU64,
+    /// `shared`: the leases, per [`LimitKind::index`], made on first use.
+    leases: [OnceLock<Lease>; 2],
     pub data: D,
 }
 
@@ -197,6 +205,19 @@ enum KindBucket<C: Clock> {
     None,
     Divided(Bucket<C>),
     Fleet(FleetBucket),
+    /// `shared`: the lease decides; the fleet view is kept current (own admissions, peers'
+    /// over gossip) for `on_store_failure: open`.
+    Shared(FleetBucket),
+}
+
+impl<C: Clock> KindBucket<C> {
+    /// The fleet view, under `weighted` and `shared`.
+    fn fleet(&self) -> Option<&FleetBucket> {
+        match self {
+            KindBucket::Fleet(fleet) | KindBucket::Shared(fleet) => Some(fleet),
+            KindBucket::None | KindBucket::Divided(_) => None,
+        }
+    }
 }
 
 /// A tenant's limits as this replica enforces them, for status pages.
@@ -246,6 +267,8 @@ pub struct Limiter<H: TenantHooks = NoHooks, C: Clock = EngineClock> {
     settling: Duration,
     /// Nanoseconds the peers' usage is back-dated by (see [`Limiter::apply_peer_usage`]).
     backdate_nanos: AtomicU64,
+    /// The store behind `shared` tenants, if one is configured.
+    shared: Option<Arc<Shared>>,
     hooks: H,
 }
 
@@ -281,8 +304,20 @@ impl<H: TenantHooks, C: Clock + Clone> Limiter<H, C> {
             max_tenants: 0,
             settling: Duration::from_secs(1),
             backdate_nanos: AtomicU64::new(0),
+            shared: None,
             hooks,
         }
+    }
+
+    /// The store behind `shared` tenants. Without one, a `shared` tenant's decisions follow
+    /// its failure policy, as if the store were down.
+    pub fn with_shared(mut self, shared: Arc<Shared>) -> Self {
+        self.shared = Some(shared);
+        self
+    }
+
+    pub fn shared(&self) -> Option<&Arc<Shared>> {
+        self.shared.as_ref()
     }
 
     /// Caps how many tenants are tracked at once: beyond it, new tenants are refused until
@@ -345,13 +380,17 @@ impl<H: TenantHooks, C: Clock + Clone> Limiter<H, C> {
         let fresh = |kind: LimitKind, limit: LocalLimit| match limit {
             LocalLimit::Unlimited | LocalLimit::Deny => KindBucket::None,
             LocalLimit::Divided(rate) => KindBucket::Divided(Bucket::new(rate, &self.clock)),
-            LocalLimit::Fleet(rate) => {
+            LocalLimit::Fleet(rate) | LocalLimit::Shared(rate) => {
                 let level = reported
                     .and_then(|totals| totals.level(kind))
                     .map_or(f64::INFINITY, |level| {
                         level + rate.per_second * since_report as f64 / 1e9
                     });
-                KindBucket::Fleet(FleetBucket::with_level(rate, level, now))
+                let view = FleetBucket::with_level(rate, level, now);
+                match limit {
+                    LocalLimit::Shared(_) => KindBucket::Shared(view),
+                    _ => KindBucket::Fleet(view),
+                }
             }
         };
         let state = TenantState {
@@ -376,6 +415,7 @@ impl<H: TenantHooks, C: Clock + Clone> Limiter<H, C> {
             },
             settling_from: now,
             listed_at: AtomicU64::new(0),
+            leases: [OnceLock::new(), OnceLock::new()],
             data: self.hooks.create(name),
         };
         if let Some(totals) = reported {
@@ -423,13 +463,142 @@ impl<H: TenantHooks, C: Clock + Clone> Limiter<H, C> {
             KindBucket::None => return Err(rejection(RejectionCause::Blocked, 0)),
             KindBucket::Divided(bucket) => bucket.check(cost),
             KindBucket::Fleet(fleet) => self.check_fleet(tenant, kind, fleet, cost),
+            // The synchronous path cannot wait on the store: it decides as the failure
+            // policy would. The push path and the admission API use [`Limiter::admit`].
+            KindBucket::Shared(fleet) => match state.limits.on_store_failure {
+                StoreFailurePolicy::Open => self.check_fleet(tenant, kind, fleet, cost),
+                StoreFailurePolicy::Closed => {
+                    return Err(rejection(RejectionCause::StoreUnavailable, 0))
+                }
+            },
         };
-        match outcome {
-            Outcome::Allowed => Ok(()),
-            Outcome::Denied { wait, available } => {
-                Err(rejection(RejectionCause::RateLimited { wait }, available))
+        outcome_to_result(outcome, rejection)
+    }
+
+    /// Takes `cost` tokens of the tenant's `kind` limit, or says why not: like
+    /// [`Limiter::check`], and for `shared` tenants it may wait on the store (never longer
+    /// than the store timeout).
+    pub async fn admit(
+        &self,
+        tenant: &Tenant<H::Data, C>,
+        kind: LimitKind,
+        cost: u64,
+    ) -> Result<(), Rejection> {
+        let state = self.current(tenant);
+        if !matches!(state.buckets[kind.index()], KindBucket::Shared(_)) {
+            drop(state);
+            return self.check(tenant, kind, cost);
+        }
+        // Owned: the state is held across the store call.
+        let state = Guard::into_inner(state);
+        let KindBucket::Shared(fleet) = &state.buckets[kind.index()] else {
+            unreachable!("checked above")
+        };
+        let (local, limit, burst) = match kind {
+            LimitKind::Request => (
+                state.local.request,
+                state.limits.request_rate,
+                state.limits.request_burst_size,
+            ),
+            LimitKind::Ingestion => (
+                state.local.ingestion,
+                state.limits.ingestion_rate,
+                state.limits.ingestion_burst_size,
+            ),
+        };
+        let rejection = |cause, remaining| Rejection {
+            kind,
+            cause,
+            limit,
+            burst,
+            local_limit: local.per_second(),
+            cost,
+            remaining,
+        };
+        let policy = state.limits.on_store_failure;
+        let outcome = match &self.shared {
+            Some(shared) => {
+                let shards = state.limits.store_shards.max(1);
+                let lease = tenant.leases[kind.index()]
+                    .get_or_init(|| Lease::new(&shared.config, shards, self.now()));
+                let request = SharedRequest {
+                    tenant: &tenant.name,
+                    kind,
+                    cost,
+                    shard_rate: shard_rate(fleet.rate(), shards),
+                    shards,
+                };
+                shared::decide(shared, lease, request, || self.now()).await
             }
-            Outcome::TooLarge => Err(rejection(RejectionCause::LargerThanBurst, 0)),
+            None => SharedOutcome::StoreFailed,
+        };
+        let usage = &tenant.usage[kind.index()];
+        match outcome {
+            SharedOutcome::Admitted => {
+                // Kept current for the day the store fails, and for the peers' views.
+                fleet.charge(cost, self.now());
+                usage.admitted.fetch_add(cost, Ordering::Relaxed);
+                Ok(())
+            }
+            SharedOutcome::Refused(outcome) => outcome_to_result(outcome, rejection),
+            SharedOutcome::StoreFailed => {
+                let result = match policy {
+                    StoreFailurePolicy::Open => {
+                        outcome_to_result(self.check_fleet(tenant, kind, fleet, cost), rejection)
+                    }
+                    StoreFailurePolicy::Closed => {
+                        Err(rejection(RejectionCause::StoreUnavailable, 0))
+                    }
+                };
+                if let Some(shared) = &self.shared {
+                    shared.observer.policy_decision(policy, result.is_ok());
+                }
+                result
+            }
+        }
+    }
+
+    /// Gives leased tokens back to the store: expired ones and what demand no longer needs,
+    /// or all of them (`all`, on shutdown; and for tenants no longer `shared`).
+    pub async fn return_leases(&self, all: bool) {
+        let Some(shared) = &self.shared else {
+            return;
+        };
+        let tenants: Vec<Arc<Tenant<H::Data, C>>> = self
+            .tenants
+            .pin()
+            .values()
+            .filter(|tenant| tenant.leases.iter().any(|lease| lease.get().is_some()))
+            .cloned()
+            .collect();
+        for tenant in tenants {
+            let state = tenant.state.load_full();
+            for kind in [LimitKind::Request, LimitKind::Ingestion] {
+                let Some(lease) = tenant.leases[kind.index()].get() else {
+                    continue;
+                };
+                let still_shared = matches!(state.buckets[kind.index()], KindBucket::Shared(_));
+                let Some(rate) = state.buckets[kind.index()].fleet().map(FleetBucket::rate) else {
+                    // No longer a bucket with a shape to return into: the tokens lapse.
+                    lease.surplus(&shared.config, true, self.now());
+                    continue;
+                };
+                let shards = state.limits.store_shards.max(1);
+                let key = BucketKey {
+                    tenant: &tenant.name,
+                    kind,
+                    shard: lease.home_shard(shards),
+                };
+                shared::give_back(
+                    shared,
+                    lease,
+                    key,
+                    shard_rate(rate, shards),
+                    all || !still_shared,
+                    || self.now(),
+                )
+                .await;
+            }
         }
     }
 
@@ -530,25 +699,27 @@ impl<H: TenantHooks, C: Clock + Clone> Limiter<H, C> {
             return;
         }
         let now = self.now();
-        let carry = |old: &KindBucket<C>, limit: LocalLimit| match (old, limit) {
-            (_, LocalLimit::Unlimited | LocalLimit::Deny) => KindBucket::None,
-            (KindBucket::None, LocalLimit::Divided(rate)) => {
-                KindBucket::Divided(Bucket::new(rate, &self.clock))
-            }
-            (KindBucket::None, LocalLimit::Fleet(rate)) => {
-                KindBucket::Fleet(FleetBucket::full(rate, now))
-            }
-            (KindBucket::Divided(old), LocalLimit::Divided(rate)) => {
-                KindBucket::Divided(old.carry_over(rate))
-            }
-            (KindBucket::Divided(old), LocalLimit::Fleet(rate)) => {
-                KindBucket::Fleet(FleetBucket::with_level(rate, old.drain_available(), now))
-            }
-            (KindBucket::Fleet(old), LocalLimit::Fleet(rate)) => {
-                KindBucket::Fleet(old.reshaped(rate, now))
-            }
-            (KindBucket::Fleet(old), LocalLimit::Divided(rate)) => {
-                KindBucket::Divided(Bucket::with_tokens(rate, old.level(now), &self.clock))
+        let carry = |old: &KindBucket<C>, limit: LocalLimit| {
+            let view = |rate: Rate| match old {
+                KindBucket::None => FleetBucket::full(rate, now),
+                KindBucket::Divided(old) => {
+                    FleetBucket::with_level(rate, old.drain_available(), now)
+                }
+                KindBucket::Fleet(old) | KindBucket::Shared(old) => old.reshaped(rate, now),
+            };
+            match (old, limit) {
+                (_, LocalLimit::Unlimited | LocalLimit::Deny) => KindBucket::None,
+                (_, LocalLimit::Fleet(rate)) => KindBucket::Fleet(view(rate)),
+                (_, LocalLimit::Shared(rate)) => KindBucket::Shared(view(rate)),
+                (KindBucket::None, LocalLimit::Divided(rate)) => {
+                    KindBucket::Divided(Bucket::new(rate, &self.clock))
+                }
+                (KindBucket::Divided(old), LocalLimit::Divided(rate)) => {
+                    KindBucket::Divided(old.carry_over(rate))
+                }
+                (KindBucket::Fleet(old) | KindBucket::Shared(old), LocalLimit::Divided(rate)) => {
+                    KindBucket::Divided(Bucket::with_tokens(rate, old.level(now), &self.clock))
+                }
             }
         };
         let rebuilt = TenantState {
@@ -617,8 +788,7 @@ impl<H: TenantHooks, C: Clock + Clone> Limiter<H, C> {
                 let kind_usage = &tenant.usage[kind.index()];
                 let applied = kind_usage.peers_applied.fetch_max(total, Ordering::AcqRel);
                 let spent = total.saturating_sub(applied);
-                if let (true, KindBucket::Fleet(fleet)) = (spent > 0, &state.buckets[kind.index()])
-                {
+                if let (true, Some(fleet)) = (spent > 0, state.buckets[kind.index()].fleet()) {
                     fleet.charge(spent, at);
                 }
                 let rate = f64::from_bits(kind_usage.peer_rate.load(Ordering::Relaxed));
@@ -707,11 +877,15 @@ impl<H: TenantHooks, C: Clock + Clone> Limiter<H, C> {
             );
             let state = tenant.state.load();
             let refill = Duration::from_secs_f64(state.local.refill_seconds().min(1e9));
-            // A fleet view in debt (peers spent more) is not full whatever the idle time.
-            let full = state.buckets.iter().all(|bucket| match bucket {
-                KindBucket::Fleet(fleet) => fleet.level(now) >= fleet.rate().burst as f64,
-                _ => true,
-            });
+            // A fleet view in debt (peers spent more) is not full whatever the idle time, and
+            // leased tokens go back to the store before the tenant goes.
+            let full = state.buckets.iter().all(|bucket| match bucket.fleet() {
+                Some(fleet) => fleet.level(now) >= fleet.rate().burst as f64,
+                None => true,
+            }) && tenant
+                .leases
+                .iter()
+                .all(|lease| lease.get().is_none_or(|lease| lease.tokens() == 0));
             // One tick of slack: `last_seen` is read from the coarse clock.
             let keep = !full || idle <= self.idle_timeout.max(refill) + COARSE_CLOCK_TICK;
             if !keep {
@@ -734,10 +908,7 @@ impl<H: TenantHooks, C: Clock + Clone> Limiter<H, C> {
             .iter()
             .map(|(name, tenant)| {
                 let state = tenant.state.load();
-                let level = |bucket: &KindBucket<C>| match bucket {
-                    KindBucket::Fleet(fleet) => Some(fleet.level(now)),
-                    _ => None,
-                };
+                let level = |bucket: &KindBucket<C>| bucket.fleet().map(|fleet| fleet.level(now));
                 let totals = peers.get(name.as_ref()).copied().unwrap_or_default();
                 TenantView {
                     tenant: name.to_string(),
@@ -766,6 +937,19 @@ impl<H: TenantHooks, C: Clock + Clone> Limiter<H, C> {
         let now = self.now();
         self.coarse_now.store(now, Ordering::Relaxed);
         now
+    }
+}
+
+fn outcome_to_result(
+    outcome: Outcome,
+    rejection: impl Fn(RejectionCause, u64) -> Rejection,
+) -> Result<(), Rejection> {
+    match outcome {
+        Outcome::Allowed => Ok(()),
+        Outcome::Denied { wait, available } => {
+            Err(rejection(RejectionCause::RateLimited { wait }, available))
+        }
+        Outcome::TooLarge => Err(rejection(RejectionCause::LargerThanBurst, 0)),
     }
 }
 

@@ -36,6 +36,9 @@ pub enum LocalLimit {
     Divided(Rate),
     /// `weighted`: this replica's view of the fleet-wide bucket, which has this shape.
     Fleet(Rate),
+    /// `shared`: the fleet-wide bucket in the store, which has this shape (split over
+    /// `store_shards` sub-buckets there).
+    Shared(Rate),
 }
 
 impl LocalLimit {
@@ -46,7 +49,9 @@ impl LocalLimit {
         match self {
             LocalLimit::Unlimited => f64::INFINITY,
             LocalLimit::Deny => 0.0,
-            LocalLimit::Divided(rate) | LocalLimit::Fleet(rate) => rate.per_second,
+            LocalLimit::Divided(rate) | LocalLimit::Fleet(rate) | LocalLimit::Shared(rate) => {
+                rate.per_second
+            }
         }
     }
 
@@ -54,7 +59,7 @@ impl LocalLimit {
     /// changes no decision.
     pub fn refill_seconds(&self) -> f64 {
         match self {
-            LocalLimit::Divided(rate) | LocalLimit::Fleet(rate) => {
+            LocalLimit::Divided(rate) | LocalLimit::Fleet(rate) | LocalLimit::Shared(rate) => {
                 rate.burst as f64 / rate.per_second
             }
             LocalLimit::Unlimited | LocalLimit::Deny => 0.0,
@@ -87,6 +92,10 @@ pub fn local_limits(limits: &TenantLimits, healthy_replicas: usize) -> LocalLimi
             per_second: rate,
             burst,
         }),
+        RateLimitStrategy::Shared => LocalLimit::Shared(Rate {
+            per_second: rate,
+            burst,
+        }),
     };
     LocalLimits {
         request: if limits.request_rate == 0.0 {
@@ -111,6 +120,16 @@ pub fn settling_budget(rate: Rate, healthy_replicas: usize, elapsed: Duration) -
     (rate.burst as f64 + rate.per_second * elapsed.as_secs_f64()) / healthy_replicas.max(1) as f64
 }
 
+/// One of `shards` sub-buckets of a shared bucket: the rate and burst divided (the burst
+/// rounded up, so the sub-buckets together hold at least the configured burst).
+pub fn shard_rate(rate: Rate, shards: u32) -> Rate {
+    let shards = shards.max(1);
+    Rate {
+        per_second: rate.per_second / shards as f64,
+        burst: rate.burst.div_ceil(shards as u64).max(1),
+    }
+}
+
 impl LocalLimits {
     /// Seconds until every bucket would be full again if idle.
     pub fn refill_seconds(&self) -> f64 {
@@ -132,6 +151,7 @@ mod tests {
             request_rate,
             request_burst_size: 10,
             rate_limit_strategy: strategy,
+            ..TenantLimits::default()
         }
     }
 

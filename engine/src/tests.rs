@@ -404,3 +404,222 @@ fn tenant_cap_refuses_only_new_tenants_until_idle_ones_go() {
     limiter.evict_idle();
     assert!(limiter.tenant("c").is_ok());
 }
+
+mod shared_tests {
+    use super::*;
+    use crate::shared::{Shared, SharedConfig, StoreObserver};
+    use crate::store::{BucketKey, Grant, MemoryStore, Store, StoreError, StoreFuture};
+    use std::sync::atomic::AtomicU64;
+
+    const SHARED: &str = "overrides:\n  s:\n    ingestion_rate: 1000\n    ingestion_burst_size: 1000\n    rate_limit_strategy: shared\n  closed:\n    ingestion_rate: 1000\n    ingestion_burst_size: 1000\n    rate_limit_strategy: shared\n    on_store_failure: closed\n";
+
+    /// Counts store calls; fails every call while `down` is set.
+    struct Flaky<S> {
+        inner: S,
+        calls: AtomicU64,
+        down: std::sync::atomic::AtomicBool,
+    }
+
+    impl<S: Store> Store for Flaky<S> {
+        fn take<'a>(
+            &'a self,
+            key: BucketKey<'a>,
+            rate: Rate,
+            want: u64,
+            min: u64,
+        ) -> StoreFuture<'a, Grant> {
+            self.calls.fetch_add(1, Ordering::Relaxed);
+            if self.down.load(Ordering::Relaxed) {
+                return Box::pin(std::future::ready(Err(StoreError::Failed("down".into()))));
+            }
+            self.inner.take(key, rate, want, min)
+        }
+        fn give_back<'a>(
+            &'a self,
+            key: BucketKey<'a>,
+            rate: Rate,
+            tokens: u64,
+        ) -> StoreFuture<'a, ()> {
+            self.inner.give_back(key, rate, tokens)
+        }
+    }
+
+    #[derive(Default)]
+    struct Recorded {
+        leased: AtomicU64,
+        returned: AtomicU64,
+    }
+    struct Recorder(Arc<Recorded>);
+    impl StoreObserver for Recorder {
+        fn leased(&self, tokens: u64) {
+            self.0.leased.fetch_add(tokens, Ordering::Relaxed);
+        }
+        fn returned(&self, tokens: u64) {
+            self.0.returned.fetch_add(tokens, Ordering::Relaxed);
+        }
+    }
+
+    type Store_ = Flaky<MemoryStore<FakeRelativeClock>>;
+
+    fn replica(
+        store: Arc<Store_>,
+        clock: &FakeRelativeClock,
+        recorded: Arc<Recorded>,
+    ) -> TestLimiter {
+        let shared = Shared::new(
+            store as Arc<dyn Store>,
+            SharedConfig {
+                calls_per_tenant: 1000.0,
+                ..SharedConfig::default()
+            },
+            Box::new(Recorder(recorded)),
+        );
+        Limiter::with_clock(
+            config(SHARED),
+            Duration::from_secs(60),
+            Counting::default(),
+            clock.clone(),
+        )
+        .with_shared(Arc::new(shared))
+    }
+
+    fn store(clock: &FakeRelativeClock) -> Arc<Store_> {
+        Arc::new(Flaky {
+            inner: MemoryStore::new(clock.clone()),
+            calls: AtomicU64::new(0),
+            down: Default::default(),
+        })
+    }
+
+    async fn admit(limiter: &TestLimiter, name: &str, cost: u64) -> Result<(), Rejection> {
+        let tenant = limiter.tenant(name).unwrap();
+        limiter.admit(&tenant, LimitKind::Ingestion, cost).await
+    }
+
+    #[tokio::test]
+    async fn leases_serve_most_decisions_without_the_store() {
+        let clock = FakeRelativeClock::default();
+        let store = store(&clock);
+        let limiter = replica(Arc::clone(&store), &clock, Arc::default());
+        let mut admitted = 0;
+        // 400 items/s offered for 5 s, in requests of 1: 2 000 decisions.
+        for _ in 0..2_000 {
+            clock.advance(Duration::from_micros(2_500));
+            if admit(&limiter, "s", 1).await.is_ok() {
+                admitted += 1;
+            }
+        }
+        assert_eq!(admitted, 2_000, "under the limit, nothing refused");
+        let calls = store.calls.load(Ordering::Relaxed);
+        assert!(calls <= 80, "{calls} store calls for 2 000 decisions");
+    }
+
+    /// Three replicas over one store, 3 000 items/s offered against a limit of 1 000/s with
+    /// a burst of 1 000: the fleet admits at most B + L·(t + lease TTL).
+    #[tokio::test]
+    async fn replicas_sharing_a_store_never_admit_more_than_the_limit() {
+        let clock = FakeRelativeClock::default();
+        let store = store(&clock);
+        let replicas: Vec<TestLimiter> = (0..3)
+            .map(|_| replica(Arc::clone(&store), &clock, Arc::default()))
+            .collect();
+        let mut admitted = 0u64;
+        let seconds = 10;
+        for step in 0..(seconds * 3_000) {
+            clock.advance(Duration::from_micros(1_000_000 / 3_000));
+            if admit(&replicas[step % 3], "s", 1).await.is_ok() {
+                admitted += 1;
+            }
+        }
+        let bound = 1_000.0 + 1_000.0 * (seconds as f64 + 0.5);
+        assert!(admitted as f64 <= bound, "{admitted} > {bound}");
+        assert!(
+            admitted as f64 >= 0.95 * (1_000.0 + 1_000.0 * seconds as f64),
+            "{admitted}"
+        );
+    }
+
+    #[tokio::test]
+    async fn store_failure_follows_each_tenant_s_policy() {
+        let clock = FakeRelativeClock::default();
+        let store = store(&clock);
+        let limiter = replica(Arc::clone(&store), &clock, Arc::default());
+        store.down.store(true, Ordering::Relaxed);
+        // open: the fleet view decides (the tenant is new to the fleet: it settles first).
+        clock.advance(Duration::from_secs(2));
+        assert_eq!(admit(&limiter, "s", 10).await, Ok(()));
+        // closed: refused, saying the store is unavailable.
+        assert_eq!(
+            admit(&limiter, "closed", 10).await.unwrap_err().cause,
+            RejectionCause::StoreUnavailable
+        );
+        // After five failures the breaker is open: no more calls.
+        for _ in 0..10 {
+            let _ = admit(&limiter, "closed", 1).await;
+        }
+        let calls = store.calls.load(Ordering::Relaxed);
+        for _ in 0..100 {
+            let _ = admit(&limiter, "closed", 1).await;
+        }
+        assert_eq!(
+            store.calls.load(Ordering::Relaxed),
+            calls,
+            "nothing waits on a sick store"
+        );
+        // The store comes back; after the open period a probe closes the breaker.
+        store.down.store(false, Ordering::Relaxed);
+        clock.advance(Duration::from_secs(1));
+        assert_eq!(admit(&limiter, "closed", 1).await, Ok(()));
+    }
+
+    #[tokio::test]
+    async fn unspent_leases_go_back_and_crashed_ones_are_lost_not_doubled() {
+        let clock = FakeRelativeClock::default();
+        let store = store(&clock);
+        let recorded = Arc::new(Recorded::default());
+        let limiter = replica(Arc::clone(&store), &clock, Arc::clone(&recorded));
+        // Demand of 1 000/s for a second: leases of ~100.
+        for _ in 0..100 {
+            clock.advance(Duration::from_millis(10));
+            admit(&limiter, "s", 10).await.unwrap();
+        }
+        let leased = recorded.leased.load(Ordering::Relaxed);
+        assert!(leased >= 1_000, "{leased}");
+        limiter.return_leases(true).await;
+        let returned = recorded.returned.load(Ordering::Relaxed);
+        assert_eq!(leased - returned, 1_000, "everything not spent went back");
+        let key = BucketKey {
+            tenant: "s",
+            kind: LimitKind::Ingestion,
+            shard: 0,
+        };
+        let rate = Rate {
+            per_second: 1000.0,
+            burst: 1000,
+        };
+        assert!(store.inner.tokens(key, rate) <= 1000.0);
+    }
+
+    #[tokio::test]
+    async fn a_request_larger_than_a_sub_bucket_can_never_pass() {
+        let clock = FakeRelativeClock::default();
+        let store = store(&clock);
+        let shared = Shared::new(
+            Arc::clone(&store) as Arc<dyn Store>,
+            SharedConfig::default(),
+            Box::new(crate::shared::Unobserved),
+        );
+        let limiter = Limiter::with_clock(
+            config("overrides:\n  h:\n    ingestion_rate: 900\n    ingestion_burst_size: 900\n    rate_limit_strategy: shared\n    store_shards: 3\n"),
+            Duration::from_secs(60),
+            Counting::default(),
+            clock.clone(),
+        )
+        .with_shared(Arc::new(shared));
+        assert_eq!(admit(&limiter, "h", 300).await, Ok(()));
+        assert_eq!(
+            admit(&limiter, "h", 301).await.unwrap_err().cause,
+            RejectionCause::LargerThanBurst
+        );
+    }
+}

@@ -80,6 +80,13 @@ impl RuntimeConfig {
         }
     }
 
+    /// Whether any tenant (or the defaults) uses the `shared` strategy, which needs a store.
+    pub fn uses_shared_store(&self) -> bool {
+        std::iter::once(&self.defaults.tenant)
+            .chain(self.overrides.values())
+            .any(|limits| limits.rate_limit_strategy == crate::limits::RateLimitStrategy::Shared)
+    }
+
     /// Parses one file's content. An empty file means "no overrides".
     pub fn parse(content: &str, defaults: Defaults) -> Result<Self, ConfigError> {
         let sha256 = hex_sha256(content.as_bytes());

@@ -16,5 +16,5 @@ mod mimir_keys;
 pub mod reload;
 
 pub use config::{ConfigError, RenderMode, RuntimeConfig};
-pub use limits::{Defaults, InstanceLimits, RateLimitStrategy, TenantLimits};
+pub use limits::{Defaults, InstanceLimits, RateLimitStrategy, StoreFailurePolicy, TenantLimits};
 pub use reload::{ReloadMetrics, Reloader};

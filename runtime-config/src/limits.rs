@@ -12,11 +12,14 @@ use serde::{Deserialize, Serialize};
 pub enum RateLimitStrategy {
     /// Mimir's: local rate = tenant rate ÷ healthy replicas. Burst is not divided.
     Divided,
-    /// Local rate and burst = tenant limit × this replica's share of the tenant's recent
-    /// demand, learned over gossip, with floors. Holds under any load-balancer skew; the
-    /// default, since it was measured at least as accurate as `divided` under even load.
+    /// Every replica keeps a view of one fleet-wide bucket: its own admissions at once, the
+    /// peers' as gossip reports them. Holds under any load-balancer skew and any traffic
+    /// shape, with no per-request coordination; the default.
     #[default]
     Weighted,
+    /// The authoritative bucket lives in the shared store (Redis); replicas lease tokens
+    /// from it. A hard limit, for as long as the store answers (see `on_store_failure`).
+    Shared,
 }
 
 impl RateLimitStrategy {
@@ -24,6 +27,29 @@ impl RateLimitStrategy {
         match self {
             RateLimitStrategy::Divided => "divided",
             RateLimitStrategy::Weighted => "weighted",
+            RateLimitStrategy::Shared => "shared",
+        }
+    }
+}
+
+/// What a `shared` tenant's decisions do while the store cannot answer in time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum StoreFailurePolicy {
+    /// Fall back to `weighted` (the fleet view over gossip) for the outage: availability
+    /// first, the limit held approximately.
+    #[default]
+    Open,
+    /// Refuse with 503 and `Retry-After` (`err-weir-store-unavailable`): nothing is admitted
+    /// that the store did not grant.
+    Closed,
+}
+
+impl StoreFailurePolicy {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            StoreFailurePolicy::Open => "open",
+            StoreFailurePolicy::Closed => "closed",
         }
     }
 }
@@ -44,6 +70,12 @@ pub struct TenantLimits {
     pub request_burst_size: u64,
     /// How the fleet-wide limit becomes a local one.
     pub rate_limit_strategy: RateLimitStrategy,
+    /// `shared` only: what decisions do while the store is down or slow.
+    pub on_store_failure: StoreFailurePolicy,
+    /// `shared` only: the bucket is split into this many sub-buckets with their own hash
+    /// tags, each holding limit ÷ K, so a hot tenant's load lands on several Redis masters.
+    /// A single request may then be at most burst ÷ K.
+    pub store_shards: u32,
 }
 
 impl Default for TenantLimits {
@@ -54,6 +86,8 @@ impl Default for TenantLimits {
             request_rate: 0.0,
             request_burst_size: 0,
             rate_limit_strategy: RateLimitStrategy::Weighted,
+            on_store_failure: StoreFailurePolicy::Open,
+            store_shards: 1,
         }
     }
 }
@@ -67,6 +101,8 @@ pub(crate) struct TenantOverride {
     pub request_rate: Option<f64>,
     pub request_burst_size: Option<u64>,
     pub rate_limit_strategy: Option<RateLimitStrategy>,
+    pub on_store_failure: Option<StoreFailurePolicy>,
+    pub store_shards: Option<u32>,
 }
 
 impl TenantOverride {
@@ -83,6 +119,8 @@ impl TenantOverride {
             rate_limit_strategy: self
                 .rate_limit_strategy
                 .unwrap_or(defaults.rate_limit_strategy),
+            on_store_failure: self.on_store_failure.unwrap_or(defaults.on_store_failure),
+            store_shards: self.store_shards.unwrap_or(defaults.store_shards),
         }
     }
 }
@@ -97,6 +135,12 @@ impl TenantLimits {
                 "ingestion_burst_size is 0 while ingestion_rate is {}: no sample could ever \
                  pass; set ingestion_burst_size to at least the largest request's sample count",
                 self.ingestion_rate
+            ));
+        }
+        if !(1..=64).contains(&self.store_shards) {
+            return Err(format!(
+                "store_shards must be between 1 and 64, got {}",
+                self.store_shards
             ));
         }
         if self.request_rate > 0.0 && self.request_burst_size == 0 {

@@ -70,7 +70,13 @@ pub struct Reloader {
     /// Hash of the bytes last looked at, good or bad: an unchanged file is not re-parsed,
     /// so a bad file is logged once, not once per period.
     last_seen_sha256: Option<String>,
+    /// What the embedding service requires of a config beyond its own rules (for example a
+    /// store for `shared` tenants).
+    check: Check,
 }
+
+/// A rule a config must meet to be put in force; the error names what is wrong.
+type Check = Box<dyn Fn(&RuntimeConfig) -> Result<(), String> + Send>;
 
 impl Reloader {
     pub fn new(path: impl Into<PathBuf>, defaults: Defaults, metrics: ReloadMetrics) -> Self {
@@ -79,13 +85,32 @@ impl Reloader {
             defaults,
             metrics,
             last_seen_sha256: None,
+            check: Box::new(|_| Ok(())),
         }
+    }
+
+    /// Adds a rule every config must meet to be put in force, at start-up and on reload.
+    pub fn with_check(
+        mut self,
+        check: impl Fn(&RuntimeConfig) -> Result<(), String> + Send + 'static,
+    ) -> Self {
+        self.check = Box::new(check);
+        self
+    }
+
+    fn parse(&self, content: &str) -> Result<RuntimeConfig, ConfigError> {
+        let config = RuntimeConfig::parse(content, self.defaults)?;
+        (self.check)(&config).map_err(|message| ConfigError::Invalid {
+            place: "the runtime config".into(),
+            message,
+        })?;
+        Ok(config)
     }
 
     /// The first load. Any error is returned: a bad file at start-up is fatal.
     pub fn load_first(&mut self) -> Result<RuntimeConfig, ConfigError> {
         let content = self.read()?;
-        let config = RuntimeConfig::parse(&content, self.defaults)?;
+        let config = self.parse(&content)?;
         self.last_seen_sha256 = Some(config.sha256.clone());
         self.accepted(&config);
         Ok(config)
@@ -111,7 +136,7 @@ impl Reloader {
             return None;
         }
         self.last_seen_sha256 = Some(sha256);
-        match RuntimeConfig::parse(&content, self.defaults) {
+        match self.parse(&content) {
             Ok(config) => {
                 self.accepted(&config);
                 tracing::info!(path = %self.path.display(), sha256 = %config.sha256, "runtime config reloaded");

@@ -1,0 +1,301 @@
+//! The shared store behind `shared`: the small interface the engine talks to, the bucket
+//! algorithm the store runs atomically (as a pure function, so the Lua twin in the Redis store
+//! is tested against it), and an in-memory store for tests and single-process use.
+//!
+//! The engine never knows which store it runs against (Kuadrant/limitador's habit): Redis and
+//! memory are two implementations of [`Store`].
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use governor::clock::Clock;
+
+use crate::bucket::nanos_between;
+use crate::limiter::LimitKind;
+use crate::maths::Rate;
+
+/// Which bucket: a tenant's request or ingestion limit, and (with `store_shards`) which of
+/// its sub-buckets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct BucketKey<'a> {
+    pub tenant: &'a str,
+    pub kind: LimitKind,
+    pub shard: u32,
+}
+
+impl BucketKey<'_> {
+    /// The key as the Redis store names it: `weir:{tenant}:i`, with the hash tag around the
+    /// tenant (and the shard, when there are several) so one script touches one slot.
+    pub fn redis_key(&self) -> String {
+        let kind = match self.kind {
+            LimitKind::Request => 'r',
+            LimitKind::Ingestion => 'i',
+        };
+        if self.shard == 0 {
+            format!("weir:{{{}}}:{kind}", self.tenant)
+        } else {
+            format!("weir:{{{}#{}}}:{kind}", self.tenant, self.shard)
+        }
+    }
+}
+
+/// What a take got.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Grant {
+    /// Tokens taken: between `min` and `want`, or 0.
+    pub granted: u64,
+    /// Tokens left in the bucket afterwards.
+    pub remaining: f64,
+    /// When nothing was granted: how long until `min` tokens are there.
+    pub wait: Duration,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum StoreError {
+    /// No answer within the store timeout.
+    Timeout(Duration),
+    /// The store answered with an error, or could not be reached.
+    Failed(String),
+}
+
+impl std::fmt::Display for StoreError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            StoreError::Timeout(timeout) => write!(f, "no answer within {timeout:?}"),
+            StoreError::Failed(reason) => write!(f, "{reason}"),
+        }
+    }
+}
+
+impl std::error::Error for StoreError {}
+
+pub type StoreFuture<'a, T> = Pin<Box<dyn Future<Output = Result<T, StoreError>> + Send + 'a>>;
+
+/// The shared, authoritative buckets. Every operation is atomic in the store and reads the
+/// store's own clock, never the caller's.
+pub trait Store: Send + Sync + 'static {
+    /// Refills the bucket to now, then takes between `min` and `want` tokens if at least
+    /// `min` are there (as many as are there, up to `want`), else nothing.
+    fn take<'a>(
+        &'a self,
+        key: BucketKey<'a>,
+        rate: Rate,
+        want: u64,
+        min: u64,
+    ) -> StoreFuture<'a, Grant>;
+
+    /// Puts unspent tokens back (capped at the burst).
+    fn give_back<'a>(&'a self, key: BucketKey<'a>, rate: Rate, tokens: u64) -> StoreFuture<'a, ()>;
+}
+
+/// A bucket as the store keeps it: tokens, and when they were last refilled (microseconds on
+/// the store's clock).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct StoredBucket {
+    pub tokens: f64,
+    pub at_micros: u64,
+}
+
+/// The algorithm the store runs atomically: refill for the time elapsed (never negative:
+/// a store clock that steps back refills nothing), cap at the burst, take. A missing bucket
+/// is full. Returns the new state and the grant. `take.lua` is its twin.
+pub fn take(
+    bucket: Option<StoredBucket>,
+    now_micros: u64,
+    rate: Rate,
+    want: u64,
+    min: u64,
+) -> (StoredBucket, Grant) {
+    let burst = rate.burst as f64;
+    let mut tokens = refilled(bucket, now_micros, rate);
+    let mut granted = 0;
+    let mut wait = Duration::ZERO;
+    if tokens >= min as f64 {
+        granted = want.min(tokens.floor() as u64).max(min);
+        tokens -= granted as f64;
+    } else {
+        wait = Duration::from_secs_f64(((min as f64 - tokens) / rate.per_second).max(0.0));
+    }
+    let state = StoredBucket {
+        tokens: tokens.min(burst),
+        at_micros: now_micros,
+    };
+    (
+        state,
+        Grant {
+            granted,
+            remaining: state.tokens,
+            wait,
+        },
+    )
+}
+
+/// Tokens given back are added after the refill, capped at the burst: returning can never
+/// make a bucket fuller than full.
+pub fn give_back(
+    bucket: Option<StoredBucket>,
+    now_micros: u64,
+    rate: Rate,
+    tokens: u64,
+) -> StoredBucket {
+    StoredBucket {
+        tokens: (refilled(bucket, now_micros, rate) + tokens as f64).min(rate.burst as f64),
+        at_micros: now_micros,
+    }
+}
+
+fn refilled(bucket: Option<StoredBucket>, now_micros: u64, rate: Rate) -> f64 {
+    let burst = rate.burst as f64;
+    match bucket {
+        None => burst,
+        Some(bucket) => {
+            let elapsed = now_micros.saturating_sub(bucket.at_micros) as f64 / 1e6;
+            (bucket.tokens + elapsed * rate.per_second).min(burst)
+        }
+    }
+}
+
+/// Buckets in this process's memory, on the engine clock: the store for tests, and the
+/// reference the Redis store is checked against.
+pub struct MemoryStore<C: Clock> {
+    clock: C,
+    start: C::Instant,
+    buckets: Mutex<HashMap<String, StoredBucket>>,
+}
+
+impl<C: Clock> MemoryStore<C> {
+    pub fn new(clock: C) -> Self {
+        MemoryStore {
+            start: clock.now(),
+            clock,
+            buckets: Mutex::new(HashMap::new()),
+        }
+    }
+
+    fn now_micros(&self) -> u64 {
+        nanos_between(self.start, self.clock.now()) / 1000
+    }
+
+    /// The tokens in a bucket now, for tests.
+    pub fn tokens(&self, key: BucketKey<'_>, rate: Rate) -> f64 {
+        let buckets = self.buckets.lock().unwrap_or_else(|e| e.into_inner());
+        refilled(
+            buckets.get(&key.redis_key()).copied(),
+            self.now_micros(),
+            rate,
+        )
+    }
+}
+
+impl<C: Clock + Send + Sync + 'static> Store for MemoryStore<C>
+where
+    C::Instant: Send + Sync,
+{
+    fn take<'a>(
+        &'a self,
+        key: BucketKey<'a>,
+        rate: Rate,
+        want: u64,
+        min: u64,
+    ) -> StoreFuture<'a, Grant> {
+        let now = self.now_micros();
+        let mut buckets = self.buckets.lock().unwrap_or_else(|e| e.into_inner());
+        let name = key.redis_key();
+        let (state, grant) = take(buckets.get(&name).copied(), now, rate, want, min);
+        buckets.insert(name, state);
+        Box::pin(std::future::ready(Ok(grant)))
+    }
+
+    fn give_back<'a>(&'a self, key: BucketKey<'a>, rate: Rate, tokens: u64) -> StoreFuture<'a, ()> {
+        let now = self.now_micros();
+        let mut buckets = self.buckets.lock().unwrap_or_else(|e| e.into_inner());
+        let name = key.redis_key();
+        let state = give_back(buckets.get(&name).copied(), now, rate, tokens);
+        buckets.insert(name, state);
+        Box::pin(std::future::ready(Ok(())))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    const RATE: Rate = Rate {
+        per_second: 100.0,
+        burst: 50,
+    };
+
+    #[test]
+    fn a_missing_bucket_is_full_and_grants_what_is_there_up_to_want() {
+        let (state, grant) = take(None, 0, RATE, 30, 1);
+        assert_eq!((grant.granted, state.tokens), (30, 20.0));
+        let (state, grant) = take(Some(state), 0, RATE, 30, 1);
+        assert_eq!((grant.granted, state.tokens), (20, 0.0));
+        let (_, grant) = take(Some(state), 0, RATE, 30, 5);
+        assert_eq!(grant.granted, 0);
+        assert_eq!(grant.wait, Duration::from_millis(50));
+    }
+
+    #[test]
+    fn the_minimum_is_all_or_nothing() {
+        let full = StoredBucket {
+            tokens: 10.0,
+            at_micros: 0,
+        };
+        assert_eq!(take(Some(full), 0, RATE, 40, 11).1.granted, 0);
+        assert_eq!(take(Some(full), 0, RATE, 40, 10).1.granted, 10);
+    }
+
+    #[test]
+    fn a_clock_stepping_back_refills_nothing() {
+        let bucket = StoredBucket {
+            tokens: 0.0,
+            at_micros: 5_000_000,
+        };
+        let (state, grant) = take(Some(bucket), 1_000_000, RATE, 10, 1);
+        assert_eq!(grant.granted, 0);
+        assert_eq!(state.tokens, 0.0);
+    }
+
+    #[test]
+    fn giving_back_never_overfills() {
+        let bucket = StoredBucket {
+            tokens: 45.0,
+            at_micros: 0,
+        };
+        assert_eq!(give_back(Some(bucket), 0, RATE, 30).tokens, 50.0);
+        assert_eq!(give_back(None, 0, RATE, 30).tokens, 50.0);
+    }
+
+    proptest! {
+        /// Over any sequence of takes and returns, what was taken and kept is at most one
+        /// burst plus the rate over the time elapsed.
+        #[test]
+        fn takes_never_exceed_one_burst_plus_the_rate(
+            steps in prop::collection::vec((0u64..200_000, 1u64..80, 0u64..80, any::<bool>()), 1..200)
+        ) {
+            let mut bucket = None;
+            let (mut now, mut kept) = (0u64, 0i64);
+            for (gap, want, min, give) in steps {
+                now += gap;
+                if give && kept > 0 {
+                    let back = (kept as u64).min(want);
+                    bucket = Some(give_back(bucket, now, RATE, back));
+                    kept -= back as i64;
+                } else {
+                    let (state, grant) = take(bucket, now, RATE, want, min.min(want));
+                    prop_assert!(grant.granted == 0 || grant.granted >= min.min(want));
+                    prop_assert!(grant.granted <= want.max(min));
+                    bucket = Some(state);
+                    kept += grant.granted as i64;
+                }
+                prop_assert!(kept as f64 <= 50.0 + 100.0 * now as f64 / 1e6 + 1e-6);
+                prop_assert!(bucket.unwrap().tokens >= -1e-9);
+            }
+        }
+    }
+}

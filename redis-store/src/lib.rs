@@ -1,0 +1,189 @@
+//! weir's shared store on Redis or Redis Cluster: the engine's [`Store`] over two Lua scripts
+//! (`scripts/take.lua`, `scripts/give_back.lua`) that refill, check and change a token bucket
+//! in one atomic step on the store's own clock.
+//!
+//! Client: the `redis` crate (redis-rs). It is the maintained Rust client with both a
+//! reconnecting multiplexed connection for a single node (`ConnectionManager`) and an async
+//! cluster client that follows `MOVED` and `ASK` redirections and refreshes its slot map on
+//! failover; and its `Script` type sends `EVALSHA` and, on `NOSCRIPT` (after a restart,
+//! a failover, or `SCRIPT FLUSH`), loads the script and retries, so no call ever fails for a
+//! missing script.
+//!
+//! Keys carry a hash tag (`weir:{tenant}:i`), so all of a tenant's keys share a slot and one
+//! script can touch them; `store_shards` gives sub-buckets their own tags
+//! (`weir:{tenant#k}:i`) so a hot tenant's load lands on several masters.
+
+use std::time::Duration;
+
+use engine::store::{BucketKey, Grant, Store, StoreError, StoreFuture};
+use engine::Rate;
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::cluster::ClusterClientBuilder;
+use redis::cluster_async::ClusterConnection;
+use redis::{Client, Script};
+
+/// Where the store is and how to talk to it.
+#[derive(Debug, Clone)]
+pub struct RedisConfig {
+    /// `redis://` or `rediss://` URLs: one node, or several seeds of a cluster. A single URL
+    /// that points at a cluster node is detected (`INFO cluster`) and used as a seed.
+    pub urls: Vec<String>,
+    /// Bound on establishing a connection.
+    pub connect_timeout: Duration,
+    /// Bound on one command's answer inside the client (the engine also bounds each call).
+    pub response_timeout: Duration,
+}
+
+#[derive(Clone)]
+enum Connection {
+    Single(ConnectionManager),
+    Cluster(ClusterConnection),
+}
+
+/// The Redis store. Cheap to clone: connections are multiplexed and shared.
+#[derive(Clone)]
+pub struct RedisStore {
+    connection: Connection,
+    take: Script,
+    give_back: Script,
+    cluster: bool,
+}
+
+impl RedisStore {
+    /// Connects, and says whether it found a single node or a cluster.
+    pub async fn connect(config: &RedisConfig) -> Result<RedisStore, StoreError> {
+        let failed =
+            |what: &str, err: redis::RedisError| StoreError::Failed(format!("{what}: {err}"));
+        anyhow_free_ensure(!config.urls.is_empty(), "--store-url is empty")?;
+        let cluster = config.urls.len() > 1 || is_cluster(&config.urls[0], config).await?;
+        let connection = if cluster {
+            let client = ClusterClientBuilder::new(config.urls.clone())
+                .connection_timeout(config.connect_timeout)
+                .response_timeout(config.response_timeout)
+                .retries(3)
+                .build()
+                .map_err(|err| failed("invalid cluster seeds", err))?;
+            let connection =
+                tokio::time::timeout(config.connect_timeout * 2, client.get_async_connection())
+                    .await
+                    .map_err(|_| StoreError::Timeout(config.connect_timeout * 2))?
+                    .map_err(|err| failed("cannot connect to the Redis cluster", err))?;
+            Connection::Cluster(connection)
+        } else {
+            let client = Client::open(config.urls[0].as_str())
+                .map_err(|err| failed("invalid --store-url", err))?;
+            let manager = ConnectionManagerConfig::new()
+                .set_connection_timeout(Some(config.connect_timeout))
+                .set_response_timeout(Some(config.response_timeout))
+                .set_number_of_retries(2);
+            let connection = tokio::time::timeout(
+                config.connect_timeout * 2,
+                ConnectionManager::new_with_config(client, manager),
+            )
+            .await
+            .map_err(|_| StoreError::Timeout(config.connect_timeout * 2))?
+            .map_err(|err| failed("cannot connect to Redis", err))?;
+            Connection::Single(connection)
+        };
+        Ok(RedisStore {
+            connection,
+            take: Script::new(include_str!("../scripts/take.lua")),
+            give_back: Script::new(include_str!("../scripts/give_back.lua")),
+            cluster,
+        })
+    }
+
+    pub fn is_cluster(&self) -> bool {
+        self.cluster
+    }
+
+    /// `PING`, for `/ready`.
+    pub async fn ping(&self) -> Result<(), StoreError> {
+        let command = redis::cmd("PING");
+        match self.connection.clone() {
+            Connection::Single(mut connection) => {
+                command.query_async::<String>(&mut connection).await
+            }
+            Connection::Cluster(mut connection) => {
+                command.query_async::<String>(&mut connection).await
+            }
+        }
+        .map(|_| ())
+        .map_err(|err| StoreError::Failed(err.to_string()))
+    }
+
+    async fn invoke<T: redis::FromRedisValue>(
+        &self,
+        invocation: redis::ScriptInvocation<'_>,
+    ) -> Result<T, StoreError> {
+        let result = match self.connection.clone() {
+            Connection::Single(mut connection) => invocation.invoke_async(&mut connection).await,
+            Connection::Cluster(mut connection) => invocation.invoke_async(&mut connection).await,
+        };
+        result.map_err(|err| StoreError::Failed(err.to_string()))
+    }
+}
+
+fn anyhow_free_ensure(condition: bool, message: &str) -> Result<(), StoreError> {
+    if condition {
+        Ok(())
+    } else {
+        Err(StoreError::Failed(message.to_string()))
+    }
+}
+
+/// Whether the node at `url` runs in cluster mode.
+async fn is_cluster(url: &str, config: &RedisConfig) -> Result<bool, StoreError> {
+    let client = Client::open(url)
+        .map_err(|err| StoreError::Failed(format!("invalid --store-url: {err}")))?;
+    let info: String = tokio::time::timeout(config.connect_timeout * 2, async {
+        let mut connection = client.get_multiplexed_async_connection().await?;
+        redis::cmd("INFO")
+            .arg("cluster")
+            .query_async::<String>(&mut connection)
+            .await
+    })
+    .await
+    .map_err(|_| StoreError::Timeout(config.connect_timeout * 2))?
+    .map_err(|err| StoreError::Failed(format!("cannot reach {url}: {err}")))?;
+    Ok(info.contains("cluster_enabled:1"))
+}
+
+impl Store for RedisStore {
+    fn take<'a>(
+        &'a self,
+        key: BucketKey<'a>,
+        rate: Rate,
+        want: u64,
+        min: u64,
+    ) -> StoreFuture<'a, Grant> {
+        Box::pin(async move {
+            let mut invocation = self.take.prepare_invoke();
+            invocation
+                .key(key.redis_key())
+                .arg(rate.per_second)
+                .arg(rate.burst)
+                .arg(want)
+                .arg(min);
+            let (granted, remaining, wait): (u64, String, u64) = self.invoke(invocation).await?;
+            Ok(Grant {
+                granted,
+                remaining: remaining.parse().unwrap_or(0.0),
+                wait: Duration::from_micros(wait),
+            })
+        })
+    }
+
+    fn give_back<'a>(&'a self, key: BucketKey<'a>, rate: Rate, tokens: u64) -> StoreFuture<'a, ()> {
+        Box::pin(async move {
+            let mut invocation = self.give_back.prepare_invoke();
+            invocation
+                .key(key.redis_key())
+                .arg(rate.per_second)
+                .arg(rate.burst)
+                .arg(tokens);
+            let _: String = self.invoke(invocation).await?;
+            Ok(())
+        })
+    }
+}

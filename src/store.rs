@@ -1,0 +1,89 @@
+//! The shared store's edge: connects to Redis in the background (a store that is down at
+//! start-up must not keep weir from starting, nor crash-loop it), and until it is connected
+//! answers every call with an error at once, so the breaker and each tenant's failure policy
+//! decide instead of a wait.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use arc_swap::ArcSwapOption;
+use engine::store::{BucketKey, Grant, Store, StoreError, StoreFuture};
+use engine::Rate;
+use redis_store::{RedisConfig, RedisStore};
+
+pub struct ConnectingStore {
+    connected: ArcSwapOption<RedisStore>,
+    config: RedisConfig,
+}
+
+impl ConnectingStore {
+    /// Starts connecting in the background, retrying every second until it succeeds.
+    pub fn start(config: RedisConfig) -> Arc<ConnectingStore> {
+        let store = Arc::new(ConnectingStore {
+            connected: ArcSwapOption::empty(),
+            config,
+        });
+        let connecting = Arc::clone(&store);
+        tokio::spawn(async move {
+            let mut logged = false;
+            loop {
+                match RedisStore::connect(&connecting.config).await {
+                    Ok(redis) => {
+                        tracing::info!(
+                            urls = ?connecting.config.urls,
+                            cluster = redis.is_cluster(),
+                            "connected to the shared store"
+                        );
+                        connecting.connected.store(Some(Arc::new(redis)));
+                        return;
+                    }
+                    Err(err) => {
+                        if !logged {
+                            tracing::error!(%err, urls = ?connecting.config.urls, "cannot connect to the shared store; shared tenants follow their on_store_failure policy until it answers; retrying every second");
+                            logged = true;
+                        }
+                        tokio::time::sleep(Duration::from_secs(1)).await;
+                    }
+                }
+            }
+        });
+        store
+    }
+
+    /// Whether the store answers a `PING` within `timeout`, for `/ready`.
+    pub async fn reachable(&self, timeout: Duration) -> bool {
+        let Some(redis) = self.connected.load_full() else {
+            return false;
+        };
+        matches!(
+            tokio::time::timeout(timeout, redis.ping()).await,
+            Ok(Ok(()))
+        )
+    }
+}
+
+fn not_connected() -> StoreError {
+    StoreError::Failed("not connected to the shared store yet".to_string())
+}
+
+impl Store for ConnectingStore {
+    fn take<'a>(
+        &'a self,
+        key: BucketKey<'a>,
+        rate: Rate,
+        want: u64,
+        min: u64,
+    ) -> StoreFuture<'a, Grant> {
+        match self.connected.load_full() {
+            Some(redis) => Box::pin(async move { redis.take(key, rate, want, min).await }),
+            None => Box::pin(std::future::ready(Err(not_connected()))),
+        }
+    }
+
+    fn give_back<'a>(&'a self, key: BucketKey<'a>, rate: Rate, tokens: u64) -> StoreFuture<'a, ()> {
+        match self.connected.load_full() {
+            Some(redis) => Box::pin(async move { redis.give_back(key, rate, tokens).await }),
+            None => Box::pin(std::future::ready(Err(not_connected()))),
+        }
+    }
+}
