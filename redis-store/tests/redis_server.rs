@@ -107,7 +107,16 @@ impl RedisCluster {
             .map(|_| {
                 RedisServer::start_with(
                     free_port(),
-                    &["--cluster-enabled", "yes", "--cluster-node-timeout", "1000"],
+                    &[
+                        "--cluster-enabled",
+                        "yes",
+                        "--cluster-node-timeout",
+                        "1000",
+                        // Replicas sync at once (Redis 7 waits 5 s by default), so a replica
+                        // has the data and may be promoted as soon as the cluster is up.
+                        "--repl-diskless-sync-delay",
+                        "0",
+                    ],
                 )
             })
             .collect();
@@ -142,12 +151,20 @@ impl RedisCluster {
     pub fn wait_ok(&self) {
         let deadline = Instant::now() + Duration::from_secs(30);
         while Instant::now() < deadline {
-            if self
+            let alive: Vec<&RedisServer> = self
                 .nodes
                 .iter()
                 .filter(|node| node.child_alive())
-                .all(|node| node.cli(&["CLUSTER", "INFO"]).contains("cluster_state:ok"))
-            {
+                .collect();
+            let ok = alive
+                .iter()
+                .all(|node| node.cli(&["CLUSTER", "INFO"]).contains("cluster_state:ok"));
+            // And every replica in sync with its master.
+            let synced = alive.iter().all(|node| {
+                let replication = node.cli(&["INFO", "replication"]);
+                !replication.contains("role:slave") || replication.contains("master_link_status:up")
+            });
+            if ok && synced {
                 return;
             }
             std::thread::sleep(Duration::from_millis(100));
