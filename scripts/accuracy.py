@@ -70,7 +70,7 @@ def free_udp(ip):
 class Fleet:
     """N real replicas on their own 127.0.0.x addresses, one overrides file."""
 
-    def __init__(self, size, strategy, overrides_yaml):
+    def __init__(self, size, strategy, overrides_yaml, extra=()):
         self.dir = tempfile.mkdtemp(prefix="weir-accuracy-")
         overrides = os.path.join(self.dir, "overrides.yaml")
         with open(overrides, "w") as f:
@@ -87,7 +87,7 @@ class Fleet:
                  "--cluster-id", f"accuracy-{os.getpid()}-{first}", "--runtime-config", overrides,
                  "--ingestion-rate", str(LIMIT), "--ingestion-burst-size", str(LIMIT),
                  "--rate-limit-strategy", strategy, "--max-inflight-push-requests", "0",
-                 *EXTRA_ARGS],
+                 *EXTRA_ARGS, *extra],
                 stdout=subprocess.PIPE, stderr=open(os.path.join(self.dir, f"{ip}.log"), "w"),
                 text=True,
             )

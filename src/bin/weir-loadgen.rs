@@ -313,6 +313,8 @@ struct Stats {
     timeline: Vec<Vec<Cell>>,
     /// Per tenant: per second.
     tenant_timeline: Vec<Vec<Cell>>,
+    /// Per second (by due time): latencies, microseconds.
+    second_latencies_us: Vec<Vec<u64>>,
 }
 
 impl Stats {
@@ -365,6 +367,10 @@ struct Second {
     admitted_samples: u64,
     ideal_admitted_samples: u64,
     admitted_per_target: Vec<u64>,
+    /// Requests sent that second, and their latency.
+    requests: usize,
+    latency_ms_p50: Option<f64>,
+    latency_ms_p99: Option<f64>,
 }
 
 #[derive(Serialize)]
@@ -612,6 +618,7 @@ async fn main() -> anyhow::Result<()> {
         latencies_us: vec![Vec::new(); targets],
         timeline: vec![vec![[0; 3]; targets]; whole_seconds + 1],
         tenant_timeline: vec![vec![[0; 3]; whole_seconds + 1]; tenants.len()],
+        second_latencies_us: vec![Vec::new(); whole_seconds + 1],
         ..Stats::default()
     }));
     let outstanding = Arc::new(Semaphore::new(args.max_outstanding));
@@ -669,6 +676,7 @@ async fn main() -> anyhow::Result<()> {
             let mut stats = stats.lock().unwrap();
             stats.record(&send, target, second, &outcome, ideal);
             stats.latencies_us[target].push(latency);
+            stats.second_latencies_us[second].push(latency);
         });
         while tasks.try_join_next().is_some() {}
     }
@@ -707,14 +715,21 @@ async fn main() -> anyhow::Result<()> {
         timeline: stats
             .timeline
             .iter()
+            .zip(stats.second_latencies_us.iter_mut())
             .enumerate()
             .take(whole_seconds)
-            .map(|(second, cells)| Second {
-                second,
-                offered_samples: cells.iter().map(|c| c[0]).sum(),
-                admitted_samples: cells.iter().map(|c| c[1]).sum(),
-                ideal_admitted_samples: cells.iter().map(|c| c[2]).sum(),
-                admitted_per_target: cells.iter().map(|c| c[1]).collect(),
+            .map(|(second, (cells, latencies))| {
+                latencies.sort_unstable();
+                Second {
+                    second,
+                    offered_samples: cells.iter().map(|c| c[0]).sum(),
+                    admitted_samples: cells.iter().map(|c| c[1]).sum(),
+                    ideal_admitted_samples: cells.iter().map(|c| c[2]).sum(),
+                    admitted_per_target: cells.iter().map(|c| c[1]).collect(),
+                    requests: latencies.len(),
+                    latency_ms_p50: percentile(latencies, 0.5),
+                    latency_ms_p99: percentile(latencies, 0.99),
+                }
             })
             .collect(),
         per_tenant: tenants
