@@ -83,7 +83,7 @@ class Fleet:
         self.replicas = []
         for ip, addr in zip(ips, gossip):
             proc = subprocess.Popen(
-                [WEIR, "--http-addr", f"{ip}:0", "--gossip-addr", addr, "--join", ",".join(gossip),
+                [WEIR, "--http-addr", f"{ip}:0", "--grpc-addr", f"{ip}:0", "--gossip-addr", addr, "--join", ",".join(gossip),
                  "--cluster-id", f"accuracy-{os.getpid()}-{first}", "--runtime-config", overrides,
                  "--ingestion-rate", str(LIMIT), "--ingestion-burst-size", str(LIMIT),
                  "--rate-limit-strategy", strategy, "--max-inflight-push-requests", "0",

@@ -35,6 +35,11 @@ pub struct Config {
     #[arg(long, env = "WEIR_HTTP_ADDR", default_value = "127.0.0.1:8080")]
     pub http_addr: SocketAddr,
 
+    /// gRPC listen address of the admission API (`weir.admission.v1.Admission`) and Envoy's
+    /// rate-limit service; port 0 picks a free port. Advertised in the ring.
+    #[arg(long, env = "WEIR_GRPC_ADDR", default_value = "127.0.0.1:9095")]
+    pub grpc_addr: SocketAddr,
+
     /// Remote-write receiver to forward admitted pushes to (e.g.
     /// `http://prometheus:9090/api/v1/write`). Without it, weir runs in sink mode: admitted
     /// pushes are counted and acknowledged, then dropped.
@@ -351,6 +356,7 @@ impl Config {
                 rate_limit_strategy: self.rate_limit_strategy,
                 on_store_failure: self.on_store_failure,
                 store_shards: 1,
+                max_inflight_push_requests: 0,
             },
             instance: InstanceLimits {
                 max_inflight_push_requests: self.max_inflight_push_requests,
@@ -386,8 +392,9 @@ impl Config {
     }
 
     /// How this replica joins the ring; `http_addr` is what it publishes for operators.
-    pub fn ring(&self, http_addr: SocketAddr) -> ring::RingConfig {
+    pub fn ring(&self, http_addr: SocketAddr, grpc_addr: SocketAddr) -> ring::RingConfig {
         ring::RingConfig {
+            grpc_addr: Some(grpc_addr.to_string()),
             node_id: self.node_id.clone(),
             cluster_id: self.cluster_id.clone(),
             listen_addr: self.gossip_addr,
@@ -407,6 +414,7 @@ impl Config {
         let mut config = Config::load_from(["weir"]).expect("defaults are valid");
         config.http_addr = "127.0.0.1:0".parse().expect("valid address");
         config.gossip_addr = "127.0.0.1:0".parse().expect("valid address");
+        config.grpc_addr = "127.0.0.1:0".parse().expect("valid address");
         config.runtime_config = runtime_config.into();
         config
     }

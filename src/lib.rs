@@ -13,6 +13,8 @@
 //! - [`rejection`]: typed errors and their one mapping to status codes, headers and bodies.
 //! - [`metrics`]: every metric family, defined in one place.
 //! - [`ring_page`]: `GET /ring`, members and effective limits, HTML or JSON.
+//! - [`grpc`]: the admission API (`weir.admission.v1.Admission`) and Envoy's rate-limit
+//!   service on `--grpc-addr`; [`admission_http`] is its HTTP/JSON twin. Thin adapters.
 //! - [`store`]: the shared store's edge: Redis (the `redis-store` crate), connected in the
 //!   background so a store that is down never keeps weir from starting.
 //!
@@ -21,7 +23,9 @@
 //!
 //! The runtime overrides file is the `runtime-config` crate's business.
 
+pub mod admission_http;
 pub mod config;
+pub mod grpc;
 pub mod instance;
 pub mod metrics;
 pub mod push;

@@ -23,15 +23,18 @@ pub enum DiscardReason {
     RequestBodyTooLarge,
     /// The body was not valid snappy or not a valid `WriteRequest`.
     InvalidRequestBody,
+    /// The tenant had `max_inflight_push_requests` pushes in flight, fleet-wide.
+    TooManyInflightPushRequests,
 }
 
 impl DiscardReason {
-    pub const ALL: [DiscardReason; 5] = [
+    pub const ALL: [DiscardReason; 6] = [
         DiscardReason::RateLimited,
         DiscardReason::RequestRateLimited,
         DiscardReason::IngestionBurstExceeded,
         DiscardReason::RequestBodyTooLarge,
         DiscardReason::InvalidRequestBody,
+        DiscardReason::TooManyInflightPushRequests,
     ];
 
     /// The reasons decided once the body is decoded, so with a known sample count.
@@ -47,6 +50,7 @@ impl DiscardReason {
             DiscardReason::IngestionBurstExceeded => "ingestion_burst_exceeded",
             DiscardReason::RequestBodyTooLarge => "request_body_too_large",
             DiscardReason::InvalidRequestBody => "invalid_request_body",
+            DiscardReason::TooManyInflightPushRequests => "too_many_inflight_push_requests",
         }
     }
 }

@@ -62,7 +62,7 @@ pub async fn push(State(state): State<Arc<AppState>>, request: Request) -> Respo
 }
 
 async fn admit(
-    state: &AppState,
+    state: &Arc<AppState>,
     parts: &Parts,
     body: Body,
     format: &Result<Format, remote_write::UnsupportedMedia>,
@@ -102,7 +102,14 @@ async fn admit(
     //    before it costs a request token, and never passed uncharged.
     let format = format.clone()?;
 
-    // 4. Tenant request rate: one token per request, still before the body is read, so a
+    // 4. Tenant pushes in flight (`max_inflight_push_requests`), fleet-wide under the
+    //    tenant's strategy, before the body is read: a tenant's slow or stuck pushes cannot
+    //    pile up. The slot is held until the answer is ready.
+    let _slot = PushSlot::take(state, tenant_name)
+        .await
+        .map_err(|err| discard(err, 0))?;
+
+    // 5. Tenant request rate: one token per request, still before the body is read, so a
     //    tenant over its request rate costs no decompression.
     state
         .limiter
@@ -110,7 +117,7 @@ async fn admit(
         .await
         .map_err(|rejection| discard(PushError::RateLimited(rejection), 0))?;
 
-    // 5. Body: read up to the size limit, decompress, scan as its format. Bad input is the
+    // 6. Body: read up to the size limit, decompress, scan as its format. Bad input is the
     //    client's fault (4xx), never a panic.
     let max_size = state.config.max_request_body_size as usize;
     let body = read_body(body, content_length, max_size)
@@ -125,7 +132,7 @@ async fn admit(
         .await
         .map_err(|err| discard(PushError::Decode(err), 0))?;
 
-    // 6. Tenant ingestion rate: the cost is every item the request carries.
+    // 7. Tenant ingestion rate: the cost is every item the request carries.
     let cost = counts.cost();
     state
         .limiter
@@ -133,7 +140,7 @@ async fn admit(
         .await
         .map_err(|rejection| discard(PushError::RateLimited(rejection), cost))?;
 
-    // 7. Admitted: count it, then forward the client's bytes unchanged, or in sink mode just
+    // 8. Admitted: count it, then forward the client's bytes unchanged, or in sink mode just
     //    acknowledge. The in-flight guard is still held: the upstream wait counts.
     state.instance.record_admitted(cost);
     tenant.data.received_requests.inc();
@@ -157,6 +164,64 @@ async fn admit(
     drop(inflight);
     Ok(written)
 }
+
+/// One of a tenant's pushes in flight; given back when dropped, however the push ends.
+struct PushSlot {
+    state: Arc<AppState>,
+    lease: String,
+}
+
+impl PushSlot {
+    /// `None` when the tenant has no `max_inflight_push_requests`.
+    async fn take(state: &Arc<AppState>, tenant: &str) -> Result<Option<PushSlot>, PushError> {
+        let max = state
+            .limiter
+            .runtime_config()
+            .tenant_limits(tenant)
+            .max_inflight_push_requests;
+        if max == 0 {
+            return Ok(None);
+        }
+        // The lease outlives any push (its body read and its upstream wait) unless the
+        // replica dies; under `shared` it then frees itself.
+        let ttl = state.config.upstream_timeout + PUSH_SLOT_MARGIN;
+        let acquired = state
+            .limiter
+            .acquire_push(tenant, max, ttl)
+            .await
+            .map_err(|_| PushError::InflightUnavailable)?;
+        match acquired.lease_id {
+            Some(lease) if acquired.granted => Ok(Some(PushSlot {
+                state: Arc::clone(state),
+                lease,
+            })),
+            _ => Err(PushError::TenantInflight {
+                limit: max,
+                in_flight: acquired.in_flight,
+            }),
+        }
+    }
+}
+
+impl Drop for PushSlot {
+    fn drop(&mut self) {
+        if self.lease.starts_with('L') {
+            let _ = self.state.limiter.release_local(&self.lease);
+        } else {
+            // In the store: released by a task, as a drop cannot wait.
+            let state = Arc::clone(&self.state);
+            let lease = std::mem::take(&mut self.lease);
+            tokio::spawn(async move {
+                if let Err(err) = state.limiter.release(&lease).await {
+                    tracing::debug!(%err, "a push slot was not released; it expires at its TTL");
+                }
+            });
+        }
+    }
+}
+
+/// How long a push slot's lease outlives the upstream timeout.
+const PUSH_SLOT_MARGIN: std::time::Duration = std::time::Duration::from_secs(30);
 
 async fn read_body(
     body: Body,

@@ -35,6 +35,20 @@ pub enum PushError {
     Upstream(#[from] crate::upstream::ForwardError),
     #[error("{0}")]
     UnsupportedMedia(#[from] crate::remote_write::UnsupportedMedia),
+    #[error(
+        "the write request has been rejected because the tenant has {in_flight} push requests \
+         in flight across the fleet, at its limit of {limit} \
+         (err-weir-tenant-max-inflight-push-requests). To adjust it, raise \
+         max_inflight_push_requests in the tenant's runtime overrides, or send fewer pushes \
+         at once."
+    )]
+    TenantInflight { limit: u64, in_flight: u64 },
+    #[error(
+        "the tenant's in-flight push limit could not be checked: the shared store is \
+         unavailable and the tenant's on_store_failure policy is closed \
+         (err-weir-store-unavailable)"
+    )]
+    InflightUnavailable,
 }
 
 impl PushError {
@@ -45,7 +59,10 @@ impl PushError {
             {
                 StatusCode::SERVICE_UNAVAILABLE
             }
-            PushError::Instance { .. } | PushError::RateLimited(_) => StatusCode::TOO_MANY_REQUESTS,
+            PushError::Instance { .. }
+            | PushError::RateLimited(_)
+            | PushError::TenantInflight { .. } => StatusCode::TOO_MANY_REQUESTS,
+            PushError::InflightUnavailable => StatusCode::SERVICE_UNAVAILABLE,
             PushError::Tenant(TenantError::Missing) => StatusCode::UNAUTHORIZED,
             PushError::Tenant(_) | PushError::ReadBody(_) => StatusCode::BAD_REQUEST,
             PushError::BodyTooLarge { .. } | PushError::Decode(DecodeError::TooLarge { .. }) => {
@@ -79,7 +96,9 @@ impl PushError {
             PushError::Decode(_) | PushError::ReadBody(_) => {
                 Some(DiscardReason::InvalidRequestBody)
             }
-            PushError::Instance { .. }
+            PushError::TenantInflight { .. } => Some(DiscardReason::TooManyInflightPushRequests),
+            PushError::InflightUnavailable
+            | PushError::Instance { .. }
             | PushError::Tenant(_)
             | PushError::Upstream(_)
             | PushError::UnsupportedMedia(_) => None,

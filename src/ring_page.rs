@@ -24,6 +24,8 @@ pub struct RingQuery {
 struct RingStatus {
     node_id: String,
     cluster_id: String,
+    /// Where this replica serves the admission API.
+    grpc_addr: String,
     healthy: usize,
     joined: bool,
     members: Vec<Member>,
@@ -91,6 +93,7 @@ pub async fn ring(
     let status = RingStatus {
         node_id: state.config.node_id.clone(),
         cluster_id: state.config.cluster_id.clone(),
+        grpc_addr: state.grpc_addr.to_string(),
         healthy: membership.healthy,
         joined: membership.joined,
         members: membership.members.clone(),

@@ -43,6 +43,8 @@ pub struct AppState {
     runtime_config: watch::Receiver<Arc<RuntimeConfig>>,
     pub(crate) membership: watch::Receiver<Arc<Membership>>,
     draining: AtomicBool,
+    /// Where the admission API's gRPC service listens.
+    pub grpc_addr: std::net::SocketAddr,
 }
 
 /// Runs one replica on `listener` until `shutdown` resolves, then drains and returns.
@@ -100,7 +102,8 @@ pub async fn run_with_clock(
         clock,
     )
     .with_max_tenants(config.max_tenants)
-    .with_settling(settling_time(config.gossip_interval));
+    .with_settling(settling_time(config.gossip_interval))
+    .with_node_id(config.node_id.clone());
     if let Some(store) = &store {
         let shared = Shared::new(
             Arc::clone(store) as Arc<dyn engine::Store>,
@@ -110,8 +113,16 @@ pub async fn run_with_clock(
         limiter = limiter.with_shared(Arc::new(shared));
     }
     let address = listener.local_addr()?;
+    let grpc_listener = TcpListener::bind(config.grpc_addr).await.with_context(|| {
+        format!(
+            "cannot listen for gRPC on {} (another replica on this host needs its own \
+                 --grpc-addr)",
+            config.grpc_addr
+        )
+    })?;
+    let grpc_addr = grpc_listener.local_addr()?;
     let ring = Arc::new(
-        Ring::join(config.ring(address))
+        Ring::join(config.ring(address, grpc_addr))
             .await
             .context("joining the ring")?,
     );
@@ -135,6 +146,7 @@ pub async fn run_with_clock(
         runtime_config: config_rx.clone(),
         membership: ring.membership(),
         draining: AtomicBool::new(false),
+        grpc_addr,
         config,
     });
 
@@ -150,6 +162,12 @@ pub async fn run_with_clock(
         }),
         spawn_usage_publisher(Arc::clone(&state), Arc::clone(&ring)),
         spawn_lease_returner(Arc::clone(&state)),
+        spawn_every(Duration::from_millis(100), {
+            let state = Arc::clone(&state);
+            move || {
+                state.limiter.expire_leases();
+            }
+        }),
         spawn_every(COARSE_CLOCK_TICK, {
             let state = Arc::clone(&state);
             move || {
@@ -169,6 +187,7 @@ pub async fn run_with_clock(
 
     tracing::info!(%address, runtime_config = %state.config.runtime_config.display(), "weir listening");
     println!("weir listening on http://{address} (push: POST http://{address}/api/v1/push)");
+    println!("weir gRPC on {grpc_addr} (weir.admission.v1.Admission, Envoy RateLimitService)");
     match &state.upstream {
         Some(upstream) => tracing::info!(upstream = %upstream.url(), "forwarding admitted writes"),
         None => tracing::warn!(
@@ -177,6 +196,8 @@ pub async fn run_with_clock(
         ),
     }
 
+    let (grpc_stop_tx, grpc_stop_rx) = oneshot::channel::<()>();
+    let grpc = tokio::spawn(serve_grpc(Arc::clone(&state), grpc_listener, grpc_stop_rx));
     let (drain_tx, drain_rx) = oneshot::channel::<()>();
     let server = axum::serve(listener, router(Arc::clone(&state)))
         .with_graceful_shutdown(async move {
@@ -188,6 +209,7 @@ pub async fn run_with_clock(
     tokio::select! {
         result = &mut server => {
             stop(tasks, stop_tx);
+            let _ = grpc_stop_tx.send(());
             ring.shutdown().await;
             return result.context("HTTP server failed");
         }
@@ -213,6 +235,8 @@ pub async fn run_with_clock(
         ),
     }
     stop(tasks, stop_tx);
+    let _ = grpc_stop_tx.send(());
+    let _ = tokio::time::timeout(Duration::from_secs(5), grpc).await;
     // Unspent leases go back to the store, so the fleet keeps them.
     state.limiter.return_leases(true).await;
     ring.shutdown().await;
@@ -228,6 +252,14 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/health", get(|| async { "ok\n" }))
         .route("/runtime_config", get(runtime_config))
         .route("/ring", get(crate::ring_page::ring))
+        .route("/api/v1/allow", post(crate::admission_http::allow))
+        .route(
+            "/api/v1/allow_batch",
+            post(crate::admission_http::allow_batch),
+        )
+        .route("/api/v1/acquire", post(crate::admission_http::acquire))
+        .route("/api/v1/release", post(crate::admission_http::release))
+        .route("/api/v1/renew", post(crate::admission_http::renew))
         .with_state(state)
 }
 
@@ -344,6 +376,7 @@ fn spawn_membership_applier(
                             items: usage.items,
                             requests_level: usage.requests_level,
                             items_level: usage.items_level,
+                            in_flight: usage.in_flight,
                         };
                         (tenant.clone(), totals)
                     })
@@ -382,13 +415,14 @@ fn spawn_usage_publisher(state: Arc<AppState>, ring: Arc<Ring>) -> JoinHandle<()
                     items: report.items,
                     requests_level: report.requests_level,
                     items_level: report.items_level,
+                    in_flight: report.in_flight,
                 })
                 .collect();
             let listed = ring.publish_usage(&reports).await;
             state.limiter.mark_listed(
                 reports[..listed]
                     .iter()
-                    .map(|r| (r.tenant.as_str(), r.requests, r.items)),
+                    .map(|r| (r.tenant.as_str(), r.requests, r.items, r.in_flight)),
             );
         }
     })
@@ -421,6 +455,34 @@ fn usage_age(gossip_interval: Duration) -> Duration {
 /// peer to publish and gossip its first admissions of it.
 fn settling_time(gossip_interval: Duration) -> Duration {
     (gossip_interval * 5).max(Duration::from_secs(1))
+}
+
+/// The admission API and Envoy's rate-limit service, until `stop` fires.
+async fn serve_grpc(state: Arc<AppState>, listener: TcpListener, stop: oneshot::Receiver<()>) {
+    use crate::grpc::proto::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitServiceServer;
+    use crate::grpc::proto::weir::admission::v1::admission_server::AdmissionServer;
+    let incoming = match tonic::transport::server::TcpIncoming::from_listener(listener, true, None)
+    {
+        Ok(incoming) => incoming,
+        Err(err) => {
+            tracing::error!(%err, "cannot serve gRPC");
+            return;
+        }
+    };
+    let result = tonic::transport::Server::builder()
+        .add_service(AdmissionServer::new(crate::grpc::AdmissionService {
+            state: Arc::clone(&state),
+        }))
+        .add_service(RateLimitServiceServer::new(crate::grpc::RateLimitService {
+            state,
+        }))
+        .serve_with_incoming_shutdown(incoming, async {
+            let _ = stop.await;
+        })
+        .await;
+    if let Err(err) = result {
+        tracing::error!(%err, "gRPC server failed");
+    }
 }
 
 fn spawn_every(period: Duration, mut work: impl FnMut() + Send + 'static) -> JoinHandle<()> {

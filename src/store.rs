@@ -7,8 +7,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use arc_swap::ArcSwapOption;
-use engine::store::{BucketKey, Grant, Store, StoreError, StoreFuture};
-use engine::Rate;
+use engine::store::{Acquired, BucketKey, Grant, Store, StoreError, StoreFuture, StoredMeter};
+use engine::{Decision, Rate};
 use redis_store::{RedisConfig, RedisStore};
 
 pub struct ConnectingStore {
@@ -83,6 +83,45 @@ impl Store for ConnectingStore {
     fn give_back<'a>(&'a self, key: BucketKey<'a>, rate: Rate, tokens: u64) -> StoreFuture<'a, ()> {
         match self.connected.load_full() {
             Some(redis) => Box::pin(async move { redis.give_back(key, rate, tokens).await }),
+            None => Box::pin(std::future::ready(Err(not_connected()))),
+        }
+    }
+
+    fn meter<'a>(
+        &'a self,
+        key: &'a str,
+        meter: StoredMeter,
+        cost: u64,
+    ) -> StoreFuture<'a, Decision> {
+        match self.connected.load_full() {
+            Some(redis) => Box::pin(async move { redis.meter(key, meter, cost).await }),
+            None => Box::pin(std::future::ready(Err(not_connected()))),
+        }
+    }
+
+    fn acquire<'a>(
+        &'a self,
+        key: &'a str,
+        lease: &'a str,
+        max: u64,
+        ttl: Duration,
+    ) -> StoreFuture<'a, Acquired> {
+        match self.connected.load_full() {
+            Some(redis) => Box::pin(async move { redis.acquire(key, lease, max, ttl).await }),
+            None => Box::pin(std::future::ready(Err(not_connected()))),
+        }
+    }
+
+    fn release<'a>(&'a self, key: &'a str, lease: &'a str) -> StoreFuture<'a, bool> {
+        match self.connected.load_full() {
+            Some(redis) => Box::pin(async move { redis.release(key, lease).await }),
+            None => Box::pin(std::future::ready(Err(not_connected()))),
+        }
+    }
+
+    fn renew<'a>(&'a self, key: &'a str, lease: &'a str, ttl: Duration) -> StoreFuture<'a, bool> {
+        match self.connected.load_full() {
+            Some(redis) => Box::pin(async move { redis.renew(key, lease, ttl).await }),
             None => Box::pin(std::future::ready(Err(not_connected()))),
         }
     }

@@ -20,7 +20,14 @@ fn weir() -> Command {
 /// Starts the binary and reads the address it prints.
 fn spawn(args: &[&str]) -> (Child, SocketAddr) {
     let mut child = weir()
-        .args(["--http-addr", "127.0.0.1:0", "--gossip-addr", "127.0.0.1:0"])
+        .args([
+            "--http-addr",
+            "127.0.0.1:0",
+            "--gossip-addr",
+            "127.0.0.1:0",
+            "--grpc-addr",
+            "127.0.0.1:0",
+        ])
         .args(args)
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
@@ -57,7 +64,14 @@ async fn wait_exit(mut child: Child, within: Duration) -> std::process::ExitStat
 #[tokio::test]
 async fn embedded_defaults_run_in_sink_mode() {
     let output = weir()
-        .args(["--http-addr", "127.0.0.1:0", "--gossip-addr", "127.0.0.1:0"])
+        .args([
+            "--http-addr",
+            "127.0.0.1:0",
+            "--gossip-addr",
+            "127.0.0.1:0",
+            "--grpc-addr",
+            "127.0.0.1:0",
+        ])
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()

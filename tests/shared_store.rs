@@ -162,7 +162,14 @@ async fn shared_without_a_store_is_a_clear_error() {
     std::fs::write(&overrides, OVERRIDES).unwrap();
     let output = Command::new(env!("CARGO_BIN_EXE_weir"))
         .args(["--runtime-config", overrides.to_str().unwrap()])
-        .args(["--gossip-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0"])
+        .args([
+            "--gossip-addr",
+            "127.0.0.1:0",
+            "--http-addr",
+            "127.0.0.1:0",
+            "--grpc-addr",
+            "127.0.0.1:0",
+        ])
         .stdout(Stdio::null())
         .output()
         .unwrap();
@@ -206,7 +213,14 @@ async fn leases_are_returned_on_sigterm() {
     .unwrap();
     let mut child = Command::new(env!("CARGO_BIN_EXE_weir"))
         .args(["--runtime-config", overrides.to_str().unwrap()])
-        .args(["--gossip-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0"])
+        .args([
+            "--gossip-addr",
+            "127.0.0.1:0",
+            "--http-addr",
+            "127.0.0.1:0",
+            "--grpc-addr",
+            "127.0.0.1:0",
+        ])
         .args(["--store-url", &redis.url(), "--store-lease-ttl", "60s"])
         .args(["--store-lease-window", "10s"])
         .stdout(Stdio::piped())

@@ -16,8 +16,14 @@
 //! - [`shared`]: `shared` tenants: leases from the store, single-flight renewal, returns,
 //!   the failure policy.
 //! - [`breaker`]: the store's circuit breaker, a state machine with time as an input.
+//! - [`algorithms`]: token bucket, sliding window, leaky bucket: meters with the clock passed
+//!   in, chargeable with what peers spent.
+//! - [`admission`]: the admission API's engine: `allow`, `acquire`, `release`, `renew` for any
+//!   tenant and key, under the tenant's strategy.
 //! - [`clock`]: the real clock, or one a test moves by hand.
 
+pub mod admission;
+pub mod algorithms;
 pub mod breaker;
 pub mod bucket;
 pub mod clock;
@@ -27,6 +33,8 @@ pub mod maths;
 pub mod shared;
 pub mod store;
 
+pub use admission::{encode_key, Acquisition, AdmissionError, Allowed};
+pub use algorithms::Decision;
 pub use clock::EngineClock;
 pub use limiter::{
     LimitKind, Limiter, NoHooks, PeerTotals, PeerUsage, Rejection, RejectionCause, Tenant,

@@ -116,6 +116,8 @@ pub struct PeerTotals {
     pub items: u64,
     pub requests_level: Option<f64>,
     pub items_level: Option<f64>,
+    /// Admission keys: leases the peers hold now (a sum of their latest reports).
+    pub in_flight: u64,
 }
 
 impl PeerTotals {
@@ -140,6 +142,7 @@ pub type PeerUsage = HashMap<String, PeerTotals>;
 /// This replica's own admissions of one tenant under `weighted`, for gossip.
 #[derive(Debug, Clone, PartialEq)]
 pub struct UsageReport {
+    /// A tenant, or an admission key's entry name (`tenant/key`).
     pub tenant: String,
     /// Cumulative admitted requests and items since this replica started tracking the tenant.
     pub requests: u64,
@@ -147,6 +150,8 @@ pub struct UsageReport {
     /// This replica's view of the fleet buckets, when not full (new replicas start from it).
     pub requests_level: Option<f64>,
     pub items_level: Option<f64>,
+    /// Admission keys: leases held on this replica now.
+    pub in_flight: u64,
 }
 
 /// The inputs of the limit maths, replaced as a whole when any of them changes.
@@ -269,6 +274,10 @@ pub struct Limiter<H: TenantHooks = NoHooks, C: Clock = EngineClock> {
     backdate_nanos: AtomicU64,
     /// The store behind `shared` tenants, if one is configured.
     shared: Option<Arc<Shared>>,
+    /// The admission API's keys and leases.
+    admission: crate::admission::Entries,
+    /// This replica's name, in lease ids.
+    node_id: String,
     hooks: H,
 }
 
@@ -305,8 +314,41 @@ impl<H: TenantHooks, C: Clock + Clone> Limiter<H, C> {
             settling: Duration::from_secs(1),
             backdate_nanos: AtomicU64::new(0),
             shared: None,
+            admission: Default::default(),
+            node_id: "local".to_string(),
             hooks,
         }
+    }
+
+    /// This replica's name (in the ring), which replica-local lease ids carry.
+    pub fn with_node_id(mut self, node_id: impl Into<String>) -> Self {
+        self.node_id = node_id.into();
+        self
+    }
+
+    pub(crate) fn node_id(&self) -> &str {
+        &self.node_id
+    }
+
+    pub(crate) fn admission(&self) -> &crate::admission::Entries {
+        &self.admission
+    }
+
+    pub(crate) fn now_nanos(&self) -> u64 {
+        self.now()
+    }
+
+    pub(crate) fn config(&self) -> Arc<RuntimeConfig> {
+        Arc::clone(&self.inputs.load().config)
+    }
+
+    /// The runtime config in force.
+    pub fn runtime_config(&self) -> Arc<RuntimeConfig> {
+        self.config()
+    }
+
+    pub(crate) fn healthy_replicas(&self) -> usize {
+        self.healthy.load(Ordering::Relaxed)
     }
 
     /// The store behind `shared` tenants. Without one, a `shared` tenant's decisions follow
@@ -524,6 +566,7 @@ impl<H: TenantHooks, C: Clock + Clone> Limiter<H, C> {
                 let request = SharedRequest {
                     tenant: &tenant.name,
                     kind,
+                    key: None,
                     cost,
                     shard_rate: shard_rate(fleet.rate(), shards),
                     shards,
@@ -584,11 +627,7 @@ impl<H: TenantHooks, C: Clock + Clone> Limiter<H, C> {
                     continue;
                 };
                 let shards = state.limits.store_shards.max(1);
-                let key = BucketKey {
-                    tenant: &tenant.name,
-                    kind,
-                    shard: lease.home_shard(shards),
-                };
+                let key = BucketKey::push(&tenant.name, kind, lease.home_shard(shards));
                 shared::give_back(
                     shared,
                     lease,
@@ -779,6 +818,10 @@ impl<H: TenantHooks, C: Clock + Clone> Limiter<H, C> {
         let weight = (seconds / PEER_RATE_SMOOTHING).min(1.0);
         let tenants = self.tenants.pin();
         for (name, totals) in usage.iter() {
+            if name.contains('/') {
+                self.apply_admission_usage(name, totals.items, totals.in_flight, at, now);
+                continue;
+            }
             let Some(tenant) = tenants.get(name.as_str()) else {
                 continue;
             };
@@ -810,47 +853,69 @@ impl<H: TenantHooks, C: Clock + Clone> Limiter<H, C> {
     /// Call [`Limiter::mark_listed`] with the ones that were sent.
     pub fn usage_reports(&self) -> Vec<UsageReport> {
         let now = self.now();
-        let mut reports: Vec<(u64, u64, UsageReport)> =
-            self.tenants
-                .pin()
-                .iter()
-                .filter_map(|(name, tenant)| {
-                    let state = tenant.state.load();
-                    let [request, ingestion] = &tenant.usage;
-                    let requests = request.admitted.load(Ordering::Relaxed);
-                    let items = ingestion.admitted.load(Ordering::Relaxed);
-                    if requests == 0 && items == 0 {
-                        return None;
-                    }
-                    let unpublished = (requests - request.published.load(Ordering::Relaxed))
-                        + (items - ingestion.published.load(Ordering::Relaxed));
-                    let level = |bucket: &KindBucket<C>| match bucket {
-                        KindBucket::Fleet(fleet) => Some(fleet.level(now))
-                            .filter(|level| *level < fleet.rate().burst as f64),
-                        _ => None,
-                    };
-                    Some((
-                        unpublished,
-                        tenant.listed_at.load(Ordering::Relaxed),
-                        UsageReport {
-                            tenant: name.to_string(),
-                            requests,
-                            items,
-                            requests_level: level(&state.buckets[0]),
-                            items_level: level(&state.buckets[1]),
-                        },
-                    ))
-                })
-                .collect();
+        let mut reports: Vec<(u64, u64, UsageReport)> = self
+            .tenants
+            .pin()
+            .iter()
+            .filter_map(|(name, tenant)| {
+                let state = tenant.state.load();
+                let [request, ingestion] = &tenant.usage;
+                let requests = request.admitted.load(Ordering::Relaxed);
+                let items = ingestion.admitted.load(Ordering::Relaxed);
+                if requests == 0 && items == 0 {
+                    return None;
+                }
+                let unpublished = (requests - request.published.load(Ordering::Relaxed))
+                    + (items - ingestion.published.load(Ordering::Relaxed));
+                let level = |bucket: &KindBucket<C>| {
+                    let fleet = bucket.fleet()?;
+                    Some(fleet.level(now)).filter(|level| *level < fleet.rate().burst as f64)
+                };
+                Some((
+                    unpublished,
+                    tenant.listed_at.load(Ordering::Relaxed),
+                    UsageReport {
+                        tenant: name.to_string(),
+                        requests,
+                        items,
+                        requests_level: level(&state.buckets[0]),
+                        items_level: level(&state.buckets[1]),
+                        in_flight: 0,
+                    },
+                ))
+            })
+            .collect();
+        // Admission keys: their admitted cost as items, and the leases held here; a key
+        // whose holders changed counts as news.
+        reports.extend(self.admission_reports().into_iter().map(
+            |(name, items, in_flight, unpublished)| {
+                (
+                    unpublished + in_flight,
+                    0,
+                    UsageReport {
+                        tenant: name,
+                        requests: 0,
+                        items,
+                        requests_level: None,
+                        items_level: None,
+                        in_flight,
+                    },
+                )
+            },
+        ));
         reports.sort_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
         reports.into_iter().map(|(_, _, report)| report).collect()
     }
 
-    /// Records that these reports — (tenant, requests, items) — were sent.
-    pub fn mark_listed<'a>(&self, sent: impl IntoIterator<Item = (&'a str, u64, u64)>) {
+    /// Records that these reports — (tenant, requests, items, in flight) — were sent.
+    pub fn mark_listed<'a>(&self, sent: impl IntoIterator<Item = (&'a str, u64, u64, u64)>) {
         let coarse = self.coarse_now.load(Ordering::Relaxed);
         let tenants = self.tenants.pin();
-        for (name, requests, items) in sent {
+        for (name, requests, items, in_flight) in sent {
+            if name.contains('/') {
+                self.mark_admission_listed(name, items, in_flight);
+                continue;
+            }
             if let Some(tenant) = tenants.get(name) {
                 tenant.usage[0]
                     .published
@@ -864,9 +929,10 @@ impl<H: TenantHooks, C: Clock + Clone> Limiter<H, C> {
     }
 
     /// Drops tenants idle for longer than the idle timeout *and* long enough for their
-    /// buckets to be full again, so eviction never changes a decision. Returns how many were
-    /// dropped.
+    /// buckets to be full again, so eviction never changes a decision (and admission keys
+    /// idle as long that hold no lease). Returns how many tenants were dropped.
     pub fn evict_idle(&self) -> usize {
+        self.evict_admission(self.idle_timeout);
         let coarse = self.tick();
         let now = self.now();
         let tenants = self.tenants.pin();

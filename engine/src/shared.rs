@@ -264,6 +264,8 @@ impl Lease {
 pub(crate) struct SharedRequest<'a> {
     pub tenant: &'a str,
     pub kind: LimitKind,
+    /// An admission API key, instead of a push limit.
+    pub key: Option<&'a str>,
     pub cost: u64,
     /// The rate of one sub-bucket: the tenant's limit ÷ `shards`.
     pub shard_rate: Rate,
@@ -318,6 +320,7 @@ pub(crate) async fn decide(
             tenant: request.tenant,
             kind: request.kind,
             shard,
+            key: request.key,
         };
         let grant: Grant = match shared
             .call(

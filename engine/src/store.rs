@@ -13,23 +13,40 @@ use std::time::Duration;
 
 use governor::clock::Clock;
 
+use crate::algorithms::{Decision, LeakyBucket, SlidingWindow};
 use crate::bucket::nanos_between;
 use crate::limiter::LimitKind;
 use crate::maths::Rate;
 
 /// Which bucket: a tenant's request or ingestion limit, and (with `store_shards`) which of
-/// its sub-buckets.
+/// its sub-buckets; or, for the admission API, one of the tenant's keys.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct BucketKey<'a> {
     pub tenant: &'a str,
     pub kind: LimitKind,
     pub shard: u32,
+    /// An admission API key (percent-encoded: no spaces or braces), instead of a push limit.
+    pub key: Option<&'a str>,
 }
 
-impl BucketKey<'_> {
+impl<'a> BucketKey<'a> {
+    /// A push limit's bucket.
+    pub fn push(tenant: &'a str, kind: LimitKind, shard: u32) -> BucketKey<'a> {
+        BucketKey {
+            tenant,
+            kind,
+            shard,
+            key: None,
+        }
+    }
+
     /// The key as the Redis store names it: `weir:{tenant}:i`, with the hash tag around the
-    /// tenant (and the shard, when there are several) so one script touches one slot.
+    /// tenant (and the shard, when there are several) so one script touches one slot; an
+    /// admission key's token bucket is `weir:{tenant}:k:<key>:t`.
     pub fn redis_key(&self) -> String {
+        if let Some(key) = self.key {
+            return admission_key(self.tenant, key, 't');
+        }
         let kind = match self.kind {
             LimitKind::Request => 'r',
             LimitKind::Ingestion => 'i',
@@ -40,6 +57,29 @@ impl BucketKey<'_> {
             format!("weir:{{{}#{}}}:{kind}", self.tenant, self.shard)
         }
     }
+}
+
+/// An admission key's store key: `weir:{tenant}:k:<key>:<what>`, where `what` is `t` (token
+/// bucket), `w` (sliding window), `l` (leaky bucket) or `c` (in-flight leases).
+pub fn admission_key(tenant: &str, key: &str, what: char) -> String {
+    format!("weir:{{{tenant}}}:k:{key}:{what}")
+}
+
+/// A per-key meter the store runs atomically (the admission API under `shared`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum StoredMeter {
+    SlidingWindow { limit: f64, window: Duration },
+    LeakyBucket { rate: f64, capacity: u64 },
+}
+
+/// What an `acquire` got.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Acquired {
+    pub granted: bool,
+    /// Leases held after this call.
+    pub in_flight: u64,
+    /// Refused: until the earliest lease's deadline.
+    pub retry_after: Duration,
 }
 
 /// What a take got.
@@ -89,6 +129,30 @@ pub trait Store: Send + Sync + 'static {
 
     /// Puts unspent tokens back (capped at the burst).
     fn give_back<'a>(&'a self, key: BucketKey<'a>, rate: Rate, tokens: u64) -> StoreFuture<'a, ()>;
+
+    /// Checks and counts `cost` on a sliding window or leaky bucket at `key`.
+    fn meter<'a>(
+        &'a self,
+        key: &'a str,
+        meter: StoredMeter,
+        cost: u64,
+    ) -> StoreFuture<'a, Decision>;
+
+    /// Takes an in-flight slot under `lease` until `ttl` from now, if fewer than `max` are
+    /// held (expired ones do not count).
+    fn acquire<'a>(
+        &'a self,
+        key: &'a str,
+        lease: &'a str,
+        max: u64,
+        ttl: Duration,
+    ) -> StoreFuture<'a, Acquired>;
+
+    /// Gives a slot back; false if the lease was unknown, released or expired.
+    fn release<'a>(&'a self, key: &'a str, lease: &'a str) -> StoreFuture<'a, bool>;
+
+    /// Moves a held lease's deadline to `ttl` from now; false if unknown or expired.
+    fn renew<'a>(&'a self, key: &'a str, lease: &'a str, ttl: Duration) -> StoreFuture<'a, bool>;
 }
 
 /// A bucket as the store keeps it: tokens, and when they were last refilled (microseconds on
@@ -164,6 +228,10 @@ pub struct MemoryStore<C: Clock> {
     clock: C,
     start: C::Instant,
     buckets: Mutex<HashMap<String, StoredBucket>>,
+    windows: Mutex<HashMap<String, SlidingWindow>>,
+    leaky: Mutex<HashMap<String, LeakyBucket>>,
+    /// Per key: lease → deadline (engine nanoseconds).
+    leases: Mutex<HashMap<String, HashMap<String, u64>>>,
 }
 
 impl<C: Clock> MemoryStore<C> {
@@ -172,6 +240,9 @@ impl<C: Clock> MemoryStore<C> {
             start: clock.now(),
             clock,
             buckets: Mutex::new(HashMap::new()),
+            windows: Mutex::new(HashMap::new()),
+            leaky: Mutex::new(HashMap::new()),
+            leases: Mutex::new(HashMap::new()),
         }
     }
 
@@ -216,6 +287,86 @@ where
         let state = give_back(buckets.get(&name).copied(), now, rate, tokens);
         buckets.insert(name, state);
         Box::pin(std::future::ready(Ok(())))
+    }
+
+    fn meter<'a>(
+        &'a self,
+        key: &'a str,
+        meter: StoredMeter,
+        cost: u64,
+    ) -> StoreFuture<'a, Decision> {
+        let now = self.now_micros() * 1000;
+        let decision = match meter {
+            StoredMeter::SlidingWindow { limit, window } => {
+                let mut windows = self.windows.lock().unwrap_or_else(|e| e.into_inner());
+                let meter = windows
+                    .entry(key.to_string())
+                    .or_insert_with(|| SlidingWindow::new(limit, window, now));
+                meter.check(cost, now)
+            }
+            StoredMeter::LeakyBucket { rate, capacity } => {
+                let mut leaky = self.leaky.lock().unwrap_or_else(|e| e.into_inner());
+                let meter = leaky
+                    .entry(key.to_string())
+                    .or_insert_with(|| LeakyBucket::new(rate, capacity, now));
+                meter.check(cost, now)
+            }
+        };
+        Box::pin(std::future::ready(decision.map_err(|_| {
+            StoreError::Failed(format!("cost {cost} is over the meter's limit"))
+        })))
+    }
+
+    fn acquire<'a>(
+        &'a self,
+        key: &'a str,
+        lease: &'a str,
+        max: u64,
+        ttl: Duration,
+    ) -> StoreFuture<'a, Acquired> {
+        let now = self.now_micros() * 1000;
+        let mut leases = self.leases.lock().unwrap_or_else(|e| e.into_inner());
+        let held = leases.entry(key.to_string()).or_default();
+        held.retain(|_, deadline| *deadline > now);
+        let acquired = if (held.len() as u64) < max {
+            held.insert(lease.to_string(), now + ttl.as_nanos() as u64);
+            Acquired {
+                granted: true,
+                in_flight: held.len() as u64,
+                retry_after: Duration::ZERO,
+            }
+        } else {
+            let earliest = held.values().min().copied().unwrap_or(now);
+            Acquired {
+                granted: false,
+                in_flight: held.len() as u64,
+                retry_after: Duration::from_nanos(earliest.saturating_sub(now)),
+            }
+        };
+        Box::pin(std::future::ready(Ok(acquired)))
+    }
+
+    fn release<'a>(&'a self, key: &'a str, lease: &'a str) -> StoreFuture<'a, bool> {
+        let now = self.now_micros() * 1000;
+        let mut leases = self.leases.lock().unwrap_or_else(|e| e.into_inner());
+        let held = leases.entry(key.to_string()).or_default();
+        held.retain(|_, deadline| *deadline > now);
+        Box::pin(std::future::ready(Ok(held.remove(lease).is_some())))
+    }
+
+    fn renew<'a>(&'a self, key: &'a str, lease: &'a str, ttl: Duration) -> StoreFuture<'a, bool> {
+        let now = self.now_micros() * 1000;
+        let mut leases = self.leases.lock().unwrap_or_else(|e| e.into_inner());
+        let held = leases.entry(key.to_string()).or_default();
+        held.retain(|_, deadline| *deadline > now);
+        let renewed = match held.get_mut(lease) {
+            Some(deadline) => {
+                *deadline = now + ttl.as_nanos() as u64;
+                true
+            }
+            None => false,
+        };
+        Box::pin(std::future::ready(Ok(renewed)))
     }
 }
 

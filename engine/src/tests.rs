@@ -318,7 +318,7 @@ fn usage_reports_list_unpublished_admissions_first_and_rotate_the_rest() {
     limiter.mark_listed(
         reports[..1]
             .iter()
-            .map(|r| (r.tenant.as_str(), r.requests, r.items)),
+            .map(|r| (r.tenant.as_str(), r.requests, r.items, r.in_flight)),
     );
     clock.advance(Duration::from_secs(1));
     limiter.tick();
@@ -329,7 +329,10 @@ fn usage_reports_list_unpublished_admissions_first_and_rotate_the_rest() {
         .collect();
     assert_eq!(names, ["a", "b"], "a has news; b is listed again, in turn");
     let all = limiter.usage_reports();
-    limiter.mark_listed(all.iter().map(|r| (r.tenant.as_str(), r.requests, r.items)));
+    limiter.mark_listed(
+        all.iter()
+            .map(|r| (r.tenant.as_str(), r.requests, r.items, r.in_flight)),
+    );
     check(&limiter, "b", 1).unwrap();
     let names: Vec<String> = limiter
         .usage_reports()
@@ -407,8 +410,11 @@ fn tenant_cap_refuses_only_new_tenants_until_idle_ones_go() {
 
 mod shared_tests {
     use super::*;
+    use crate::algorithms::Decision;
     use crate::shared::{Shared, SharedConfig, StoreObserver};
-    use crate::store::{BucketKey, Grant, MemoryStore, Store, StoreError, StoreFuture};
+    use crate::store::{
+        Acquired, BucketKey, Grant, MemoryStore, Store, StoreError, StoreFuture, StoredMeter,
+    };
     use std::sync::atomic::AtomicU64;
 
     const SHARED: &str = "overrides:\n  s:\n    ingestion_rate: 1000\n    ingestion_burst_size: 1000\n    rate_limit_strategy: shared\n  closed:\n    ingestion_rate: 1000\n    ingestion_burst_size: 1000\n    rate_limit_strategy: shared\n    on_store_failure: closed\n";
@@ -441,6 +447,34 @@ mod shared_tests {
             tokens: u64,
         ) -> StoreFuture<'a, ()> {
             self.inner.give_back(key, rate, tokens)
+        }
+        fn meter<'a>(
+            &'a self,
+            key: &'a str,
+            meter: StoredMeter,
+            cost: u64,
+        ) -> StoreFuture<'a, Decision> {
+            self.inner.meter(key, meter, cost)
+        }
+        fn acquire<'a>(
+            &'a self,
+            key: &'a str,
+            lease: &'a str,
+            max: u64,
+            ttl: Duration,
+        ) -> StoreFuture<'a, Acquired> {
+            self.inner.acquire(key, lease, max, ttl)
+        }
+        fn release<'a>(&'a self, key: &'a str, lease: &'a str) -> StoreFuture<'a, bool> {
+            self.inner.release(key, lease)
+        }
+        fn renew<'a>(
+            &'a self,
+            key: &'a str,
+            lease: &'a str,
+            ttl: Duration,
+        ) -> StoreFuture<'a, bool> {
+            self.inner.renew(key, lease, ttl)
         }
     }
 
@@ -592,6 +626,7 @@ mod shared_tests {
             tenant: "s",
             kind: LimitKind::Ingestion,
             shard: 0,
+            key: None,
         };
         let rate = Rate {
             per_second: 1000.0,
@@ -621,5 +656,291 @@ mod shared_tests {
             admit(&limiter, "h", 301).await.unwrap_err().cause,
             RejectionCause::LargerThanBurst
         );
+    }
+}
+
+mod admission_tests {
+    use super::*;
+    use crate::admission::AdmissionError;
+    use runtime_config::LimitSource;
+
+    const ADMISSION: &str = "admission:\n  default_limit: {rate: 5}\noverrides:\n  a:\n    allow_client_limits: true\n    limits:\n      \"GET /s\": {algorithm: sliding_window, rate: 10, window: 1s}\n      \"POST /u\": {max_concurrent: 2}\n      wide: {max_concurrent: 30}\n      slow: {algorithm: leaky_bucket, rate: 10, burst: 3}\n  strict-free:\n    limits:\n      k: {rate: 1}\n  d:\n    rate_limit_strategy: divided\n    limits:\n      c: {max_concurrent: 10}\n";
+
+    #[tokio::test]
+    async fn allow_follows_the_key_s_algorithm_and_the_default_otherwise() {
+        let (limiter, clock) = limiter(ADMISSION);
+        for _ in 0..10 {
+            assert!(
+                limiter
+                    .allow("a", "GET /s", 1, None)
+                    .await
+                    .unwrap()
+                    .decision
+                    .allowed
+            );
+        }
+        let answer = limiter.allow("a", "GET /s", 1, None).await.unwrap();
+        assert!(!answer.decision.allowed);
+        assert_eq!(answer.source, LimitSource::Key);
+        // Unknown keys get the default (token bucket, 5/s, burst 5).
+        for _ in 0..5 {
+            assert!(
+                limiter
+                    .allow("a", "other", 1, None)
+                    .await
+                    .unwrap()
+                    .decision
+                    .allowed
+            );
+        }
+        let refused = limiter.allow("a", "other", 1, None).await.unwrap();
+        assert!(!refused.decision.allowed);
+        assert_eq!(refused.decision.retry_after, Duration::from_millis(200));
+        // Leaky bucket: delays, then refusal past its queue.
+        let delays: Vec<Duration> = futures_delays(&limiter, "slow", 3).await;
+        assert_eq!(delays[2], Duration::from_millis(200));
+        assert!(
+            !limiter
+                .allow("a", "slow", 1, None)
+                .await
+                .unwrap()
+                .decision
+                .allowed
+        );
+        clock.advance(Duration::from_secs(1));
+        assert!(
+            limiter
+                .allow("a", "other", 5, None)
+                .await
+                .unwrap()
+                .decision
+                .allowed
+        );
+    }
+
+    async fn futures_delays(limiter: &TestLimiter, key: &str, n: usize) -> Vec<Duration> {
+        let mut delays = Vec::new();
+        for _ in 0..n {
+            delays.push(
+                limiter
+                    .allow("a", key, 1, None)
+                    .await
+                    .unwrap()
+                    .decision
+                    .delay,
+            );
+        }
+        delays
+    }
+
+    #[tokio::test]
+    async fn client_limits_apply_only_where_the_operator_allows() {
+        let (limiter, _clock) = limiter(ADMISSION);
+        let generous = runtime_config::LimitSpec::rate(1e6);
+        let answer = limiter
+            .allow("a", "client-key", 1000, Some(generous))
+            .await
+            .unwrap();
+        assert_eq!(answer.source, LimitSource::Client);
+        assert!(answer.decision.allowed);
+        // strict-free does not allow client limits: the default applies, and says so.
+        let answer = limiter
+            .allow("strict-free", "client-key", 1, Some(generous))
+            .await
+            .unwrap();
+        assert_eq!(answer.source, LimitSource::Default);
+        assert_eq!(answer.limit.rate, 5.0);
+        // A bad spec, a zero cost and a cost over the burst are errors, not decisions.
+        let bad = runtime_config::LimitSpec {
+            rate: -1.0,
+            ..generous
+        };
+        assert!(matches!(
+            limiter.allow("a", "x", 1, Some(bad)).await,
+            Err(AdmissionError::BadSpec(_))
+        ));
+        assert!(matches!(
+            limiter.allow("a", "x", 0, None).await,
+            Err(AdmissionError::BadCost(_))
+        ));
+        assert!(matches!(
+            limiter.allow("a", "x", 6, None).await,
+            Err(AdmissionError::BadCost(_))
+        ));
+    }
+
+    #[tokio::test]
+    async fn strict_admission_names_unknown_tenants_and_keys() {
+        let (limiter, _clock) = limiter(
+            &format!("{ADMISSION}admission:\n  strict: true\n")
+                .replace("admission:\n  default_limit: {rate: 5}\n", ""),
+        );
+        assert!(matches!(
+            limiter.allow("nobody", "k", 1, None).await,
+            Err(AdmissionError::UnknownTenant(_))
+        ));
+        assert!(matches!(
+            limiter.allow("a", "unknown", 1, None).await,
+            Err(AdmissionError::UnknownKey(..))
+        ));
+    }
+
+    #[tokio::test]
+    async fn leases_cap_what_is_in_flight_and_expire() {
+        let (limiter, clock) = limiter(ADMISSION);
+        let limiter = limiter.with_node_id("me");
+        let ttl = Duration::from_secs(5);
+        let first = limiter.acquire("a", "POST /u", None, ttl).await.unwrap();
+        let second = limiter.acquire("a", "POST /u", None, ttl).await.unwrap();
+        assert!(first.granted && second.granted);
+        let third = limiter.acquire("a", "POST /u", None, ttl).await.unwrap();
+        assert!(!third.granted);
+        assert_eq!(third.in_flight, 2);
+        assert!(third.retry_after <= ttl);
+        let lease = first.lease_id.unwrap();
+        limiter.release(&lease).await.unwrap();
+        assert!(
+            matches!(
+                limiter.release(&lease).await,
+                Err(AdmissionError::UnknownLease(_))
+            ),
+            "a double release is refused"
+        );
+        assert!(
+            limiter
+                .acquire("a", "POST /u", None, ttl)
+                .await
+                .unwrap()
+                .granted
+        );
+        // A holder that never comes back: its slot frees at the TTL.
+        clock.advance(Duration::from_secs(6));
+        let second = second.lease_id.unwrap();
+        assert!(
+            matches!(
+                limiter.renew(&second, ttl).await,
+                Err(AdmissionError::UnknownLease(_))
+            ),
+            "an expired lease cannot be renewed"
+        );
+        assert_eq!(limiter.expire_leases(), 2);
+        assert!(
+            limiter
+                .acquire("a", "POST /u", None, ttl)
+                .await
+                .unwrap()
+                .granted
+        );
+        // A lease another replica granted is named as such; a key without max_concurrent
+        // cannot be acquired.
+        assert!(matches!(
+            limiter.release("L0000@elsewhere").await,
+            Err(AdmissionError::WrongReplica { .. })
+        ));
+        assert!(matches!(
+            limiter.acquire("a", "GET /s", None, ttl).await,
+            Err(AdmissionError::NotConcurrent(_))
+        ));
+    }
+
+    #[tokio::test]
+    async fn divided_shares_the_in_flight_cap_and_weighted_counts_the_peers() {
+        let (limiter, _clock) = limiter(ADMISSION);
+        limiter.set_healthy_replicas(3);
+        let ttl = Duration::from_secs(5);
+        let granted = futures_acquire(&limiter, "d", "c", 10, ttl).await;
+        assert_eq!(granted, 4, "⌈10 ÷ 3⌉");
+        // weighted: the peers hold one of two.
+        limiter.apply_peer_usage(
+            Arc::new(PeerUsage::from([(
+                "a/POST%20%2Fu".to_string(),
+                PeerTotals {
+                    in_flight: 1,
+                    ..PeerTotals::default()
+                },
+            )])),
+            Duration::ZERO,
+        );
+        // (the entry must exist for the peers' count to land)
+        let _ = limiter.acquire("a", "POST /u", None, ttl).await;
+        limiter.apply_peer_usage(
+            Arc::new(PeerUsage::from([(
+                "a/POST%20%2Fu".to_string(),
+                PeerTotals {
+                    in_flight: 1,
+                    ..PeerTotals::default()
+                },
+            )])),
+            Duration::ZERO,
+        );
+        assert!(
+            !limiter
+                .acquire("a", "POST /u", None, ttl)
+                .await
+                .unwrap()
+                .granted
+        );
+    }
+
+    /// Under `weighted`, each replica may grow by its 1/N of the free slots per gossip round,
+    /// from the counts it published: the caps of the fleet sum to max.
+    #[tokio::test]
+    async fn weighted_grows_by_a_share_of_the_free_slots_per_round() {
+        let (limiter, _clock) = limiter(ADMISSION);
+        limiter.set_healthy_replicas(3);
+        let ttl = Duration::from_secs(5);
+        assert_eq!(
+            futures_acquire(&limiter, "a", "wide", 30, ttl).await,
+            10,
+            "30 free ÷ 3"
+        );
+        let publish = |limiter: &TestLimiter| {
+            let reports = limiter.usage_reports();
+            let wide: Vec<_> = reports.iter().filter(|r| r.tenant == "a/wide").collect();
+            assert_eq!(wide.len(), 1);
+            limiter.mark_listed(
+                wide.iter()
+                    .map(|r| (r.tenant.as_str(), r.requests, r.items, r.in_flight)),
+            );
+            wide[0].in_flight
+        };
+        // Published 10; the peers hold 5 between them: 15 free, a third of it is mine.
+        assert_eq!(publish(&limiter), 10);
+        let peers = |held: u64| {
+            Arc::new(PeerUsage::from([(
+                "a/wide".to_string(),
+                PeerTotals {
+                    in_flight: held,
+                    ..PeerTotals::default()
+                },
+            )]))
+        };
+        limiter.apply_peer_usage(peers(5), Duration::ZERO);
+        assert_eq!(futures_acquire(&limiter, "a", "wide", 30, ttl).await, 5);
+        // Published 15, the peers 15: nothing free, nothing more.
+        assert_eq!(publish(&limiter), 15);
+        limiter.apply_peer_usage(peers(15), Duration::ZERO);
+        assert_eq!(futures_acquire(&limiter, "a", "wide", 30, ttl).await, 0);
+    }
+
+    async fn futures_acquire(
+        limiter: &TestLimiter,
+        tenant: &str,
+        key: &str,
+        tries: usize,
+        ttl: Duration,
+    ) -> usize {
+        let mut granted = 0;
+        for _ in 0..tries {
+            if limiter
+                .acquire(tenant, key, None, ttl)
+                .await
+                .unwrap()
+                .granted
+            {
+                granted += 1;
+            }
+        }
+        granted
     }
 }

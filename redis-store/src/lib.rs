@@ -13,10 +13,11 @@
 //! script can touch them; `store_shards` gives sub-buckets their own tags
 //! (`weir:{tenant#k}:i`) so a hot tenant's load lands on several masters.
 
+use std::sync::Arc;
 use std::time::Duration;
 
-use engine::store::{BucketKey, Grant, Store, StoreError, StoreFuture};
-use engine::Rate;
+use engine::store::{Acquired, BucketKey, Grant, Store, StoreError, StoreFuture, StoredMeter};
+use engine::{Decision, Rate};
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClientBuilder;
 use redis::cluster_async::ClusterConnection;
@@ -44,9 +45,19 @@ enum Connection {
 #[derive(Clone)]
 pub struct RedisStore {
     connection: Connection,
+    scripts: Arc<Scripts>,
+    cluster: bool,
+}
+
+/// The Lua scripts, each loaded once per server and called by `EVALSHA`.
+struct Scripts {
     take: Script,
     give_back: Script,
-    cluster: bool,
+    sliding_window: Script,
+    leaky_bucket: Script,
+    acquire: Script,
+    release: Script,
+    renew: Script,
 }
 
 impl RedisStore {
@@ -87,8 +98,15 @@ impl RedisStore {
         };
         Ok(RedisStore {
             connection,
-            take: Script::new(include_str!("../scripts/take.lua")),
-            give_back: Script::new(include_str!("../scripts/give_back.lua")),
+            scripts: Arc::new(Scripts {
+                take: Script::new(include_str!("../scripts/take.lua")),
+                give_back: Script::new(include_str!("../scripts/give_back.lua")),
+                sliding_window: Script::new(include_str!("../scripts/sliding_window.lua")),
+                leaky_bucket: Script::new(include_str!("../scripts/leaky_bucket.lua")),
+                acquire: Script::new(include_str!("../scripts/acquire.lua")),
+                release: Script::new(include_str!("../scripts/release.lua")),
+                renew: Script::new(include_str!("../scripts/renew.lua")),
+            }),
             cluster,
         })
     }
@@ -158,7 +176,7 @@ impl Store for RedisStore {
         min: u64,
     ) -> StoreFuture<'a, Grant> {
         Box::pin(async move {
-            let mut invocation = self.take.prepare_invoke();
+            let mut invocation = self.scripts.take.prepare_invoke();
             invocation
                 .key(key.redis_key())
                 .arg(rate.per_second)
@@ -176,7 +194,7 @@ impl Store for RedisStore {
 
     fn give_back<'a>(&'a self, key: BucketKey<'a>, rate: Rate, tokens: u64) -> StoreFuture<'a, ()> {
         Box::pin(async move {
-            let mut invocation = self.give_back.prepare_invoke();
+            let mut invocation = self.scripts.give_back.prepare_invoke();
             invocation
                 .key(key.redis_key())
                 .arg(rate.per_second)
@@ -184,6 +202,88 @@ impl Store for RedisStore {
                 .arg(tokens);
             let _: String = self.invoke(invocation).await?;
             Ok(())
+        })
+    }
+
+    fn meter<'a>(
+        &'a self,
+        key: &'a str,
+        meter: StoredMeter,
+        cost: u64,
+    ) -> StoreFuture<'a, Decision> {
+        Box::pin(async move {
+            let mut invocation = match meter {
+                StoredMeter::SlidingWindow { limit, window } => {
+                    let mut invocation = self.scripts.sliding_window.prepare_invoke();
+                    invocation
+                        .key(key)
+                        .arg(limit)
+                        .arg(window.as_micros() as u64)
+                        .arg(cost);
+                    invocation
+                }
+                StoredMeter::LeakyBucket { rate, capacity } => {
+                    let mut invocation = self.scripts.leaky_bucket.prepare_invoke();
+                    invocation.key(key).arg(rate).arg(capacity).arg(cost);
+                    invocation
+                }
+            };
+            let answer: Vec<u64> = self
+                .invoke(std::mem::replace(
+                    &mut invocation,
+                    self.scripts.take.prepare_invoke(),
+                ))
+                .await?;
+            let field = |i: usize| answer.get(i).copied().unwrap_or(0);
+            Ok(Decision {
+                allowed: field(0) == 1,
+                remaining: field(1),
+                retry_after: Duration::from_micros(field(2)),
+                reset_after: Duration::from_micros(field(3)),
+                delay: Duration::from_micros(field(4)),
+            })
+        })
+    }
+
+    fn acquire<'a>(
+        &'a self,
+        key: &'a str,
+        lease: &'a str,
+        max: u64,
+        ttl: Duration,
+    ) -> StoreFuture<'a, Acquired> {
+        Box::pin(async move {
+            let mut invocation = self.scripts.acquire.prepare_invoke();
+            invocation
+                .key(key)
+                .arg(lease)
+                .arg(max)
+                .arg(ttl.as_millis() as u64);
+            let (granted, in_flight, retry_after): (u64, u64, i64) =
+                self.invoke(invocation).await?;
+            Ok(Acquired {
+                granted: granted == 1,
+                in_flight,
+                retry_after: Duration::from_micros(retry_after.max(0) as u64),
+            })
+        })
+    }
+
+    fn release<'a>(&'a self, key: &'a str, lease: &'a str) -> StoreFuture<'a, bool> {
+        Box::pin(async move {
+            let mut invocation = self.scripts.release.prepare_invoke();
+            invocation.key(key).arg(lease);
+            let released: u64 = self.invoke(invocation).await?;
+            Ok(released == 1)
+        })
+    }
+
+    fn renew<'a>(&'a self, key: &'a str, lease: &'a str, ttl: Duration) -> StoreFuture<'a, bool> {
+        Box::pin(async move {
+            let mut invocation = self.scripts.renew.prepare_invoke();
+            invocation.key(key).arg(lease).arg(ttl.as_millis() as u64);
+            let renewed: u64 = self.invoke(invocation).await?;
+            Ok(renewed == 1)
         })
     }
 }

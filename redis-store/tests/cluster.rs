@@ -24,11 +24,7 @@ fn config(urls: Vec<String>) -> RedisConfig {
 }
 
 fn key(tenant: &str, shard: u32) -> BucketKey<'_> {
-    BucketKey {
-        tenant,
-        kind: LimitKind::Ingestion,
-        shard,
-    }
+    BucketKey::push(tenant, LimitKind::Ingestion, shard)
 }
 
 const STILL: Rate = Rate {

@@ -1,6 +1,7 @@
 //! The Lua scripts against a real `redis-server`: the same answers as their pure twins in the
-//! engine, atomic under concurrent callers (no lost updates), `NOSCRIPT` recovered, idle keys
-//! expired.
+//! engine (the bucket, the sliding window, the leaky bucket), atomic under concurrent callers
+//! (no lost updates, no slot taken twice), `NOSCRIPT` recovered, idle keys expired, leases
+//! freed at their deadline.
 
 mod redis_server;
 
@@ -22,11 +23,7 @@ fn config(urls: Vec<String>) -> RedisConfig {
 }
 
 fn key(tenant: &str) -> BucketKey<'_> {
-    BucketKey {
-        tenant,
-        kind: LimitKind::Ingestion,
-        shard: 0,
-    }
+    BucketKey::push(tenant, LimitKind::Ingestion, 0)
 }
 
 /// Slow enough that the refill during a test is far below one token.
@@ -166,6 +163,166 @@ async fn a_restarted_server_is_reconnected() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     assert!(ok, "the store never came back");
+}
+
+#[tokio::test]
+async fn leases_are_counted_released_renewed_and_expire() {
+    let server = RedisServer::start();
+    let store = RedisStore::connect(&config(vec![server.url()]))
+        .await
+        .unwrap();
+    let key = "weir:{t}:k:slots:c";
+    let long = Duration::from_secs(60);
+    for (i, lease) in ["a", "b"].iter().enumerate() {
+        let acquired = store.acquire(key, lease, 2, long).await.unwrap();
+        assert!(acquired.granted);
+        assert_eq!(acquired.in_flight, i as u64 + 1);
+    }
+    let full = store.acquire(key, "c", 2, long).await.unwrap();
+    assert!(!full.granted);
+    assert_eq!(full.in_flight, 2);
+    assert!(full.retry_after > Duration::from_secs(59), "{full:?}");
+    assert!(store.release(key, "a").await.unwrap());
+    assert!(
+        !store.release(key, "a").await.unwrap(),
+        "a second release is refused"
+    );
+    assert!(!store.renew(key, "never", long).await.unwrap());
+    // A short lease expires by itself: not renewable, and its slot is free again.
+    assert!(
+        store
+            .acquire(key, "short", 2, Duration::from_millis(100))
+            .await
+            .unwrap()
+            .granted
+    );
+    assert!(!store.acquire(key, "d", 2, long).await.unwrap().granted);
+    tokio::time::sleep(Duration::from_millis(250)).await;
+    assert!(!store.renew(key, "short", long).await.unwrap());
+    assert!(store.acquire(key, "d", 2, long).await.unwrap().granted);
+    assert!(store
+        .renew(key, "b", Duration::from_secs(600))
+        .await
+        .unwrap());
+    let ttl: i64 = server.cli(&["PTTL", key]).parse().unwrap();
+    assert!(
+        ttl > 590_000,
+        "the key lives as long as its last lease: {ttl} ms"
+    );
+}
+
+#[tokio::test]
+async fn concurrent_acquires_never_exceed_max() {
+    let server = RedisServer::start();
+    let store = Arc::new(
+        RedisStore::connect(&config(vec![server.url()]))
+            .await
+            .unwrap(),
+    );
+    let mut tasks = Vec::new();
+    for i in 0..200 {
+        let store = Arc::clone(&store);
+        tasks.push(tokio::spawn(async move {
+            let lease = format!("lease-{i}");
+            store
+                .acquire("weir:{t}:k:race:c", &lease, 37, Duration::from_secs(60))
+                .await
+                .unwrap()
+                .granted
+        }));
+    }
+    let mut granted = 0;
+    for task in tasks {
+        granted += task.await.unwrap() as usize;
+    }
+    assert_eq!(granted, 37);
+    let held: u64 = server.cli(&["ZCARD", "weir:{t}:k:race:c"]).parse().unwrap();
+    assert_eq!(held, 37);
+}
+
+#[tokio::test]
+async fn the_sliding_window_refreshes_as_it_slides() {
+    let server = RedisServer::start();
+    let store = RedisStore::connect(&config(vec![server.url()]))
+        .await
+        .unwrap();
+    let meter = store::StoredMeter::SlidingWindow {
+        limit: 5.0,
+        window: Duration::from_millis(300),
+    };
+    let mut allowed = 0;
+    for _ in 0..8 {
+        allowed += store
+            .meter("weir:{t}:k:w:w", meter, 1)
+            .await
+            .unwrap()
+            .allowed as u32;
+    }
+    assert_eq!(allowed, 5);
+    let refused = store.meter("weir:{t}:k:w:w", meter, 1).await.unwrap();
+    assert!(!refused.allowed);
+    assert!(
+        refused.retry_after > Duration::ZERO && refused.retry_after <= Duration::from_millis(360)
+    );
+    // Two windows on, the count is gone.
+    tokio::time::sleep(Duration::from_millis(650)).await;
+    let mut allowed = 0;
+    for _ in 0..8 {
+        allowed += store
+            .meter("weir:{t}:k:w:w", meter, 1)
+            .await
+            .unwrap()
+            .allowed as u32;
+    }
+    assert_eq!(allowed, 5);
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(16))]
+    /// The sliding-window and leaky-bucket scripts give the same answers as their pure twins
+    /// for any sequence of costs (at rates too slow to move within the test: a window of an
+    /// hour, a drain of one unit per thousand seconds).
+    #[test]
+    fn the_meter_scripts_match_their_pure_twins(
+        costs in prop::collection::vec(1u64..40, 1..16),
+        limit in 1u64..200,
+    ) {
+        use engine::algorithms::{LeakyBucket, SlidingWindow};
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        let server = SERVER.with(|server| server.url());
+        runtime.block_on(async {
+            let store = RedisStore::connect(&config(vec![server])).await.unwrap();
+            let id = rand_suffix();
+            let hour = Duration::from_secs(3600);
+            let window = SlidingWindow::new(limit as f64, hour, 0);
+            let leaky = LeakyBucket::new(0.001, limit, 0);
+            for cost in costs {
+                let meter = store::StoredMeter::SlidingWindow { limit: limit as f64, window: hour };
+                let script = store.meter(&format!("weir:{{w{id}}}:k:x:w"), meter, cost).await;
+                match window.check(cost, 0) {
+                    Ok(twin) => {
+                        let script = script.unwrap();
+                        prop_assert_eq!(script.allowed, twin.allowed);
+                        prop_assert_eq!(script.remaining, twin.remaining);
+                    }
+                    Err(_) => prop_assert!(script.is_err() || !script.unwrap().allowed),
+                }
+                let meter = store::StoredMeter::LeakyBucket { rate: 0.001, capacity: limit };
+                let script = store.meter(&format!("weir:{{l{id}}}:k:x:l"), meter, cost).await;
+                match leaky.check(cost, 0) {
+                    Ok(twin) => {
+                        let script = script.unwrap();
+                        prop_assert_eq!(script.allowed, twin.allowed);
+                        prop_assert_eq!(script.remaining, twin.remaining);
+                        let drift = script.delay.abs_diff(twin.delay);
+                        prop_assert!(drift < Duration::from_millis(50), "{:?} vs {:?}", script.delay, twin.delay);
+                    }
+                    Err(_) => prop_assert!(script.is_err() || !script.unwrap().allowed),
+                }
+            }
+            Ok(())
+        })?;
+    }
 }
 
 proptest! {

@@ -10,6 +10,7 @@ use serde::Serialize;
 /// Keys each replica publishes about itself.
 pub const KEY_STATE: &str = "state";
 pub const KEY_HTTP_ADDR: &str = "http_addr";
+pub const KEY_GRPC_ADDR: &str = "grpc_addr";
 pub const KEY_VERSION: &str = "version";
 
 /// A replica's lifecycle state, as it announces it.
@@ -50,6 +51,8 @@ pub struct Member {
     pub generation: u64,
     pub gossip_addr: SocketAddr,
     pub http_addr: Option<String>,
+    /// The admission API's gRPC address, when the replica serves it.
+    pub grpc_addr: Option<String>,
     pub version: Option<String>,
     pub state: MemberState,
     pub is_self: bool,
@@ -139,6 +142,7 @@ mod tests {
             generation: 1,
             gossip_addr: SocketAddr::from(([127, 0, 0, 1], port)),
             http_addr: None,
+            grpc_addr: None,
             version: None,
             state,
             is_self,

@@ -15,7 +15,9 @@ use chitchat::{
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-use crate::membership::{Member, MemberState, Membership, KEY_HTTP_ADDR, KEY_STATE, KEY_VERSION};
+use crate::membership::{
+    Member, MemberState, Membership, KEY_GRPC_ADDR, KEY_HTTP_ADDR, KEY_STATE, KEY_VERSION,
+};
 use crate::usage::{self, PeerKey, UsageAggregate, UsageEntry, USAGE_KEY};
 
 /// How this replica joins the ring.
@@ -41,6 +43,8 @@ pub struct RingConfig {
     pub join_timeout: Duration,
     /// Published for operators and tools (`/ring`).
     pub http_addr: String,
+    /// Published for peers and tools: the admission API's gRPC address.
+    pub grpc_addr: Option<String>,
     pub version: String,
 }
 
@@ -100,6 +104,10 @@ impl Ring {
                 MemberState::Active.as_str().to_string(),
             ),
             (KEY_HTTP_ADDR.to_string(), config.http_addr.clone()),
+            (
+                KEY_GRPC_ADDR.to_string(),
+                config.grpc_addr.clone().unwrap_or_default(),
+            ),
             (KEY_VERSION.to_string(), config.version.clone()),
         ];
         let handle = spawn_chitchat(chitchat_config, initial, &UdpTransport)
@@ -259,6 +267,10 @@ async fn observe(
                         generation: id.generation_id,
                         gossip_addr: id.gossip_advertise_addr,
                         http_addr: state.get(KEY_HTTP_ADDR).map(str::to_string),
+                        grpc_addr: state
+                            .get(KEY_GRPC_ADDR)
+                            .filter(|addr| !addr.is_empty())
+                            .map(str::to_string),
                         version: state.get(KEY_VERSION).map(str::to_string),
                         state: MemberState::parse(state.get(KEY_STATE)),
                         is_self,

@@ -8,9 +8,11 @@
 //! (one UDP datagram holds every node's changed keys): the replica lists the tenants with the
 //! most unpublished admissions first and the others in turn.
 //!
-//! Format, one line per entry, fields separated by one space (tenant IDs hold neither):
-//! `2` then `<tenant> <requests> <items> <requests level> <items level>`, a level being an
-//! integer number of tokens or `-` for a full bucket.
+//! Format, one line per entry, fields separated by one space (names hold neither: tenant
+//! IDs, or admission keys as `tenant/percent-encoded key`): `2` then
+//! `<name> <requests> <items> <requests level> <items level> <in flight>`, a level being an
+//! integer number of tokens or `-` for a full bucket, and `in flight` the leases this
+//! replica holds now for an admission key (a gauge, not a count).
 //!
 //! [`UsageAggregate`] turns the peers' reports into monotonic per-tenant totals: the sum of
 //! every increase each peer incarnation reported. A peer that restarts, or that dropped a
@@ -39,6 +41,7 @@ pub struct UsageEntry {
     pub items: u64,
     pub requests_level: Option<f64>,
     pub items_level: Option<f64>,
+    pub in_flight: u64,
 }
 
 /// Encodes entries in order until the next would take the value past `max_bytes`; returns
@@ -55,12 +58,13 @@ pub fn encode(entries: &[UsageEntry], max_bytes: usize) -> (String, usize) {
         };
         let _ = write!(
             line,
-            "\n{} {} {} {} {}",
+            "\n{} {} {} {} {} {}",
             entry.tenant,
             entry.requests,
             entry.items,
             level(entry.requests_level),
-            level(entry.items_level)
+            level(entry.items_level),
+            entry.in_flight
         );
         if value.len() + line.len() > max_bytes {
             break;
@@ -96,6 +100,7 @@ pub fn decode(value: &str) -> Option<Vec<UsageEntry>> {
         };
         let requests_level = level(fields.next()?)?;
         let items_level = level(fields.next()?)?;
+        let in_flight: u64 = fields.next()?.parse().ok()?;
         if fields.next().is_some() {
             return None;
         }
@@ -105,6 +110,7 @@ pub fn decode(value: &str) -> Option<Vec<UsageEntry>> {
             items,
             requests_level,
             items_level,
+            in_flight,
         });
     }
     Some(entries)
@@ -118,6 +124,8 @@ pub struct TenantUsage {
     /// The lowest level a peer reported within the last two seconds, if any.
     pub requests_level: Option<f64>,
     pub items_level: Option<f64>,
+    /// Admission keys: leases the live peers hold now (the sum of their latest reports).
+    pub in_flight: u64,
 }
 
 /// All tenants' [`TenantUsage`], as last aggregated.
@@ -136,6 +144,7 @@ struct TenantState {
 struct PeerEntry {
     counts: (u64, u64),
     levels: (Option<f64>, Option<f64>),
+    in_flight: u64,
     at: Instant,
 }
 
@@ -174,6 +183,7 @@ impl UsageAggregate {
                 PeerEntry {
                     counts,
                     levels: (entry.requests_level, entry.items_level),
+                    in_flight: entry.in_flight,
                     at: now,
                 },
             );
@@ -216,6 +226,9 @@ impl UsageAggregate {
         };
         for entries in self.peers.values() {
             for (tenant, entry) in entries {
+                if let Some(total) = usage.get_mut(tenant) {
+                    total.in_flight += entry.in_flight;
+                }
                 if now.duration_since(entry.at) > LEVEL_MAX_AGE {
                     continue;
                 }
@@ -241,6 +254,7 @@ mod tests {
             items,
             requests_level: None,
             items_level,
+            in_flight: 0,
         }
     }
 
@@ -252,7 +266,7 @@ mod tests {
     fn round_trip() {
         let entries = vec![entry("a", 3, 12_345, Some(-17.4)), entry("b", 0, 7, None)];
         let (value, listed) = encode(&entries, 1024);
-        assert_eq!(value, "2\na 3 12345 - -17\nb 0 7 - -");
+        assert_eq!(value, "2\na 3 12345 - -17 0\nb 0 7 - - 0");
         assert_eq!(listed, 2);
         let decoded = decode(&value).unwrap();
         assert_eq!(decoded[0].items_level, Some(-17.0));
@@ -279,12 +293,14 @@ mod tests {
             "",
             "1 0 0 0",
             "2\na 1",
-            "2\na -1 2 - -",
-            "2\na 1 2 x -",
-            "2\na 1 2 - - extra",
-            "2\n 1 2 - -",
-            "2\na 1 2 - 1e300",
-            "2\na 1 2 - 99999999999999999",
+            "2\na -1 2 - - 0",
+            "2\na 1 2 x - 0",
+            "2\na 1 2 - - 0 extra",
+            "2\na 1 2 - -",
+            "2\n 1 2 - - 0",
+            "2\na 1 2 - 1e300 0",
+            "2\na 1 2 - 99999999999999999 0",
+            "2\na 1 2 - - -3",
         ] {
             assert_eq!(decode(bad), None, "{bad:?}");
         }

@@ -16,6 +16,7 @@ fn config(node_id: &str, listen: std::net::SocketAddr, seeds: Vec<String>) -> Ri
         dead_node_grace_period: Duration::from_secs(60),
         join_timeout: Duration::from_secs(1),
         http_addr: "127.0.0.1:1".into(),
+        grpc_addr: None,
         version: "test".into(),
     }
 }
@@ -35,6 +36,7 @@ async fn usage_published_by_one_replica_reaches_the_other() {
         items,
         requests_level: None,
         items_level: Some(-5.0),
+        in_flight: 0,
     };
     assert_eq!(first.publish_usage(&[entry(1000)]).await, 1);
     let membership = second.membership();

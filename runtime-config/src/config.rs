@@ -6,6 +6,7 @@ use serde::Deserialize;
 use serde_yaml_ng::{Mapping, Value};
 use sha2::{Digest, Sha256};
 
+use crate::admission::{AdmissionConfig, AdmissionDefaults, LimitSpec, TenantAdmission};
 use crate::limits::{Defaults, InstanceLimits, InstanceOverride, TenantLimits, TenantOverride};
 use crate::mimir_keys;
 
@@ -35,12 +36,20 @@ struct FileContent {
     overrides: BTreeMap<String, TenantEntry>,
     #[serde(default)]
     distributor_limits: InstanceOverride,
+    #[serde(default)]
+    admission: Option<AdmissionDefaults>,
+    #[serde(default)]
+    envoy_domains: Vec<crate::envoy::EnvoyDomain>,
     #[serde(flatten)]
     other: BTreeMap<String, Value>,
 }
 
 #[derive(Debug, Default, Deserialize)]
 struct TenantEntry {
+    #[serde(default)]
+    allow_client_limits: bool,
+    #[serde(default)]
+    limits: BTreeMap<String, LimitSpec>,
     #[serde(flatten)]
     known: TenantOverride,
     #[serde(flatten)]
@@ -57,6 +66,10 @@ pub struct RuntimeConfig {
     pub sha256: String,
     /// Mimir keys in the file that weir accepts but does not enforce, as `place.key`.
     pub ignored_mimir_keys: Vec<String>,
+    /// Limits for the admission API.
+    pub admission: AdmissionConfig,
+    /// Limits for Envoy's rate-limit service protocol, by domain.
+    pub envoy_domains: Vec<crate::envoy::EnvoyDomain>,
 }
 
 /// What `/runtime_config` shows.
@@ -77,6 +90,8 @@ impl RuntimeConfig {
             instance: defaults.instance,
             sha256: String::new(),
             ignored_mimir_keys: Vec::new(),
+            admission: AdmissionConfig::default(),
+            envoy_domains: Vec::new(),
         }
     }
 
@@ -105,7 +120,41 @@ impl RuntimeConfig {
         }
 
         let mut overrides = BTreeMap::new();
+        let mut admission = AdmissionConfig::default();
+        if let Some(defaults) = file.admission {
+            if let Some(spec) = &defaults.default_limit {
+                spec.validate().map_err(|message| ConfigError::Invalid {
+                    place: "admission.default_limit".into(),
+                    message,
+                })?;
+            }
+            admission.strict = defaults.strict;
+            admission.default_limit = defaults.default_limit.map(LimitSpec::resolved);
+        }
+        for domain in &file.envoy_domains {
+            domain.validate().map_err(|message| ConfigError::Invalid {
+                place: "envoy_domains".into(),
+                message,
+            })?;
+        }
         for (tenant, entry) in file.overrides {
+            for (key, spec) in &entry.limits {
+                spec.validate().map_err(|message| ConfigError::Invalid {
+                    place: format!("overrides.{tenant}.limits.{key:?}"),
+                    message,
+                })?;
+            }
+            admission.tenants.insert(
+                tenant.clone(),
+                TenantAdmission {
+                    allow_client_limits: entry.allow_client_limits,
+                    limits: entry
+                        .limits
+                        .iter()
+                        .map(|(key, spec)| (key.clone(), spec.resolved()))
+                        .collect(),
+                },
+            );
             for key in entry.other.keys() {
                 if mimir_keys::LIMITS.contains(&key.as_str()) {
                     ignored.insert(format!("overrides.*.{key}"));
@@ -138,6 +187,8 @@ impl RuntimeConfig {
             instance,
             sha256,
             ignored_mimir_keys: ignored.into_iter().collect(),
+            admission,
+            envoy_domains: file.envoy_domains,
         })
     }
 
@@ -307,6 +358,38 @@ mod tests {
             let err = parse(content).unwrap_err().to_string();
             assert!(err.contains(expected), "{content:?}: {err}");
         }
+    }
+
+    #[test]
+    fn admission_limits_per_tenant_and_key() {
+        let config = RuntimeConfig::parse(
+            "admission:\n  strict: true\n  default_limit: {rate: 7}\noverrides:\n  a:\n    allow_client_limits: true\n    max_inflight_push_requests: 4\n    limits:\n      \"GET /s\": {algorithm: sliding_window, rate: 100, window: 10s}\n      up: {max_concurrent: 3}\n",
+            Defaults::default(),
+        )
+        .unwrap();
+        let a = &config.admission.tenants["a"];
+        assert!(a.allow_client_limits);
+        let spec = a.limits["GET /s"];
+        assert_eq!(spec.algorithm, crate::Algorithm::SlidingWindow);
+        assert_eq!(spec.window, std::time::Duration::from_secs(10));
+        assert_eq!(spec.burst, 100, "one second's worth by default");
+        assert_eq!(a.limits["up"].max_concurrent, 3);
+        assert!(config.admission.strict);
+        assert_eq!(config.admission.default_limit.unwrap().rate, 7.0);
+        assert_eq!(config.tenant_limits("a").max_inflight_push_requests, 4);
+        // A bad spec names its place; an unknown field in a spec is an error.
+        let err = RuntimeConfig::parse(
+            "overrides:\n  a:\n    limits:\n      k: {rate: -1}\n",
+            Defaults::default(),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("overrides.a.limits.\"k\""), "{err}");
+        assert!(RuntimeConfig::parse(
+            "overrides:\n  a:\n    limits:\n      k: {rate: 1, rat: 2}\n",
+            Defaults::default(),
+        )
+        .is_err());
     }
 
     #[test]

@@ -2,6 +2,9 @@
 //!
 //! # Layout
 //! - [`limits`]: the limit types (`TenantLimits`, `InstanceLimits`), their defaults and rules.
+//! - [`admission`]: limits for the admission API, per tenant and key, and how the one in force
+//!   is chosen.
+//! - [`envoy`]: limits for Envoy's rate-limit service protocol, by domain and descriptor.
 //! - [`config`]: parsing one file into a [`RuntimeConfig`]: strict keys, Mimir compatibility,
 //!   inheritance from defaults, and rendering (`/runtime_config`, `?mode=diff`).
 //! - [`reload`]: the periodic reloader. It re-parses only when the content hash changes,
@@ -10,11 +13,14 @@
 //!
 //! The example file used by weir's default run is `overrides.yaml` beside this crate.
 
+pub mod admission;
 pub mod config;
+pub mod envoy;
 pub mod limits;
 mod mimir_keys;
 pub mod reload;
 
+pub use admission::{AdmissionConfig, Algorithm, LimitSource, LimitSpec, Unresolved};
 pub use config::{ConfigError, RenderMode, RuntimeConfig};
 pub use limits::{Defaults, InstanceLimits, RateLimitStrategy, StoreFailurePolicy, TenantLimits};
 pub use reload::{ReloadMetrics, Reloader};

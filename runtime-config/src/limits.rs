@@ -76,6 +76,9 @@ pub struct TenantLimits {
     /// tags, each holding limit ÷ K, so a hot tenant's load lands on several Redis masters.
     /// A single request may then be at most burst ÷ K.
     pub store_shards: u32,
+    /// Push requests of this tenant in flight at once, fleet-wide (shared among the
+    /// replicas like a rate, or held in the store under `shared`); 0: no cap.
+    pub max_inflight_push_requests: u64,
 }
 
 impl Default for TenantLimits {
@@ -88,6 +91,7 @@ impl Default for TenantLimits {
             rate_limit_strategy: RateLimitStrategy::Weighted,
             on_store_failure: StoreFailurePolicy::Open,
             store_shards: 1,
+            max_inflight_push_requests: 0,
         }
     }
 }
@@ -103,6 +107,7 @@ pub(crate) struct TenantOverride {
     pub rate_limit_strategy: Option<RateLimitStrategy>,
     pub on_store_failure: Option<StoreFailurePolicy>,
     pub store_shards: Option<u32>,
+    pub max_inflight_push_requests: Option<u64>,
 }
 
 impl TenantOverride {
@@ -121,6 +126,9 @@ impl TenantOverride {
                 .unwrap_or(defaults.rate_limit_strategy),
             on_store_failure: self.on_store_failure.unwrap_or(defaults.on_store_failure),
             store_shards: self.store_shards.unwrap_or(defaults.store_shards),
+            max_inflight_push_requests: self
+                .max_inflight_push_requests
+                .unwrap_or(defaults.max_inflight_push_requests),
         }
     }
 }

@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 pub struct Replica {
     pub child: Child,
     pub http: SocketAddr,
+    pub grpc: SocketAddr,
     pub started: Instant,
 }
 
@@ -17,17 +18,25 @@ pub fn free_gossip_addr(ip: [u8; 4]) -> SocketAddr {
     socket.local_addr().unwrap()
 }
 
+/// The HTTP and gRPC addresses a `weir` child prints on its first two lines of stdout.
+pub fn listening_addrs(child: &mut Child) -> (SocketAddr, SocketAddr) {
+    let mut stdout = BufReader::new(child.stdout.take().expect("stdout is piped"));
+    let mut address = |prefix: &str| -> SocketAddr {
+        let mut line = String::new();
+        stdout.read_line(&mut line).unwrap();
+        line.strip_prefix(prefix)
+            .and_then(|rest| rest.split_whitespace().next())
+            .unwrap_or_else(|| panic!("expected {prefix:?}, got {line:?}"))
+            .parse()
+            .unwrap()
+    };
+    let http = address("weir listening on http://");
+    (http, address("weir gRPC on "))
+}
+
 /// The HTTP address a `weir` child prints on its first line of stdout.
 pub fn listening_addr(child: &mut Child) -> SocketAddr {
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().expect("stdout is piped"))
-        .read_line(&mut line)
-        .unwrap();
-    line.strip_prefix("weir listening on http://")
-        .and_then(|rest| rest.split_whitespace().next())
-        .unwrap_or_else(|| panic!("unexpected first line: {line:?}"))
-        .parse()
-        .unwrap()
+    listening_addrs(child).0
 }
 
 pub fn spawn(gossip: SocketAddr, seeds: &[SocketAddr], cluster: &str, extra: &[&str]) -> Replica {
@@ -41,6 +50,7 @@ pub fn spawn(gossip: SocketAddr, seeds: &[SocketAddr], cluster: &str, extra: &[&
     let mut child = Command::new(env!("CARGO_BIN_EXE_weir"))
         .current_dir(env!("CARGO_MANIFEST_DIR"))
         .args(["--http-addr", &format!("{ip}:0")])
+        .args(["--grpc-addr", &format!("{ip}:0")])
         .args(["--gossip-addr", &gossip.to_string()])
         .args(["--join", &join])
         .args(["--cluster-id", cluster])
@@ -50,10 +60,11 @@ pub fn spawn(gossip: SocketAddr, seeds: &[SocketAddr], cluster: &str, extra: &[&
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
-    let http = listening_addr(&mut child);
+    let (http, grpc) = listening_addrs(&mut child);
     Replica {
         child,
         http,
+        grpc,
         started,
     }
 }

@@ -16,6 +16,8 @@ use weir::remote_write::prompb::WriteRequest;
 
 pub struct Weir {
     pub addr: SocketAddr,
+    /// Where it serves the admission API (gRPC).
+    pub grpc: SocketAddr,
     pub overrides: PathBuf,
     pub clock: Option<FakeRelativeClock>,
     pub client: reqwest::Client,
@@ -65,8 +67,9 @@ impl Weir {
             },
             engine_clock,
         ));
-        let weir = Weir {
+        let mut weir = Weir {
             addr,
+            grpc: addr,
             overrides,
             clock,
             client: reqwest::Client::new(),
@@ -75,6 +78,16 @@ impl Weir {
             _dir: dir,
         };
         weir.wait_ready().await;
+        let ring: serde_json::Value = weir
+            .client
+            .get(weir.url("/ring?format=json"))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        weir.grpc = ring["grpc_addr"].as_str().unwrap().parse().unwrap();
         weir
     }
 

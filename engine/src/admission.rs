@@ -1,0 +1,805 @@
+//! The admission API's engine: "may this proceed?" for any tenant and key, under the tenant's
+//! strategy, with the algorithm its limit names; and fleet-wide in-flight caps with leases.
+//!
+//! - **Rates.** `divided`: a meter at rate ÷ N. `weighted`: a fleet-wide meter, charged with
+//!   the peers' admissions as gossip reports them (the same usage key as the push limits).
+//!   `shared`: the token bucket through leases from the store, sliding windows and leaky
+//!   buckets by one atomic script per decision.
+//! - **In flight.** `divided`: ⌈max ÷ N⌉ per replica. `weighted`: this replica's holders plus
+//!   the peers' (gossiped) must stay within max. `shared`: a sorted set of leases in the store,
+//!   scored by deadline. Every lease has a TTL: a holder that crashes frees its slot then.
+//!   A lease id names where the lease lives: `L<id>@<node>` on a replica, `S<id>/<name>` in
+//!   the store (any replica can release it).
+//!
+//! Keys are percent-encoded into entry names, `tenant/key`, so they travel safely in gossip
+//! and store keys (tenant IDs hold no `/`).
+
+use std::collections::HashMap;
+use std::fmt::Write;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use arc_swap::ArcSwap;
+use governor::clock::Clock;
+use runtime_config::{Algorithm, LimitSource, LimitSpec, RateLimitStrategy, Unresolved};
+
+use crate::algorithms::{Decision, Meter};
+use crate::limiter::{LimitKind, Limiter, TenantHooks};
+use crate::maths::Rate;
+use crate::shared::{self, Lease, SharedOutcome, SharedRequest};
+use crate::store::{admission_key, StoredMeter};
+
+/// Why an admission call cannot be answered with a decision. Each maps to a gRPC status.
+#[derive(Debug, Clone, PartialEq)]
+pub enum AdmissionError {
+    /// Strict policy: the tenant has no overrides (NOT_FOUND).
+    UnknownTenant(String),
+    /// Strict policy: the tenant has no limit for the key (NOT_FOUND).
+    UnknownKey(String, String),
+    /// No limit applies and no default is configured (NOT_FOUND).
+    NoLimit(String, String),
+    /// The limit spec sent is invalid (INVALID_ARGUMENT).
+    BadSpec(String),
+    /// Cost 0 or more than the limit can ever allow at once (INVALID_ARGUMENT / OUT_OF_RANGE).
+    BadCost(String),
+    /// The key has no `max_concurrent` (FAILED_PRECONDITION).
+    NotConcurrent(String),
+    /// Unknown, released or expired lease (NOT_FOUND).
+    UnknownLease(String),
+    /// A replica-local lease sent to another replica (FAILED_PRECONDITION, naming the owner).
+    WrongReplica { lease: String, owner: String },
+    /// `shared`, the store could not answer, and the tenant's policy is closed (UNAVAILABLE).
+    StoreUnavailable,
+}
+
+impl std::fmt::Display for AdmissionError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            AdmissionError::UnknownTenant(tenant) => {
+                write!(f, "unknown tenant {tenant:?} (admission is strict)")
+            }
+            AdmissionError::UnknownKey(tenant, key) => write!(
+                f,
+                "tenant {tenant:?} has no limit for key {key:?} (admission is strict)"
+            ),
+            AdmissionError::NoLimit(tenant, key) => write!(
+                f,
+                "no limit applies to tenant {tenant:?} key {key:?}: none is configured for the \
+                 key, and there is no admission.default_limit"
+            ),
+            AdmissionError::BadSpec(reason) => write!(f, "invalid limit spec: {reason}"),
+            AdmissionError::BadCost(reason) => write!(f, "{reason}"),
+            AdmissionError::NotConcurrent(key) => write!(
+                f,
+                "key {key:?} has no max_concurrent: set one in its limit to use Acquire"
+            ),
+            AdmissionError::UnknownLease(lease) => {
+                write!(
+                    f,
+                    "unknown lease {lease:?}: never granted, released, or expired"
+                )
+            }
+            AdmissionError::WrongReplica { lease, owner } => write!(
+                f,
+                "lease {lease:?} is held by replica {owner:?}: release or renew it there"
+            ),
+            AdmissionError::StoreUnavailable => write!(
+                f,
+                "the shared store did not answer in time and the tenant's on_store_failure \
+                 policy is closed (err-weir-store-unavailable)"
+            ),
+        }
+    }
+}
+
+impl std::error::Error for AdmissionError {}
+
+/// The answer to `Allow`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Allowed {
+    pub decision: Decision,
+    pub limit: LimitSpec,
+    pub source: LimitSource,
+}
+
+/// The answer to `Acquire`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Acquisition {
+    pub granted: bool,
+    pub lease_id: Option<String>,
+    /// Held fleet-wide (as this replica knows it) after this call.
+    pub in_flight: u64,
+    pub limit: LimitSpec,
+    pub retry_after: Duration,
+}
+
+/// The admission entries of one replica, part of the [`Limiter`].
+#[derive(Default)]
+pub(crate) struct Entries {
+    map: papaya::HashMap<Box<str>, Arc<Entry>, foldhash::fast::RandomState>,
+    /// Replica-local leases: id → (entry name, deadline in engine nanoseconds).
+    leases: Mutex<HashMap<u128, (Arc<str>, u64)>>,
+}
+
+pub(crate) struct Entry {
+    tenant: Box<str>,
+    /// Percent-encoded key.
+    key: Box<str>,
+    state: ArcSwap<EntryState>,
+    /// Admitted here (cost), cumulative: what gossip carries under `weighted`.
+    pub(crate) admitted: AtomicU64,
+    pub(crate) published: AtomicU64,
+    pub(crate) peers_applied: AtomicU64,
+    /// Leases held on this replica, and what the peers report they hold.
+    pub(crate) in_flight: AtomicU64,
+    /// The holders this replica last told the peers of (what they count it for).
+    pub(crate) published_in_flight: AtomicU64,
+    pub(crate) peers_in_flight: AtomicU64,
+    pub(crate) last_seen: AtomicU64,
+    /// `shared` token bucket: the lease.
+    lease: std::sync::OnceLock<Lease>,
+}
+
+struct EntryState {
+    spec: LimitSpec,
+    strategy: RateLimitStrategy,
+    healthy: usize,
+    policy: runtime_config::StoreFailurePolicy,
+    meter: Meter,
+}
+
+/// A refused `Acquire` is told to retry after the earliest held lease's deadline or this,
+/// whichever is sooner: holders usually release long before their deadline (and under
+/// `weighted` the caps move every gossip round).
+pub const ACQUIRE_RETRY_HINT: Duration = Duration::from_millis(100);
+
+/// The entry key of a tenant's pushes in flight. Percent-encoding never yields `%p`, so no
+/// API key can name it.
+const PUSH_KEY: &str = "%push";
+
+/// Percent-encodes a key for entry names, gossip and store keys: letters, digits and `-_.~`
+/// stay; everything else (spaces, `/`, braces, newlines) becomes `%XX`.
+pub fn encode_key(key: &str) -> String {
+    let mut encoded = String::with_capacity(key.len());
+    for byte in key.bytes() {
+        if byte.is_ascii_alphanumeric() || b"-_.~".contains(&byte) {
+            encoded.push(byte as char);
+        } else {
+            let _ = write!(encoded, "%{byte:02X}");
+        }
+    }
+    encoded
+}
+
+impl<H: TenantHooks, C: Clock + Clone> Limiter<H, C> {
+    /// Decides `cost` for `tenant`'s `key`, under the limit in force (see
+    /// [`runtime_config::AdmissionConfig::resolve`]). May wait on the shared store, never
+    /// longer than its timeout.
+    pub async fn allow(
+        &self,
+        tenant: &str,
+        key: &str,
+        cost: u64,
+        client: Option<LimitSpec>,
+    ) -> Result<Allowed, AdmissionError> {
+        let (spec, source, entry, state) = self.entry(tenant, key, client)?;
+        self.decide(spec, source, &entry, &state, cost).await
+    }
+
+    /// Decides `cost` for `tenant`'s `key` under a limit the caller resolved itself (Envoy's
+    /// descriptors, from `envoy_domains`), under the tenant's strategy.
+    pub async fn allow_with_limit(
+        &self,
+        tenant: &str,
+        key: &str,
+        cost: u64,
+        spec: LimitSpec,
+    ) -> Result<Allowed, AdmissionError> {
+        let spec = spec.resolved();
+        spec.validate().map_err(AdmissionError::BadSpec)?;
+        let config = self.config();
+        let (entry, state) = self.entry_named(tenant, &encode_key(key), spec, &config);
+        self.decide(spec, LimitSource::Key, &entry, &state, cost)
+            .await
+    }
+
+    async fn decide(
+        &self,
+        spec: LimitSpec,
+        source: LimitSource,
+        entry: &Entry,
+        state: &EntryState,
+        cost: u64,
+    ) -> Result<Allowed, AdmissionError> {
+        if cost == 0 {
+            return Err(AdmissionError::BadCost("cost must be at least 1".into()));
+        }
+        if spec.rate == 0.0 {
+            // Only an in-flight cap: every rate question passes.
+            return Ok(Allowed {
+                decision: Decision {
+                    allowed: true,
+                    remaining: u64::MAX,
+                    retry_after: Duration::ZERO,
+                    reset_after: Duration::ZERO,
+                    delay: Duration::ZERO,
+                },
+                limit: spec,
+                source,
+            });
+        }
+        let too_large = || {
+            AdmissionError::BadCost(format!(
+                "cost {cost} is more than the limit ever allows at once ({} {})",
+                match spec.algorithm {
+                    Algorithm::SlidingWindow => spec.per_window().floor() as u64,
+                    _ => spec.burst,
+                },
+                match spec.algorithm {
+                    Algorithm::TokenBucket => "burst",
+                    Algorithm::SlidingWindow => "per window",
+                    Algorithm::LeakyBucket => "queue",
+                }
+            ))
+        };
+        let now = self.now_nanos();
+        let decision = match state.strategy {
+            RateLimitStrategy::Shared => self
+                .allow_shared(entry, state, cost, now)
+                .await?
+                .ok_or_else(too_large)?,
+            _ => state.meter.check(cost, now).map_err(|_| too_large())?,
+        };
+        if decision.allowed {
+            entry.admitted.fetch_add(cost, Ordering::Relaxed);
+        }
+        Ok(Allowed {
+            decision,
+            limit: spec,
+            source,
+        })
+    }
+
+    /// `shared`: `None` when the cost is too large.
+    async fn allow_shared(
+        &self,
+        entry: &Entry,
+        state: &EntryState,
+        cost: u64,
+        now: u64,
+    ) -> Result<Option<Decision>, AdmissionError> {
+        let Some(shared) = self.shared() else {
+            return self.store_failed(state, cost, now).map(Some);
+        };
+        let spec = state.spec;
+        match spec.algorithm {
+            Algorithm::TokenBucket => {
+                let rate = Rate {
+                    per_second: spec.rate,
+                    burst: spec.burst.max(1),
+                };
+                let lease = entry
+                    .lease
+                    .get_or_init(|| Lease::new(&shared.config, 1, now));
+                let request = SharedRequest {
+                    tenant: &entry.tenant,
+                    kind: LimitKind::Request,
+                    key: Some(&entry.key),
+                    cost,
+                    shard_rate: rate,
+                    shards: 1,
+                };
+                match shared::decide(shared, lease, request, || self.now_nanos()).await {
+                    SharedOutcome::Admitted => Ok(Some(Decision {
+                        allowed: true,
+                        remaining: lease.tokens(),
+                        retry_after: Duration::ZERO,
+                        reset_after: Duration::ZERO,
+                        delay: Duration::ZERO,
+                    })),
+                    SharedOutcome::Refused(crate::maths::Outcome::TooLarge) => Ok(None),
+                    SharedOutcome::Refused(crate::maths::Outcome::Denied { wait, available }) => {
+                        Ok(Some(Decision {
+                            allowed: false,
+                            remaining: available,
+                            retry_after: wait,
+                            reset_after: wait,
+                            delay: Duration::ZERO,
+                        }))
+                    }
+                    SharedOutcome::Refused(crate::maths::Outcome::Allowed) => {
+                        unreachable!("a refusal is never Allowed")
+                    }
+                    SharedOutcome::StoreFailed => self.store_failed(state, cost, now).map(Some),
+                }
+            }
+            Algorithm::SlidingWindow | Algorithm::LeakyBucket => {
+                let (what, meter) = match spec.algorithm {
+                    Algorithm::SlidingWindow => (
+                        'w',
+                        StoredMeter::SlidingWindow {
+                            limit: spec.per_window(),
+                            window: spec.window,
+                        },
+                    ),
+                    _ => (
+                        'l',
+                        StoredMeter::LeakyBucket {
+                            rate: spec.rate,
+                            capacity: spec.burst.max(1),
+                        },
+                    ),
+                };
+                let key = admission_key(&entry.tenant, &entry.key, what);
+                if shared.permit(now) == crate::breaker::Permit::Refused {
+                    return self.store_failed(state, cost, now).map(Some);
+                }
+                match shared
+                    .call(
+                        "meter",
+                        || self.now_nanos(),
+                        shared.store.meter(&key, meter, cost),
+                    )
+                    .await
+                {
+                    Ok(decision) => Ok(Some(decision)),
+                    Err(_) => self.store_failed(state, cost, now).map(Some),
+                }
+            }
+        }
+    }
+
+    /// The store could not answer: `open` decides against the local fleet meter, `closed`
+    /// refuses.
+    fn store_failed(
+        &self,
+        state: &EntryState,
+        cost: u64,
+        now: u64,
+    ) -> Result<Decision, AdmissionError> {
+        let result = match state.policy {
+            runtime_config::StoreFailurePolicy::Open => state
+                .meter
+                .check(cost, now)
+                .map_err(|_| AdmissionError::BadCost(format!("cost {cost} is too large"))),
+            runtime_config::StoreFailurePolicy::Closed => Err(AdmissionError::StoreUnavailable),
+        };
+        if let Some(shared) = self.shared() {
+            let admitted = matches!(result, Ok(Decision { allowed: true, .. }));
+            shared.observer.policy_decision(state.policy, admitted);
+        }
+        result
+    }
+
+    /// Takes one in-flight slot of `tenant`'s `key` for `ttl`.
+    pub async fn acquire(
+        &self,
+        tenant: &str,
+        key: &str,
+        client: Option<LimitSpec>,
+        ttl: Duration,
+    ) -> Result<Acquisition, AdmissionError> {
+        let (spec, _, entry, state) = self.entry(tenant, key, client)?;
+        if spec.max_concurrent == 0 {
+            return Err(AdmissionError::NotConcurrent(key.to_string()));
+        }
+        self.take_slot(&entry, &state, spec, ttl).await
+    }
+
+    /// Takes one of `tenant`'s `max` pushes in flight, fleet-wide under the tenant's strategy
+    /// (`max_inflight_push_requests`), for at most `ttl`. Release it with
+    /// [`Limiter::release_local`] (a `L…` lease) or [`Limiter::release`].
+    pub async fn acquire_push(
+        &self,
+        tenant: &str,
+        max: u64,
+        ttl: Duration,
+    ) -> Result<Acquisition, AdmissionError> {
+        let spec = LimitSpec {
+            algorithm: Algorithm::TokenBucket,
+            rate: 0.0,
+            burst: 0,
+            window: Duration::from_secs(1),
+            max_concurrent: max,
+        };
+        let config = self.config();
+        let (entry, state) = self.entry_named(tenant, PUSH_KEY, spec, &config);
+        self.take_slot(&entry, &state, spec, ttl).await
+    }
+
+    async fn take_slot(
+        &self,
+        entry: &Arc<Entry>,
+        state: &EntryState,
+        spec: LimitSpec,
+        ttl: Duration,
+    ) -> Result<Acquisition, AdmissionError> {
+        let ttl = ttl.clamp(Duration::from_millis(1), Duration::from_secs(24 * 3600));
+        let id: u128 = rand_id();
+        let name: Arc<str> = entry_name(&entry.tenant, &entry.key).into();
+        if state.strategy == RateLimitStrategy::Shared {
+            let lease = format!("S{id:032x}/{name}");
+            let store_key = admission_key(&entry.tenant, &entry.key, 'c');
+            let Some(shared) = self.shared() else {
+                return Err(AdmissionError::StoreUnavailable);
+            };
+            let now = self.now_nanos();
+            if shared.permit(now) != crate::breaker::Permit::Refused {
+                let acquired = shared
+                    .call(
+                        "acquire",
+                        || self.now_nanos(),
+                        shared
+                            .store
+                            .acquire(&store_key, &lease, spec.max_concurrent, ttl),
+                    )
+                    .await;
+                if let Ok(acquired) = acquired {
+                    return Ok(Acquisition {
+                        granted: acquired.granted,
+                        lease_id: acquired.granted.then_some(lease),
+                        in_flight: acquired.in_flight,
+                        limit: spec,
+                        retry_after: acquired.retry_after.min(ACQUIRE_RETRY_HINT),
+                    });
+                }
+            }
+            if state.policy == runtime_config::StoreFailurePolicy::Closed {
+                return Err(AdmissionError::StoreUnavailable);
+            }
+            // open: the local cap decides for the outage.
+        }
+        let replicas = state.healthy.max(1) as u64;
+        let cap = match state.strategy {
+            RateLimitStrategy::Divided => spec.max_concurrent.div_ceil(replicas),
+            // Every replica works from the same published counts: what it told the peers it
+            // holds, and what they told it. Each may grow by its 1/N of the free slots per
+            // gossip round, so the replicas' caps sum to max, whoever has the demand; the
+            // free slots go to the busy replicas in a few rounds.
+            _ => {
+                let mine = entry.published_in_flight.load(Ordering::Relaxed);
+                let peers = entry.peers_in_flight.load(Ordering::Relaxed);
+                let free = spec.max_concurrent.saturating_sub(mine + peers);
+                mine + free.div_ceil(replicas)
+            }
+        };
+        let taken = entry
+            .in_flight
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |held| {
+                (held < cap).then_some(held + 1)
+            });
+        let peers = entry.peers_in_flight.load(Ordering::Relaxed);
+        match taken {
+            Ok(held) => {
+                let deadline = self.now_nanos() + ttl.as_nanos() as u64;
+                self.admission()
+                    .leases
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .insert(id, (name, deadline));
+                Ok(Acquisition {
+                    granted: true,
+                    lease_id: Some(format!("L{id:032x}@{}", self.node_id())),
+                    in_flight: held + 1 + peers,
+                    limit: spec,
+                    retry_after: Duration::ZERO,
+                })
+            }
+            Err(held) => Ok(Acquisition {
+                granted: false,
+                lease_id: None,
+                in_flight: held + peers,
+                limit: spec,
+                retry_after: self
+                    .earliest_deadline(&name)
+                    .map_or(ACQUIRE_RETRY_HINT, |until| until.min(ACQUIRE_RETRY_HINT)),
+            }),
+        }
+    }
+
+    fn earliest_deadline(&self, name: &str) -> Option<Duration> {
+        let now = self.now_nanos();
+        let leases = self
+            .admission()
+            .leases
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        leases
+            .values()
+            .filter(|(entry, _)| &**entry == name)
+            .map(|(_, deadline)| Duration::from_nanos(deadline.saturating_sub(now)))
+            .min()
+    }
+
+    /// Gives a slot back.
+    pub async fn release(&self, lease_id: &str) -> Result<(), AdmissionError> {
+        self.finish(lease_id, None).await
+    }
+
+    /// Moves a held lease's deadline to `ttl` from now.
+    pub async fn renew(&self, lease_id: &str, ttl: Duration) -> Result<(), AdmissionError> {
+        self.finish(lease_id, Some(ttl)).await
+    }
+
+    async fn finish(&self, lease_id: &str, renew: Option<Duration>) -> Result<(), AdmissionError> {
+        let unknown = || AdmissionError::UnknownLease(lease_id.to_string());
+        if let Some(rest) = lease_id.strip_prefix('S') {
+            let (_, name) = rest.split_once('/').ok_or_else(unknown)?;
+            let (tenant, key) = name.split_once('/').ok_or_else(unknown)?;
+            let store_key = admission_key(tenant, key, 'c');
+            let shared = self.shared().ok_or(AdmissionError::StoreUnavailable)?;
+            let outcome = match renew {
+                None => {
+                    shared
+                        .call(
+                            "release",
+                            || self.now_nanos(),
+                            shared.store.release(&store_key, lease_id),
+                        )
+                        .await
+                }
+                Some(ttl) => {
+                    shared
+                        .call(
+                            "renew",
+                            || self.now_nanos(),
+                            shared.store.renew(&store_key, lease_id, ttl),
+                        )
+                        .await
+                }
+            };
+            return match outcome {
+                Ok(true) => Ok(()),
+                Ok(false) => Err(unknown()),
+                Err(_) => Err(AdmissionError::StoreUnavailable),
+            };
+        }
+        self.finish_local(lease_id, renew)
+    }
+
+    /// Releases a replica-local (`L…`) lease without waiting: for guards that release on drop.
+    pub fn release_local(&self, lease_id: &str) -> Result<(), AdmissionError> {
+        self.finish_local(lease_id, None)
+    }
+
+    fn finish_local(&self, lease_id: &str, renew: Option<Duration>) -> Result<(), AdmissionError> {
+        let unknown = || AdmissionError::UnknownLease(lease_id.to_string());
+        let rest = lease_id.strip_prefix('L').ok_or_else(unknown)?;
+        let (id, owner) = rest.split_once('@').ok_or_else(unknown)?;
+        if owner != self.node_id() {
+            return Err(AdmissionError::WrongReplica {
+                lease: lease_id.to_string(),
+                owner: owner.to_string(),
+            });
+        }
+        let id = u128::from_str_radix(id, 16).map_err(|_| unknown())?;
+        let now = self.now_nanos();
+        let mut leases = self
+            .admission()
+            .leases
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        match (leases.get_mut(&id), renew) {
+            (Some((_, deadline)), _) if *deadline <= now => {
+                // Expired: the sweep frees it; the holder learns it is gone.
+                Err(unknown())
+            }
+            (Some((_, deadline)), Some(ttl)) => {
+                *deadline = now + ttl.as_nanos() as u64;
+                Ok(())
+            }
+            (Some(_), None) => {
+                let (name, _) = leases.remove(&id).expect("present");
+                drop(leases);
+                if let Some(entry) = self.admission().map.pin().get(&*name) {
+                    entry.in_flight.fetch_sub(1, Ordering::AcqRel);
+                }
+                Ok(())
+            }
+            (None, _) => Err(unknown()),
+        }
+    }
+
+    /// Frees replica-local leases past their deadline (their holders crashed or forgot).
+    /// Returns how many.
+    pub fn expire_leases(&self) -> usize {
+        let now = self.now_nanos();
+        let mut expired = Vec::new();
+        self.admission()
+            .leases
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .retain(|_, (name, deadline)| {
+                let keep = *deadline > now;
+                if !keep {
+                    expired.push(Arc::clone(name));
+                }
+                keep
+            });
+        let map = self.admission().map.pin();
+        for name in &expired {
+            if let Some(entry) = map.get(&**name) {
+                entry.in_flight.fetch_sub(1, Ordering::AcqRel);
+            }
+        }
+        expired.len()
+    }
+
+    /// The entry for `tenant`'s `key` under the limit in force, rebuilt if the limit, the
+    /// strategy or the healthy count changed.
+    #[allow(clippy::type_complexity)]
+    fn entry(
+        &self,
+        tenant: &str,
+        key: &str,
+        client: Option<LimitSpec>,
+    ) -> Result<(LimitSpec, LimitSource, Arc<Entry>, Arc<EntryState>), AdmissionError> {
+        if let Some(client) = client {
+            client
+                .resolved()
+                .validate()
+                .map_err(AdmissionError::BadSpec)?;
+        }
+        let config = self.config();
+        let (spec, source) = config.admission.resolve(tenant, key, client).map_err(
+            |unresolved| match unresolved {
+                Unresolved::UnknownTenant => AdmissionError::UnknownTenant(tenant.to_string()),
+                Unresolved::UnknownKey => {
+                    AdmissionError::UnknownKey(tenant.to_string(), key.to_string())
+                }
+                Unresolved::NoLimit => AdmissionError::NoLimit(tenant.to_string(), key.to_string()),
+            },
+        )?;
+        let (entry, state) = self.entry_named(tenant, &encode_key(key), spec, &config);
+        Ok((spec, source, entry, state))
+    }
+
+    /// The entry named `tenant/encoded`, under `spec`.
+    fn entry_named(
+        &self,
+        tenant: &str,
+        encoded: &str,
+        spec: LimitSpec,
+        config: &runtime_config::RuntimeConfig,
+    ) -> (Arc<Entry>, Arc<EntryState>) {
+        let limits = config.tenant_limits(tenant);
+        let strategy = limits.rate_limit_strategy;
+        let healthy = self.healthy_replicas();
+        let name = entry_name(tenant, encoded);
+        let now = self.now_nanos();
+        let map = self.admission().map.pin();
+        let entry = map.get_or_insert_with(name.into_boxed_str(), || {
+            Arc::new(Entry {
+                tenant: tenant.into(),
+                key: encoded.into(),
+                state: ArcSwap::from_pointee(EntryState {
+                    spec,
+                    strategy,
+                    healthy,
+                    policy: limits.on_store_failure,
+                    meter: Meter::new(&spec, share(strategy, healthy), now),
+                }),
+                admitted: AtomicU64::new(0),
+                published: AtomicU64::new(0),
+                peers_applied: AtomicU64::new(0),
+                in_flight: AtomicU64::new(0),
+                published_in_flight: AtomicU64::new(0),
+                peers_in_flight: AtomicU64::new(0),
+                last_seen: AtomicU64::new(now),
+                lease: std::sync::OnceLock::new(),
+            })
+        });
+        entry.last_seen.store(now, Ordering::Relaxed);
+        let mut state = entry.state.load_full();
+        if state.spec != spec || state.strategy != strategy || state.healthy != healthy {
+            let next = Arc::new(EntryState {
+                spec,
+                strategy,
+                healthy,
+                policy: limits.on_store_failure,
+                meter: carry(&state.meter, &spec, share(strategy, healthy), now),
+            });
+            entry.state.store(Arc::clone(&next));
+            state = next;
+        }
+        (Arc::clone(entry), state)
+    }
+
+    /// Charges the peers' admissions of admission keys (under `weighted`), and records what
+    /// they hold in flight.
+    pub(crate) fn apply_admission_usage(
+        &self,
+        name: &str,
+        admitted: u64,
+        in_flight: u64,
+        at: u64,
+        now: u64,
+    ) {
+        let map = self.admission().map.pin();
+        let Some(entry) = map.get(name) else {
+            return;
+        };
+        entry.peers_in_flight.store(in_flight, Ordering::Relaxed);
+        let applied = entry.peers_applied.fetch_max(admitted, Ordering::AcqRel);
+        if admitted > applied {
+            let state = entry.state.load();
+            if state.strategy == RateLimitStrategy::Weighted {
+                state.meter.charge(admitted - applied, at, now);
+            }
+        }
+    }
+
+    /// Admission entries for the usage key: (name, admitted, in flight).
+    pub(crate) fn admission_reports(&self) -> Vec<(String, u64, u64, u64)> {
+        self.admission()
+            .map
+            .pin()
+            .iter()
+            .filter_map(|(name, entry)| {
+                let admitted = entry.admitted.load(Ordering::Relaxed);
+                let in_flight = entry.in_flight.load(Ordering::Relaxed);
+                let published_in_flight = entry.published_in_flight.load(Ordering::Relaxed);
+                // A key whose last holder left is listed once more, so the peers see 0.
+                (admitted > 0 || in_flight > 0 || published_in_flight > 0).then(|| {
+                    let unpublished = admitted - entry.published.load(Ordering::Relaxed)
+                        + in_flight.abs_diff(published_in_flight);
+                    (name.to_string(), admitted, in_flight, unpublished)
+                })
+            })
+            .collect()
+    }
+
+    pub(crate) fn mark_admission_listed(&self, name: &str, admitted: u64, in_flight: u64) {
+        if let Some(entry) = self.admission().map.pin().get(name) {
+            entry.published.fetch_max(admitted, Ordering::Relaxed);
+            entry
+                .published_in_flight
+                .store(in_flight, Ordering::Relaxed);
+        }
+    }
+
+    /// Drops entries unused for the idle timeout that hold no lease and are full again.
+    pub(crate) fn evict_admission(&self, idle: Duration) {
+        let now = self.now_nanos();
+        self.admission().map.pin().retain(|_, entry| {
+            let used = now.saturating_sub(entry.last_seen.load(Ordering::Relaxed))
+                <= idle.as_nanos() as u64;
+            used || entry.in_flight.load(Ordering::Relaxed) > 0
+        });
+    }
+}
+
+fn share(strategy: RateLimitStrategy, healthy: usize) -> f64 {
+    match strategy {
+        RateLimitStrategy::Divided => 1.0 / healthy.max(1) as f64,
+        RateLimitStrategy::Weighted | RateLimitStrategy::Shared => 1.0,
+    }
+}
+
+/// A meter for a new spec, keeping the token bucket's tokens (no fresh burst on a reload).
+fn carry(old: &Meter, spec: &LimitSpec, share: f64, now: u64) -> Meter {
+    match (old, Meter::new(spec, share, now)) {
+        (Meter::TokenBucket(old), Meter::TokenBucket(new)) => {
+            Meter::TokenBucket(old.reshaped(new.rate(), now))
+        }
+        (_, new) => new,
+    }
+}
+
+fn entry_name(tenant: &str, encoded_key: &str) -> String {
+    format!("{tenant}/{encoded_key}")
+}
+
+fn rand_id() -> u128 {
+    use std::collections::hash_map::RandomState;
+    use std::hash::{BuildHasher, Hasher};
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let mut id = 0u128;
+    for _ in 0..2 {
+        let mut hasher = RandomState::new().build_hasher();
+        hasher.write_u64(COUNTER.fetch_add(1, Ordering::Relaxed));
+        id = (id << 64) | hasher.finish() as u128;
+    }
+    id
+}

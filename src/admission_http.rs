@@ -1,0 +1,331 @@
+//! The admission API's HTTP/JSON twin, for callers without gRPC: `POST /api/v1/allow`,
+//! `/api/v1/allow_batch`, `/api/v1/acquire`, `/api/v1/release`, `/api/v1/renew`. The same
+//! engine calls as the gRPC service; durations are in seconds (floats). Errors answer with the
+//! HTTP status of the gRPC code and `{"code", "reason", "message"}`.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::extract::rejection::JsonRejection;
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use engine::AdmissionError;
+use runtime_config::{Algorithm, LimitSpec};
+use serde::{Deserialize, Serialize};
+use tonic::Code;
+
+use crate::grpc::{code_and_reason, source_name, DEFAULT_LEASE_TTL};
+use crate::server::AppState;
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct JsonSpec {
+    #[serde(default)]
+    algorithm: Option<Algorithm>,
+    #[serde(default)]
+    rate: f64,
+    #[serde(default)]
+    burst: u64,
+    /// Seconds.
+    #[serde(default)]
+    window: Option<f64>,
+    #[serde(default)]
+    max_concurrent: u64,
+}
+
+impl JsonSpec {
+    fn spec(&self) -> Result<LimitSpec, ApiError> {
+        let window = match self.window {
+            None => Duration::from_secs(1),
+            Some(seconds) => Duration::try_from_secs_f64(seconds).map_err(|_| {
+                ApiError::new(
+                    Code::InvalidArgument,
+                    "BAD_SPEC",
+                    "window must be ≥ 0 seconds",
+                )
+            })?,
+        };
+        Ok(LimitSpec {
+            algorithm: self.algorithm.unwrap_or_default(),
+            rate: self.rate,
+            burst: self.burst,
+            window,
+            max_concurrent: self.max_concurrent,
+        })
+    }
+}
+
+#[derive(Debug, Serialize)]
+struct SpecOut {
+    algorithm: &'static str,
+    rate: f64,
+    burst: u64,
+    window: f64,
+    max_concurrent: u64,
+}
+
+impl From<LimitSpec> for SpecOut {
+    fn from(spec: LimitSpec) -> Self {
+        SpecOut {
+            algorithm: spec.algorithm.as_str(),
+            rate: spec.rate,
+            burst: spec.burst,
+            window: spec.window.as_secs_f64(),
+            max_concurrent: spec.max_concurrent,
+        }
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AllowBody {
+    tenant: String,
+    #[serde(default)]
+    key: String,
+    /// Signed, so a negative cost gets BAD_COST rather than a JSON error.
+    #[serde(default = "one")]
+    cost: i64,
+    #[serde(default)]
+    limit: Option<JsonSpec>,
+}
+
+fn one() -> i64 {
+    1
+}
+
+#[derive(Debug, Serialize)]
+struct AllowOut {
+    allowed: bool,
+    remaining: u64,
+    retry_after: f64,
+    reset_after: f64,
+    delay: f64,
+    limit_in_force: SpecOut,
+    limit_source: &'static str,
+}
+
+/// An error answer: the HTTP status of the gRPC code, and `{"code", "reason", "message"}`.
+#[derive(Debug, Serialize)]
+pub struct ApiError {
+    #[serde(serialize_with = "code_name")]
+    code: Code,
+    reason: &'static str,
+    message: String,
+}
+
+fn code_name<S: serde::Serializer>(code: &Code, serializer: S) -> Result<S::Ok, S::Error> {
+    serializer.serialize_str(&format!("{code:?}"))
+}
+
+impl ApiError {
+    fn new(code: Code, reason: &'static str, message: impl Into<String>) -> ApiError {
+        ApiError {
+            code,
+            reason,
+            message: message.into(),
+        }
+    }
+
+    fn status(&self) -> StatusCode {
+        match self.code {
+            Code::NotFound => StatusCode::NOT_FOUND,
+            Code::InvalidArgument | Code::OutOfRange => StatusCode::BAD_REQUEST,
+            Code::FailedPrecondition => StatusCode::CONFLICT,
+            Code::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
+            _ => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+}
+
+impl From<AdmissionError> for ApiError {
+    fn from(err: AdmissionError) -> Self {
+        let (code, reason) = code_and_reason(&err);
+        ApiError::new(code, reason, err.to_string())
+    }
+}
+
+impl From<JsonRejection> for ApiError {
+    fn from(rejection: JsonRejection) -> Self {
+        ApiError::new(Code::InvalidArgument, "BAD_JSON", rejection.body_text())
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        (self.status(), Json(self)).into_response()
+    }
+}
+
+async fn allow_one(state: &AppState, body: &AllowBody) -> Result<AllowOut, ApiError> {
+    if body.tenant.is_empty() {
+        return Err(ApiError::new(
+            Code::InvalidArgument,
+            "MISSING_FIELD",
+            "tenant is required",
+        ));
+    }
+    let cost = u64::try_from(body.cost).map_err(|_| {
+        ApiError::new(
+            Code::InvalidArgument,
+            "BAD_COST",
+            format!("cost must be at least 1, got {}", body.cost),
+        )
+    })?;
+    let client = body.limit.as_ref().map(JsonSpec::spec).transpose()?;
+    let answer = state
+        .limiter
+        .allow(&body.tenant, &body.key, cost, client)
+        .await?;
+    Ok(AllowOut {
+        allowed: answer.decision.allowed,
+        remaining: answer.decision.remaining,
+        retry_after: answer.decision.retry_after.as_secs_f64(),
+        reset_after: answer.decision.reset_after.as_secs_f64(),
+        delay: answer.decision.delay.as_secs_f64(),
+        limit_in_force: answer.limit.into(),
+        limit_source: source_name(answer.source),
+    })
+}
+
+/// The answer of a handler: JSON, or an [`ApiError`].
+fn answer<T: Serialize>(result: Result<T, ApiError>) -> Response {
+    match result {
+        Ok(value) => Json(value).into_response(),
+        Err(err) => err.into_response(),
+    }
+}
+
+pub async fn allow(
+    State(state): State<Arc<AppState>>,
+    body: Result<Json<AllowBody>, JsonRejection>,
+) -> Response {
+    answer(match body {
+        Ok(Json(body)) => allow_one(&state, &body).await,
+        Err(rejection) => Err(rejection.into()),
+    })
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AllowBatchBody {
+    requests: Vec<AllowBody>,
+}
+
+/// One answer or error per request, in order.
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "snake_case")]
+enum BatchItem {
+    Error(ApiError),
+    #[serde(untagged)]
+    Answer(AllowOut),
+}
+
+pub async fn allow_batch(
+    State(state): State<Arc<AppState>>,
+    body: Result<Json<AllowBatchBody>, JsonRejection>,
+) -> Response {
+    let body = match body {
+        Ok(Json(body)) => body,
+        Err(rejection) => return ApiError::from(rejection).into_response(),
+    };
+    let mut results = Vec::with_capacity(body.requests.len());
+    for one in &body.requests {
+        results.push(match allow_one(&state, one).await {
+            Ok(answer) => BatchItem::Answer(answer),
+            Err(err) => BatchItem::Error(err),
+        });
+    }
+    Json(serde_json::json!({ "results": results })).into_response()
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AcquireBody {
+    tenant: String,
+    #[serde(default)]
+    key: String,
+    #[serde(default)]
+    limit: Option<JsonSpec>,
+    /// Seconds.
+    #[serde(default)]
+    ttl: Option<f64>,
+}
+
+fn ttl(seconds: Option<f64>) -> Result<Duration, ApiError> {
+    match seconds {
+        None => Ok(DEFAULT_LEASE_TTL),
+        Some(seconds) => Duration::try_from_secs_f64(seconds).map_err(|_| {
+            ApiError::new(Code::InvalidArgument, "BAD_TTL", "ttl must be ≥ 0 seconds")
+        }),
+    }
+}
+
+async fn acquire_one(state: &AppState, body: AcquireBody) -> Result<serde_json::Value, ApiError> {
+    if body.tenant.is_empty() {
+        return Err(ApiError::new(
+            Code::InvalidArgument,
+            "MISSING_FIELD",
+            "tenant is required",
+        ));
+    }
+    let client = body.limit.as_ref().map(JsonSpec::spec).transpose()?;
+    let acquisition = state
+        .limiter
+        .acquire(&body.tenant, &body.key, client, ttl(body.ttl)?)
+        .await?;
+    Ok(serde_json::json!({
+        "granted": acquisition.granted,
+        "lease_id": acquisition.lease_id,
+        "in_flight": acquisition.in_flight,
+        "limit": acquisition.limit.max_concurrent,
+        "retry_after": acquisition.retry_after.as_secs_f64(),
+    }))
+}
+
+pub async fn acquire(
+    State(state): State<Arc<AppState>>,
+    body: Result<Json<AcquireBody>, JsonRejection>,
+) -> Response {
+    answer(match body {
+        Ok(Json(body)) => acquire_one(&state, body).await,
+        Err(rejection) => Err(rejection.into()),
+    })
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LeaseBody {
+    lease_id: String,
+    /// Renew only, seconds.
+    #[serde(default)]
+    ttl: Option<f64>,
+}
+
+pub async fn release(
+    State(state): State<Arc<AppState>>,
+    body: Result<Json<LeaseBody>, JsonRejection>,
+) -> Response {
+    answer(match body {
+        Ok(Json(body)) => state
+            .limiter
+            .release(&body.lease_id)
+            .await
+            .map(|()| serde_json::json!({}))
+            .map_err(ApiError::from),
+        Err(rejection) => Err(rejection.into()),
+    })
+}
+
+pub async fn renew(
+    State(state): State<Arc<AppState>>,
+    body: Result<Json<LeaseBody>, JsonRejection>,
+) -> Response {
+    let renew = async {
+        let Json(body) = body?;
+        state.limiter.renew(&body.lease_id, ttl(body.ttl)?).await?;
+        Ok(serde_json::json!({}))
+    };
+    answer(renew.await)
+}

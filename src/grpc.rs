@@ -1,0 +1,419 @@
+//! The admission API over gRPC (`weir.admission.v1.Admission`) and Envoy's rate-limit service
+//! (`envoy.service.ratelimit.v3.RateLimitService`), on `--grpc-addr`. Both are thin: each call
+//! becomes one engine call, and its answer is turned back. No limit logic lives here.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use engine::{AdmissionError, Allowed};
+use runtime_config::{Algorithm, LimitSource, LimitSpec};
+use tonic::{Code, Request, Response, Status};
+use tonic_types::{ErrorDetails, StatusExt};
+
+use crate::server::AppState;
+
+/// The generated types, in their packages' module tree (prost's cross-references need it).
+pub mod proto {
+    pub mod weir {
+        pub mod admission {
+            pub mod v1 {
+                include!(concat!(env!("OUT_DIR"), "/weir.admission.v1.rs"));
+            }
+        }
+    }
+    pub mod envoy {
+        pub mod config {
+            pub mod core {
+                pub mod v3 {
+                    include!(concat!(env!("OUT_DIR"), "/envoy.config.core.v3.rs"));
+                }
+            }
+        }
+        pub mod extensions {
+            pub mod common {
+                pub mod ratelimit {
+                    pub mod v3 {
+                        include!(concat!(
+                            env!("OUT_DIR"),
+                            "/envoy.extensions.common.ratelimit.v3.rs"
+                        ));
+                    }
+                }
+            }
+        }
+        pub mod r#type {
+            pub mod v3 {
+                include!(concat!(env!("OUT_DIR"), "/envoy.r#type.v3.rs"));
+            }
+        }
+        pub mod service {
+            pub mod ratelimit {
+                pub mod v3 {
+                    include!(concat!(env!("OUT_DIR"), "/envoy.service.ratelimit.v3.rs"));
+                }
+            }
+        }
+    }
+}
+
+use proto::envoy::service::ratelimit::v3 as rls;
+use proto::weir::admission::v1 as api;
+
+/// A lease's lifetime when the caller sets none.
+pub const DEFAULT_LEASE_TTL: Duration = Duration::from_secs(30);
+
+/// The gRPC code and stable reason for an engine error.
+pub fn code_and_reason(err: &AdmissionError) -> (Code, &'static str) {
+    match err {
+        AdmissionError::UnknownTenant(_) => (Code::NotFound, "UNKNOWN_TENANT"),
+        AdmissionError::UnknownKey(..) => (Code::NotFound, "UNKNOWN_KEY"),
+        AdmissionError::NoLimit(..) => (Code::NotFound, "NO_LIMIT"),
+        AdmissionError::UnknownLease(_) => (Code::NotFound, "UNKNOWN_LEASE"),
+        AdmissionError::BadSpec(_) => (Code::InvalidArgument, "BAD_SPEC"),
+        AdmissionError::BadCost(reason) if reason.starts_with("cost must") => {
+            (Code::InvalidArgument, "BAD_COST")
+        }
+        AdmissionError::BadCost(_) => (Code::OutOfRange, "COST_OVER_LIMIT"),
+        AdmissionError::NotConcurrent(_) => (Code::FailedPrecondition, "NOT_CONCURRENT"),
+        AdmissionError::WrongReplica { .. } => (Code::FailedPrecondition, "WRONG_REPLICA"),
+        AdmissionError::StoreUnavailable => (Code::Unavailable, "STORE_UNAVAILABLE"),
+    }
+}
+
+/// A gRPC status with a `google.rpc.ErrorInfo` detail naming the reason.
+fn status(err: AdmissionError) -> Status {
+    let (code, reason) = code_and_reason(&err);
+    let mut metadata = std::collections::HashMap::new();
+    if let AdmissionError::WrongReplica { owner, .. } = &err {
+        metadata.insert("owner".to_string(), owner.clone());
+    }
+    Status::with_error_details(
+        code,
+        err.to_string(),
+        ErrorDetails::with_error_info(reason, "weir", metadata),
+    )
+}
+
+fn missing(field: &str) -> Status {
+    Status::with_error_details(
+        Code::InvalidArgument,
+        format!("{field} is required"),
+        ErrorDetails::with_error_info("MISSING_FIELD", "weir", no_metadata()),
+    )
+}
+
+fn no_metadata() -> std::collections::HashMap<String, String> {
+    std::collections::HashMap::new()
+}
+
+fn duration(value: Duration) -> prost_types::Duration {
+    prost_types::Duration {
+        seconds: value.as_secs() as i64,
+        nanos: value.subsec_nanos() as i32,
+    }
+}
+
+fn from_duration(value: Option<&prost_types::Duration>) -> Option<Duration> {
+    let value = value?;
+    (value.seconds >= 0 && value.nanos >= 0)
+        .then(|| Duration::new(value.seconds as u64, value.nanos as u32))
+}
+
+/// A client's spec; an unknown algorithm or a negative window is a BAD_SPEC.
+pub fn spec_from_proto(spec: &api::LimitSpec) -> Result<LimitSpec, AdmissionError> {
+    let algorithm = match api::Algorithm::try_from(spec.algorithm) {
+        Ok(api::Algorithm::Unspecified | api::Algorithm::TokenBucket) => Algorithm::TokenBucket,
+        Ok(api::Algorithm::SlidingWindow) => Algorithm::SlidingWindow,
+        Ok(api::Algorithm::LeakyBucket) => Algorithm::LeakyBucket,
+        Err(_) => {
+            return Err(AdmissionError::BadSpec(format!(
+                "unknown algorithm {}",
+                spec.algorithm
+            )))
+        }
+    };
+    let window = match spec.window.as_ref() {
+        None => Duration::from_secs(1),
+        Some(window) => from_duration(Some(window))
+            .ok_or_else(|| AdmissionError::BadSpec("window must not be negative".into()))?,
+    };
+    Ok(LimitSpec {
+        algorithm,
+        rate: spec.rate,
+        burst: spec.burst,
+        window,
+        max_concurrent: spec.max_concurrent,
+    })
+}
+
+pub fn spec_to_proto(spec: &LimitSpec) -> api::LimitSpec {
+    api::LimitSpec {
+        algorithm: match spec.algorithm {
+            Algorithm::TokenBucket => api::Algorithm::TokenBucket,
+            Algorithm::SlidingWindow => api::Algorithm::SlidingWindow,
+            Algorithm::LeakyBucket => api::Algorithm::LeakyBucket,
+        } as i32,
+        rate: spec.rate,
+        burst: spec.burst,
+        window: Some(duration(spec.window)),
+        max_concurrent: spec.max_concurrent,
+    }
+}
+
+pub fn source_name(source: LimitSource) -> &'static str {
+    match source {
+        LimitSource::Key => "key",
+        LimitSource::Client => "client",
+        LimitSource::Default => "default",
+    }
+}
+
+fn allow_response(answer: Allowed) -> api::AllowResponse {
+    api::AllowResponse {
+        allowed: answer.decision.allowed,
+        remaining: answer.decision.remaining,
+        retry_after: Some(duration(answer.decision.retry_after)),
+        reset_after: Some(duration(answer.decision.reset_after)),
+        limit_in_force: Some(spec_to_proto(&answer.limit)),
+        delay: Some(duration(answer.decision.delay)),
+        limit_source: source_name(answer.source).to_string(),
+    }
+}
+
+pub struct AdmissionService {
+    pub state: Arc<AppState>,
+}
+
+impl AdmissionService {
+    async fn allow_one(&self, request: &api::AllowRequest) -> Result<api::AllowResponse, Status> {
+        if request.tenant.is_empty() {
+            return Err(missing("tenant"));
+        }
+        let client = request
+            .limit
+            .as_ref()
+            .map(spec_from_proto)
+            .transpose()
+            .map_err(status)?;
+        self.state
+            .limiter
+            .allow(&request.tenant, &request.key, request.cost, client)
+            .await
+            .map(allow_response)
+            .map_err(status)
+    }
+}
+
+#[tonic::async_trait]
+impl api::admission_server::Admission for AdmissionService {
+    async fn allow(
+        &self,
+        request: Request<api::AllowRequest>,
+    ) -> Result<Response<api::AllowResponse>, Status> {
+        self.allow_one(request.get_ref()).await.map(Response::new)
+    }
+
+    async fn allow_batch(
+        &self,
+        request: Request<api::AllowBatchRequest>,
+    ) -> Result<Response<api::AllowBatchResponse>, Status> {
+        use api::allow_batch_response::{result, Result as Item};
+        let mut results = Vec::with_capacity(request.get_ref().requests.len());
+        for one in &request.get_ref().requests {
+            let result = match self.allow_one(one).await {
+                Ok(response) => result::Result::Response(response),
+                Err(status) => result::Result::Error(api::BatchError {
+                    code: status.code() as i32,
+                    message: status.message().to_string(),
+                    reason: status
+                        .get_error_details()
+                        .error_info()
+                        .map(|info| info.reason.clone())
+                        .unwrap_or_default(),
+                }),
+            };
+            results.push(Item {
+                result: Some(result),
+            });
+        }
+        Ok(Response::new(api::AllowBatchResponse { results }))
+    }
+
+    async fn acquire(
+        &self,
+        request: Request<api::AcquireRequest>,
+    ) -> Result<Response<api::AcquireResponse>, Status> {
+        let request = request.get_ref();
+        if request.tenant.is_empty() {
+            return Err(missing("tenant"));
+        }
+        let ttl = from_duration(request.ttl.as_ref()).unwrap_or(DEFAULT_LEASE_TTL);
+        let client = request
+            .limit
+            .as_ref()
+            .map(spec_from_proto)
+            .transpose()
+            .map_err(status)?;
+        let acquisition = self
+            .state
+            .limiter
+            .acquire(&request.tenant, &request.key, client, ttl)
+            .await
+            .map_err(status)?;
+        Ok(Response::new(api::AcquireResponse {
+            granted: acquisition.granted,
+            lease_id: acquisition.lease_id.unwrap_or_default(),
+            in_flight: acquisition.in_flight,
+            limit: acquisition.limit.max_concurrent,
+            retry_after: Some(duration(acquisition.retry_after)),
+        }))
+    }
+
+    async fn release(
+        &self,
+        request: Request<api::ReleaseRequest>,
+    ) -> Result<Response<api::ReleaseResponse>, Status> {
+        if request.get_ref().lease_id.is_empty() {
+            return Err(missing("lease_id"));
+        }
+        self.state
+            .limiter
+            .release(&request.get_ref().lease_id)
+            .await
+            .map_err(status)?;
+        Ok(Response::new(api::ReleaseResponse {}))
+    }
+
+    async fn renew(
+        &self,
+        request: Request<api::RenewRequest>,
+    ) -> Result<Response<api::RenewResponse>, Status> {
+        let request = request.get_ref();
+        if request.lease_id.is_empty() {
+            return Err(missing("lease_id"));
+        }
+        let ttl = from_duration(request.ttl.as_ref()).unwrap_or(DEFAULT_LEASE_TTL);
+        self.state
+            .limiter
+            .renew(&request.lease_id, ttl)
+            .await
+            .map_err(status)?;
+        Ok(Response::new(api::RenewResponse {}))
+    }
+}
+
+/// Envoy's rate-limit service: each descriptor is matched against `envoy_domains` and
+/// decided as an admission key of the domain's tenant.
+pub struct RateLimitService {
+    pub state: Arc<AppState>,
+}
+
+#[tonic::async_trait]
+impl rls::rate_limit_service_server::RateLimitService for RateLimitService {
+    async fn should_rate_limit(
+        &self,
+        request: Request<rls::RateLimitRequest>,
+    ) -> Result<Response<rls::RateLimitResponse>, Status> {
+        use rls::rate_limit_response::{
+            rate_limit::Unit, Code as RlsCode, DescriptorStatus, RateLimit,
+        };
+        let request = request.get_ref();
+        let config = self.state.limiter.runtime_config();
+        let Some(domain) = config
+            .envoy_domains
+            .iter()
+            .find(|domain| domain.domain == request.domain)
+        else {
+            return Err(Status::with_error_details(
+                Code::NotFound,
+                format!("no envoy_domains entry for domain {:?}", request.domain),
+                ErrorDetails::with_error_info("UNKNOWN_DOMAIN", "weir", no_metadata()),
+            ));
+        };
+        let mut overall = RlsCode::Ok;
+        let mut statuses = Vec::with_capacity(request.descriptors.len());
+        for descriptor in &request.descriptors {
+            let entries: Vec<(&str, &str)> = descriptor
+                .entries
+                .iter()
+                .map(|entry| (entry.key.as_str(), entry.value.as_str()))
+                .collect();
+            let hits = descriptor
+                .hits_addend
+                .unwrap_or(request.hits_addend.max(1) as u64)
+                .max(1);
+            // A limit sent with the descriptor applies where the tenant allows client limits.
+            let client = descriptor.limit.as_ref().and_then(|limit| {
+                runtime_config::envoy::Unit::from_envoy_code(limit.unit).map(|unit| {
+                    runtime_config::envoy::EnvoyRateLimit {
+                        unit,
+                        requests_per_unit: limit.requests_per_unit,
+                    }
+                    .spec()
+                })
+            });
+            let Some(matched) = domain.matches(&entries) else {
+                statuses.push(DescriptorStatus {
+                    code: RlsCode::Ok as i32,
+                    ..DescriptorStatus::default()
+                });
+                continue;
+            };
+            let key = format!("envoy:{}:{}", domain.domain, matched.key);
+            let operator = matched.limit.spec();
+            let spec = match client {
+                Some(client)
+                    if config
+                        .admission
+                        .tenants
+                        .get(domain.tenant())
+                        .is_some_and(|t| t.allow_client_limits) =>
+                {
+                    client
+                }
+                _ => operator,
+            };
+            let answer = self
+                .state
+                .limiter
+                .allow_with_limit(domain.tenant(), &key, hits, spec)
+                .await;
+            let answer = match answer {
+                Ok(answer) => answer,
+                // A limit that a descriptor can never meet (hits over the limit) is over it.
+                Err(AdmissionError::BadCost(_)) => {
+                    overall = RlsCode::OverLimit;
+                    statuses.push(DescriptorStatus {
+                        code: RlsCode::OverLimit as i32,
+                        ..DescriptorStatus::default()
+                    });
+                    continue;
+                }
+                Err(err) => return Err(status(err)),
+            };
+            let code = if answer.decision.allowed {
+                RlsCode::Ok
+            } else {
+                overall = RlsCode::OverLimit;
+                RlsCode::OverLimit
+            };
+            statuses.push(DescriptorStatus {
+                code: code as i32,
+                current_limit: Some(RateLimit {
+                    name: matched.key.clone(),
+                    requests_per_unit: matched.limit.requests_per_unit,
+                    unit: Unit::try_from(matched.limit.unit.envoy_code()).unwrap_or(Unit::Unknown)
+                        as i32,
+                }),
+                limit_remaining: answer.decision.remaining.min(u32::MAX as u64) as u32,
+                duration_until_reset: Some(duration(answer.decision.reset_after)),
+                quota: None,
+            });
+        }
+        Ok(Response::new(rls::RateLimitResponse {
+            overall_code: overall as i32,
+            statuses,
+            ..rls::RateLimitResponse::default()
+        }))
+    }
+}
