@@ -12,7 +12,8 @@ COPY runtime-config/overrides.yaml /etc/weir/overrides.yaml
 #   -e WEIR_GOSSIP_ADDR=0.0.0.0:7946 -e WEIR_GOSSIP_ADVERTISE_ADDR=<pod IP>:7946 \
 #   -e WEIR_JOIN=<peer>:7946,... ; alone, the replica is a ring of one.
 ENV WEIR_HTTP_ADDR=0.0.0.0:8080 \
+    WEIR_GRPC_ADDR=0.0.0.0:9095 \
     WEIR_RUNTIME_CONFIG=/etc/weir/overrides.yaml
-EXPOSE 8080/tcp 7946/udp
+EXPOSE 8080/tcp 9095/tcp 7946/udp
 USER 10001
 ENTRYPOINT ["/usr/local/bin/weir"]

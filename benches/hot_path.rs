@@ -203,5 +203,54 @@ fn v2_request(series: usize) -> v2_proto::Request {
     }
 }
 
-criterion_group!(benches, decision, decision_parts, scan, scan_v2);
+/// The admission API's `Allow` inside the server (the engine only, no gRPC): limit lookup,
+/// entry lookup and one meter check, for each algorithm, under `weighted` and `divided`.
+fn admission_allow(c: &mut Criterion) {
+    let config = RuntimeConfig::parse(
+        "overrides:\n  api:\n    limits:\n      \"GET /search\": {rate: 1e9, burst: 4000000000}\n      window: {algorithm: sliding_window, rate: 1e12, window: 1s}\n      leaky: {algorithm: leaky_bucket, rate: 1e12, burst: 4000000000}\n  api-divided:\n    rate_limit_strategy: divided\n    limits:\n      \"GET /search\": {rate: 1e9, burst: 4000000000}\n",
+        Defaults::default(),
+    )
+    .unwrap();
+    let limiter: Limiter<TenantSeries> = Limiter::with_clock(
+        Arc::new(config),
+        Duration::from_secs(3600),
+        TenantSeries(Arc::new(Metrics::new())),
+        EngineClock::real(),
+    );
+    let mut group = c.benchmark_group("admission_allow");
+    for (name, tenant, key) in [
+        ("token_bucket", "api", "GET /search"),
+        ("token_bucket_divided", "api-divided", "GET /search"),
+        ("sliding_window", "api", "window"),
+        ("leaky_bucket", "api", "leaky"),
+    ] {
+        group.bench_function(name, |b| {
+            b.iter(|| {
+                let answer =
+                    now_or_never(limiter.allow(black_box(tenant), black_box(key), 1, None));
+                black_box(answer.unwrap().decision.allowed)
+            })
+        });
+    }
+    group.finish();
+}
+
+/// Polls a future once: the local strategies never wait, so `allow` is ready at once.
+fn now_or_never<F: std::future::Future>(future: F) -> F::Output {
+    let mut future = std::pin::pin!(future);
+    let mut context = std::task::Context::from_waker(std::task::Waker::noop());
+    match future.as_mut().poll(&mut context) {
+        std::task::Poll::Ready(output) => output,
+        std::task::Poll::Pending => panic!("a local decision waited"),
+    }
+}
+
+criterion_group!(
+    benches,
+    decision,
+    decision_parts,
+    admission_allow,
+    scan,
+    scan_v2
+);
 criterion_main!(benches);

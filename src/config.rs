@@ -58,13 +58,11 @@ pub struct Config {
     )]
     pub upstream_tenant_header: String,
 
-    /// Runtime overrides file (per-tenant limits, instance limits), reloaded periodically.
-    #[arg(
-        long,
-        env = "WEIR_RUNTIME_CONFIG",
-        default_value = "runtime-config/overrides.yaml"
-    )]
-    pub runtime_config: PathBuf,
+    /// Runtime overrides file (per-tenant limits, instance limits, admission limits),
+    /// reloaded periodically. Without it, weir runs on built-in defaults (the flags below) and
+    /// says so; a file that is named and missing is fatal.
+    #[arg(long, env = "WEIR_RUNTIME_CONFIG")]
+    pub runtime_config: Option<PathBuf>,
 
     /// How often the runtime overrides file is checked for changes.
     #[arg(long, env = "WEIR_RUNTIME_CONFIG_PERIOD", default_value = "5s", value_parser = humantime::parse_duration)]
@@ -78,8 +76,14 @@ pub struct Config {
     #[arg(long, env = "WEIR_LOG_LEVEL", default_value = "info")]
     pub log_level: String,
 
-    /// This replica's name in the ring; unique per process start by default.
-    #[arg(long, env = "WEIR_NODE_ID", default_value_t = default_node_id())]
+    /// This replica's name in the ring [default: <hostname>-<random>, unique per process
+    /// start].
+    #[arg(
+        long,
+        env = "WEIR_NODE_ID",
+        default_value = "",
+        hide_default_value = true
+    )]
     pub node_id: String,
 
     /// UDP address for gossip; port 0 picks a free port.
@@ -292,7 +296,10 @@ impl Config {
                 args.push(format!("--{long}={value}").into());
             }
         }
-        let config = Config::from_arg_matches(&Config::command().try_get_matches_from(&args)?)?;
+        let mut config = Config::from_arg_matches(&Config::command().try_get_matches_from(&args)?)?;
+        if config.node_id.is_empty() {
+            config.node_id = default_node_id();
+        }
         config.validate()
     }
 
@@ -415,7 +422,7 @@ impl Config {
         config.http_addr = "127.0.0.1:0".parse().expect("valid address");
         config.gossip_addr = "127.0.0.1:0".parse().expect("valid address");
         config.grpc_addr = "127.0.0.1:0".parse().expect("valid address");
-        config.runtime_config = runtime_config.into();
+        config.runtime_config = Some(runtime_config.into());
         config
     }
 }

@@ -27,8 +27,8 @@ fn main() -> ExitCode {
     };
     match runtime.block_on(serve(config)) {
         Ok(()) => ExitCode::SUCCESS,
+        // Printed once, plainly: start-up errors are for the person at the terminal.
         Err(err) => {
-            tracing::error!("{err:#}");
             eprintln!("weir: {err:#}");
             ExitCode::FAILURE
         }
@@ -38,7 +38,14 @@ fn main() -> ExitCode {
 async fn serve(config: Config) -> anyhow::Result<()> {
     let listener = tokio::net::TcpListener::bind(config.http_addr)
         .await
-        .with_context(|| format!("cannot listen on --http-addr {}", config.http_addr))?;
+        .with_context(|| {
+            format!(
+                "cannot listen on --http-addr {} (a second replica on one host needs its own \
+                 --http-addr, --grpc-addr and --gossip-addr; see the README's two-replica \
+                 try-out)",
+                config.http_addr
+            )
+        })?;
     weir::server::run(config, listener, shutdown_signal()).await
 }
 

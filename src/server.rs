@@ -67,24 +67,37 @@ pub async fn run_with_clock(
     let metrics = Arc::new(Metrics::new());
     let reload_metrics = ReloadMetrics::new(&metrics.registry).context("registering metrics")?;
     let has_store = !config.store_url.is_empty();
-    let mut reloader = Reloader::new(&config.runtime_config, config.defaults(), reload_metrics)
-        .with_check(move |config| {
-            if config.uses_shared_store() && !has_store {
-                Err(
-                    "a tenant uses rate_limit_strategy: shared, which needs the shared store: \
+    let mut reloader = Reloader::new(
+        config.runtime_config.clone(),
+        config.defaults(),
+        reload_metrics,
+    )
+    .with_check(move |config| {
+        if config.uses_shared_store() && !has_store {
+            Err(
+                "a tenant uses rate_limit_strategy: shared, which needs the shared store: \
                      start weir with --store-url (redis://host:6379)"
-                        .to_string(),
-                )
-            } else {
-                Ok(())
-            }
-        });
-    let first = reloader.load_first().with_context(|| {
-        format!(
-            "loading runtime config {} (a bad file at start-up is fatal)",
-            config.runtime_config.display()
-        )
-    })?;
+                    .to_string(),
+            )
+        } else {
+            Ok(())
+        }
+    });
+    let first = reloader
+        .load_first()
+        .with_context(|| match &config.runtime_config {
+            Some(path) => format!(
+                "loading runtime config {} (a bad file at start-up is fatal)",
+                path.display()
+            ),
+            None => "the built-in defaults are invalid".to_string(),
+        })?;
+    if config.runtime_config.is_none() {
+        tracing::info!(
+            "no --runtime-config: every tenant gets the built-in defaults (--ingestion-rate, \
+             --request-rate, …); name an overrides file to set limits per tenant"
+        );
+    }
     let first = Arc::new(first);
     let (config_tx, config_rx) = watch::channel(Arc::clone(&first));
 
@@ -115,8 +128,8 @@ pub async fn run_with_clock(
     let address = listener.local_addr()?;
     let grpc_listener = TcpListener::bind(config.grpc_addr).await.with_context(|| {
         format!(
-            "cannot listen for gRPC on {} (another replica on this host needs its own \
-                 --grpc-addr)",
+            "cannot listen for gRPC on {} (a second replica on one host needs its own \
+             --grpc-addr, e.g. --grpc-addr 127.0.0.1:0)",
             config.grpc_addr
         )
     })?;
@@ -185,7 +198,15 @@ pub async fn run_with_clock(
         }),
     ];
 
-    tracing::info!(%address, runtime_config = %state.config.runtime_config.display(), "weir listening");
+    tracing::info!(
+        %address,
+        runtime_config = %state
+            .config
+            .runtime_config
+            .as_ref()
+            .map_or_else(|| "(built-in defaults)".to_string(), |path| path.display().to_string()),
+        "weir listening"
+    );
     println!("weir listening on http://{address} (push: POST http://{address}/api/v1/push)");
     println!("weir gRPC on {grpc_addr} (weir.admission.v1.Admission, Envoy RateLimitService)");
     match &state.upstream {

@@ -61,9 +61,13 @@ async fn wait_exit(mut child: Child, within: Duration) -> std::process::ExitStat
     .unwrap()
 }
 
+/// Started anywhere, with no flags that name files: built-in defaults, sink mode, and it
+/// says both.
 #[tokio::test]
 async fn embedded_defaults_run_in_sink_mode() {
+    let elsewhere = tempfile::tempdir().unwrap();
     let output = weir()
+        .current_dir(elsewhere.path())
         .args([
             "--http-addr",
             "127.0.0.1:0",
@@ -91,7 +95,16 @@ async fn embedded_defaults_run_in_sink_mode() {
         "{stdout}"
     );
     assert!(stderr.contains("SINK MODE"), "{stderr}");
-    assert!(stderr.contains("runtime-config/overrides.yaml"), "{stderr}");
+    assert!(stderr.contains("no --runtime-config"), "{stderr}");
+    assert!(stderr.contains("(built-in defaults)"), "{stderr}");
+}
+
+#[test]
+fn help_is_the_same_on_every_call() {
+    let help = || weir().arg("--help").output().unwrap().stdout;
+    let first = help();
+    assert!(String::from_utf8_lossy(&first).contains("--node-id"));
+    assert_eq!(first, help(), "a random default must not show in --help");
 }
 
 #[test]
@@ -124,7 +137,11 @@ fn bad_runtime_config_at_start_is_fatal_with_a_clear_message() {
         .output()
         .unwrap();
     assert!(!output.status.success());
-    assert!(String::from_utf8_lossy(&output.stderr).contains("cannot read /nonexistent.yaml"));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("cannot read /nonexistent.yaml"), "{stderr}");
+    // Said once: one line, the OS error once.
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert_eq!(stderr.matches("No such file").count(), 1, "{stderr}");
 }
 
 #[test]

@@ -64,7 +64,13 @@ impl Ring {
             // chitchat needs its address before it binds: find a free port first.
             std::net::UdpSocket::bind(config.listen_addr)
                 .and_then(|socket| socket.local_addr())
-                .with_context(|| format!("cannot bind gossip address {}", config.listen_addr))?
+                .with_context(|| {
+                    format!(
+                        "cannot bind gossip address {} (a second replica on one host needs its \
+                         own --gossip-addr, e.g. --gossip-addr 127.0.0.1:0)",
+                        config.listen_addr
+                    )
+                })?
         } else {
             config.listen_addr
         };
@@ -112,7 +118,12 @@ impl Ring {
         ];
         let handle = spawn_chitchat(chitchat_config, initial, &UdpTransport)
             .await
-            .with_context(|| format!("cannot start gossip on {listen_addr}"))?;
+            .with_context(|| {
+                format!(
+                    "cannot start gossip on {listen_addr} (a second replica on one host needs \
+                     its own --gossip-addr, e.g. --gossip-addr 127.0.0.1:0)"
+                )
+            })?;
 
         let mut seeds = Vec::new();
         for seed in &config.seeds {

@@ -13,7 +13,7 @@ use crate::mimir_keys;
 /// Why a file could not become the config in force. The message is for an operator.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
-    #[error("cannot read {path}: {source}")]
+    #[error("cannot read {path}")]
     Read {
         path: String,
         source: std::io::Error,

@@ -62,9 +62,9 @@ impl ReloadMetrics {
     }
 }
 
-/// Loads one file and keeps reloading it.
+/// Loads one file and keeps reloading it; or, with no file, the built-in defaults once.
 pub struct Reloader {
-    path: PathBuf,
+    path: Option<PathBuf>,
     defaults: Defaults,
     metrics: ReloadMetrics,
     /// Hash of the bytes last looked at, good or bad: an unchanged file is not re-parsed,
@@ -79,9 +79,10 @@ pub struct Reloader {
 type Check = Box<dyn Fn(&RuntimeConfig) -> Result<(), String> + Send>;
 
 impl Reloader {
-    pub fn new(path: impl Into<PathBuf>, defaults: Defaults, metrics: ReloadMetrics) -> Self {
+    /// `path: None` runs on `defaults` alone (an empty file), with nothing to reload.
+    pub fn new(path: Option<PathBuf>, defaults: Defaults, metrics: ReloadMetrics) -> Self {
         Reloader {
-            path: path.into(),
+            path,
             defaults,
             metrics,
             last_seen_sha256: None,
@@ -119,6 +120,7 @@ impl Reloader {
     /// One reload attempt. Returns the new config when the file changed and is good; `None`
     /// when it is unchanged or bad (then the error is logged and the metric drops to 0).
     pub fn reload(&mut self) -> Option<RuntimeConfig> {
+        self.path.as_ref()?;
         let content = match self.read() {
             Ok(content) => content,
             Err(err) => {
@@ -139,11 +141,11 @@ impl Reloader {
         match self.parse(&content) {
             Ok(config) => {
                 self.accepted(&config);
-                tracing::info!(path = %self.path.display(), sha256 = %config.sha256, "runtime config reloaded");
+                tracing::info!(path = %self.path_name(), sha256 = %config.sha256, "runtime config reloaded");
                 Some(config)
             }
             Err(err) => {
-                tracing::error!(path = %self.path.display(), %err, "runtime config is invalid; the last good config stays in force");
+                tracing::error!(path = %self.path_name(), %err, "runtime config is invalid; the last good config stays in force");
                 self.metrics.last_reload_successful.set(0);
                 None
             }
@@ -174,10 +176,20 @@ impl Reloader {
     }
 
     fn read(&self) -> Result<String, ConfigError> {
-        std::fs::read_to_string(&self.path).map_err(|source| ConfigError::Read {
-            path: self.path.display().to_string(),
+        let Some(path) = &self.path else {
+            return Ok(String::new());
+        };
+        std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.display().to_string(),
             source,
         })
+    }
+
+    fn path_name(&self) -> String {
+        self.path.as_ref().map_or_else(
+            || "(built-in defaults)".to_string(),
+            |path| path.display().to_string(),
+        )
     }
 
     fn accepted(&self, config: &RuntimeConfig) {
@@ -199,7 +211,11 @@ mod tests {
     fn reloader(file: &tempfile::NamedTempFile) -> (Reloader, ReloadMetrics) {
         let metrics = ReloadMetrics::new(&Registry::new()).unwrap();
         (
-            Reloader::new(file.path(), Defaults::default(), metrics.clone()),
+            Reloader::new(
+                Some(file.path().into()),
+                Defaults::default(),
+                metrics.clone(),
+            ),
             metrics,
         )
     }
@@ -242,9 +258,13 @@ mod tests {
         assert!(reloader.reload().is_none());
         assert_eq!(metrics.last_reload_successful.get(), 0);
 
-        let err = Reloader::new("/nonexistent/overrides.yaml", Defaults::default(), metrics)
-            .load_first()
-            .unwrap_err();
+        let err = Reloader::new(
+            Some("/nonexistent/overrides.yaml".into()),
+            Defaults::default(),
+            metrics,
+        )
+        .load_first()
+        .unwrap_err();
         assert!(err
             .to_string()
             .starts_with("cannot read /nonexistent/overrides.yaml"));
