@@ -207,6 +207,12 @@ pub struct Config {
     #[arg(long, env = "WEIR_MAX_REQUEST_BODY_SIZE", default_value_t = 100 << 20)]
     pub max_request_body_size: u64,
 
+    /// Longest time to receive a push body: reading it to admit it, or draining it after a
+    /// refusal so the client sees the answer. A slower body is cut off (408, or the
+    /// connection closed after the refusal).
+    #[arg(long, env = "WEIR_BODY_READ_TIMEOUT", default_value = "30s", value_parser = humantime::parse_duration)]
+    pub body_read_timeout: Duration,
+
     /// Single-tenant mode: requests without an X-Scope-OrgID header belong to this tenant.
     /// Off by default (such requests get 401).
     #[arg(long, env = "WEIR_NO_AUTH_TENANT")]
@@ -312,6 +318,9 @@ impl Config {
         }
         if self.retry_after_max_backoff < self.retry_after_min_backoff {
             bail!("--retry-after-max-backoff must be at least --retry-after-min-backoff");
+        }
+        if self.body_read_timeout.is_zero() {
+            bail!("--body-read-timeout must be > 0");
         }
         if self.max_request_body_size == 0 {
             bail!("--max-request-body-size must be > 0");

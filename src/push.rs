@@ -29,6 +29,7 @@ const INLINE_DECODE_BYTES: usize = 512 << 10;
 pub async fn push(State(state): State<Arc<AppState>>, request: Request) -> Response {
     let started = Instant::now();
     let (parts, body) = request.into_parts();
+    let mut body = Some(body);
     let format = Format::from_headers(
         parts
             .headers
@@ -39,13 +40,38 @@ pub async fn push(State(state): State<Arc<AppState>>, request: Request) -> Respo
             .get(header::CONTENT_ENCODING)
             .map(|v| v.as_bytes()),
     );
-    let (mut response, written) = match admit(&state, &parts, body, &format).await {
+    let (mut response, written) = match admit(&state, &parts, &mut body, &format).await {
         Ok(written) => (StatusCode::OK.into_response(), written),
         Err(err) => {
             if err.status().is_server_error() || err.status() == StatusCode::BAD_REQUEST {
                 tracing::debug!(%err, "push refused");
             }
-            let response = err.into_response_with(&parts.headers, &state.backoff);
+            let mut response = err.into_response_with(&parts.headers, &state.backoff);
+            // Refused before its body was read. The answer goes out at once; the body is
+            // still read to its end (up to the size limit and the timeout) and thrown away,
+            // so a client still sending sees the answer instead of a reset connection, and
+            // the connection carries its next request. A body that could never fit is not
+            // waited for: the connection closes after the answer.
+            if let Some(unread) = body.take() {
+                let limit = state.config.max_request_body_size;
+                let too_long = parts
+                    .headers
+                    .get(header::CONTENT_LENGTH)
+                    .and_then(|value| value.to_str().ok()?.parse::<u64>().ok())
+                    .is_some_and(|length| length > limit);
+                if too_long {
+                    response.headers_mut().insert(
+                        header::CONNECTION,
+                        axum::http::HeaderValue::from_static("close"),
+                    );
+                } else {
+                    tokio::spawn(drain(
+                        unread,
+                        limit as usize,
+                        state.config.body_read_timeout,
+                    ));
+                }
+            }
             (response, Written::default())
         }
     };
@@ -64,7 +90,7 @@ pub async fn push(State(state): State<Arc<AppState>>, request: Request) -> Respo
 async fn admit(
     state: &Arc<AppState>,
     parts: &Parts,
-    body: Body,
+    body: &mut Option<Body>,
     format: &Result<Format, remote_write::UnsupportedMedia>,
 ) -> Result<Written, PushError> {
     let content_length = parts
@@ -120,9 +146,15 @@ async fn admit(
     // 6. Body: read up to the size limit, decompress, scan as its format. Bad input is the
     //    client's fault (4xx), never a panic.
     let max_size = state.config.max_request_body_size as usize;
-    let body = read_body(body, content_length, max_size)
-        .await
-        .map_err(|err| discard(err, 0))?;
+    let unread = body.take().expect("the body is read once, here");
+    let body = read_body(
+        unread,
+        content_length,
+        max_size,
+        state.config.body_read_timeout,
+    )
+    .await
+    .map_err(|err| discard(err, 0))?;
     if !inflight.has_bytes() {
         // Without a Content-Length the bytes could only be counted once read.
         inflight.add_bytes(body.len() as u64)?;
@@ -227,17 +259,36 @@ async fn read_body(
     body: Body,
     content_length: Option<u64>,
     max_size: usize,
+    timeout: std::time::Duration,
 ) -> Result<Bytes, PushError> {
     if content_length.is_some_and(|length| length > max_size as u64) {
         return Err(PushError::BodyTooLarge { limit: max_size });
     }
-    match Limited::new(body, max_size).collect().await {
-        Ok(collected) => Ok(collected.to_bytes()),
-        Err(err) if err.downcast_ref::<LengthLimitError>().is_some() => {
+    let read = Limited::new(body, max_size).collect();
+    match tokio::time::timeout(timeout, read).await {
+        Ok(Ok(collected)) => Ok(collected.to_bytes()),
+        Ok(Err(err)) if err.downcast_ref::<LengthLimitError>().is_some() => {
             Err(PushError::BodyTooLarge { limit: max_size })
         }
-        Err(err) => Err(PushError::ReadBody(err.to_string())),
+        Ok(Err(err)) => Err(PushError::ReadBody(err.to_string())),
+        Err(_) => Err(PushError::BodyTimeout { timeout }),
     }
+}
+
+/// Reads and discards a refused push's body, up to `limit` bytes and `timeout`. A body that
+/// ends in time leaves the connection fit for the next request; otherwise dropping it closes
+/// the connection.
+async fn drain(mut body: Body, limit: usize, timeout: std::time::Duration) {
+    let read = async {
+        let mut seen = 0usize;
+        while let Some(Ok(frame)) = body.frame().await {
+            seen += frame.data_ref().map_or(0, |data| data.len());
+            if seen > limit {
+                return;
+            }
+        }
+    };
+    let _ = tokio::time::timeout(timeout, read).await;
 }
 
 async fn decode(

@@ -31,6 +31,8 @@ pub enum PushError {
     Decode(#[from] DecodeError),
     #[error("could not read the request body: {0}")]
     ReadBody(String),
+    #[error("the request body did not arrive within {timeout:?} (--body-read-timeout)")]
+    BodyTimeout { timeout: std::time::Duration },
     #[error("{0}")]
     Upstream(#[from] crate::upstream::ForwardError),
     #[error("{0}")]
@@ -65,6 +67,7 @@ impl PushError {
             PushError::InflightUnavailable => StatusCode::SERVICE_UNAVAILABLE,
             PushError::Tenant(TenantError::Missing) => StatusCode::UNAUTHORIZED,
             PushError::Tenant(_) | PushError::ReadBody(_) => StatusCode::BAD_REQUEST,
+            PushError::BodyTimeout { .. } => StatusCode::REQUEST_TIMEOUT,
             PushError::BodyTooLarge { .. } | PushError::Decode(DecodeError::TooLarge { .. }) => {
                 StatusCode::PAYLOAD_TOO_LARGE
             }
@@ -93,7 +96,7 @@ impl PushError {
             PushError::BodyTooLarge { .. } | PushError::Decode(DecodeError::TooLarge { .. }) => {
                 Some(DiscardReason::RequestBodyTooLarge)
             }
-            PushError::Decode(_) | PushError::ReadBody(_) => {
+            PushError::Decode(_) | PushError::ReadBody(_) | PushError::BodyTimeout { .. } => {
                 Some(DiscardReason::InvalidRequestBody)
             }
             PushError::TenantInflight { .. } => Some(DiscardReason::TooManyInflightPushRequests),

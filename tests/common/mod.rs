@@ -243,6 +243,16 @@ impl RawRequest {
     }
 }
 
+impl RawRequest {
+    /// Reads everything until the server closes the connection, or `timeout` passes.
+    pub async fn response_until_closed(mut self, timeout: Duration) -> String {
+        use tokio::io::AsyncReadExt;
+        let mut answer = Vec::new();
+        let _ = tokio::time::timeout(timeout, self.stream.read_to_end(&mut answer)).await;
+        String::from_utf8_lossy(&answer).into_owned()
+    }
+}
+
 /// Whether a response with a Content-Length has all its body.
 fn answer_complete(answer: &[u8]) -> bool {
     let text = String::from_utf8_lossy(answer);
