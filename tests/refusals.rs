@@ -79,7 +79,10 @@ async fn a_python_client_sees_every_refusal_on_one_connection() {
             statuses[1..].iter().all(|&status| status == 429),
             "{report}"
         );
-        assert!(report["retry_after"].as_u64().unwrap() >= count as u64 - 1, "{report}");
+        assert!(
+            report["retry_after"].as_u64().unwrap() >= count as u64 - 1,
+            "{report}"
+        );
         assert_eq!(
             report["connections"], 1,
             "{size} bytes: the connection was not reused: {report}"

@@ -143,10 +143,15 @@ pub(crate) struct Entry {
 
 struct EntryState {
     spec: LimitSpec,
+    /// Where `spec` came from; a client's spec is never reused without the client sending it.
+    source: LimitSource,
     strategy: RateLimitStrategy,
     healthy: usize,
     policy: runtime_config::StoreFailurePolicy,
     meter: Meter,
+    /// The limiter's inputs (config, healthy count) this state was checked against: while
+    /// they are unchanged, a decision skips resolving the limit.
+    generation: AtomicU64,
 }
 
 /// A refused `Acquire` is told to retry after the earliest held lease's deadline or this,
@@ -162,14 +167,28 @@ const PUSH_KEY: &str = "%push";
 /// stay; everything else (spaces, `/`, braces, newlines) becomes `%XX`.
 pub fn encode_key(key: &str) -> String {
     let mut encoded = String::with_capacity(key.len());
+    encode_key_into(key, &mut encoded);
+    encoded
+}
+
+fn encode_key_into(key: &str, encoded: &mut String) {
+    let plain = |byte: u8| byte.is_ascii_alphanumeric() || b"-_.~".contains(&byte);
+    if key.bytes().all(plain) {
+        encoded.push_str(key);
+        return;
+    }
     for byte in key.bytes() {
-        if byte.is_ascii_alphanumeric() || b"-_.~".contains(&byte) {
+        if plain(byte) {
             encoded.push(byte as char);
         } else {
             let _ = write!(encoded, "%{byte:02X}");
         }
     }
-    encoded
+}
+
+thread_local! {
+    /// The entry name of the current lookup, built without allocating.
+    static ENTRY_NAME: std::cell::RefCell<String> = std::cell::RefCell::new(String::with_capacity(128));
 }
 
 impl<H: TenantHooks, C: Clock + Clone> Limiter<H, C> {
@@ -198,8 +217,16 @@ impl<H: TenantHooks, C: Clock + Clone> Limiter<H, C> {
     ) -> Result<Allowed, AdmissionError> {
         let spec = spec.resolved();
         spec.validate().map_err(AdmissionError::BadSpec)?;
+        let generation = self.generation();
         let config = self.config();
-        let (entry, state) = self.entry_named(tenant, &encode_key(key), spec, &config);
+        let (entry, state) = self.entry_named(
+            tenant,
+            &encode_key(key),
+            spec,
+            LimitSource::Key,
+            &config,
+            generation,
+        );
         self.decide(spec, LimitSource::Key, &entry, &state, cost)
             .await
     }
@@ -403,8 +430,16 @@ impl<H: TenantHooks, C: Clock + Clone> Limiter<H, C> {
             window: Duration::from_secs(1),
             max_concurrent: max,
         };
+        let generation = self.generation();
         let config = self.config();
-        let (entry, state) = self.entry_named(tenant, PUSH_KEY, spec, &config);
+        let (entry, state) = self.entry_named(
+            tenant,
+            PUSH_KEY,
+            spec,
+            LimitSource::Key,
+            &config,
+            generation,
+        );
         self.take_slot(&entry, &state, spec, ttl).await
     }
 
@@ -460,8 +495,10 @@ impl<H: TenantHooks, C: Clock + Clone> Limiter<H, C> {
             _ => {
                 let mine = entry.published_in_flight.load(Ordering::Relaxed);
                 let peers = entry.peers_in_flight.load(Ordering::Relaxed);
-                let free = spec.max_concurrent.saturating_sub(mine + peers);
-                mine + free.div_ceil(replicas)
+                let free = spec
+                    .max_concurrent
+                    .saturating_sub(mine.saturating_add(peers));
+                mine.saturating_add(free.div_ceil(replicas))
             }
         };
         let taken = entry
@@ -481,7 +518,7 @@ impl<H: TenantHooks, C: Clock + Clone> Limiter<H, C> {
                 Ok(Acquisition {
                     granted: true,
                     lease_id: Some(format!("L{id:032x}@{}", self.node_id())),
-                    in_flight: held + 1 + peers,
+                    in_flight: (held + 1).saturating_add(peers),
                     limit: spec,
                     retry_after: Duration::ZERO,
                 })
@@ -489,7 +526,7 @@ impl<H: TenantHooks, C: Clock + Clone> Limiter<H, C> {
             Err(held) => Ok(Acquisition {
                 granted: false,
                 lease_id: None,
-                in_flight: held + peers,
+                in_flight: held.saturating_add(peers),
                 limit: spec,
                 retry_after: self
                     .earliest_deadline(&name)
@@ -635,6 +672,30 @@ impl<H: TenantHooks, C: Clock + Clone> Limiter<H, C> {
         key: &str,
         client: Option<LimitSpec>,
     ) -> Result<(LimitSpec, LimitSource, Arc<Entry>, Arc<EntryState>), AdmissionError> {
+        // The hot path: an entry already checked against the inputs in force, found by a name
+        // built in a reused buffer (no allocation, no limit resolution).
+        let generation = self.generation();
+        if client.is_none() {
+            let found = ENTRY_NAME.with(|name| {
+                let mut name = name.borrow_mut();
+                name.clear();
+                name.push_str(tenant);
+                name.push('/');
+                encode_key_into(key, &mut name);
+                self.admission().map.pin().get(name.as_str()).cloned()
+            });
+            if let Some(entry) = found {
+                let state = entry.state.load_full();
+                if state.generation.load(Ordering::Acquire) == generation
+                    && state.source != LimitSource::Client
+                {
+                    entry
+                        .last_seen
+                        .store(self.coarse_nanos(), Ordering::Relaxed);
+                    return Ok((state.spec, state.source, entry, state));
+                }
+            }
+        }
         if let Some(client) = client {
             client
                 .resolved()
@@ -651,17 +712,21 @@ impl<H: TenantHooks, C: Clock + Clone> Limiter<H, C> {
                 Unresolved::NoLimit => AdmissionError::NoLimit(tenant.to_string(), key.to_string()),
             },
         )?;
-        let (entry, state) = self.entry_named(tenant, &encode_key(key), spec, &config);
+        let (entry, state) =
+            self.entry_named(tenant, &encode_key(key), spec, source, &config, generation);
         Ok((spec, source, entry, state))
     }
 
     /// The entry named `tenant/encoded`, under `spec`.
+    /// `generation`: the limiter's, read before `config` was.
     fn entry_named(
         &self,
         tenant: &str,
         encoded: &str,
         spec: LimitSpec,
+        source: LimitSource,
         config: &runtime_config::RuntimeConfig,
+        generation: u64,
     ) -> (Arc<Entry>, Arc<EntryState>) {
         let limits = config.tenant_limits(tenant);
         let strategy = limits.rate_limit_strategy;
@@ -675,10 +740,12 @@ impl<H: TenantHooks, C: Clock + Clone> Limiter<H, C> {
                 key: encoded.into(),
                 state: ArcSwap::from_pointee(EntryState {
                     spec,
+                    source,
                     strategy,
                     healthy,
                     policy: limits.on_store_failure,
                     meter: Meter::new(&spec, share(strategy, healthy), now),
+                    generation: AtomicU64::new(generation),
                 }),
                 admitted: AtomicU64::new(0),
                 published: AtomicU64::new(0),
@@ -692,16 +759,25 @@ impl<H: TenantHooks, C: Clock + Clone> Limiter<H, C> {
         });
         entry.last_seen.store(now, Ordering::Relaxed);
         let mut state = entry.state.load_full();
-        if state.spec != spec || state.strategy != strategy || state.healthy != healthy {
+        if state.spec != spec
+            || state.source != source
+            || state.strategy != strategy
+            || state.healthy != healthy
+            || state.policy != limits.on_store_failure
+        {
             let next = Arc::new(EntryState {
                 spec,
+                source,
                 strategy,
                 healthy,
                 policy: limits.on_store_failure,
                 meter: carry(&state.meter, &spec, share(strategy, healthy), now),
+                generation: AtomicU64::new(generation),
             });
             entry.state.store(Arc::clone(&next));
             state = next;
+        } else {
+            state.generation.store(generation, Ordering::Release);
         }
         (Arc::clone(entry), state)
     }

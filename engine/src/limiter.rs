@@ -347,6 +347,16 @@ impl<H: TenantHooks, C: Clock + Clone> Limiter<H, C> {
         self.config()
     }
 
+    /// The generation of the inputs (config, healthy count) in force.
+    pub(crate) fn generation(&self) -> u64 {
+        self.generation.load(Ordering::Acquire)
+    }
+
+    /// The clock as last ticked (about a second old at most): for marking things used.
+    pub(crate) fn coarse_nanos(&self) -> u64 {
+        self.coarse_now.load(Ordering::Relaxed)
+    }
+
     pub(crate) fn healthy_replicas(&self) -> usize {
         self.healthy.load(Ordering::Relaxed)
     }

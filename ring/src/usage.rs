@@ -227,7 +227,7 @@ impl UsageAggregate {
         for entries in self.peers.values() {
             for (tenant, entry) in entries {
                 if let Some(total) = usage.get_mut(tenant) {
-                    total.in_flight += entry.in_flight;
+                    total.in_flight = total.in_flight.saturating_add(entry.in_flight);
                 }
                 if now.duration_since(entry.at) > LEVEL_MAX_AGE {
                     continue;
