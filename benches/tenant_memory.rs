@@ -69,7 +69,7 @@ fn bytes_per_idle_tenant(c: &mut Criterion) {
     drop(series);
     eprintln!(
         "tenant_memory: {TENANTS} idle tenants: {total:.0} bytes each in all; \
-         {metric_series:.0} of them for the tenant's 12 metric series, {:.0} for limiter state",
+         {metric_series:.0} of them for the tenant's 13 metric series, {:.0} for limiter state",
         total - metric_series
     );
 

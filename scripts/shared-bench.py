@@ -49,6 +49,20 @@ def free_port():
         return sock.getsockname()[1]
 
 
+def free_cluster_port():
+    """A free port whose cluster bus port (10 000 above) exists and is free too."""
+    while True:
+        port = free_port()
+        if port > 55_535:
+            continue
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port + 10_000))
+            except OSError:
+                continue
+        return port
+
+
 class Redis:
     def __init__(self, port=None, extra=()):
         self.port = port or free_port()
@@ -126,11 +140,12 @@ def overrides(tenants):
 
 
 def shared_tenant(rate=L, burst=L, policy="open", shards=1, request_rate=None):
+    if request_rate:  # only the request rate limits: the ingestion rate is out of the way
+        rate, burst = "1e9", 4_000_000_000
     body = [f"ingestion_rate: {rate}", f"ingestion_burst_size: {burst}",
             "rate_limit_strategy: shared", f"on_store_failure: {policy}", f"store_shards: {shards}"]
     if request_rate:
-        body += [f"request_rate: {request_rate}", f"request_burst_size: {request_rate}",
-                 "ingestion_rate: 1e9", "ingestion_burst_size: 4000000000"]
+        body += [f"request_rate: {request_rate}", f"request_burst_size: {request_rate}"]
     return body
 
 
@@ -275,7 +290,7 @@ def row_crash():
 
 
 def row_cluster():
-    ports = [free_port() for _ in range(6)]
+    ports = [free_cluster_port() for _ in range(6)]
     nodes = [Redis(port=p, extra=("--cluster-enabled", "yes", "--cluster-node-timeout", "1000",
                                   "--repl-diskless-sync-delay", "0")) for p in ports]
     try:

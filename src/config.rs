@@ -162,7 +162,7 @@ pub struct Config {
     pub store_connect_timeout: Duration,
 
     /// A lease covers this replica's demand for a tenant over this long.
-    #[arg(long, env = "WEIR_STORE_LEASE_WINDOW", default_value = "100ms", value_parser = humantime::parse_duration)]
+    #[arg(long, env = "WEIR_STORE_LEASE_WINDOW", default_value = "250ms", value_parser = humantime::parse_duration)]
     pub store_lease_window: Duration,
 
     /// Leased tokens unspent after this long go back to the store.
@@ -399,6 +399,7 @@ impl Config {
             breaker: engine::breaker::BreakerConfig {
                 consecutive_failures: self.store_breaker_failures.max(1),
                 open_for: self.store_breaker_open_for,
+                max_open_for: self.store_breaker_open_for.max(Duration::from_secs(1)),
                 ..engine::breaker::BreakerConfig::default()
             },
             replica_seed: self.node_id.bytes().fold(0u64, |hash, byte| {

@@ -34,7 +34,9 @@ impl ConnectingStore {
                             cluster = redis.is_cluster(),
                             "connected to the shared store"
                         );
-                        connecting.connected.store(Some(Arc::new(redis)));
+                        let redis = Arc::new(redis);
+                        connecting.connected.store(Some(Arc::clone(&redis)));
+                        keep_alive(redis).await;
                         return;
                     }
                     Err(err) => {
@@ -61,6 +63,21 @@ impl ConnectingStore {
         )
     }
 }
+
+/// Pings the store four times a second, for good. A dropped connection is re-established by
+/// the client only when a command fails on it; the pings make that happen within a quarter
+/// second of the store coming back, rather than at the breaker's next probe, so a returning
+/// store is used again within about a second.
+async fn keep_alive(redis: Arc<RedisStore>) {
+    let mut ticker = tokio::time::interval(KEEP_ALIVE);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        ticker.tick().await;
+        let _ = tokio::time::timeout(KEEP_ALIVE, redis.ping()).await;
+    }
+}
+
+const KEEP_ALIVE: Duration = Duration::from_millis(250);
 
 fn not_connected() -> StoreError {
     StoreError::Failed("not connected to the shared store yet".to_string())

@@ -508,6 +508,7 @@ async fn a_sigkilled_holders_slots_return_within_ttl_plus_one_second() {
     let weir = Weir::with_overrides(OVERRIDES).await;
     let ttl = Duration::from_secs(2);
     let back = slots_return_after_sigkill(&weir, ttl, 50).await;
+    eprintln!("local leases: all 50 slots back {back:?} after SIGKILL (TTL {ttl:?})");
     assert!(back <= ttl + Duration::from_secs(1), "{back:?}");
 }
 
@@ -529,6 +530,7 @@ async fn under_shared_a_sigkilled_holders_leases_expire_in_redis() {
     .await;
     let ttl = Duration::from_secs(2);
     let back = slots_return_after_sigkill(&weir, ttl, 50).await;
+    eprintln!("leases in Redis: all 50 slots back {back:?} after SIGKILL (TTL {ttl:?})");
     assert!(back <= ttl + Duration::from_secs(1), "{back:?}");
     // The leases are in Redis, a sorted set scored by deadline.
     let held: u64 = redis.cli(&["ZCARD", "weir:{a}:k:slots:c"]).parse().unwrap();

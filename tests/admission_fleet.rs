@@ -175,18 +175,15 @@ async fn weighted_holds_each_algorithm_and_the_in_flight_cap_fleet_wide() {
     let fleet = fleet(150, "weighted", &[]).await;
     let results = accuracy(&fleet, false).await;
     eprintln!("weighted: {results:?}");
-    // However the calls are spread, the fleet admits the configured limit. The sliding
-    // window may pass its limit by what the replica has not yet heard of when a window
-    // turns (about rate × one gossip round × (N−1)/N per window; README).
-    assert_within(&results, 0.9, 1.1, "tb-even");
-    assert_within(&results, 0.9, 1.1, "lb-even");
-    assert_within(&results, 0.9, 1.15, "sw-even");
+    // However the calls are spread, the fleet admits the configured limit.
+    assert_within(&results, 0.9, 1.1, "even");
     assert_within(&results, 0.9, 1.1, "one");
     let report = concurrency(&fleet).await;
     eprintln!("weighted: {report}");
-    // The peers' holders are known a gossip round late: a small, bounded overshoot.
+    // The caps are shares of the published counts, which the peers see a gossip round late:
+    // a small overshoot (3 % at max 100 with the release build; README).
     let max = report["max_in_flight"].as_u64().unwrap();
-    assert!(max <= MAX_CONCURRENT * 3 / 2, "{report}");
+    assert!(max <= MAX_CONCURRENT * 6 / 5, "{report}");
     assert!(
         report["mean_in_flight"].as_f64().unwrap() > MAX_CONCURRENT as f64 * 0.7,
         "{report}"

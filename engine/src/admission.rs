@@ -136,6 +136,12 @@ pub(crate) struct Entry {
     /// The holders this replica last told the peers of (what they count it for).
     pub(crate) published_in_flight: AtomicU64,
     pub(crate) peers_in_flight: AtomicU64,
+    /// When the peers last reported (engine nanoseconds), and their admissions per second.
+    peers_at: AtomicU64,
+    peers_rate: AtomicU64,
+    /// How many times this replica has published the key (a round counter for the slot
+    /// shares under `weighted`).
+    publishes: AtomicU64,
     pub(crate) last_seen: AtomicU64,
     /// `shared` token bucket: the lease.
     lease: std::sync::OnceLock<Lease>,
@@ -276,7 +282,11 @@ impl<H: TenantHooks, C: Clock + Clone> Limiter<H, C> {
                 .allow_shared(entry, state, cost, now)
                 .await?
                 .ok_or_else(too_large)?,
-            _ => state.meter.check(cost, now).map_err(|_| too_large())?,
+            RateLimitStrategy::Weighted => state
+                .meter
+                .check_reserving(cost, now, self.unreported(entry, now))
+                .map_err(|_| too_large())?,
+            RateLimitStrategy::Divided => state.meter.check(cost, now).map_err(|_| too_large())?,
         };
         if decision.allowed {
             entry.admitted.fetch_add(cost, Ordering::Relaxed);
@@ -316,6 +326,7 @@ impl<H: TenantHooks, C: Clock + Clone> Limiter<H, C> {
                     cost,
                     shard_rate: rate,
                     shards: 1,
+                    replicas: self.healthy_replicas(),
                 };
                 match shared::decide(shared, lease, request, || self.now_nanos()).await {
                     SharedOutcome::Admitted => Ok(Some(Decision {
@@ -489,16 +500,22 @@ impl<H: TenantHooks, C: Clock + Clone> Limiter<H, C> {
         let cap = match state.strategy {
             RateLimitStrategy::Divided => spec.max_concurrent.div_ceil(replicas),
             // Every replica works from the same published counts: what it told the peers it
-            // holds, and what they told it. Each may grow by its 1/N of the free slots per
-            // gossip round, so the replicas' caps sum to max, whoever has the demand; the
-            // free slots go to the busy replicas in a few rounds.
+            // holds, and what they told it. Each may hold what it published plus its 1/N of
+            // the slots those counts leave free (less its 1/N of any excess), so the caps sum
+            // to max whoever has the demand, and free slots reach the busy replicas within a
+            // few rounds. The remainder of the division goes to each replica with probability
+            // remainder/N per round, so on average all of max is usable.
             _ => {
                 let mine = entry.published_in_flight.load(Ordering::Relaxed);
                 let peers = entry.peers_in_flight.load(Ordering::Relaxed);
-                let free = spec
-                    .max_concurrent
-                    .saturating_sub(mine.saturating_add(peers));
-                mine.saturating_add(free.div_ceil(replicas))
+                let free =
+                    spec.max_concurrent as i128 - mine as i128 - peers.min(u64::MAX / 2) as i128;
+                let n = replicas as i128;
+                let mut grow = free.div_euclid(n);
+                if free > 0 && (self.round_draw(entry) as i128) < free.rem_euclid(n) {
+                    grow += 1;
+                }
+                (mine as i128 + grow).clamp(0, spec.max_concurrent as i128) as u64
             }
         };
         let taken = entry
@@ -533,6 +550,16 @@ impl<H: TenantHooks, C: Clock + Clone> Limiter<H, C> {
                     .map_or(ACQUIRE_RETRY_HINT, |until| until.min(ACQUIRE_RETRY_HINT)),
             }),
         }
+    }
+
+    /// A number in 0..N, fixed for this replica, key and publishing round, different across
+    /// replicas and rounds.
+    fn round_draw(&self, entry: &Entry) -> u64 {
+        use std::hash::{Hash, Hasher};
+        let mut hasher = std::collections::hash_map::DefaultHasher::new();
+        (self.node_id(), &*entry.tenant, &*entry.key).hash(&mut hasher);
+        entry.publishes.load(Ordering::Relaxed).hash(&mut hasher);
+        hasher.finish() % self.healthy_replicas().max(1) as u64
     }
 
     fn earliest_deadline(&self, name: &str) -> Option<Duration> {
@@ -753,6 +780,9 @@ impl<H: TenantHooks, C: Clock + Clone> Limiter<H, C> {
                 in_flight: AtomicU64::new(0),
                 published_in_flight: AtomicU64::new(0),
                 peers_in_flight: AtomicU64::new(0),
+                peers_at: AtomicU64::new(0),
+                peers_rate: AtomicU64::new(0),
+                publishes: AtomicU64::new(0),
                 last_seen: AtomicU64::new(now),
                 lease: std::sync::OnceLock::new(),
             })
@@ -798,12 +828,36 @@ impl<H: TenantHooks, C: Clock + Clone> Limiter<H, C> {
         };
         entry.peers_in_flight.store(in_flight, Ordering::Relaxed);
         let applied = entry.peers_applied.fetch_max(admitted, Ordering::AcqRel);
-        if admitted > applied {
+        let spent = admitted.saturating_sub(applied);
+        if spent > 0 {
             let state = entry.state.load();
             if state.strategy == RateLimitStrategy::Weighted {
-                state.meter.charge(admitted - applied, at, now);
+                state.meter.charge(spent, at, now);
             }
         }
+        // The peers' admission rate, smoothed over about a second, for the sliding window's
+        // reserve.
+        let last = entry.peers_at.swap(now, Ordering::AcqRel);
+        if last > 0 && now > last {
+            let seconds = (now - last) as f64 / 1e9;
+            let rate = f64::from_bits(entry.peers_rate.load(Ordering::Relaxed));
+            let weight = seconds.min(1.0);
+            let rate = rate + (spent as f64 / seconds - rate) * weight;
+            entry.peers_rate.store(rate.to_bits(), Ordering::Relaxed);
+        }
+    }
+
+    /// Under `weighted`, what the peers have probably admitted of this key and not reported
+    /// yet: their recent rate × how long since their last report (plus the report's own age).
+    /// Nothing once reports are more than a second old (the peers are idle or gone).
+    fn unreported(&self, entry: &Entry, now: u64) -> f64 {
+        let at = entry.peers_at.load(Ordering::Acquire);
+        let age = now.saturating_sub(at);
+        if at == 0 || age > 1_000_000_000 {
+            return 0.0;
+        }
+        let rate = f64::from_bits(entry.peers_rate.load(Ordering::Relaxed));
+        rate * (age + self.backdate()) as f64 / 1e9
     }
 
     /// Admission entries for the usage key: (name, admitted, in flight).
@@ -832,6 +886,7 @@ impl<H: TenantHooks, C: Clock + Clone> Limiter<H, C> {
             entry
                 .published_in_flight
                 .store(in_flight, Ordering::Relaxed);
+            entry.publishes.fetch_add(1, Ordering::Relaxed);
         }
     }
 

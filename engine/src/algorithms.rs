@@ -69,9 +69,16 @@ impl Meter {
     }
 
     pub fn check(&self, cost: u64, now: u64) -> Result<Decision, TooLarge> {
+        self.check_reserving(cost, now, 0.0)
+    }
+
+    /// [`Meter::check`], counting `reserve` more as already admitted in a sliding window (the
+    /// peers' admissions not yet reported, under `weighted`). The buckets carry debt for late
+    /// reports instead, so they ignore it.
+    pub fn check_reserving(&self, cost: u64, now: u64, reserve: f64) -> Result<Decision, TooLarge> {
         match self {
             Meter::TokenBucket(bucket) => token_bucket(bucket, cost, now),
-            Meter::SlidingWindow(window) => window.check(cost, now),
+            Meter::SlidingWindow(window) => window.check_reserving(cost, now, reserve),
             Meter::LeakyBucket(bucket) => bucket.check(cost, now),
         }
     }
@@ -159,12 +166,17 @@ impl SlidingWindow {
     }
 
     pub fn check(&self, cost: u64, now: u64) -> Result<Decision, TooLarge> {
+        self.check_reserving(cost, now, 0.0)
+    }
+
+    /// [`SlidingWindow::check`] with `reserve` counted as admitted in the current window.
+    pub fn check_reserving(&self, cost: u64, now: u64, reserve: f64) -> Result<Decision, TooLarge> {
         if cost as f64 > self.limit {
             return Err(TooLarge);
         }
         let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
         self.advance(&mut state, now);
-        let estimate = self.estimate(&state, now);
+        let estimate = self.estimate(&state, now) + reserve.max(0.0);
         let reset_after = Duration::from_nanos(state.start + self.window - now);
         if estimate + cost as f64 <= self.limit {
             state.current += cost as f64;

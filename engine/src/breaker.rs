@@ -32,7 +32,9 @@ impl Default for BreakerConfig {
             min_calls: 20,
             window: Duration::from_secs(10),
             open_for: Duration::from_millis(500),
-            max_open_for: Duration::from_secs(5),
+            // Probing at least once a second keeps recovery within about a second of the
+            // store's return; one probe a second per replica costs the store nothing.
+            max_open_for: Duration::from_secs(1),
         }
     }
 }

@@ -347,6 +347,11 @@ impl<H: TenantHooks, C: Clock + Clone> Limiter<H, C> {
         self.config()
     }
 
+    /// About how long ago a peer's reported admissions happened when its report arrives.
+    pub(crate) fn backdate(&self) -> u64 {
+        self.backdate_nanos.load(Ordering::Relaxed)
+    }
+
     /// The generation of the inputs (config, healthy count) in force.
     pub(crate) fn generation(&self) -> u64 {
         self.generation.load(Ordering::Acquire)
@@ -580,6 +585,7 @@ impl<H: TenantHooks, C: Clock + Clone> Limiter<H, C> {
                     cost,
                     shard_rate: shard_rate(fleet.rate(), shards),
                     shards,
+                    replicas: self.healthy_replicas(),
                 };
                 shared::decide(shared, lease, request, || self.now()).await
             }
@@ -637,7 +643,8 @@ impl<H: TenantHooks, C: Clock + Clone> Limiter<H, C> {
                     continue;
                 };
                 let shards = state.limits.store_shards.max(1);
-                let key = BucketKey::push(&tenant.name, kind, lease.home_shard(shards));
+                let shard = crate::store::shard_tag(&tenant.name, lease.home_shard(shards), shards);
+                let key = BucketKey::push(&tenant.name, kind, shard);
                 shared::give_back(
                     shared,
                     lease,

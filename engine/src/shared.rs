@@ -2,9 +2,13 @@
 //! it and admits locally from the lease, so the store sees one call per lease, not one per
 //! request.
 //!
-//! - **Lease size**: the replica's recent demand for the tenant over `lease_window` (100 ms by
+//! - **Lease size**: the replica's recent demand for the tenant over `lease_window` (250 ms by
 //!   default), at least the request at hand; with the tenant's store-call quota, the window
 //!   widens to `1 ÷ quota`, so a busy tenant's leases grow instead of its calls multiplying.
+//! - **A short bucket**: while the store's bucket is short, a replica takes nothing less than
+//!   the fleet's refill over one window, and after a refusal waits until the store says that
+//!   much is there, stretched at random up to N times so the replicas do not all come back
+//!   at once. At the limit that keeps calls under 1 % of admitted requests.
 //! - **Renewal**: the request that finds the lease short makes the one call (single flight:
 //!   others wait for it, bounded by the store timeout, then spend what it brought).
 //! - **Expiry**: leased tokens unspent after `lease_ttl` are given back, as is what exceeds
@@ -46,11 +50,21 @@ pub struct SharedConfig {
     pub replica_seed: u64,
 }
 
+impl SharedConfig {
+    /// The span a lease covers: the lease window, widened so one tenant's calls stay within
+    /// its quota.
+    pub fn window(&self) -> Duration {
+        self.lease_window.max(Duration::from_secs_f64(
+            1.0 / self.calls_per_tenant.max(0.1),
+        ))
+    }
+}
+
 impl Default for SharedConfig {
     fn default() -> Self {
         SharedConfig {
             store_timeout: Duration::from_millis(50),
-            lease_window: Duration::from_millis(100),
+            lease_window: Duration::from_millis(250),
             lease_ttl: Duration::from_millis(500),
             calls_per_tenant: 50.0,
             breaker: BreakerConfig::default(),
@@ -229,11 +243,7 @@ impl Lease {
     /// smoothed over a quarter second.
     fn lease_size(&self, config: &SharedConfig, cost: u64, cap: u64, now: u64) -> u64 {
         let demand = self.demand(now, false);
-        let window = config
-            .lease_window
-            .as_secs_f64()
-            .max(1.0 / config.calls_per_tenant.max(0.1));
-        ((demand * window).ceil() as u64)
+        ((demand * config.window().as_secs_f64()).ceil() as u64)
             .max(cost)
             .min(cap.max(cost))
     }
@@ -270,6 +280,8 @@ pub(crate) struct SharedRequest<'a> {
     /// The rate of one sub-bucket: the tenant's limit ÷ `shards`.
     pub shard_rate: Rate,
     pub shards: u32,
+    /// Healthy replicas, which may be waiting on the same bucket.
+    pub replicas: usize,
 }
 
 /// Decides one shared request: from the lease if it can, else with one store call (or two,
@@ -315,18 +327,23 @@ pub(crate) async fn decide(
         }
         let at = now();
         let want = lease.lease_size(&shared.config, cost, request.shard_rate.burst, at);
+        // While the bucket is short, take nothing less than the fleet's refill over one lease
+        // window (or all that is asked): calling for every token that trickles in would cost
+        // a call per request at the limit. The store then says when that much is there.
+        let chunk = (request.shard_rate.per_second * shared.config.window().as_secs_f64()) as u64;
+        let min = chunk.clamp(cost, want);
         let shard = lease.shard.load(Ordering::Relaxed) % request.shards.max(1);
         let key = BucketKey {
             tenant: request.tenant,
             kind: request.kind,
-            shard,
+            shard: crate::store::shard_tag(request.tenant, shard, request.shards),
             key: request.key,
         };
         let grant: Grant = match shared
             .call(
                 "take",
                 now,
-                shared.store.take(key, request.shard_rate, want, cost),
+                shared.store.take(key, request.shard_rate, want, min),
             )
             .await
         {
@@ -353,8 +370,12 @@ pub(crate) async fn decide(
         last = Some(grant);
     }
     let grant = last.expect("at least one attempt");
-    // No call until the store says tokens could be there (at most a second).
-    let wait = grant.wait.min(Duration::from_secs(1));
+    // No call until the store says tokens could be there (at most a second), stretched at
+    // random up to N times: the other replicas were told the same, and if all came back at
+    // once, all but one would find the bucket short again and call for nothing.
+    let spread = 1.0
+        + unit_random(now() ^ shared.config.replica_seed) * (request.replicas.max(1) - 1) as f64;
+    let wait = grant.wait.mul_f64(spread).min(Duration::from_secs(1));
     lease
         .not_before
         .store(now() + wait.as_nanos() as u64, Ordering::Release);
@@ -362,6 +383,15 @@ pub(crate) async fn decide(
         wait: grant.wait,
         available: grant.remaining.max(0.0) as u64,
     })
+}
+
+/// A number in [0, 1) from `seed` (splitmix64): cheap and good enough to spread replicas.
+fn unit_random(seed: u64) -> f64 {
+    let mut z = seed.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^= z >> 31;
+    (z >> 11) as f64 / (1u64 << 53) as f64
 }
 
 fn refused_for_now(lease: &Lease, now: u64) -> Option<SharedOutcome> {

@@ -41,8 +41,8 @@ impl<'a> BucketKey<'a> {
     }
 
     /// The key as the Redis store names it: `weir:{tenant}:i`, with the hash tag around the
-    /// tenant (and the shard, when there are several) so one script touches one slot; an
-    /// admission key's token bucket is `weir:{tenant}:k:<key>:t`.
+    /// tenant (and the tag number `shard`, when there are several: see [`shard_tag`]) so one
+    /// script touches one slot; an admission key's token bucket is `weir:{tenant}:k:<key>:t`.
     pub fn redis_key(&self) -> String {
         if let Some(key) = self.key {
             return admission_key(self.tenant, key, 't');
@@ -57,6 +57,48 @@ impl<'a> BucketKey<'a> {
             format!("weir:{{{}#{}}}:{kind}", self.tenant, self.shard)
         }
     }
+}
+
+/// The tag number of sub-bucket `shard` of `shards` (see [`BucketKey::redis_key`]): the first
+/// `j` whose hash tag (`tenant` for 0, `tenant#j` after) falls in the `shard`-th of `shards`
+/// equal parts of Redis Cluster's 16 384 slots. A cluster's masters own contiguous slot
+/// ranges, so a tenant's sub-buckets land on different masters, not wherever the hash puts
+/// them. One sub-bucket is the plain `{tenant}` tag.
+pub fn shard_tag(tenant: &str, shard: u32, shards: u32) -> u32 {
+    let shards = shards.max(1);
+    if shards == 1 {
+        return 0;
+    }
+    let shard = shard % shards;
+    let wanted = |slot: u32| slot * shards / 16_384 == shard;
+    let mut tag = String::with_capacity(tenant.len() + 6);
+    for j in 0..100_000u32 {
+        tag.clear();
+        tag.push_str(tenant);
+        if j > 0 {
+            let _ = std::fmt::Write::write_fmt(&mut tag, format_args!("#{j}"));
+        }
+        if wanted(cluster_slot(tag.as_bytes())) {
+            return j;
+        }
+    }
+    shard // unreachable in practice: the slots of `tenant#j` are spread evenly
+}
+
+/// Redis Cluster's hash slot of a hash tag: CRC16 (XMODEM) mod 16 384.
+pub fn cluster_slot(tag: &[u8]) -> u32 {
+    let mut crc: u16 = 0;
+    for &byte in tag {
+        crc ^= (byte as u16) << 8;
+        for _ in 0..8 {
+            crc = if crc & 0x8000 != 0 {
+                (crc << 1) ^ 0x1021
+            } else {
+                crc << 1
+            };
+        }
+    }
+    u32::from(crc) % 16_384
 }
 
 /// An admission key's store key: `weir:{tenant}:k:<key>:<what>`, where `what` is `t` (token
@@ -373,6 +415,34 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_cluster_slot_is_redis_crc16() {
+        // CRC-16/XMODEM's check value (0x31C3), and the slot Redis documents for "foo".
+        assert_eq!(cluster_slot(b"123456789"), 0x31C3);
+        assert_eq!(cluster_slot(b"foo"), 12182);
+    }
+
+    #[test]
+    fn sub_buckets_are_tagged_into_separate_parts_of_the_slot_space() {
+        for tenant in ["a", "team-b", "tenant-with-a-long-name-42"] {
+            assert_eq!(shard_tag(tenant, 0, 1), 0, "one bucket keeps the plain tag");
+            for shards in [2u32, 3, 5, 8] {
+                let parts: std::collections::BTreeSet<u32> = (0..shards)
+                    .map(|shard| {
+                        let j = shard_tag(tenant, shard, shards);
+                        let tag = if j == 0 {
+                            tenant.to_string()
+                        } else {
+                            format!("{tenant}#{j}")
+                        };
+                        cluster_slot(tag.as_bytes()) * shards / 16_384
+                    })
+                    .collect();
+                assert_eq!(parts.len(), shards as usize, "{tenant} over {shards}");
+            }
+        }
+    }
     use proptest::prelude::*;
 
     const RATE: Rate = Rate {

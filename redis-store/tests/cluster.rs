@@ -65,20 +65,21 @@ async fn sub_buckets_spread_over_masters_and_migrating_slots_are_followed() {
     let store = Arc::new(RedisStore::connect(&config(cluster.urls())).await.unwrap());
     assert!(store.is_cluster());
 
-    // A tenant whose three sub-buckets land on three different masters (hash tags differ).
-    let tenant = (0..1000)
-        .map(|i| format!("hot{i}"))
-        .find(|tenant| {
-            let owners: BTreeSet<u16> = (0..3)
-                .map(|shard| owner(&cluster, &key(tenant, shard).redis_key()).1)
-                .collect();
-            owners.len() == 3
-        })
-        .expect("some tenant spreads");
+    // Any tenant's three sub-buckets land on three different masters: their tags are picked
+    // in three thirds of the slot space, which the masters own in contiguous ranges.
+    let tag = |tenant: &str, shard: u32| engine::store::shard_tag(tenant, shard, 3);
+    for i in 0..20 {
+        let tenant = format!("tenant-{i}");
+        let owners: BTreeSet<u16> = (0..3)
+            .map(|shard| owner(&cluster, &key(&tenant, tag(&tenant, shard)).redis_key()).1)
+            .collect();
+        assert_eq!(owners.len(), 3, "{tenant}'s sub-buckets share a master");
+    }
+    let tenant = "hot".to_string();
     for shard in 0..3 {
         assert_eq!(
             store
-                .take(key(&tenant, shard), STILL, 10, 1)
+                .take(key(&tenant, tag(&tenant, shard)), STILL, 10, 1)
                 .await
                 .unwrap()
                 .granted,
@@ -87,8 +88,9 @@ async fn sub_buckets_spread_over_masters_and_migrating_slots_are_followed() {
     }
     // Each master ran the script: the load of one tenant is on three masters.
     let masters: BTreeSet<u16> = (0..3)
-        .map(|shard| owner(&cluster, &key(&tenant, shard).redis_key()).1)
+        .map(|shard| owner(&cluster, &key(&tenant, tag(&tenant, shard)).redis_key()).1)
         .collect();
+    assert_eq!(masters.len(), 3);
     for port in &masters {
         let stats = Command::new("redis-cli")
             .args(["-p", &port.to_string(), "INFO", "commandstats"])
@@ -103,9 +105,10 @@ async fn sub_buckets_spread_over_masters_and_migrating_slots_are_followed() {
 
     // Move the slot of one bucket to another master while takes run against it: every
     // take is answered (MOVED and ASK are followed), and no token is spent twice.
-    let moving = key(&tenant, 0).redis_key();
+    let moving_tag = tag(&tenant, 0);
+    let moving = key(&tenant, moving_tag).redis_key();
     let (_, from_port) = owner(&cluster, &moving);
-    let (to_id, _) = owner(&cluster, &key(&tenant, 1).redis_key());
+    let (to_id, _) = owner(&cluster, &key(&tenant, tag(&tenant, 1)).redis_key());
     let slot = cluster.nodes[0].cli(&["CLUSTER", "KEYSLOT", &moving]);
     let running = Arc::new(AtomicBool::new(true));
     let granted = Arc::new(AtomicU64::new(10));
@@ -120,7 +123,7 @@ async fn sub_buckets_spread_over_masters_and_migrating_slots_are_followed() {
         );
         tokio::spawn(async move {
             while running.load(Ordering::Relaxed) {
-                match store.take(key(&tenant, 0), STILL, 1, 1).await {
+                match store.take(key(&tenant, moving_tag), STILL, 1, 1).await {
                     Ok(grant) => {
                         granted.fetch_add(grant.granted, Ordering::Relaxed);
                     }
@@ -146,7 +149,7 @@ async fn sub_buckets_spread_over_masters_and_migrating_slots_are_followed() {
     assert_ne!(owner(&cluster, &moving).1, from_port, "the slot moved");
     // The bucket kept its count across the move: what is left is what was not granted.
     let left = store
-        .take(key(&tenant, 0), STILL, 0, 0)
+        .take(key(&tenant, moving_tag), STILL, 0, 0)
         .await
         .unwrap()
         .remaining;

@@ -19,6 +19,17 @@ pub fn free_port() -> u16 {
         .port()
 }
 
+/// A free port for a cluster node: its cluster bus listens 10 000 above it, so that port must
+/// exist and be free too.
+pub fn free_cluster_port() -> u16 {
+    loop {
+        let port = free_port();
+        if port <= 55_535 && TcpListener::bind(("127.0.0.1", port + 10_000)).is_ok() {
+            return port;
+        }
+    }
+}
+
 fn redis_server() -> &'static str {
     for path in ["/usr/bin/redis-server", "/usr/local/bin/redis-server"] {
         if std::path::Path::new(path).exists() {
@@ -106,7 +117,7 @@ impl RedisCluster {
         let nodes: Vec<RedisServer> = (0..masters * 2)
             .map(|_| {
                 RedisServer::start_with(
-                    free_port(),
+                    free_cluster_port(),
                     &[
                         "--cluster-enabled",
                         "yes",
