@@ -115,6 +115,11 @@ pub struct Config {
     #[arg(long, env = "WEIR_RING_DEAD_NODE_GRACE_PERIOD", default_value = "1m", value_parser = humantime::parse_duration)]
     pub ring_dead_node_grace_period: Duration,
 
+    /// Most live members counted, this replica included; more are ignored (logged once and
+    /// shown in `weir_ring_ignored_members`), so gossip cannot divide every limit by thousands.
+    #[arg(long, env = "WEIR_RING_MAX_MEMBERS", default_value_t = 1000)]
+    pub ring_max_members: usize,
+
     /// /ready waits for the seeds to be seen, or this long (the first replica has no peers).
     #[arg(long, env = "WEIR_RING_JOIN_TIMEOUT", default_value = "5s", value_parser = humantime::parse_duration)]
     pub ring_join_timeout: Duration,
@@ -423,6 +428,7 @@ impl Config {
             join_timeout: self.ring_join_timeout,
             http_addr: http_addr.to_string(),
             version: env!("CARGO_PKG_VERSION").to_string(),
+            max_members: self.ring_max_members,
         }
     }
 

@@ -127,6 +127,8 @@ pub struct Metrics {
     pub ring_members: IntGaugeVec,
     pub ring_healthy_replicas: IntGauge,
     pub ring_healthy_changes: IntCounter,
+    pub ring_rejected_usage_reports: IntCounter,
+    pub ring_ignored_members: IntGauge,
     pub store_calls: IntCounterVec,
     pub store_call_duration: HistogramVec,
     pub store_breaker_state: IntGauge,
@@ -313,6 +315,16 @@ impl Metrics {
                 "Times the healthy count changed (a flapping detector shows here).",
             )
             .expect("valid"),
+            ring_rejected_usage_reports: IntCounter::new(
+                "weir_ring_rejected_usage_reports_total",
+                "Peer usage reports ignored: unreadable, or with absurd values (untrusted input).",
+            )
+            .expect("valid"),
+            ring_ignored_members: IntGauge::new(
+                "weir_ring_ignored_members",
+                "Live members beyond --ring-max-members, ignored.",
+            )
+            .expect("valid"),
             sink_requests: IntCounter::new(
                 "weir_sink_requests_total",
                 "Admitted push requests acknowledged without forwarding (sink mode).",
@@ -383,6 +395,8 @@ impl Metrics {
             Box::new(metrics.ring_members.clone()),
             Box::new(metrics.ring_healthy_replicas.clone()),
             Box::new(metrics.ring_healthy_changes.clone()),
+            Box::new(metrics.ring_rejected_usage_reports.clone()),
+            Box::new(metrics.ring_ignored_members.clone()),
             Box::new(metrics.store_call_duration.clone()),
             Box::new(metrics.store_breaker_state.clone()),
             Box::new(metrics.store_lease_tokens.clone()),

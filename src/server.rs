@@ -374,6 +374,18 @@ fn spawn_membership_applier(
         let mut peer_usage = Arc::new(ring::PeerUsage::default());
         loop {
             let membership = Arc::clone(&membership_rx.borrow_and_update());
+            let rejected = membership.rejected_usage_reports;
+            let counted = state.metrics.ring_rejected_usage_reports.get();
+            if rejected > counted {
+                state
+                    .metrics
+                    .ring_rejected_usage_reports
+                    .inc_by(rejected - counted);
+            }
+            state
+                .metrics
+                .ring_ignored_members
+                .set(membership.ignored_members as i64);
             if membership.healthy != healthy {
                 if healthy != 0 {
                     state.metrics.ring_healthy_changes.inc();

@@ -127,7 +127,8 @@ async fn sub_buckets_spread_over_masters_and_migrating_slots_are_followed() {
                     Ok(grant) => {
                         granted.fetch_add(grant.granted, Ordering::Relaxed);
                     }
-                    Err(_) => {
+                    Err(err) => {
+                        eprintln!("take failed during the migration: {err}");
                         failures.fetch_add(1, Ordering::Relaxed);
                     }
                 }
@@ -204,8 +205,14 @@ fn migrate_slot(cluster: &RedisCluster, slot: u16, key: &str, to_id: &str) {
             ]);
         }
     }
+    // The destination first, then the source, then the rest, as `redis-cli --cluster reshard`
+    // does: the other way round, each would send the client to the other (MOVED both ways).
+    to.cli(&["CLUSTER", "SETSLOT", &slot, "NODE", to_id]);
+    from.cli(&["CLUSTER", "SETSLOT", &slot, "NODE", to_id]);
     for node in &cluster.nodes {
-        node.cli(&["CLUSTER", "SETSLOT", &slot, "NODE", to_id]);
+        if node.port != to.port && node.port != from.port {
+            node.cli(&["CLUSTER", "SETSLOT", &slot, "NODE", to_id]);
+        }
     }
 }
 

@@ -79,6 +79,10 @@ pub struct Membership {
     /// only when a report changed it.
     #[serde(skip)]
     pub peer_usage: std::sync::Arc<crate::PeerUsage>,
+    /// Peer usage reports ignored since start (unreadable or absurd values), cumulative.
+    pub rejected_usage_reports: u64,
+    /// Live members beyond `max_members`, ignored (not counted, not listed).
+    pub ignored_members: usize,
 }
 
 impl Membership {
@@ -89,6 +93,8 @@ impl Membership {
             healthy: 1,
             joined: false,
             peer_usage: Default::default(),
+            rejected_usage_reports: 0,
+            ignored_members: 0,
         }
     }
 
@@ -104,6 +110,8 @@ impl Membership {
             members,
             joined,
             peer_usage: Default::default(),
+            rejected_usage_reports: 0,
+            ignored_members: 0,
         }
     }
 

@@ -46,6 +46,9 @@ pub struct RingConfig {
     /// Published for peers and tools: the admission API's gRPC address.
     pub grpc_addr: Option<String>,
     pub version: String,
+    /// Most live members counted (this replica included); more are ignored, so thousands of
+    /// fake members cannot divide every limit by thousands.
+    pub max_members: usize,
 }
 
 /// A joined replica. Dropping it without [`Ring::shutdown`] stops gossip abruptly, as a crash
@@ -137,6 +140,7 @@ impl Ring {
             handle.chitchat(),
             membership_tx,
             Observation {
+                max_members: config.max_members,
                 period: config.gossip_interval / 2,
                 seeds,
                 self_addr: advertise_addr,
@@ -212,6 +216,7 @@ const MAX_USAGE_BYTES: usize = 24 * 1024;
 const MIN_USAGE_BYTES: usize = 4 * 1024;
 
 struct Observation {
+    max_members: usize,
     period: Duration,
     seeds: Vec<SocketAddr>,
     self_addr: SocketAddr,
@@ -233,6 +238,8 @@ async fn observe(
     let mut aggregate = UsageAggregate::default();
     let mut peer_usage = Arc::new(crate::PeerUsage::default());
     let mut rejected: HashMap<PeerKey, u64> = HashMap::new();
+    let mut rejected_total = 0u64;
+    let mut warned_members = false;
     let mut joined = false;
     let mut ticker = tokio::time::interval(observation.period);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -264,6 +271,7 @@ async fn observe(
                                 }
                                 None => {
                                     // Untrusted input: ignored, and said once per peer.
+                                    rejected_total += 1;
                                     let count = rejected.entry(key).or_default();
                                     if *count == 0 {
                                         tracing::warn!(peer = %id.node_id, "ignoring a usage report this version cannot read");
@@ -310,7 +318,26 @@ async fn observe(
         if usage_changed {
             peer_usage = Arc::new(aggregate.snapshot(now));
         }
+        // A bound on what gossip can make this replica believe: this replica and the first
+        // peers by node id count; the rest are ignored, and said once.
+        let mut members = members;
+        let mut ignored = 0;
+        if members.len() > observation.max_members.max(1) {
+            members.sort_by(|a, b| (!a.is_self, &a.node_id).cmp(&(!b.is_self, &b.node_id)));
+            ignored = members.len() - observation.max_members.max(1);
+            members.truncate(observation.max_members.max(1));
+            if !warned_members {
+                tracing::warn!(
+                    ignored,
+                    max = observation.max_members,
+                    "more live members than --ring-max-members: the rest are ignored"
+                );
+                warned_members = true;
+            }
+        }
         let mut membership = Membership::from_members(members, joined);
+        membership.ignored_members = ignored;
+        membership.rejected_usage_reports = rejected_total;
         membership.peer_usage = Arc::clone(&peer_usage);
         if !joined
             && (started.elapsed() >= observation.join_timeout

@@ -26,6 +26,9 @@ pub const USAGE_KEY: &str = "usage";
 const FORMAT: &str = "2";
 /// Largest level accepted from a peer, in tokens: a bucket larger than this is not real.
 const MAX_LEVEL: f64 = 1e15;
+/// Largest count accepted from a peer: no real counter of requests or items reaches 2^53
+/// (a million a second for 285 years), so a larger one is a forgery or a fault.
+const MAX_COUNT: u64 = 1 << 53;
 /// Most entries accepted in one peer message.
 const MAX_ENTRIES: usize = 100_000;
 /// A level report older than this is not used to start a tenant new to this replica.
@@ -89,8 +92,9 @@ pub fn decode(value: &str) -> Option<Vec<UsageEntry>> {
         }
         let mut fields = line.split(' ');
         let tenant = fields.next().filter(|tenant| !tenant.is_empty())?;
-        let requests: u64 = fields.next()?.parse().ok()?;
-        let items: u64 = fields.next()?.parse().ok()?;
+        let count = |field: &str| field.parse::<u64>().ok().filter(|&n| n <= MAX_COUNT);
+        let requests = count(fields.next()?)?;
+        let items = count(fields.next()?)?;
         let level = |field: &str| -> Option<Option<f64>> {
             if field == "-" {
                 return Some(None);
@@ -100,7 +104,7 @@ pub fn decode(value: &str) -> Option<Vec<UsageEntry>> {
         };
         let requests_level = level(fields.next()?)?;
         let items_level = level(fields.next()?)?;
-        let in_flight: u64 = fields.next()?.parse().ok()?;
+        let in_flight = count(fields.next()?)?;
         if fields.next().is_some() {
             return None;
         }
@@ -301,6 +305,10 @@ mod tests {
             "2\na 1 2 - 1e300 0",
             "2\na 1 2 - 99999999999999999 0",
             "2\na 1 2 - - -3",
+            "2\na NaN 2 - - 0",
+            "2\na 18446744073709551615 2 - - 0",
+            "2\na 1 9007199254740993 - - 0",
+            "2\na 1 2 - - 18446744073709551615",
         ] {
             assert_eq!(decode(bad), None, "{bad:?}");
         }

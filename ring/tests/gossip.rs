@@ -18,6 +18,7 @@ fn config(node_id: &str, listen: std::net::SocketAddr, seeds: Vec<String>) -> Ri
         http_addr: "127.0.0.1:1".into(),
         grpc_addr: None,
         version: "test".into(),
+        max_members: 1000,
     }
 }
 
@@ -68,4 +69,42 @@ async fn usage_published_by_one_replica_reaches_the_other() {
     assert!(first.membership().borrow().peer_usage.get("t").is_none());
     first.shutdown().await;
     second.shutdown().await;
+}
+
+/// Gossip is untrusted input: however many members it reports, a replica counts at most
+/// `max_members` (itself first), and says how many it ignored.
+#[tokio::test]
+async fn members_beyond_the_cap_are_ignored() {
+    let capped = |node_id: &str, seeds: Vec<String>| {
+        let mut config = config(node_id, "127.0.0.1:0".parse().unwrap(), seeds);
+        config.max_members = 2;
+        config
+    };
+    let first = Ring::join(capped("a", vec![])).await.unwrap();
+    let seed = first.gossip_addr().to_string();
+    let mut others = Vec::new();
+    for id in ["b", "c", "d"] {
+        others.push(Ring::join(capped(id, vec![seed.clone()])).await.unwrap());
+    }
+    let membership = first.membership();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let current = membership.borrow().clone();
+        if current.ignored_members == 2 {
+            assert_eq!(current.healthy, 2, "itself and one peer");
+            assert_eq!(current.members.len(), 2);
+            assert!(current.members.iter().any(|member| member.is_self));
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "ignored {}",
+            current.ignored_members
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    first.shutdown().await;
+    for other in others {
+        other.shutdown().await;
+    }
 }
