@@ -115,6 +115,26 @@ pub struct Config {
     #[arg(long, env = "WEIR_RING_DEAD_NODE_GRACE_PERIOD", default_value = "1m", value_parser = humantime::parse_duration)]
     pub ring_dead_node_grace_period: Duration,
 
+    /// Shared secrets that authenticate every gossip datagram (HMAC-SHA256), comma-separated:
+    /// the first signs, any verifies, so keys rotate with two rolling restarts (`new,old`,
+    /// then `new`). Each at least 16 bytes. Without one, gossip is unauthenticated.
+    #[arg(
+        long,
+        env = "WEIR_GOSSIP_SECRET",
+        value_delimiter = ',',
+        hide_env_values = true
+    )]
+    pub gossip_secret: Vec<String>,
+
+    /// A file of gossip secrets, one per line (the first signs); blank lines and `#` comments
+    /// are skipped. Keeps the secret out of the process list.
+    #[arg(
+        long,
+        env = "WEIR_GOSSIP_SECRET_FILE",
+        conflicts_with = "gossip_secret"
+    )]
+    pub gossip_secret_file: Option<PathBuf>,
+
     /// Most live members counted, this replica included; more are ignored (logged once and
     /// shown in `weir_ring_ignored_members`), so gossip cannot divide every limit by thousands.
     #[arg(long, env = "WEIR_RING_MAX_MEMBERS", default_value_t = 1000)]
@@ -413,9 +433,38 @@ impl Config {
         }
     }
 
+    /// The gossip keys, from `--gossip-secret` or `--gossip-secret-file`; `None` without.
+    pub fn gossip_keys(&self) -> anyhow::Result<Option<ring::GossipKeys>> {
+        let secrets: Vec<String> = match &self.gossip_secret_file {
+            Some(path) => std::fs::read_to_string(path)
+                .with_context(|| format!("cannot read --gossip-secret-file {}", path.display()))?
+                .lines()
+                .map(str::trim)
+                .filter(|line| !line.is_empty() && !line.starts_with('#'))
+                .map(str::to_string)
+                .collect(),
+            None => self.gossip_secret.clone(),
+        };
+        if secrets.is_empty() {
+            if self.gossip_secret_file.is_some() {
+                bail!("--gossip-secret-file holds no secret");
+            }
+            return Ok(None);
+        }
+        ring::GossipKeys::new(&secrets)
+            .map(Some)
+            .context("--gossip-secret")
+    }
+
     /// How this replica joins the ring; `http_addr` is what it publishes for operators.
-    pub fn ring(&self, http_addr: SocketAddr, grpc_addr: SocketAddr) -> ring::RingConfig {
+    pub fn ring(
+        &self,
+        http_addr: SocketAddr,
+        grpc_addr: SocketAddr,
+        gossip_keys: Option<ring::GossipKeys>,
+    ) -> ring::RingConfig {
         ring::RingConfig {
+            gossip_keys,
             grpc_addr: Some(grpc_addr.to_string()),
             node_id: self.node_id.clone(),
             cluster_id: self.cluster_id.clone(),

@@ -129,6 +129,7 @@ pub struct Metrics {
     pub ring_healthy_changes: IntCounter,
     pub ring_rejected_usage_reports: IntCounter,
     pub ring_ignored_members: IntGauge,
+    pub ring_rejected_gossip: IntCounter,
     pub store_calls: IntCounterVec,
     pub store_call_duration: HistogramVec,
     pub store_breaker_state: IntGauge,
@@ -320,6 +321,11 @@ impl Metrics {
                 "Peer usage reports ignored: unreadable, or with absurd values (untrusted input).",
             )
             .expect("valid"),
+            ring_rejected_gossip: IntCounter::new(
+                "weir_ring_rejected_gossip_total",
+                "Gossip datagrams dropped because no configured key authenticated them.",
+            )
+            .expect("valid"),
             ring_ignored_members: IntGauge::new(
                 "weir_ring_ignored_members",
                 "Live members beyond --ring-max-members, ignored.",
@@ -397,6 +403,7 @@ impl Metrics {
             Box::new(metrics.ring_healthy_changes.clone()),
             Box::new(metrics.ring_rejected_usage_reports.clone()),
             Box::new(metrics.ring_ignored_members.clone()),
+            Box::new(metrics.ring_rejected_gossip.clone()),
             Box::new(metrics.store_call_duration.clone()),
             Box::new(metrics.store_breaker_state.clone()),
             Box::new(metrics.store_lease_tokens.clone()),

@@ -135,7 +135,7 @@ pub async fn run_with_clock(
     })?;
     let grpc_addr = grpc_listener.local_addr()?;
     let ring = Arc::new(
-        Ring::join(config.ring(address, grpc_addr))
+        Ring::join(config.ring(address, grpc_addr, config.gossip_keys()?))
             .await
             .context("joining the ring")?,
     );
@@ -386,6 +386,13 @@ fn spawn_membership_applier(
                 .metrics
                 .ring_ignored_members
                 .set(membership.ignored_members as i64);
+            let counted = state.metrics.ring_rejected_gossip.get();
+            if membership.rejected_gossip > counted {
+                state
+                    .metrics
+                    .ring_rejected_gossip
+                    .inc_by(membership.rejected_gossip - counted);
+            }
             if membership.healthy != healthy {
                 if healthy != 0 {
                     state.metrics.ring_healthy_changes.inc();

@@ -142,3 +142,90 @@ async fn clusters_with_different_ids_never_merge() {
         "ready after the join timeout"
     );
 }
+
+/// With `--gossip-secret`, every datagram is authenticated: replicas with the key form a ring;
+/// a rogue weir with another key, or with none (plain chitchat), is never counted, though it
+/// gossips at them; and a replica mid-rotation (`new,old`) is counted by one still on
+/// `old,new`.
+#[tokio::test]
+async fn gossip_without_the_secret_is_not_heard() {
+    let addrs: Vec<SocketAddr> = (180..=184)
+        .map(|i| free_gossip_addr([127, 0, 0, i]))
+        .collect();
+    let old = "old-gossip-secret-0123456789";
+    let new = "new-gossip-secret-0123456789";
+    let fast_join = ["--ring-join-timeout", "1s"];
+    let with = |secrets: String| {
+        let mut args = vec!["--gossip-secret".to_string(), secrets];
+        args.extend(fast_join.iter().map(ToString::to_string));
+        args
+    };
+    fn args(list: &[String]) -> Vec<&str> {
+        list.iter().map(String::as_str).collect()
+    }
+    let keyed: Vec<Replica> = addrs[..2]
+        .iter()
+        .map(|addr| spawn(*addr, &addrs, "secret", &args(&with(old.into()))))
+        .collect();
+    // Rogues list the keyed replicas as seeds and gossip at them.
+    let stranger = spawn(
+        addrs[2],
+        &addrs,
+        "secret",
+        &args(&with(format!("{new}-other"))),
+    );
+    let plain = spawn(addrs[3], &addrs, "secret", &fast_join);
+    until_healthy(
+        &keyed.iter().collect::<Vec<_>>(),
+        2,
+        Duration::from_secs(10),
+    )
+    .await;
+    tokio::time::sleep(Duration::from_secs(2)).await; // many gossip rounds
+    for replica in &keyed {
+        let ring = replica.ring().await.unwrap();
+        assert_eq!(ring["healthy"], 2, "{ring}");
+        assert_eq!(ring["members"].as_array().unwrap().len(), 2, "{ring}");
+    }
+    for rogue in [&stranger, &plain] {
+        let ring = rogue.ring().await.unwrap();
+        assert_eq!(ring["healthy"], 1, "a rogue heard the keyed ring: {ring}");
+    }
+    let rejected = async |replica: &Replica| -> f64 {
+        let text = reqwest::get(format!("http://{}/metrics", replica.http))
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        text.lines()
+            .find_map(|line| line.strip_prefix("weir_ring_rejected_gossip_total "))
+            .map(|value| value.parse().unwrap())
+            .unwrap_or(0.0)
+    };
+    assert!(rejected(&keyed[0]).await + rejected(&keyed[1]).await > 0.0);
+
+    // Rotation: a replica that signs with `new` and still accepts `old` joins the ring once
+    // the others accept `new` too (`old,new`), the middle step of a rolling rotation.
+    drop(keyed);
+    let rotating: Vec<Replica> = [
+        (addrs[0], format!("{old},{new}")),
+        (addrs[4], format!("{new},{old}")),
+    ]
+    .into_iter()
+    .map(|(addr, secrets)| {
+        spawn(
+            addr,
+            &[addrs[0], addrs[4]],
+            "rotation",
+            &args(&with(secrets)),
+        )
+    })
+    .collect();
+    until_healthy(
+        &rotating.iter().collect::<Vec<_>>(),
+        2,
+        Duration::from_secs(10),
+    )
+    .await;
+}

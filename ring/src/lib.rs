@@ -6,16 +6,20 @@
 //!   (live `ACTIVE` members including self, never below 1). Pure, tested without sockets.
 //! - [`usage`]: per-tenant usage over gossip for `weighted`: cumulative admitted counts per
 //!   replica (a capped key, listed in turn), folded into monotonic per-tenant totals.
+//! - [`auth`]: authenticated gossip: an HMAC on every datagram under a shared secret, with
+//!   key rotation.
 //! - [`node`]: the edge over chitchat: join, publish state, observe peers, leave, shut down.
 //!   Consumers read a `watch::Receiver<Arc<Membership>>`; the limit maths stays a pure
 //!   function of (tenant limits, membership).
 //!
 //! `README.md` beside this crate says how the ring behaves at 10×, 100× and 1000× replicas.
 
+pub mod auth;
 pub mod membership;
 pub mod node;
 pub mod usage;
 
+pub use auth::GossipKeys;
 pub use membership::{Member, MemberState, Membership};
 pub use node::{Ring, RingConfig};
 pub use usage::{PeerUsage, TenantUsage, UsageEntry};

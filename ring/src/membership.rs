@@ -83,6 +83,8 @@ pub struct Membership {
     pub rejected_usage_reports: u64,
     /// Live members beyond `max_members`, ignored (not counted, not listed).
     pub ignored_members: usize,
+    /// Gossip datagrams dropped since start because no key authenticated them.
+    pub rejected_gossip: u64,
 }
 
 impl Membership {
@@ -95,6 +97,7 @@ impl Membership {
             peer_usage: Default::default(),
             rejected_usage_reports: 0,
             ignored_members: 0,
+            rejected_gossip: 0,
         }
     }
 
@@ -112,6 +115,7 @@ impl Membership {
             peer_usage: Default::default(),
             rejected_usage_reports: 0,
             ignored_members: 0,
+            rejected_gossip: 0,
         }
     }
 

@@ -49,6 +49,8 @@ pub struct RingConfig {
     /// Most live members counted (this replica included); more are ignored, so thousands of
     /// fake members cannot divide every limit by thousands.
     pub max_members: usize,
+    /// Authenticate every gossip datagram with these keys; `None`: unauthenticated gossip.
+    pub gossip_keys: Option<crate::GossipKeys>,
 }
 
 /// A joined replica. Dropping it without [`Ring::shutdown`] stops gossip abruptly, as a crash
@@ -119,14 +121,27 @@ impl Ring {
             ),
             (KEY_VERSION.to_string(), config.version.clone()),
         ];
-        let handle = spawn_chitchat(chitchat_config, initial, &UdpTransport)
-            .await
-            .with_context(|| {
-                format!(
-                    "cannot start gossip on {listen_addr} (a second replica on one host needs \
+        let mut rejected_gossip = None;
+        let started = match &config.gossip_keys {
+            Some(keys) => {
+                let transport = crate::auth::AuthenticatedUdp::new(keys.clone());
+                rejected_gossip = Some(transport.rejected());
+                spawn_chitchat(chitchat_config, initial, &transport).await
+            }
+            None => {
+                tracing::warn!(
+                    "gossip is not authenticated: any host that reaches the gossip port can \
+                     join the ring (set --gossip-secret or --gossip-secret-file)"
+                );
+                spawn_chitchat(chitchat_config, initial, &UdpTransport).await
+            }
+        };
+        let handle = started.with_context(|| {
+            format!(
+                "cannot start gossip on {listen_addr} (a second replica on one host needs \
                      its own --gossip-addr, e.g. --gossip-addr 127.0.0.1:0)"
-                )
-            })?;
+            )
+        })?;
 
         let mut seeds = Vec::new();
         for seed in &config.seeds {
@@ -141,6 +156,7 @@ impl Ring {
             membership_tx,
             Observation {
                 max_members: config.max_members,
+                rejected_gossip,
                 period: config.gossip_interval / 2,
                 seeds,
                 self_addr: advertise_addr,
@@ -217,6 +233,7 @@ const MIN_USAGE_BYTES: usize = 4 * 1024;
 
 struct Observation {
     max_members: usize,
+    rejected_gossip: Option<Arc<std::sync::atomic::AtomicU64>>,
     period: Duration,
     seeds: Vec<SocketAddr>,
     self_addr: SocketAddr,
@@ -338,6 +355,9 @@ async fn observe(
         let mut membership = Membership::from_members(members, joined);
         membership.ignored_members = ignored;
         membership.rejected_usage_reports = rejected_total;
+        membership.rejected_gossip = observation.rejected_gossip.as_ref().map_or(0, |rejected| {
+            rejected.load(std::sync::atomic::Ordering::Relaxed)
+        });
         membership.peer_usage = Arc::clone(&peer_usage);
         if !joined
             && (started.elapsed() >= observation.join_timeout

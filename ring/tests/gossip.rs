@@ -19,6 +19,7 @@ fn config(node_id: &str, listen: std::net::SocketAddr, seeds: Vec<String>) -> Ri
         grpc_addr: None,
         version: "test".into(),
         max_members: 1000,
+        gossip_keys: None,
     }
 }
 
