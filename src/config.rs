@@ -232,6 +232,19 @@ pub struct Config {
     #[arg(long, env = "WEIR_MAX_REQUEST_BODY_SIZE", default_value_t = 100 << 20)]
     pub max_request_body_size: u64,
 
+    /// A client has this long to send a request's headers; an idle keep-alive connection is
+    /// closed after it too (slowloris protection).
+    #[arg(long, env = "WEIR_HTTP_HEADER_READ_TIMEOUT", default_value = "30s", value_parser = humantime::parse_duration)]
+    pub http_header_read_timeout: Duration,
+
+    /// The most a request's headers may take, in bytes (at least 8 KiB).
+    #[arg(long, env = "WEIR_HTTP_MAX_HEADER_BYTES", default_value_t = 1 << 20)]
+    pub http_max_header_bytes: usize,
+
+    /// HTTP connections open at once; past it a new connection is closed at once. 0 = no cap.
+    #[arg(long, env = "WEIR_HTTP_MAX_CONNECTIONS", default_value_t = 10_000)]
+    pub http_max_connections: usize,
+
     /// Longest time to receive a push body: reading it to admit it, or draining it after a
     /// refusal so the client sees the answer. A slower body is cut off (408, or the
     /// connection closed after the refusal).
@@ -344,6 +357,9 @@ impl Config {
         if self.retry_after_max_backoff < self.retry_after_min_backoff {
             bail!("--retry-after-max-backoff must be at least --retry-after-min-backoff");
         }
+        if self.http_header_read_timeout.is_zero() {
+            bail!("--http-header-read-timeout must be > 0");
+        }
         if self.body_read_timeout.is_zero() {
             bail!("--body-read-timeout must be > 0");
         }
@@ -430,6 +446,15 @@ impl Config {
             replica_seed: self.node_id.bytes().fold(0u64, |hash, byte| {
                 hash.wrapping_mul(31).wrapping_add(byte as u64)
             }),
+        }
+    }
+
+    /// The HTTP listener's bounds.
+    pub fn http_limits(&self) -> crate::http_serve::HttpLimits {
+        crate::http_serve::HttpLimits {
+            header_read_timeout: self.http_header_read_timeout,
+            max_header_bytes: self.http_max_header_bytes,
+            max_connections: self.http_max_connections,
         }
     }
 

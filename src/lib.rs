@@ -4,6 +4,8 @@
 //! - [`config`]: every setting as a clap flag, a `WEIR_…` env var and a `--config` YAML key.
 //! - [`server`]: `run(config, listener, shutdown)`: the HTTP routes, the background tasks
 //!   (config reload, EWMA tick, idle-tenant eviction) and graceful shutdown.
+//! - [`http_serve`]: the HTTP listener with its bounds (header timeout, header size,
+//!   connections).
 //! - [`push`]: the push path, in order: instance limits → tenant → request rate → decode →
 //!   ingestion rate → forward (or sink).
 //! - [`instance`]: per-process limits (in-flight requests and bytes, ingestion-rate EWMA).
@@ -26,6 +28,7 @@
 pub mod admission_http;
 pub mod config;
 pub mod grpc;
+pub mod http_serve;
 pub mod instance;
 pub mod metrics;
 pub mod push;

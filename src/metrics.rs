@@ -130,6 +130,7 @@ pub struct Metrics {
     pub ring_rejected_usage_reports: IntCounter,
     pub ring_ignored_members: IntGauge,
     pub ring_rejected_gossip: IntCounter,
+    pub http_refused_connections: IntCounter,
     pub store_calls: IntCounterVec,
     pub store_call_duration: HistogramVec,
     pub store_breaker_state: IntGauge,
@@ -321,6 +322,11 @@ impl Metrics {
                 "Peer usage reports ignored: unreadable, or with absurd values (untrusted input).",
             )
             .expect("valid"),
+            http_refused_connections: IntCounter::new(
+                "weir_http_refused_connections_total",
+                "HTTP connections closed at once because --http-max-connections were open.",
+            )
+            .expect("valid"),
             ring_rejected_gossip: IntCounter::new(
                 "weir_ring_rejected_gossip_total",
                 "Gossip datagrams dropped because no configured key authenticated them.",
@@ -404,6 +410,7 @@ impl Metrics {
             Box::new(metrics.ring_rejected_usage_reports.clone()),
             Box::new(metrics.ring_ignored_members.clone()),
             Box::new(metrics.ring_rejected_gossip.clone()),
+            Box::new(metrics.http_refused_connections.clone()),
             Box::new(metrics.store_call_duration.clone()),
             Box::new(metrics.store_breaker_state.clone()),
             Box::new(metrics.store_lease_tokens.clone()),

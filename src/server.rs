@@ -1,7 +1,7 @@
 //! `run(config, listener, shutdown)`: the HTTP routes, the background tasks, and graceful
 //! shutdown. `main` and the integration tests call the same function.
 
-use std::future::{Future, IntoFuture};
+use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -220,19 +220,23 @@ pub async fn run_with_clock(
     let (grpc_stop_tx, grpc_stop_rx) = oneshot::channel::<()>();
     let grpc = tokio::spawn(serve_grpc(Arc::clone(&state), grpc_listener, grpc_stop_rx));
     let (drain_tx, drain_rx) = oneshot::channel::<()>();
-    let server = axum::serve(listener, router(Arc::clone(&state)))
-        .with_graceful_shutdown(async move {
+    let server = crate::http_serve::serve(
+        listener,
+        router(Arc::clone(&state)),
+        state.config.http_limits(),
+        state.metrics.http_refused_connections.clone(),
+        async move {
             let _ = drain_rx.await;
-        })
-        .into_future();
+        },
+    );
     tokio::pin!(server);
 
     tokio::select! {
-        result = &mut server => {
+        () = &mut server => {
             stop(tasks, stop_tx);
             let _ = grpc_stop_tx.send(());
             ring.shutdown().await;
-            return result.context("HTTP server failed");
+            anyhow::bail!("the HTTP server stopped");
         }
         _ = shutdown => {}
     }
@@ -248,7 +252,7 @@ pub async fn run_with_clock(
     let _ = drain_tx.send(());
     let drain_timeout = state.config.shutdown_drain_timeout;
     match tokio::time::timeout(drain_timeout, &mut server).await {
-        Ok(result) => result.context("HTTP server failed while draining")?,
+        Ok(()) => {}
         Err(_) => tracing::warn!(
             inflight = state.instance.inflight_requests(),
             ?drain_timeout,
@@ -509,7 +513,14 @@ async fn serve_grpc(state: Arc<AppState>, listener: TcpListener, stop: oneshot::
             return;
         }
     };
+    // The same bounds as the HTTP listener where tonic has them: streams per connection,
+    // keep-alive pings that drop dead peers, header size.
+    let limits = state.config.http_limits();
     let result = tonic::transport::Server::builder()
+        .max_concurrent_streams(256)
+        .http2_keepalive_interval(Some(limits.header_read_timeout))
+        .http2_keepalive_timeout(Some(limits.header_read_timeout))
+        .http2_max_header_list_size(limits.max_header_bytes.min(u32::MAX as usize) as u32)
         .add_service(AdmissionServer::new(crate::grpc::AdmissionService {
             state: Arc::clone(&state),
         }))

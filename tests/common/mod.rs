@@ -222,6 +222,12 @@ impl RawRequest {
         self.stream.write_all(bytes).await.unwrap();
     }
 
+    /// Sends, reporting whether the server still takes bytes (false once it has closed).
+    pub async fn try_send(&mut self, bytes: &[u8]) -> bool {
+        use tokio::io::AsyncWriteExt;
+        self.stream.write_all(bytes).await.is_ok()
+    }
+
     /// Reads the answer until the server closes the connection or 5 s pass.
     pub async fn response(mut self) -> String {
         use tokio::io::AsyncReadExt;

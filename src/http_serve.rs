@@ -1,0 +1,101 @@
+//! The HTTP listener, hardened: what `axum::serve` does (HTTP/1.1 and HTTP/2 on one port,
+//! graceful shutdown), plus the bounds a server facing untrusted clients needs, each a flag:
+//!
+//! - `--http-header-read-timeout`: a client has this long to send a request's headers, and an
+//!   idle keep-alive connection is closed after it (hyper starts the timer whenever it waits
+//!   for a request head). A slowloris holds nothing for long.
+//! - `--http-max-header-bytes`: the most a request head (HTTP/1.1 read buffer, HTTP/2 header
+//!   list) may take; beyond it, 431 or a closed connection.
+//! - `--http-max-connections`: connections open at once; past it a new one is closed at once
+//!   (counted in `weir_http_refused_connections_total`), so a flood cannot exhaust memory or
+//!   file descriptors.
+//! - HTTP/2: at most 256 concurrent streams per connection, and pings at the header timeout.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::server::conn::auto::Builder;
+use hyper_util::server::graceful::GracefulShutdown;
+use hyper_util::service::TowerToHyperService;
+use tokio::net::TcpListener;
+use tokio::sync::Semaphore;
+
+#[derive(Debug, Clone, Copy)]
+pub struct HttpLimits {
+    pub header_read_timeout: Duration,
+    pub max_header_bytes: usize,
+    /// 0: no cap.
+    pub max_connections: usize,
+}
+
+/// Serves `router` on `listener` until `stop` resolves, then stops accepting and waits for the
+/// open connections to finish their requests (each closes once its current request is
+/// answered). `refused` counts connections closed at the cap.
+pub async fn serve(
+    listener: TcpListener,
+    router: Router,
+    limits: HttpLimits,
+    refused: prometheus::IntCounter,
+    stop: impl Future<Output = ()>,
+) {
+    let mut builder = Builder::new(TokioExecutor::new());
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(limits.header_read_timeout)
+        .max_buf_size(limits.max_header_bytes.max(8192));
+    builder
+        .http2()
+        .timer(TokioTimer::new())
+        .max_header_list_size(limits.max_header_bytes.min(u32::MAX as usize) as u32)
+        .max_concurrent_streams(256)
+        .keep_alive_interval(limits.header_read_timeout)
+        .keep_alive_timeout(limits.header_read_timeout);
+    let slots = Arc::new(Semaphore::new(if limits.max_connections == 0 {
+        Semaphore::MAX_PERMITS
+    } else {
+        limits.max_connections
+    }));
+    let graceful = GracefulShutdown::new();
+    tokio::pin!(stop);
+    loop {
+        let accepted = tokio::select! {
+            accepted = listener.accept() => accepted,
+            () = &mut stop => break,
+        };
+        let (stream, remote) = match accepted {
+            Ok(accepted) => accepted,
+            Err(err) => {
+                // Out of file descriptors and the like: wait a little rather than spin.
+                tracing::warn!(%err, "accepting an HTTP connection failed");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        let Ok(slot) = Arc::clone(&slots).try_acquire_owned() else {
+            refused.inc();
+            tracing::debug!(%remote, "refusing a connection: --http-max-connections reached");
+            drop(stream);
+            continue;
+        };
+        let _ = stream.set_nodelay(true);
+        let connection = builder
+            .serve_connection_with_upgrades(
+                TokioIo::new(stream),
+                TowerToHyperService::new(router.clone()),
+            )
+            .into_owned();
+        let connection = graceful.watch(connection);
+        tokio::spawn(async move {
+            if let Err(err) = connection.await {
+                tracing::debug!(%remote, %err, "HTTP connection ended with an error");
+            }
+            drop(slot);
+        });
+    }
+    drop(listener);
+    graceful.shutdown().await;
+}

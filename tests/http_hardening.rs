@@ -1,0 +1,125 @@
+//! The HTTP listener's bounds, on a real server over raw sockets: a slow sender of headers (a
+//! slowloris) is cut off, an idle keep-alive connection is closed, an oversized head is
+//! refused, and connections past the cap are closed at once.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::{Options, RawRequest, Weir};
+
+async fn weir() -> Weir {
+    Weir::start(Options {
+        configure: Box::new(|config| {
+            config.http_header_read_timeout = Duration::from_millis(500);
+            config.http_max_header_bytes = 16 << 10;
+            config.http_max_connections = 20;
+        }),
+        ..Options::default()
+    })
+    .await
+}
+
+#[tokio::test]
+async fn a_slowloris_is_cut_off_at_the_header_timeout() {
+    let weir = weir().await;
+    let started = Instant::now();
+    let mut slow = RawRequest::connect(weir.addr).await;
+    slow.send(b"POST /api/v1/push HTTP/1.1\r\nHost: weir\r\n")
+        .await;
+    // A header line every 100 ms, never the blank line that ends the head: the server stops
+    // taking them once the 500 ms header timeout has passed.
+    let mut lines = 0;
+    while lines < 50 {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        if !slow
+            .try_send(format!("X-Slow-{lines}: y\r\n").as_bytes())
+            .await
+        {
+            break;
+        }
+        lines += 1;
+    }
+    let answer = slow.response_until_closed(Duration::from_secs(5)).await;
+    let closed = started.elapsed();
+    assert!(
+        answer.is_empty() || answer.starts_with("HTTP/1.1 408"),
+        "{answer}"
+    );
+    assert!(
+        lines < 50,
+        "the server took a header line every 100 ms for 5 s"
+    );
+    assert!(closed < Duration::from_secs(3), "held for {closed:?}");
+}
+
+#[tokio::test]
+async fn an_idle_keep_alive_connection_is_closed() {
+    let weir = weir().await;
+    let mut idle = RawRequest::connect(weir.addr).await;
+    idle.send(b"GET /health HTTP/1.1\r\nHost: weir\r\n\r\n")
+        .await;
+    let started = Instant::now();
+    let answer = idle.response_until_closed(Duration::from_secs(5)).await;
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    let closed = started.elapsed();
+    assert!(
+        closed >= Duration::from_millis(400) && closed < Duration::from_secs(3),
+        "{closed:?}"
+    );
+}
+
+#[tokio::test]
+async fn an_oversized_head_is_refused() {
+    let weir = weir().await;
+    let mut big = RawRequest::connect(weir.addr).await;
+    let filler = "x".repeat(64 << 10);
+    big.send(format!("GET /health HTTP/1.1\r\nHost: weir\r\nX-Big: {filler}\r\n\r\n").as_bytes())
+        .await;
+    let answer = big.response_until_closed(Duration::from_secs(5)).await;
+    assert!(
+        answer.is_empty() || answer.starts_with("HTTP/1.1 431"),
+        "{}",
+        &answer[..answer.len().min(200)]
+    );
+    // An ordinary request still gets through.
+    assert_eq!(
+        weir.client
+            .get(weir.url("/health"))
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        200
+    );
+}
+
+#[tokio::test]
+async fn connections_past_the_cap_are_closed_at_once() {
+    let weir = weir().await;
+    // Hold every slot with connections that have sent nothing yet (the header timer runs, so
+    // they would be closed after 500 ms: the test is quicker than that).
+    let mut held = Vec::new();
+    for _ in 0..20 {
+        held.push(RawRequest::connect(weir.addr).await);
+    }
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let mut extra = RawRequest::connect(weir.addr).await;
+    extra
+        .send(b"GET /health HTTP/1.1\r\nHost: weir\r\n\r\n")
+        .await;
+    let answer = extra.response_until_closed(Duration::from_secs(2)).await;
+    assert!(answer.is_empty(), "{answer}");
+    drop(held);
+    // Slots free as the held connections close; the server answers again.
+    let back = weir
+        .eventually(Duration::from_secs(3), || async {
+            weir.client.get(weir.url("/health")).send().await.is_ok()
+        })
+        .await;
+    assert!(back);
+    assert!(
+        weir.metric("weir_http_refused_connections_total").await >= Some(1.0),
+        "the refusal is counted"
+    );
+}
