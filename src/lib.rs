@@ -17,6 +17,7 @@
 //! - [`ring_page`]: `GET /ring`, members and effective limits, HTML or JSON.
 //! - [`grpc`]: the admission API (`weir.admission.v1.Admission`) and Envoy's rate-limit
 //!   service on `--grpc-addr`; [`admission_http`] is its HTTP/JSON twin. Thin adapters.
+//! - [`fuzzing`]: the properties the fuzz targets (`fuzz/`) check, replayed in `cargo test`.
 //! - [`store`]: the shared store's edge: Redis (the `redis-store` crate), connected in the
 //!   background so a store that is down never keeps weir from starting.
 //!
@@ -27,6 +28,7 @@
 
 pub mod admission_http;
 pub mod config;
+pub mod fuzzing;
 pub mod grpc;
 pub mod http_serve;
 pub mod instance;

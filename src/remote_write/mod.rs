@@ -215,7 +215,7 @@ pub fn scan(mut buf: &[u8]) -> Result<WriteCounts, DecodeError> {
             }
             3 => {
                 let metadata = embedded(&mut buf, wire_type, "WriteRequest.metadata")?;
-                check_message(metadata).map_err(|reason| {
+                check::<prompb::MetricMetadata>(metadata).map_err(|reason| {
                     DecodeError::Protobuf(format!("metadata[{}]: {reason}", counts.metadata))
                 })?;
                 counts.metadata += 1;
@@ -247,17 +247,19 @@ fn scan_series(mut buf: &[u8], counts: &mut WriteCounts) -> Result<(), String> {
             }
             2 => {
                 let sample = field(&mut buf, wire_type, "samples")?;
-                check_message(sample).map_err(|reason| format!("samples: {reason}"))?;
+                check::<prompb::Sample>(sample).map_err(|reason| format!("samples: {reason}"))?;
                 counts.samples += 1;
             }
             3 => {
                 let exemplar = field(&mut buf, wire_type, "exemplars")?;
-                check_message(exemplar).map_err(|reason| format!("exemplars: {reason}"))?;
+                check::<prompb::Exemplar>(exemplar)
+                    .map_err(|reason| format!("exemplars: {reason}"))?;
                 counts.exemplars += 1;
             }
             4 => {
                 let histogram = field(&mut buf, wire_type, "histograms")?;
-                check_message(histogram).map_err(|reason| format!("histograms: {reason}"))?;
+                check::<prompb::Histogram>(histogram)
+                    .map_err(|reason| format!("histograms: {reason}"))?;
                 counts.histograms += 1;
             }
             _ => skip_field(wire_type, tag, &mut buf, DecodeContext::default())
@@ -286,15 +288,13 @@ fn check_label(mut buf: &[u8]) -> Result<(), String> {
     Ok(())
 }
 
-/// Walks a message's fields without interpreting them: every key, varint and length must be
-/// in bounds.
-pub(super) fn check_message(mut buf: &[u8]) -> Result<(), String> {
-    while !buf.is_empty() {
-        let (tag, wire_type) = decode_key(&mut buf).map_err(|e| e.to_string())?;
-        skip_field(wire_type, tag, &mut buf, DecodeContext::default())
-            .map_err(|e| e.to_string())?;
-    }
-    Ok(())
+/// Checks a sample, histogram, exemplar or metadata message by decoding it with the
+/// protocol's own types: each known field must have its wire type and, for strings, valid
+/// UTF-8, exactly as a full decode requires. (A sample decodes without allocating; the rarer
+/// histograms, exemplars and metadata may allocate.) Only series and labels, the bulk of a
+/// request, are walked by hand.
+pub(super) fn check<M: prost::Message + Default>(buf: &[u8]) -> Result<(), String> {
+    M::decode(buf).map(drop).map_err(|err| err.to_string())
 }
 
 /// A length-delimited field's bytes, after checking its wire type and length.
@@ -371,10 +371,11 @@ mod tests {
                 histograms: histograms
                     .into_iter()
                     .map(|(count_int, schema)| Histogram {
-                        count_int,
+                        count: Some(super::prompb::histogram::Count::CountInt(count_int)),
                         schema,
                         sum: 1.0,
                         timestamp: 2,
+                        ..Histogram::default()
                     })
                     .collect(),
             })

@@ -51,17 +51,64 @@ pub struct Exemplar {
     pub timestamp: i64,
 }
 
-/// A native histogram; only the fields the load generator and tests need.
+/// A native histogram, every field of `prompb/types.proto`'s `Histogram`: the scan checks each
+/// histogram against this type, so it refuses exactly what a full decode refuses.
 #[derive(Clone, PartialEq, prost::Message)]
 pub struct Histogram {
-    #[prost(uint64, tag = "1")]
-    pub count_int: u64,
+    #[prost(oneof = "histogram::Count", tags = "1, 2")]
+    pub count: Option<histogram::Count>,
     #[prost(double, tag = "3")]
     pub sum: f64,
     #[prost(sint32, tag = "4")]
     pub schema: i32,
+    #[prost(double, tag = "5")]
+    pub zero_threshold: f64,
+    #[prost(oneof = "histogram::ZeroCount", tags = "6, 7")]
+    pub zero_count: Option<histogram::ZeroCount>,
+    #[prost(message, repeated, tag = "8")]
+    pub negative_spans: Vec<BucketSpan>,
+    #[prost(sint64, repeated, tag = "9")]
+    pub negative_deltas: Vec<i64>,
+    #[prost(double, repeated, tag = "10")]
+    pub negative_counts: Vec<f64>,
+    #[prost(message, repeated, tag = "11")]
+    pub positive_spans: Vec<BucketSpan>,
+    #[prost(sint64, repeated, tag = "12")]
+    pub positive_deltas: Vec<i64>,
+    #[prost(double, repeated, tag = "13")]
+    pub positive_counts: Vec<f64>,
+    #[prost(int32, tag = "14")]
+    pub reset_hint: i32,
     #[prost(int64, tag = "15")]
     pub timestamp: i64,
+    #[prost(double, repeated, tag = "16")]
+    pub custom_values: Vec<f64>,
+}
+
+pub mod histogram {
+    #[derive(Clone, Copy, PartialEq, prost::Oneof)]
+    pub enum Count {
+        #[prost(uint64, tag = "1")]
+        CountInt(u64),
+        #[prost(double, tag = "2")]
+        CountFloat(f64),
+    }
+
+    #[derive(Clone, Copy, PartialEq, prost::Oneof)]
+    pub enum ZeroCount {
+        #[prost(uint64, tag = "6")]
+        ZeroCountInt(u64),
+        #[prost(double, tag = "7")]
+        ZeroCountFloat(f64),
+    }
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct BucketSpan {
+    #[prost(sint32, tag = "1")]
+    pub offset: i32,
+    #[prost(uint32, tag = "2")]
+    pub length: u32,
 }
 
 #[derive(Clone, PartialEq, prost::Message)]

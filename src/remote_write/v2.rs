@@ -18,7 +18,8 @@ use std::hash::{BuildHasher, Hasher};
 
 use prost::encoding::{decode_key, decode_varint, skip_field, DecodeContext, WireType};
 
-use super::{check_message, field, DecodeError, WriteCounts};
+use super::v2_proto;
+use super::{check, field, DecodeError, WriteCounts};
 
 /// Buffers above this many entries are not kept between requests.
 const RETAINED_ENTRIES: usize = 1 << 16;
@@ -143,33 +144,44 @@ fn scan_series<'a>(
     families: &mut HashSet<u64, foldhash::fast::FixedState>,
 ) -> Result<(), String> {
     let mut labels = LabelRefs::<'a>::default();
-    let mut metadata = None;
+    // A series' metadata may come in several pieces: protobuf merges them, each field's last
+    // value winning, so references are checked once the pieces are merged.
+    let mut metadata: Option<MetadataFields> = None;
     let (mut exemplars, mut samples, mut histograms) = (0u64, 0u64, 0u64);
     while !buf.is_empty() {
         let (tag, wire_type) = decode_key(&mut buf).map_err(|e| e.to_string())?;
         match tag {
             1 => labels.read(&mut buf, wire_type, symbols, "labels_refs")?,
             2 => {
-                check_message(field(&mut buf, wire_type, "samples")?)
+                check::<v2_proto::Sample>(field(&mut buf, wire_type, "samples")?)
                     .map_err(|reason| format!("samples[{samples}]: {reason}"))?;
                 samples += 1;
             }
             3 => {
-                check_message(field(&mut buf, wire_type, "histograms")?)
+                check::<v2_proto::Histogram>(field(&mut buf, wire_type, "histograms")?)
                     .map_err(|reason| format!("histograms[{histograms}]: {reason}"))?;
                 histograms += 1;
             }
             4 => {
-                scan_exemplar(field(&mut buf, wire_type, "exemplars")?, symbols)
+                let exemplar = field(&mut buf, wire_type, "exemplars")?;
+                check::<v2_proto::Exemplar>(exemplar)
+                    .and_then(|()| scan_exemplar(exemplar, symbols))
                     .map_err(|reason| format!("exemplars[{exemplars}]: {reason}"))?;
                 exemplars += 1;
             }
+            // created_timestamp, an int64.
+            6 if wire_type != WireType::Varint => {
+                return Err(format!(
+                    "field `created_timestamp` has wire type {wire_type:?}, expected Varint"
+                ))
+            }
             5 => {
                 let message = field(&mut buf, wire_type, "metadata")?;
-                metadata = Some(
-                    scan_metadata(message, symbols)
-                        .map_err(|reason| format!("metadata: {reason}"))?,
-                );
+                scan_metadata(
+                    message,
+                    metadata.get_or_insert_with(MetadataFields::default),
+                )
+                .map_err(|reason| format!("metadata: {reason}"))?;
             }
             _ => skip_field(wire_type, tag, &mut buf, DecodeContext::default())
                 .map_err(|e| e.to_string())?,
@@ -182,6 +194,10 @@ fn scan_series<'a>(
     counts.samples += samples;
     counts.histograms += histograms;
     counts.exemplars += exemplars;
+    let metadata = metadata
+        .map(|fields| fields.resolve(symbols))
+        .transpose()
+        .map_err(|reason| format!("metadata: {reason}"))?;
     if let (Some(metadata), Some(name)) = (metadata, labels.metric_name) {
         if metadata.counts() && !name.is_empty() {
             let mut hasher = families.hasher().build_hasher();
@@ -212,17 +228,19 @@ impl<'a> LabelRefs<'a> {
         what: &str,
     ) -> Result<(), String> {
         match wire_type {
+            // References are uint32: a longer varint keeps its low 32 bits, as every protobuf
+            // decoder (prost, Go's) reads it.
             WireType::LengthDelimited => {
                 let mut packed = field(buf, wire_type, what)?;
                 while !packed.is_empty() {
                     let reference = decode_varint(&mut packed).map_err(|e| e.to_string())?;
-                    self.push(reference, symbols, what)?;
+                    self.push(u64::from(reference as u32), symbols, what)?;
                 }
                 Ok(())
             }
             WireType::Varint => {
                 let reference = decode_varint(buf).map_err(|e| e.to_string())?;
-                self.push(reference, symbols, what)
+                self.push(u64::from(reference as u32), symbols, what)
             }
             other => Err(format!(
                 "field `{what}` has wire type {other:?}, expected packed varints"
@@ -281,26 +299,45 @@ impl Metadata {
     }
 }
 
-fn scan_metadata(mut buf: &[u8], symbols: &Symbols) -> Result<Metadata, String> {
-    let mut metadata = Metadata {
-        metric_type: 0,
-        has_help: false,
-        has_unit: false,
-    };
+/// A series' metadata as read so far: each field's last value (0 when absent, as proto3 has
+/// it).
+#[derive(Default)]
+struct MetadataFields {
+    metric_type: u64,
+    help_ref: u64,
+    unit_ref: u64,
+}
+
+impl MetadataFields {
+    /// The merged metadata, its references checked.
+    fn resolve(self, symbols: &Symbols) -> Result<Metadata, String> {
+        let help = symbols.get(self.help_ref, || "help_ref".to_string())?;
+        let unit = symbols.get(self.unit_ref, || "unit_ref".to_string())?;
+        Ok(Metadata {
+            metric_type: self.metric_type,
+            has_help: !help.is_empty(),
+            has_unit: !unit.is_empty(),
+        })
+    }
+}
+
+fn scan_metadata(mut buf: &[u8], metadata: &mut MetadataFields) -> Result<(), String> {
     while !buf.is_empty() {
         let (tag, wire_type) = decode_key(&mut buf).map_err(|e| e.to_string())?;
         match (tag, wire_type) {
+            // An enum is an int32 and the references uint32s: longer varints are truncated,
+            // as decoders do.
             (1, WireType::Varint) => {
-                metadata.metric_type = decode_varint(&mut buf).map_err(|e| e.to_string())?
+                let value = decode_varint(&mut buf).map_err(|e| e.to_string())?;
+                metadata.metric_type = value as i32 as u64;
             }
             (3 | 4, WireType::Varint) => {
-                let reference = decode_varint(&mut buf).map_err(|e| e.to_string())?;
-                let what = if tag == 3 { "help_ref" } else { "unit_ref" };
-                let text = symbols.get(reference, || what.to_string())?;
+                let reference =
+                    u64::from(decode_varint(&mut buf).map_err(|e| e.to_string())? as u32);
                 if tag == 3 {
-                    metadata.has_help = !text.is_empty();
+                    metadata.help_ref = reference;
                 } else {
-                    metadata.has_unit = !text.is_empty();
+                    metadata.unit_ref = reference;
                 }
             }
             (1 | 3 | 4, other) => {
@@ -312,11 +349,11 @@ fn scan_metadata(mut buf: &[u8], symbols: &Symbols) -> Result<Metadata, String> 
                 .map_err(|e| e.to_string())?,
         }
     }
-    Ok(metadata)
+    Ok(())
 }
 
 /// The metric family a series name belongs to, as Mimir normalizes it for metadata.
-fn family(name: &[u8], metric_type: u64) -> &[u8] {
+pub fn family(name: &[u8], metric_type: u64) -> &[u8] {
     let suffixes: &[&[u8]] = match metric_type {
         HISTOGRAM => &[b"_bucket", b"_count", b"_sum"],
         SUMMARY => &[b"_count", b"_sum"],

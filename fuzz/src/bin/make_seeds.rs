@@ -1,0 +1,125 @@
+//! Writes the starting inputs of every fuzz target into `fuzz/seeds/<target>/`: valid and
+//! nearly valid examples the fuzzer mutates from. `scripts/fuzz` runs it once.
+use std::path::Path;
+
+use prost::Message;
+use weir::remote_write::prompb::{self, WriteRequest};
+use weir::remote_write::v2_proto;
+
+fn write(dir: &Path, target: &str, name: &str, bytes: &[u8]) {
+    let dir = dir.join(target);
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join(name), bytes).unwrap();
+}
+
+fn main() {
+    let dir = Path::new(&std::env::args().nth(1).unwrap_or("seeds".into())).to_path_buf();
+    let mut rich = WriteRequest::synthetic(2, 7, 1000);
+    rich.timeseries[0].exemplars.push(prompb::Exemplar {
+        labels: vec![prompb::Label {
+            name: "trace_id".into(),
+            value: "abc".into(),
+        }],
+        value: 1.5,
+        timestamp: 1000,
+    });
+    rich.timeseries[1].histograms.push(prompb::Histogram {
+        count: Some(prompb::histogram::Count::CountInt(3)),
+        schema: 1,
+        positive_spans: vec![prompb::BucketSpan {
+            offset: 0,
+            length: 2,
+        }],
+        positive_deltas: vec![1, 1],
+        timestamp: 1000,
+        ..Default::default()
+    });
+    rich.metadata.push(prompb::MetricMetadata {
+        r#type: 1,
+        metric_family_name: "weir_loadgen_series".into(),
+        help: "help".into(),
+        unit: String::new(),
+    });
+    let v1 = [
+        WriteRequest::synthetic(3, 1, 1).encode_to_vec(),
+        rich.encode_to_vec(),
+    ];
+    let v2 = v2_proto::Request {
+        symbols: ["", "__name__", "up", "job", "a", "help"]
+            .map(String::from)
+            .to_vec(),
+        timeseries: vec![v2_proto::TimeSeries {
+            labels_refs: vec![1, 2, 3, 4],
+            samples: vec![v2_proto::Sample {
+                value: 1.0,
+                timestamp: 1,
+            }],
+            exemplars: vec![v2_proto::Exemplar {
+                labels_refs: vec![3, 4],
+                value: 1.0,
+                timestamp: 1,
+            }],
+            metadata: Some(v2_proto::Metadata {
+                r#type: 1,
+                help_ref: 5,
+                unit_ref: 0,
+            }),
+            ..Default::default()
+        }],
+    }
+    .encode_to_vec();
+    for (i, body) in v1.iter().enumerate() {
+        write(&dir, "remote_write_v1", &format!("v1-{i}"), body);
+        write(
+            &dir,
+            "snappy",
+            &format!("v1-{i}"),
+            &snap::raw::Encoder::new().compress_vec(body).unwrap(),
+        );
+    }
+    write(&dir, "remote_write_v2", "v2-0", &v2);
+    write(
+        &dir,
+        "snappy",
+        "v2-0",
+        &snap::raw::Encoder::new().compress_vec(&v2).unwrap(),
+    );
+    write(
+        &dir,
+        "overrides",
+        "example",
+        include_bytes!("../../../runtime-config/overrides.yaml"),
+    );
+    write(&dir, "overrides", "small", b"overrides:\n  t:\n    ingestion_rate: 5\n    ingestion_burst_size: 5\ndistributor_limits:\n  max_inflight_push_requests: 3\n");
+    for (i, tenant) in ["team-a", "a.b_c", "..", "x*y(z)"].iter().enumerate() {
+        write(&dir, "tenant", &format!("t{i}"), tenant.as_bytes());
+    }
+    write(
+        &dir,
+        "gossip",
+        "usage",
+        b"2\nt 10 1000 - -5 0\na/GET%20%2Fs 0 7 - - 3",
+    );
+    write(&dir, "gossip", "state", b"ACTIVE");
+    write(&dir, "admission", "allow", br#"{"tenant":"a","key":"GET /s","cost":2,"limit":{"algorithm":"sliding_window","rate":10,"window":1.5}}"#);
+    write(
+        &dir,
+        "admission",
+        "batch",
+        br#"{"requests":[{"tenant":"a"},{"tenant":"b","cost":-1}]}"#,
+    );
+    use weir::grpc::proto::weir::admission::v1 as api;
+    let allow = api::AllowRequest {
+        tenant: "a".into(),
+        key: "k".into(),
+        cost: 3,
+        limit: Some(api::LimitSpec {
+            algorithm: 2,
+            rate: 5.0,
+            burst: 2,
+            window: None,
+            max_concurrent: 1,
+        }),
+    };
+    write(&dir, "admission", "proto", &allow.encode_to_vec());
+}

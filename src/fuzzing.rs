@@ -1,0 +1,244 @@
+//! The properties the fuzz targets check (`fuzz/`, run by `scripts/fuzz` under AFL++), here so
+//! that `tests/fuzz_corpus.rs` replays every committed corpus input through the same code in
+//! `cargo test`. Each function takes untrusted bytes and panics when a property fails; a panic
+//! is what the fuzzer reports as a crash.
+//!
+//! - [`remote_write_v1`], [`remote_write_v2`]: the zero-copy scans against a full prost decode
+//!   with the protocols' own types. They must agree on accept and reject and on every count;
+//!   the only refusals a decode does not make are weir's documented rules, which are checked
+//!   on the decoded request independently.
+//! - [`snappy`]: decompression within the size limit never panics and never exceeds it.
+//! - [`overrides`]: the runtime config parser; what it accepts renders and parses again.
+//! - [`tenant`]: tenant IDs; what is accepted follows Mimir's rules.
+//! - [`gossip`]: peer usage reports (untrusted network input); what is accepted is bounded.
+//! - [`admission`]: the admission API's JSON and protobuf requests, and client limit specs.
+
+use prost::encoding::{decode_key, skip_field, DecodeContext};
+use prost::Message;
+
+use crate::remote_write::{self, prompb, v2_proto, Format, WriteCounts};
+
+/// The 1.0 scan against `prometheus.WriteRequest` decoded by prost.
+pub fn remote_write_v1(data: &[u8]) {
+    let scanned = remote_write::scan(data);
+    let decoded = prompb::WriteRequest::decode(data);
+    match (scanned, decoded) {
+        (Ok(counts), Ok(request)) => assert_eq!(counts, request.counts()),
+        (Ok(counts), Err(err)) => {
+            panic!("the scan accepted ({counts:?}) what prost refuses: {err}")
+        }
+        (Err(err), Ok(request)) => assert!(
+            v1_rules_refuse(data, &request),
+            "the scan refused what prost accepts, and no rule of weir's refuses it: {err}"
+        ),
+        (Err(_), Err(_)) => {}
+    }
+}
+
+/// weir's 1.0 rules beyond the protocol: every series has a label; fields 4 and 5 (2.0's
+/// symbols and series) are refused rather than skipped, so a 2.0 body never passes uncharged.
+fn v1_rules_refuse(data: &[u8], request: &prompb::WriteRequest) -> bool {
+    request
+        .timeseries
+        .iter()
+        .any(|series| series.labels.is_empty())
+        || top_level_tags(data).any(|tag| tag == 4 || tag == 5)
+}
+
+/// The 2.0 scan against `io.prometheus.write.v2.Request` decoded by prost, counted as Mimir
+/// counts (metadata once per metric family).
+pub fn remote_write_v2(data: &[u8]) {
+    let scanned = remote_write::v2::scan(data);
+    let decoded = v2_proto::Request::decode(data);
+    match (scanned, decoded) {
+        (Ok(counts), Ok(request)) => {
+            assert!(
+                v2_rules(data, &request).is_ok(),
+                "the scan accepted what weir's 2.0 rules refuse"
+            );
+            assert_eq!(counts, expected_v2(&request));
+        }
+        (Ok(counts), Err(err)) => {
+            panic!("the scan accepted ({counts:?}) what prost refuses: {err}")
+        }
+        (Err(err), Ok(request)) => assert!(
+            v2_rules(data, &request).is_err(),
+            "the scan refused what prost accepts, and no rule of weir's refuses it: {err}"
+        ),
+        (Err(_), Err(_)) => {}
+    }
+}
+
+/// The remote-write 2.0 specification's rules a decoder does not check: `symbols[0]` is the
+/// empty string; every reference is in range; label references come in pairs; a series has
+/// labels. And weir's: fields 1–3 (1.0's) are refused.
+fn v2_rules(data: &[u8], request: &v2_proto::Request) -> Result<(), String> {
+    if top_level_tags(data).any(|tag| (1..=3).contains(&tag)) {
+        return Err("1.0 fields".into());
+    }
+    if request
+        .symbols
+        .first()
+        .is_some_and(|first| !first.is_empty())
+    {
+        return Err("symbols[0] is not empty".into());
+    }
+    let in_range = |reference: u32| (reference as usize) < request.symbols.len();
+    for series in &request.timeseries {
+        if series.labels_refs.is_empty() {
+            return Err("a series without labels".into());
+        }
+        if series.labels_refs.len() % 2 == 1 || !series.labels_refs.iter().all(|&r| in_range(r)) {
+            return Err("labels_refs".into());
+        }
+        for exemplar in &series.exemplars {
+            if exemplar.labels_refs.len() % 2 == 1
+                || !exemplar.labels_refs.iter().all(|&r| in_range(r))
+            {
+                return Err("exemplar labels_refs".into());
+            }
+        }
+        if let Some(metadata) = &series.metadata {
+            if !in_range(metadata.help_ref) || !in_range(metadata.unit_ref) {
+                return Err("metadata refs".into());
+            }
+        }
+    }
+    Ok(())
+}
+
+/// What Mimir charges for a decoded 2.0 request (its rules already hold).
+fn expected_v2(request: &v2_proto::Request) -> WriteCounts {
+    let mut families = std::collections::HashSet::new();
+    let mut counts = WriteCounts::default();
+    let symbol = |i: u32| request.symbols[i as usize].as_str();
+    for series in &request.timeseries {
+        counts.series += 1;
+        counts.samples += series.samples.len() as u64;
+        counts.histograms += series.histograms.len() as u64;
+        counts.exemplars += series.exemplars.len() as u64;
+        let Some(metadata) = &series.metadata else {
+            continue;
+        };
+        let name = series
+            .labels_refs
+            .chunks(2)
+            .find(|pair| symbol(pair[0]) == "__name__")
+            .map(|pair| symbol(pair[1]))
+            .unwrap_or("");
+        let says_something = metadata.r#type != 0
+            || !symbol(metadata.help_ref).is_empty()
+            || !symbol(metadata.unit_ref).is_empty();
+        if says_something && !name.is_empty() {
+            let family = remote_write::v2::family(name.as_bytes(), metadata.r#type as u64);
+            if families.insert(family.to_vec()) {
+                counts.metadata += 1;
+            }
+        }
+    }
+    counts
+}
+
+/// The field numbers at the top level of a message that prost has accepted.
+fn top_level_tags(mut data: &[u8]) -> impl Iterator<Item = u32> + '_ {
+    std::iter::from_fn(move || {
+        if data.is_empty() {
+            return None;
+        }
+        let (tag, wire_type) = decode_key(&mut data).ok()?;
+        skip_field(wire_type, tag, &mut data, DecodeContext::default()).ok()?;
+        Some(tag)
+    })
+}
+
+/// Snappy and the size limit: no panic, and nothing larger than the limit is ever scanned.
+pub fn snappy(data: &[u8]) {
+    const LIMIT: usize = 1 << 20;
+    for format in [Format::V1, Format::V2] {
+        let result = remote_write::decode(data, LIMIT, format);
+        if let Ok(size) = snap::raw::decompress_len(data) {
+            if size > LIMIT {
+                assert!(
+                    matches!(result, Err(remote_write::DecodeError::TooLarge { .. })),
+                    "{size} bytes decompressed passed a limit of {LIMIT}"
+                );
+            }
+        }
+    }
+}
+
+/// The runtime config parser: no panic; what it accepts renders (as `/runtime_config?mode=diff`
+/// shows it) to YAML that it accepts again and renders the same.
+pub fn overrides(data: &[u8]) {
+    let Ok(text) = std::str::from_utf8(data) else {
+        return;
+    };
+    let defaults = runtime_config::Defaults::default();
+    let Ok(config) = runtime_config::RuntimeConfig::parse(text, defaults) else {
+        return;
+    };
+    let rendered = config.render(runtime_config::RenderMode::Diff);
+    let again = runtime_config::RuntimeConfig::parse(&rendered, defaults)
+        .unwrap_or_else(|err| panic!("a rendered config does not parse: {err}\n{rendered}"));
+    assert_eq!(
+        again.render(runtime_config::RenderMode::Diff),
+        rendered,
+        "rendering is not stable"
+    );
+}
+
+/// Tenant IDs: no panic; an accepted ID follows Mimir's rules.
+pub fn tenant(data: &[u8]) {
+    if let Ok(name) = crate::tenant::resolve(Some(data), None) {
+        assert!((1..=150).contains(&name.len()), "{name:?}");
+        assert!(name != "." && name != "..", "{name:?}");
+        assert!(
+            name.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"!-_.*'()".contains(&b)),
+            "{name:?}"
+        );
+    }
+}
+
+/// Peer usage reports and member state, as gossip delivers them: no panic; what is accepted
+/// is within the bounds.
+pub fn gossip(data: &[u8]) {
+    let Ok(text) = std::str::from_utf8(data) else {
+        return;
+    };
+    let _ = ring::MemberState::parse(Some(text));
+    if let Some(entries) = ring::usage::decode(text) {
+        for entry in entries {
+            assert!(!entry.tenant.is_empty());
+            assert!(
+                entry.requests <= 1 << 53 && entry.items <= 1 << 53 && entry.in_flight <= 1 << 53
+            );
+            for level in [entry.requests_level, entry.items_level]
+                .into_iter()
+                .flatten()
+            {
+                assert!(level.is_finite() && level.abs() <= 1e15, "{level}");
+            }
+        }
+    }
+}
+
+/// The admission API's requests: JSON bodies and protobuf messages decode or fail cleanly,
+/// and a client's limit spec is validated without panicking.
+pub fn admission(data: &[u8]) {
+    use crate::grpc::proto::weir::admission::v1 as api;
+    let _ = serde_json::from_slice::<crate::admission_http::AllowBody>(data);
+    let _ = serde_json::from_slice::<crate::admission_http::AllowBatchBody>(data);
+    let _ = serde_json::from_slice::<crate::admission_http::AcquireBody>(data);
+    let _ = serde_json::from_slice::<crate::admission_http::LeaseBody>(data);
+    if let Ok(request) = api::AllowRequest::decode(data) {
+        if let Some(spec) = &request.limit {
+            if let Ok(spec) = crate::grpc::spec_from_proto(spec) {
+                let _ = spec.resolved().validate();
+            }
+        }
+    }
+    let _ = api::AllowBatchRequest::decode(data);
+    let _ = api::AcquireRequest::decode(data);
+    let _ = crate::grpc::proto::envoy::service::ratelimit::v3::RateLimitRequest::decode(data);
+}

@@ -1,0 +1,68 @@
+//! Replays every committed fuzz input (`fuzz/corpus/<target>/`, the minimized queues of the
+//! last `scripts/fuzz` run, and `fuzz/crashes/<target>/`, inputs that once failed and were
+//! fixed) through the same property checks the fuzz targets run (`weir::fuzzing`).
+
+use std::path::Path;
+
+fn replay(target: &str, check: fn(&[u8])) {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz");
+    let mut replayed = 0;
+    for dir in [
+        root.join("corpus").join(target),
+        root.join("crashes").join(target),
+    ] {
+        let Ok(entries) = std::fs::read_dir(&dir) else {
+            continue;
+        };
+        for entry in entries {
+            let path = entry.unwrap().path();
+            if path.is_file() && !path.file_name().unwrap().to_string_lossy().starts_with('.') {
+                let data = std::fs::read(&path).unwrap();
+                let outcome = std::panic::catch_unwind(|| check(&data));
+                assert!(
+                    outcome.is_ok(),
+                    "{target}: {} fails its property",
+                    path.display()
+                );
+                replayed += 1;
+            }
+        }
+    }
+    assert!(replayed > 0, "{target}: no committed corpus");
+    eprintln!("{target}: {replayed} inputs replayed");
+}
+
+#[test]
+fn remote_write_v1() {
+    replay("remote_write_v1", weir::fuzzing::remote_write_v1);
+}
+
+#[test]
+fn remote_write_v2() {
+    replay("remote_write_v2", weir::fuzzing::remote_write_v2);
+}
+
+#[test]
+fn snappy() {
+    replay("snappy", weir::fuzzing::snappy);
+}
+
+#[test]
+fn overrides() {
+    replay("overrides", weir::fuzzing::overrides);
+}
+
+#[test]
+fn tenant() {
+    replay("tenant", weir::fuzzing::tenant);
+}
+
+#[test]
+fn gossip() {
+    replay("gossip", weir::fuzzing::gossip);
+}
+
+#[test]
+fn admission() {
+    replay("admission", weir::fuzzing::admission);
+}
