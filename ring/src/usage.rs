@@ -150,25 +150,45 @@ struct PeerEntry {
     levels: (Option<f64>, Option<f64>),
     in_flight: u64,
     at: Instant,
+    /// Kept from before the peer went away: its next count is a new base, not an increase.
+    away: bool,
 }
 
 /// Folds the peers' reports into monotonic per-tenant totals. Pure but for the instants it
 /// is given, so it is tested without sockets.
+///
+/// A peer that stops being live and comes back (a partition healed, a paused process
+/// resumed) is not charged for what it admitted while away. Those admissions are in the
+/// past: charging them on its return put every view into a debt as deep as the partition was
+/// long, and the tenant was refused everything for that long after the heal (measured:
+/// nothing admitted for 15 s after a 20 s split). So a split fleet over-admits while split,
+/// each side keeping a whole limit as Mimir's replicas would, and not after.
 #[derive(Debug, Default)]
 pub struct UsageAggregate {
     peers: HashMap<PeerKey, HashMap<String, PeerEntry>>,
+    /// Peers no longer live: since when, and their last counts, kept for their return.
+    departed: HashMap<PeerKey, (Instant, HashMap<String, PeerEntry>)>,
     tenants: HashMap<String, TenantState>,
 }
 
 impl UsageAggregate {
     /// Takes in one report from `peer`, received at `now`.
     pub fn observe(&mut self, peer: &PeerKey, entries: &[UsageEntry], now: Instant) {
+        if !self.peers.contains_key(peer) {
+            if let Some((_, entries)) = self.departed.remove(peer) {
+                self.peers.insert(peer.clone(), entries);
+            }
+        }
         let known = self.peers.entry(peer.clone()).or_default();
         for entry in entries {
             let counts = (entry.requests, entry.items);
-            let previous = known.get(&entry.tenant).map(|e| e.counts);
-            // A count lower than the last one is a restarted counter: all of it is new.
+            let previous = known.get(&entry.tenant);
+            let away = previous.is_some_and(|e| e.away);
+            let previous = previous.map(|e| e.counts);
+            // A count lower than the last one is a restarted counter: all of it is new. What
+            // a returning peer counted while away is not.
             let increase = |now: u64, before: Option<u64>| match before {
+                _ if away => 0,
                 Some(before) if now >= before => now - before,
                 _ => now,
             };
@@ -189,15 +209,25 @@ impl UsageAggregate {
                     levels: (entry.requests_level, entry.items_level),
                     in_flight: entry.in_flight,
                     at: now,
+                    away: false,
                 },
             );
         }
     }
 
-    /// Forgets peer incarnations that are no longer live (what they reported stays counted),
-    /// and tenants nobody has reported for an hour.
+    /// Sets aside peer incarnations that are no longer live (what they reported stays
+    /// counted; their last counts wait an hour for their return), and forgets tenants nobody
+    /// has reported for an hour.
     pub fn retain_peers(&mut self, live: impl Fn(&PeerKey) -> bool, now: Instant) {
-        self.peers.retain(|peer, _| live(peer));
+        let gone: Vec<PeerKey> = self.peers.keys().filter(|p| !live(p)).cloned().collect();
+        for peer in gone {
+            if let Some(mut entries) = self.peers.remove(&peer) {
+                entries.values_mut().for_each(|entry| entry.away = true);
+                self.departed.insert(peer, (now, entries));
+            }
+        }
+        self.departed
+            .retain(|_, (since, _)| now.duration_since(*since) < FORGET_AFTER);
         self.tenants.retain(|_, state| {
             state
                 .last_reported
@@ -350,6 +380,35 @@ mod tests {
         assert_eq!(aggregate.snapshot(later)["t"].items_level, None);
         aggregate.retain_peers(|_| true, now + FORGET_AFTER);
         assert!(aggregate.snapshot(now + FORGET_AFTER).is_empty());
+    }
+
+    #[test]
+    fn a_returning_peer_is_not_charged_for_what_it_admitted_away() {
+        let now = Instant::now();
+        let mut aggregate = UsageAggregate::default();
+        aggregate.observe(&peer("a", 1), &[entry("t", 2, 100, None)], now);
+        // Partitioned away: not live here, and admitting on its side.
+        aggregate.retain_peers(|_| false, now);
+        assert_eq!(
+            aggregate.snapshot(now)["t"].items,
+            100,
+            "nothing taken back"
+        );
+        // Back: its count is the new base; what it admits from then on counts.
+        aggregate.observe(&peer("a", 1), &[entry("t", 9, 20_100, None)], now);
+        assert_eq!(aggregate.snapshot(now)["t"].items, 100);
+        aggregate.observe(&peer("a", 1), &[entry("t", 10, 20_150, None)], now);
+        let usage = aggregate.snapshot(now);
+        assert_eq!((usage["t"].requests, usage["t"].items), (3, 150));
+        // A peer away for longer than an hour is a stranger again.
+        aggregate.retain_peers(|_| false, now);
+        aggregate.retain_peers(|_| false, now + FORGET_AFTER);
+        aggregate.observe(
+            &peer("a", 1),
+            &[entry("u", 0, 70, None)],
+            now + FORGET_AFTER,
+        );
+        assert_eq!(aggregate.snapshot(now + FORGET_AFTER)["u"].items, 70);
     }
 
     proptest! {
