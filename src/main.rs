@@ -6,6 +6,13 @@ use anyhow::Context;
 use tracing_subscriber::EnvFilter;
 use weir::config::{Config, LogFormat};
 
+/// mimalloc, not the system allocator: with 10 000 tenants under load, glibc's malloc held
+/// about 3× the live heap (427 MB of RSS for 151 MB of heap, measured with heaptrack), as
+/// each tenant's long-lived metric series sit between the short-lived buffers of requests and
+/// scrapes. See the README's soak figures.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() -> ExitCode {
     let config = match Config::load_from(std::env::args_os()) {
         Ok(config) => config,

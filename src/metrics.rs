@@ -120,6 +120,7 @@ pub struct Metrics {
     pub instance_limits: GaugeVec,
     pub push_duration: HistogramVec,
     pub tracked_tenants: IntGauge,
+    pub runtime_alive_tasks: IntGauge,
     pub sink_requests: IntCounter,
     pub local_limit: GaugeVec,
     pub upstream_requests: IntCounterVec,
@@ -268,6 +269,12 @@ impl Metrics {
                 &["status_code"],
             )
             .expect("valid"),
+            runtime_alive_tasks: IntGauge::new(
+                "weir_runtime_alive_tasks",
+                "Tasks alive in this replica's async runtime (as Go's go_goroutines): flat under \
+                 steady load, or something leaks.",
+            )
+            .expect("valid"),
             tracked_tenants: IntGauge::new(
                 "weir_limiter_tracked_tenants",
                 "Tenants with limiter state on this replica.",
@@ -401,6 +408,7 @@ impl Metrics {
             Box::new(metrics.instance_limits.clone()),
             Box::new(metrics.push_duration.clone()),
             Box::new(metrics.tracked_tenants.clone()),
+            Box::new(metrics.runtime_alive_tasks.clone()),
             Box::new(metrics.sink_requests.clone()),
             Box::new(metrics.local_limit.clone()),
             Box::new(metrics.upstream_duration.clone()),
@@ -419,6 +427,14 @@ impl Metrics {
         ] {
             metrics.registry.register(collector).expect("unique metric");
         }
+        // process_resident_memory_bytes, process_open_fds, process_threads, … (Linux only).
+        #[cfg(target_os = "linux")]
+        metrics
+            .registry
+            .register(Box::new(
+                prometheus::process_collector::ProcessCollector::for_self(),
+            ))
+            .expect("unique metric");
         for limit in InstanceLimit::ALL {
             metrics
                 .instance_rejected_requests
@@ -491,6 +507,10 @@ impl Metrics {
     }
 
     pub fn render(&self) -> String {
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            self.runtime_alive_tasks
+                .set(runtime.metrics().num_alive_tasks() as i64);
+        }
         prometheus::TextEncoder::new()
             .encode_to_string(&self.registry.gather())
             .unwrap_or_else(|err| format!("# error encoding metrics: {err}\n"))

@@ -105,6 +105,17 @@ struct Args {
     #[arg(long, default_value = "even")]
     tenant_weights: String,
 
+    /// Tenant churn, with `--tenant-count`: this many tenants a minute are replaced by new
+    /// ones (PREFIX10001, … for 10 000 tenants), each taking over its predecessor's share, so
+    /// the old ones go idle. 1 000 with 10 000 tenants replaces every tenant in 10 minutes.
+    #[arg(long, default_value_t = 0.0)]
+    tenant_churn: f64,
+
+    /// Leave the per-tenant, per-second timeline out of the report (it is tenants × seconds
+    /// big); per-tenant totals stay.
+    #[arg(long)]
+    no_tenant_timeline: bool,
+
     /// Seed for the schedule and the random route.
     #[arg(long, default_value_t = 1)]
     seed: u64,
@@ -331,10 +342,11 @@ impl Stats {
         self.targets[target].record(outcome, samples, ideal);
         self.tenants[send.tenant].record(outcome, samples, ideal);
         let admitted = matches!(outcome, Outcome::Status(200..=299));
-        for cell in [
-            &mut self.timeline[second][target],
-            &mut self.tenant_timeline[send.tenant][second],
-        ] {
+        let tenant_cell = self
+            .tenant_timeline
+            .get_mut(send.tenant)
+            .map(|timeline| &mut timeline[second]);
+        for cell in std::iter::once(&mut self.timeline[second][target]).chain(tenant_cell) {
             cell[0] += samples;
             cell[1] += if admitted { samples } else { 0 };
             cell[2] += if ideal { samples } else { 0 };
@@ -494,6 +506,29 @@ fn check_weights(weights: &[f64], targets: usize) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Replaces `per_minute` tenants a minute: slot k of n tenants gets its g-th successor
+/// (tenant k + g·n) at minute (k + (g − 1)·n) ÷ per_minute, so replacements are spread evenly
+/// and every slot keeps its share of the load.
+fn churn(schedule: &mut [Send], names: &mut Vec<String>, rates: &mut Vec<f64>, per_minute: f64) {
+    let slots = names.len();
+    let generation = |slot: usize, at: f64| {
+        let replaced = at * per_minute / 60.0;
+        ((replaced - slot as f64) / slots as f64 + 1.0).floor() as usize
+    };
+    let mut last = 0;
+    for send in schedule.iter_mut() {
+        send.tenant += slots * generation(send.tenant, send.at);
+        last = last.max(send.tenant);
+    }
+    let prefix = names[0]
+        .trim_end_matches(|c: char| c.is_ascii_digit())
+        .to_string();
+    for index in slots..=last {
+        names.push(format!("{prefix}{:04}", index + 1));
+        rates.push(rates[index % slots]);
+    }
+}
+
 fn tenant_names(args: &Args) -> anyhow::Result<Vec<String>> {
     let Some(spec) = &args.tenant_count else {
         return Ok(args.tenants.clone());
@@ -558,14 +593,14 @@ async fn main() -> anyhow::Result<()> {
         _ => anyhow::bail!("give --samples-per-second or --requests-per-second"),
     };
     anyhow::ensure!(samples_per_second > 0.0, "the rate must be > 0");
-    let tenants = tenant_names(&args)?;
-    let tenant_rates: Vec<f64> = tenant_weights(&args.tenant_weights, tenants.len())?
+    let mut tenants = tenant_names(&args)?;
+    let mut tenant_rates: Vec<f64> = tenant_weights(&args.tenant_weights, tenants.len())?
         .into_iter()
         .map(|weight| weight * samples_per_second)
         .collect();
     let seconds = args.duration.as_secs_f64();
     let mut rng = StdRng::seed_from_u64(args.seed);
-    let (mode, schedule) = if args.senders == 0 {
+    let (mode, mut schedule) = if args.senders == 0 {
         (
             "dense",
             dense_schedule(&tenant_rates, size, seconds, &mut rng),
@@ -580,6 +615,18 @@ async fn main() -> anyhow::Result<()> {
         };
         ("senders", model.schedule(&tenant_rates, seconds, &mut rng))
     };
+    if args.tenant_churn > 0.0 {
+        anyhow::ensure!(
+            args.tenant_count.is_some(),
+            "--tenant-churn needs --tenant-count"
+        );
+        churn(
+            &mut schedule,
+            &mut tenants,
+            &mut tenant_rates,
+            args.tenant_churn,
+        );
+    }
     let ideal = args
         .ideal_rate
         .map(|rate| (rate, args.ideal_burst.unwrap_or(rate)));
@@ -617,7 +664,11 @@ async fn main() -> anyhow::Result<()> {
         tenants: vec![Counts::default(); tenants.len()],
         latencies_us: vec![Vec::new(); targets],
         timeline: vec![vec![[0; 3]; targets]; whole_seconds + 1],
-        tenant_timeline: vec![vec![[0; 3]; whole_seconds + 1]; tenants.len()],
+        tenant_timeline: if args.no_tenant_timeline {
+            Vec::new()
+        } else {
+            vec![vec![[0; 3]; whole_seconds + 1]; tenants.len()]
+        },
         second_latencies_us: vec![Vec::new(); whole_seconds + 1],
         ..Stats::default()
     }));
@@ -739,7 +790,10 @@ async fn main() -> anyhow::Result<()> {
                 tenant: tenant.clone(),
                 offered_samples_per_second: tenant_rates[i],
                 counts: stats.tenants[i].clone(),
-                per_second: stats.tenant_timeline[i][..whole_seconds].to_vec(),
+                per_second: stats
+                    .tenant_timeline
+                    .get(i)
+                    .map_or_else(Vec::new, |timeline| timeline[..whole_seconds].to_vec()),
             })
             .collect(),
     };
@@ -819,6 +873,33 @@ fn print_summary(report: &Report) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn churn_replaces_the_tenants_one_slot_at_a_time() {
+        // 10 tenants, 60 a minute: slot k gets its successor at second k, another at k + 10.
+        let mut names: Vec<String> = (1..=10).map(|i| format!("t{i:04}")).collect();
+        let mut rates: Vec<f64> = (0..10).map(f64::from).collect();
+        let mut schedule: Vec<Send> = (0..25)
+            .flat_map(|second| {
+                (0..10).map(move |tenant| Send {
+                    at: second as f64 + 0.5,
+                    tenant,
+                    samples: 1,
+                })
+            })
+            .collect();
+        churn(&mut schedule, &mut names, &mut rates, 60.0);
+        let at = |second: usize, slot: usize| names[schedule[second * 10 + slot].tenant].clone();
+        assert_eq!(at(0, 0), "t0011"); // slot 0 is replaced at 0 s
+        assert_eq!(at(0, 1), "t0002");
+        assert_eq!(at(3, 2), "t0013");
+        assert_eq!(at(3, 5), "t0006");
+        assert_eq!(at(12, 1), "t0022"); // its second successor (index 1 + 2·10) at 11 s
+        assert_eq!(at(12, 5), "t0016");
+        assert_eq!(names.len(), 35); // slots 0-4 reach their third successors by 24.5 s
+                                     // Every successor keeps its slot's share.
+        assert_eq!(rates[schedule[12 * 10 + 1].tenant], 1.0);
+    }
 
     #[test]
     fn splitter_follows_weights_and_schedule() {

@@ -1,0 +1,45 @@
+//! The chaos runs' short versions: `scripts/chaos --quick` against the binaries this test
+//! build made. Real weir processes, each in its own network namespace with its gossip link
+//! moved between bridges (a 2 | 2 partition, then healed), SIGSTOP/SIGCONT, SIGKILL and a
+//! restart under the same node id, and a real HTTP upstream that is slow, answers 503, or
+//! resets connections. Each run checks its own bounds and prints them; the script's exit
+//! status is the verdict.
+//!
+//! Namespaces need root (and iproute2); without them only the upstream run is made, and the
+//! test says so.
+
+use std::process::Command;
+
+fn can_make_namespaces() -> bool {
+    let root = Command::new("id")
+        .arg("-u")
+        .output()
+        .is_ok_and(|out| String::from_utf8_lossy(&out.stdout).trim() == "0");
+    let ip = Command::new("ip")
+        .args(["netns", "list"])
+        .output()
+        .is_ok_and(|out| out.status.success());
+    root && ip
+}
+
+#[test]
+fn partition_stop_restart_and_upstream_faults_stay_within_their_bounds() {
+    let mut runs = vec!["upstream"];
+    if can_make_namespaces() {
+        runs.splice(0..0, ["partition", "stop", "restart"]);
+    } else {
+        eprintln!("not root or no `ip netns`: the namespace runs are skipped, upstream only");
+    }
+    let status = Command::new("python3")
+        .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/chaos"))
+        .args(["--quick", "--no-build"])
+        .args(&runs)
+        .env("WEIR_BIN", env!("CARGO_BIN_EXE_weir"))
+        .env("WEIR_LOADGEN_BIN", env!("CARGO_BIN_EXE_weir-loadgen"))
+        .status()
+        .expect("python3 runs scripts/chaos");
+    assert!(
+        status.success(),
+        "scripts/chaos --quick {runs:?} missed a bound: its table above says which"
+    );
+}
