@@ -35,6 +35,16 @@ pub struct Config {
     #[arg(long, env = "WEIR_HTTP_ADDR", default_value = "127.0.0.1:8080")]
     pub http_addr: SocketAddr,
 
+    /// Serve HTTPS on --http-addr with this PEM certificate chain (and --http-tls-key-file):
+    /// TLS 1.2 and 1.3, HTTP/2 and HTTP/1.1 by ALPN. Re-read when it changes (checked every
+    /// --runtime-config-period), so a renewed certificate needs no restart. Without it, HTTP.
+    #[arg(long, env = "WEIR_HTTP_TLS_CERT_FILE", requires = "http_tls_key_file")]
+    pub http_tls_cert_file: Option<PathBuf>,
+
+    /// PEM private key of --http-tls-cert-file.
+    #[arg(long, env = "WEIR_HTTP_TLS_KEY_FILE", requires = "http_tls_cert_file")]
+    pub http_tls_key_file: Option<PathBuf>,
+
     /// gRPC listen address of the admission API (`weir.admission.v1.Admission`) and Envoy's
     /// rate-limit service; port 0 picks a free port. Advertised in the ring.
     #[arg(long, env = "WEIR_GRPC_ADDR", default_value = "127.0.0.1:9095")]
@@ -49,6 +59,28 @@ pub struct Config {
     /// Longest wait for the upstream's answer; the client hears 504 after it.
     #[arg(long, env = "WEIR_UPSTREAM_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration)]
     pub upstream_timeout: Duration,
+
+    /// PEM CA certificates trusted for an `https://` --upstream, besides the public roots.
+    /// Re-read when it changes (checked every --runtime-config-period).
+    #[arg(long, env = "WEIR_UPSTREAM_TLS_CA_FILE")]
+    pub upstream_tls_ca_file: Option<PathBuf>,
+
+    /// PEM client certificate chain presented to the upstream (mutual TLS), with
+    /// --upstream-tls-key-file. Re-read when it changes.
+    #[arg(
+        long,
+        env = "WEIR_UPSTREAM_TLS_CERT_FILE",
+        requires = "upstream_tls_key_file"
+    )]
+    pub upstream_tls_cert_file: Option<PathBuf>,
+
+    /// PEM private key of --upstream-tls-cert-file.
+    #[arg(
+        long,
+        env = "WEIR_UPSTREAM_TLS_KEY_FILE",
+        requires = "upstream_tls_cert_file"
+    )]
+    pub upstream_tls_key_file: Option<PathBuf>,
 
     /// The header that carries the tenant to the upstream.
     #[arg(
@@ -400,6 +432,17 @@ impl Config {
                 .with_context(|| format!("--no-auth-tenant {tenant:?}"))?;
         }
         Ok(self)
+    }
+
+    /// The upstream client's TLS files.
+    pub fn upstream_tls(&self) -> crate::tls::ClientTls {
+        crate::tls::ClientTls {
+            ca: self.upstream_tls_ca_file.clone(),
+            identity: self
+                .upstream_tls_cert_file
+                .clone()
+                .zip(self.upstream_tls_key_file.clone()),
+        }
     }
 
     /// The limits every tenant inherits unless its override says otherwise.

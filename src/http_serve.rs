@@ -10,6 +10,8 @@
 //!   (counted in `weir_http_refused_connections_total`), so a flood cannot exhaust memory or
 //!   file descriptors.
 //! - HTTP/2: at most 256 concurrent streams per connection, and pings at the header timeout.
+//! - With TLS (`--http-tls-cert-file`), the handshake must also finish within the header
+//!   read timeout.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -18,10 +20,12 @@ use std::time::Duration;
 use axum::Router;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto::Builder;
-use hyper_util::server::graceful::GracefulShutdown;
+use hyper_util::server::graceful::{GracefulShutdown, Watcher};
 use hyper_util::service::TowerToHyperService;
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
+use tokio_rustls::TlsAcceptor;
 
 #[derive(Debug, Clone, Copy)]
 pub struct HttpLimits {
@@ -38,6 +42,7 @@ pub async fn serve(
     listener: TcpListener,
     router: Router,
     limits: HttpLimits,
+    tls: Option<TlsAcceptor>,
     refused: prometheus::IntCounter,
     stop: impl Future<Output = ()>,
 ) {
@@ -82,15 +87,21 @@ pub async fn serve(
             continue;
         };
         let _ = stream.set_nodelay(true);
-        let connection = builder
-            .serve_connection_with_upgrades(
-                TokioIo::new(stream),
-                TowerToHyperService::new(router.clone()),
-            )
-            .into_owned();
-        let connection = graceful.watch(connection);
+        let (builder, router, watcher) = (builder.clone(), router.clone(), graceful.watcher());
+        let tls = tls.clone();
         tokio::spawn(async move {
-            if let Err(err) = connection.await {
+            let served = match tls {
+                None => serve_connection(stream, builder, router, watcher).await,
+                Some(tls) => {
+                    match tokio::time::timeout(limits.header_read_timeout, tls.accept(stream)).await
+                    {
+                        Ok(Ok(stream)) => serve_connection(stream, builder, router, watcher).await,
+                        Ok(Err(err)) => Err(err.into()),
+                        Err(_) => Err("no TLS handshake within --http-header-read-timeout".into()),
+                    }
+                }
+            };
+            if let Err(err) = served {
                 tracing::debug!(%remote, %err, "HTTP connection ended with an error");
             }
             drop(slot);
@@ -98,4 +109,21 @@ pub async fn serve(
     }
     drop(listener);
     graceful.shutdown().await;
+}
+
+type ConnectionError = Box<dyn std::error::Error + Send + Sync>;
+
+async fn serve_connection<S>(
+    stream: S,
+    builder: Builder<TokioExecutor>,
+    router: Router,
+    watcher: Watcher,
+) -> Result<(), ConnectionError>
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let connection = builder
+        .serve_connection_with_upgrades(TokioIo::new(stream), TowerToHyperService::new(router))
+        .into_owned();
+    watcher.watch(connection).await
 }

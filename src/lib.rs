@@ -18,6 +18,8 @@
 //! - [`grpc`]: the admission API (`weir.admission.v1.Admission`) and Envoy's rate-limit
 //!   service on `--grpc-addr`; [`admission_http`] is its HTTP/JSON twin. Thin adapters.
 //! - [`fuzzing`]: the properties the fuzz targets (`fuzz/`) check, replayed in `cargo test`.
+//! - [`tls`]: optional TLS for the HTTP listener and the upstream client, with certificate
+//!   reload.
 //! - [`store`]: the shared store's edge: Redis (the `redis-store` crate), connected in the
 //!   background so a store that is down never keeps weir from starting.
 //!
@@ -40,4 +42,5 @@ pub mod ring_page;
 pub mod server;
 pub mod store;
 pub mod tenant;
+pub mod tls;
 pub mod upstream;

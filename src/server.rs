@@ -147,7 +147,24 @@ pub async fn run_with_clock(
     let upstream = config
         .upstream
         .as_deref()
-        .map(|url| Upstream::new(url, config.upstream_timeout, &config.upstream_tenant_header))
+        .map(|url| {
+            Upstream::new(
+                url,
+                config.upstream_timeout,
+                &config.upstream_tenant_header,
+                config.upstream_tls(),
+            )
+        })
+        .transpose()?;
+    let server_cert = match (&config.http_tls_cert_file, &config.http_tls_key_file) {
+        (Some(cert), Some(key)) => Some(
+            crate::tls::ServerCert::load(cert, key).context("--http-tls-cert-file/-key-file")?,
+        ),
+        _ => None,
+    };
+    let tls = server_cert
+        .as_ref()
+        .map(crate::tls::ServerCert::acceptor)
         .transpose()?;
     let state = Arc::new(AppState {
         upstream,
@@ -187,6 +204,18 @@ pub async fn run_with_clock(
                 state.limiter.tick();
             }
         }),
+        // Certificates renewed on disk are picked up with the runtime config's rhythm.
+        spawn_every(period, {
+            let state = Arc::clone(&state);
+            move || {
+                if let Some(cert) = &server_cert {
+                    cert.reload_if_changed();
+                }
+                if let Some(upstream) = &state.upstream {
+                    upstream.reload_tls_if_changed();
+                }
+            }
+        }),
         spawn_every(eviction_period(state.config.tenant_idle_timeout), {
             let state = Arc::clone(&state);
             move || {
@@ -207,7 +236,10 @@ pub async fn run_with_clock(
             .map_or_else(|| "(built-in defaults)".to_string(), |path| path.display().to_string()),
         "weir listening"
     );
-    println!("weir listening on http://{address} (push: POST http://{address}/api/v1/push)");
+    let scheme = if tls.is_some() { "https" } else { "http" };
+    println!(
+        "weir listening on {scheme}://{address} (push: POST {scheme}://{address}/api/v1/push)"
+    );
     println!("weir gRPC on {grpc_addr} (weir.admission.v1.Admission, Envoy RateLimitService)");
     match &state.upstream {
         Some(upstream) => tracing::info!(upstream = %upstream.url(), "forwarding admitted writes"),
@@ -224,6 +256,7 @@ pub async fn run_with_clock(
         listener,
         router(Arc::clone(&state)),
         state.config.http_limits(),
+        tls,
         state.metrics.http_refused_connections.clone(),
         async move {
             let _ = drain_rx.await;

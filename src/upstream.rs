@@ -1,13 +1,28 @@
 //! Forwarding admitted writes to a remote-write receiver (Prometheus, Mimir, VictoriaMetrics,
 //! Thanos Receive), passing the client's compressed bytes through unchanged.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+use arc_swap::ArcSwap;
 
 use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 use bytes::Bytes;
 
 use crate::metrics::Metrics;
 use crate::remote_write::Written;
+use crate::tls::{ClientFiles, ClientTls};
+
+/// One pooled client: keep-alive connections are reused across requests and tenants.
+fn build_client(timeout: Duration, tls: &ClientTls) -> anyhow::Result<reqwest::Client> {
+    let builder = reqwest::Client::builder()
+        .timeout(timeout)
+        .connect_timeout(timeout.min(Duration::from_secs(5)))
+        .pool_idle_timeout(Duration::from_secs(90))
+        .tcp_nodelay(true)
+        .user_agent(concat!("weir/", env!("CARGO_PKG_VERSION")));
+    Ok(tls.apply(builder)?.build()?)
+}
 
 /// The headers that matter to a remote-write receiver, with what to send when the client
 /// did not say.
@@ -57,14 +72,22 @@ impl ForwardError {
 }
 
 pub struct Upstream {
-    client: reqwest::Client,
+    /// Rebuilt when the TLS files change; requests in flight finish on the old one.
+    client: ArcSwap<reqwest::Client>,
+    tls: ClientTls,
+    tls_files: ClientFiles,
     url: reqwest::Url,
     tenant_header: HeaderName,
     timeout: Duration,
 }
 
 impl Upstream {
-    pub fn new(url: &str, timeout: Duration, tenant_header: &str) -> anyhow::Result<Self> {
+    pub fn new(
+        url: &str,
+        timeout: Duration,
+        tenant_header: &str,
+        tls: ClientTls,
+    ) -> anyhow::Result<Self> {
         let url = reqwest::Url::parse(url)
             .map_err(|err| anyhow::anyhow!("--upstream {url:?} is not a URL: {err}"))?;
         anyhow::ensure!(
@@ -74,20 +97,33 @@ impl Upstream {
         let tenant_header = HeaderName::from_bytes(tenant_header.as_bytes()).map_err(|_| {
             anyhow::anyhow!("--upstream-tenant-header {tenant_header:?} is not a header name")
         })?;
-        // One pooled client: keep-alive connections are reused across requests and tenants.
-        let client = reqwest::Client::builder()
-            .timeout(timeout)
-            .connect_timeout(timeout.min(Duration::from_secs(5)))
-            .pool_idle_timeout(Duration::from_secs(90))
-            .tcp_nodelay(true)
-            .user_agent(concat!("weir/", env!("CARGO_PKG_VERSION")))
-            .build()?;
+        let client = build_client(timeout, &tls)?;
         Ok(Upstream {
-            client,
+            client: ArcSwap::from_pointee(client),
+            tls_files: tls.watch(),
+            tls,
             url,
             tenant_header,
             timeout,
         })
+    }
+
+    /// Rebuilds the client if its CA or client certificate files changed; on error the last
+    /// good client stays.
+    pub fn reload_tls_if_changed(&self) {
+        if !self.tls_files.changed() {
+            return;
+        }
+        match build_client(self.timeout, &self.tls) {
+            Ok(client) => {
+                self.client.store(Arc::new(client));
+                tracing::info!("reloaded the upstream TLS files");
+            }
+            Err(err) => tracing::error!(
+                error = format!("{err:#}"),
+                "the new upstream TLS files do not load; keeping the last good ones"
+            ),
+        }
     }
 
     pub fn url(&self) -> &reqwest::Url {
@@ -122,7 +158,7 @@ impl Upstream {
         client_headers: &HeaderMap,
         body: Bytes,
     ) -> Result<Option<Written>, ForwardError> {
-        let mut request = self.client.post(self.url.clone()).body(body);
+        let mut request = self.client.load().post(self.url.clone()).body(body);
         for (name, default) in PASSED_THROUGH {
             let value = client_headers
                 .get(name)

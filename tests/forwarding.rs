@@ -224,6 +224,7 @@ async fn bad_upstream_urls_are_refused_at_start() {
                     config.upstream.as_deref().unwrap(),
                     config.upstream_timeout,
                     &config.upstream_tenant_header,
+                    config.upstream_tls(),
                 )
             })
             .unwrap()

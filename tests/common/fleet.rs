@@ -21,17 +21,19 @@ pub fn free_gossip_addr(ip: [u8; 4]) -> SocketAddr {
 /// The HTTP and gRPC addresses a `weir` child prints on its first two lines of stdout.
 pub fn listening_addrs(child: &mut Child) -> (SocketAddr, SocketAddr) {
     let mut stdout = BufReader::new(child.stdout.take().expect("stdout is piped"));
-    let mut address = |prefix: &str| -> SocketAddr {
+    let mut address = |prefixes: &[&str]| -> SocketAddr {
         let mut line = String::new();
         stdout.read_line(&mut line).unwrap();
-        line.strip_prefix(prefix)
+        prefixes
+            .iter()
+            .find_map(|prefix| line.strip_prefix(prefix))
             .and_then(|rest| rest.split_whitespace().next())
-            .unwrap_or_else(|| panic!("expected {prefix:?}, got {line:?}"))
+            .unwrap_or_else(|| panic!("expected {prefixes:?}, got {line:?}"))
             .parse()
             .unwrap()
     };
-    let http = address("weir listening on http://");
-    (http, address("weir gRPC on "))
+    let http = address(&["weir listening on http://", "weir listening on https://"]);
+    (http, address(&["weir gRPC on "]))
 }
 
 /// The HTTP address a `weir` child prints on its first line of stdout.

@@ -1,0 +1,192 @@
+//! Optional TLS (rustls, ring): HTTPS on the HTTP listener, and a TLS upstream with its own
+//! CAs and a client certificate. Certificate files are PEM and are re-read when they change
+//! (checked every `--runtime-config-period`): a renewed certificate is served from the next
+//! handshake on, with no restart and no dropped connection. A file that fails to load is
+//! logged and the last good one stays in force, as with the runtime config.
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::SystemTime;
+
+use anyhow::Context;
+use arc_swap::ArcSwap;
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use rustls::server::{ClientHello, ResolvesServerCert};
+use rustls::sign::CertifiedKey;
+
+/// When each file was last modified, and its length: a change in either means "re-read".
+type Stamp = Vec<Option<(SystemTime, u64)>>;
+
+fn stamp(paths: &[&Path]) -> Stamp {
+    paths
+        .iter()
+        .map(|path| {
+            let meta = std::fs::metadata(path).ok()?;
+            Some((meta.modified().ok()?, meta.len()))
+        })
+        .collect()
+}
+
+/// Files whose content is in force, re-read when their stamp changes.
+#[derive(Debug)]
+struct Watched {
+    paths: Vec<PathBuf>,
+    stamp: Mutex<Stamp>,
+}
+
+impl Watched {
+    fn new(paths: Vec<PathBuf>) -> Watched {
+        let stamp = Mutex::new(stamp(
+            &paths.iter().map(PathBuf::as_path).collect::<Vec<_>>(),
+        ));
+        Watched { paths, stamp }
+    }
+
+    /// Whether the files changed since the last call (or since `new`).
+    fn changed(&self) -> bool {
+        let now = stamp(&self.paths.iter().map(PathBuf::as_path).collect::<Vec<_>>());
+        let mut last = self.stamp.lock().unwrap_or_else(|e| e.into_inner());
+        if *last == now {
+            return false;
+        }
+        *last = now;
+        true
+    }
+}
+
+fn read_certs(path: &Path) -> anyhow::Result<Vec<CertificateDer<'static>>> {
+    let certs = CertificateDer::pem_file_iter(path)
+        .with_context(|| format!("cannot read {}", path.display()))?
+        .collect::<Result<Vec<_>, _>>()
+        .with_context(|| format!("{} is not a PEM certificate file", path.display()))?;
+    anyhow::ensure!(!certs.is_empty(), "{} holds no certificate", path.display());
+    Ok(certs)
+}
+
+fn provider() -> Arc<rustls::crypto::CryptoProvider> {
+    Arc::new(rustls::crypto::ring::default_provider())
+}
+
+/// A certificate chain and its private key, checked to belong together.
+fn load_key_pair(cert: &Path, key: &Path) -> anyhow::Result<CertifiedKey> {
+    let chain = read_certs(cert)?;
+    let key = PrivateKeyDer::from_pem_file(key)
+        .with_context(|| format!("{} is not a PEM private key", key.display()))?;
+    let pair = CertifiedKey::from_der(chain, key, &provider())
+        .with_context(|| format!("{} and its key do not make a key pair", cert.display()))?;
+    Ok(pair)
+}
+
+/// The server's certificate, swapped in place when its files change.
+#[derive(Debug)]
+pub struct ServerCert {
+    files: Watched,
+    current: ArcSwap<CertifiedKey>,
+}
+
+impl ServerCert {
+    pub fn load(cert: &Path, key: &Path) -> anyhow::Result<Arc<ServerCert>> {
+        let files = Watched::new(vec![cert.to_path_buf(), key.to_path_buf()]);
+        let pair = load_key_pair(cert, key)?;
+        Ok(Arc::new(ServerCert {
+            files,
+            current: ArcSwap::from_pointee(pair),
+        }))
+    }
+
+    /// Re-reads the files if they changed; on error the last good pair stays.
+    pub fn reload_if_changed(&self) {
+        if !self.files.changed() {
+            return;
+        }
+        match load_key_pair(&self.files.paths[0], &self.files.paths[1]) {
+            Ok(pair) => {
+                self.current.store(Arc::new(pair));
+                tracing::info!(cert = %self.files.paths[0].display(), "reloaded the HTTPS certificate");
+            }
+            Err(err) => tracing::error!(
+                error = format!("{err:#}"),
+                "the new HTTPS certificate does not load; still serving the last good one"
+            ),
+        }
+    }
+
+    /// The acceptor for the listener: TLS 1.2 and 1.3, HTTP/2 and HTTP/1.1 by ALPN.
+    pub fn acceptor(self: &Arc<Self>) -> anyhow::Result<tokio_rustls::TlsAcceptor> {
+        let mut config = rustls::ServerConfig::builder_with_provider(provider())
+            .with_safe_default_protocol_versions()?
+            .with_no_client_auth()
+            .with_cert_resolver(Arc::clone(self) as Arc<dyn ResolvesServerCert>);
+        config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+        Ok(tokio_rustls::TlsAcceptor::from(Arc::new(config)))
+    }
+}
+
+impl ResolvesServerCert for ServerCert {
+    fn resolve(&self, _hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
+        Some(self.current.load_full())
+    }
+}
+
+/// What the upstream client trusts and presents.
+#[derive(Debug, Clone, Default)]
+pub struct ClientTls {
+    /// CAs trusted besides the public roots.
+    pub ca: Option<PathBuf>,
+    /// A client certificate chain and key (mutual TLS).
+    pub identity: Option<(PathBuf, PathBuf)>,
+}
+
+impl ClientTls {
+    fn paths(&self) -> Vec<PathBuf> {
+        let mut paths: Vec<PathBuf> = self.ca.iter().cloned().collect();
+        if let Some((cert, key)) = &self.identity {
+            paths.extend([cert.clone(), key.clone()]);
+        }
+        paths
+    }
+
+    /// Adds the CAs and the identity to a client builder.
+    pub fn apply(
+        &self,
+        mut builder: reqwest::ClientBuilder,
+    ) -> anyhow::Result<reqwest::ClientBuilder> {
+        if let Some(ca) = &self.ca {
+            let pem = std::fs::read(ca).with_context(|| format!("cannot read {}", ca.display()))?;
+            let certs = reqwest::Certificate::from_pem_bundle(&pem)
+                .with_context(|| format!("{} is not a PEM certificate file", ca.display()))?;
+            anyhow::ensure!(!certs.is_empty(), "{} holds no certificate", ca.display());
+            for cert in certs {
+                builder = builder.add_root_certificate(cert);
+            }
+        }
+        if let Some((cert, key)) = &self.identity {
+            // Checked here with rustls, for a clear message; reqwest wants both in one PEM.
+            load_key_pair(cert, key)?;
+            let mut pem =
+                std::fs::read(cert).with_context(|| format!("cannot read {}", cert.display()))?;
+            pem.push(b'\n');
+            pem.extend(
+                std::fs::read(key).with_context(|| format!("cannot read {}", key.display()))?,
+            );
+            builder = builder.identity(reqwest::Identity::from_pem(&pem)?);
+        }
+        Ok(builder)
+    }
+
+    /// A watch on the files, for [`ClientTls::apply`] again when they change.
+    pub fn watch(&self) -> ClientFiles {
+        ClientFiles(Watched::new(self.paths()))
+    }
+}
+
+/// The upstream client's TLS files, watched.
+#[derive(Debug)]
+pub struct ClientFiles(Watched);
+
+impl ClientFiles {
+    pub fn changed(&self) -> bool {
+        !self.0.paths.is_empty() && self.0.changed()
+    }
+}
