@@ -35,15 +35,21 @@ pub struct HttpLimits {
     pub max_connections: usize,
 }
 
+/// The listener's metrics: connections refused at the cap, and open now.
+pub struct ConnectionCounters {
+    pub refused: prometheus::IntCounter,
+    pub open: prometheus::IntGauge,
+}
+
 /// Serves `router` on `listener` until `stop` resolves, then stops accepting and waits for the
 /// open connections to finish their requests (each closes once its current request is
-/// answered). `refused` counts connections closed at the cap.
+/// answered).
 pub async fn serve(
     listener: TcpListener,
     router: Router,
     limits: HttpLimits,
     tls: Option<TlsAcceptor>,
-    refused: prometheus::IntCounter,
+    counters: ConnectionCounters,
     stop: impl Future<Output = ()>,
 ) {
     let mut builder = Builder::new(TokioExecutor::new());
@@ -81,7 +87,7 @@ pub async fn serve(
             }
         };
         let Ok(slot) = Arc::clone(&slots).try_acquire_owned() else {
-            refused.inc();
+            counters.refused.inc();
             tracing::debug!(%remote, "refusing a connection: --http-max-connections reached");
             drop(stream);
             continue;
@@ -89,6 +95,8 @@ pub async fn serve(
         let _ = stream.set_nodelay(true);
         let (builder, router, watcher) = (builder.clone(), router.clone(), graceful.watcher());
         let tls = tls.clone();
+        let open = counters.open.clone();
+        open.inc();
         tokio::spawn(async move {
             let served = match tls {
                 None => serve_connection(stream, builder, router, watcher).await,
@@ -105,6 +113,7 @@ pub async fn serve(
                 tracing::debug!(%remote, %err, "HTTP connection ended with an error");
             }
             drop(slot);
+            open.dec();
         });
     }
     drop(listener);

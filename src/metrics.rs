@@ -132,6 +132,7 @@ pub struct Metrics {
     pub ring_ignored_members: IntGauge,
     pub ring_rejected_gossip: IntCounter,
     pub http_refused_connections: IntCounter,
+    pub http_open_connections: IntGauge,
     pub store_calls: IntCounterVec,
     pub store_call_duration: HistogramVec,
     pub store_breaker_state: IntGauge,
@@ -329,6 +330,11 @@ impl Metrics {
                 "Peer usage reports ignored: unreadable, or with absurd values (untrusted input).",
             )
             .expect("valid"),
+            http_open_connections: IntGauge::new(
+                "weir_http_open_connections",
+                "HTTP connections open now (each holds a file descriptor and a task).",
+            )
+            .expect("valid"),
             http_refused_connections: IntCounter::new(
                 "weir_http_refused_connections_total",
                 "HTTP connections closed at once because --http-max-connections were open.",
@@ -419,6 +425,7 @@ impl Metrics {
             Box::new(metrics.ring_ignored_members.clone()),
             Box::new(metrics.ring_rejected_gossip.clone()),
             Box::new(metrics.http_refused_connections.clone()),
+            Box::new(metrics.http_open_connections.clone()),
             Box::new(metrics.store_call_duration.clone()),
             Box::new(metrics.store_breaker_state.clone()),
             Box::new(metrics.store_lease_tokens.clone()),

@@ -257,7 +257,10 @@ pub async fn run_with_clock(
         router(Arc::clone(&state)),
         state.config.http_limits(),
         tls,
-        state.metrics.http_refused_connections.clone(),
+        crate::http_serve::ConnectionCounters {
+            refused: state.metrics.http_refused_connections.clone(),
+            open: state.metrics.http_open_connections.clone(),
+        },
         async move {
             let _ = drain_rx.await;
         },
@@ -322,12 +325,25 @@ pub fn router(state: Arc<AppState>) -> Router {
 }
 
 async fn metrics(State(state): State<Arc<AppState>>) -> Response {
+    // With many tenants a scrape is big (10 000 tenants: about 150 000 series, tens of MB
+    // and a few hundred ms to render), so it is rendered off the async workers: a scrape must
+    // not stall the pushes queued behind it (the soak saw client queues fill during scrapes).
+    let body = match tokio::task::spawn_blocking(move || state.metrics.render()).await {
+        Ok(body) => body,
+        Err(err) => {
+            return (
+                StatusCode::INTERNAL_SERVER_ERROR,
+                format!("rendering metrics failed: {err}\n"),
+            )
+                .into_response()
+        }
+    };
     (
         [(
             header::CONTENT_TYPE,
             "text/plain; version=0.0.4; charset=utf-8",
         )],
-        state.metrics.render(),
+        body,
     )
         .into_response()
 }

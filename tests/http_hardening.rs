@@ -123,3 +123,22 @@ async fn connections_past_the_cap_are_closed_at_once() {
         "the refusal is counted"
     );
 }
+
+#[tokio::test]
+async fn open_connections_are_counted_and_uncounted() {
+    let weir = weir().await;
+    let mut held = Vec::new();
+    for _ in 0..10 {
+        held.push(RawRequest::connect(weir.addr).await);
+    }
+    // The ten, plus the scrape's own connection (they close at the 500 ms header timeout).
+    let open = weir.metric("weir_http_open_connections").await.unwrap();
+    assert!((11.0..=12.0).contains(&open), "{open}");
+    drop(held);
+    let settled = weir
+        .eventually(Duration::from_secs(3), || async {
+            weir.metric("weir_http_open_connections").await <= Some(2.0)
+        })
+        .await;
+    assert!(settled, "closed connections are still counted");
+}
