@@ -150,7 +150,13 @@ impl Ring {
                 Err(err) => tracing::warn!(%seed, %err, "cannot resolve seed; not waiting for it"),
             }
         }
-        let (membership_tx, membership_rx) = watch::channel(Arc::new(Membership::alone()));
+        // A replica with no seeds but itself has nobody to wait for: it is joined from the
+        // start, not from the observer's first round (a /ready in between answered 503).
+        let first = Membership {
+            joined: seeds.iter().all(|seed| *seed == advertise_addr),
+            ..Membership::alone()
+        };
+        let (membership_tx, membership_rx) = watch::channel(Arc::new(first));
         let observer = tokio::spawn(observe(
             handle.chitchat(),
             membership_tx,
