@@ -12,11 +12,72 @@
 //! - [`tenant`]: tenant IDs; what is accepted follows Mimir's rules.
 //! - [`gossip`]: peer usage reports (untrusted network input); what is accepted is bounded.
 //! - [`admission`]: the admission API's JSON and protobuf requests, and client limit specs.
+//!
+//! No input may make one allocation over [`MAX_ALLOCATION`] ([`CappedAllocator`]).
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use prost::encoding::{decode_key, skip_field, DecodeContext};
 use prost::Message;
 
 use crate::remote_write::{self, prompb, v2_proto, Format, WriteCounts};
+
+/// The most one allocation may take while a property runs on one input. Inputs are at most
+/// 1 MiB (AFL's cap) and every decoder works within weir's limits (1 MiB decompressed in
+/// [`snappy`]), so a larger allocation is input-driven amplification: a bug.
+pub const MAX_ALLOCATION: usize = 64 << 20;
+
+/// The system allocator, keeping the largest allocation seen. With `abort` set (the fuzz
+/// targets), an allocation over [`MAX_ALLOCATION`] aborts, which the fuzzer records as a
+/// crash; the corpus replay in `cargo test` reads [`CappedAllocator::largest`] instead.
+pub struct CappedAllocator {
+    pub abort: bool,
+    largest: AtomicUsize,
+}
+
+impl CappedAllocator {
+    pub const fn new(abort: bool) -> Self {
+        CappedAllocator {
+            abort,
+            largest: AtomicUsize::new(0),
+        }
+    }
+
+    /// The largest allocation so far, in bytes.
+    pub fn largest(&self) -> usize {
+        self.largest.load(Ordering::Relaxed)
+    }
+
+    fn note(&self, size: usize) {
+        self.largest.fetch_max(size, Ordering::Relaxed);
+        if self.abort && size > MAX_ALLOCATION {
+            std::process::abort();
+        }
+    }
+}
+
+// SAFETY: every call is passed on to `System` unchanged; only sizes are read.
+unsafe impl GlobalAlloc for CappedAllocator {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        self.note(layout.size());
+        System.alloc(layout)
+    }
+
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        self.note(layout.size());
+        System.alloc_zeroed(layout)
+    }
+
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        self.note(new_size);
+        System.realloc(ptr, layout, new_size)
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        System.dealloc(ptr, layout)
+    }
+}
 
 /// The 1.0 scan against `prometheus.WriteRequest` decoded by prost.
 pub fn remote_write_v1(data: &[u8]) {

@@ -4,6 +4,12 @@
 
 use std::path::Path;
 
+use weir::fuzzing::{CappedAllocator, MAX_ALLOCATION};
+
+/// Keeps the largest allocation, checked after each input.
+#[global_allocator]
+static ALLOCATOR: CappedAllocator = CappedAllocator::new(false);
+
 fn replay(target: &str, check: fn(&[u8])) {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz");
     let mut replayed = 0;
@@ -24,12 +30,23 @@ fn replay(target: &str, check: fn(&[u8])) {
                     "{target}: {} fails its property",
                     path.display()
                 );
+                // Tests run in parallel, so this is the largest of any input so far: a bound
+                // for all of them.
+                assert!(
+                    ALLOCATOR.largest() <= MAX_ALLOCATION,
+                    "{target}: an allocation of {} bytes by {} or an input before it",
+                    ALLOCATOR.largest(),
+                    path.display()
+                );
                 replayed += 1;
             }
         }
     }
     assert!(replayed > 0, "{target}: no committed corpus");
-    eprintln!("{target}: {replayed} inputs replayed");
+    eprintln!(
+        "{target}: {replayed} inputs replayed; largest allocation so far {} bytes",
+        ALLOCATOR.largest()
+    );
 }
 
 #[test]
