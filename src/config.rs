@@ -277,6 +277,11 @@ pub struct Config {
     #[arg(long, env = "WEIR_HTTP_MAX_CONNECTIONS", default_value_t = 10_000)]
     pub http_max_connections: usize,
 
+    /// HTTP/2: requests (streams) one connection may have in flight at once; more wait in the
+    /// client. At least 1.
+    #[arg(long, env = "WEIR_HTTP2_MAX_CONCURRENT_STREAMS", default_value_t = 256)]
+    pub http2_max_concurrent_streams: u32,
+
     /// Longest time to receive a push body: reading it to admit it, or draining it after a
     /// refusal so the client sees the answer. A slower body is cut off (408, or the
     /// connection closed after the refusal).
@@ -389,6 +394,9 @@ impl Config {
         if self.retry_after_max_backoff < self.retry_after_min_backoff {
             bail!("--retry-after-max-backoff must be at least --retry-after-min-backoff");
         }
+        if self.http2_max_concurrent_streams == 0 {
+            bail!("--http2-max-concurrent-streams must be at least 1");
+        }
         if self.http_header_read_timeout.is_zero() {
             bail!("--http-header-read-timeout must be > 0");
         }
@@ -498,6 +506,7 @@ impl Config {
             header_read_timeout: self.http_header_read_timeout,
             max_header_bytes: self.http_max_header_bytes,
             max_connections: self.http_max_connections,
+            http2_max_concurrent_streams: self.http2_max_concurrent_streams,
         }
     }
 

@@ -9,7 +9,8 @@
 //! - `--http-max-connections`: connections open at once; past it a new one is closed at once
 //!   (counted in `weir_http_refused_connections_total`), so a flood cannot exhaust memory or
 //!   file descriptors.
-//! - HTTP/2: at most 256 concurrent streams per connection, and pings at the header timeout.
+//! - `--http2-max-concurrent-streams` (256): requests one HTTP/2 connection may have in
+//!   flight; HTTP/2 pings go out at the header timeout.
 //! - With TLS (`--http-tls-cert-file`), the handshake must also finish within the header
 //!   read timeout.
 
@@ -33,6 +34,7 @@ pub struct HttpLimits {
     pub max_header_bytes: usize,
     /// 0: no cap.
     pub max_connections: usize,
+    pub http2_max_concurrent_streams: u32,
 }
 
 /// The listener's metrics: connections refused at the cap, and open now.
@@ -62,7 +64,7 @@ pub async fn serve(
         .http2()
         .timer(TokioTimer::new())
         .max_header_list_size(limits.max_header_bytes.min(u32::MAX as usize) as u32)
-        .max_concurrent_streams(256)
+        .max_concurrent_streams(limits.http2_max_concurrent_streams)
         .keep_alive_interval(limits.header_read_timeout)
         .keep_alive_timeout(limits.header_read_timeout);
     let slots = Arc::new(Semaphore::new(if limits.max_connections == 0 {

@@ -14,6 +14,7 @@ async fn weir() -> Weir {
             config.http_header_read_timeout = Duration::from_millis(500);
             config.http_max_header_bytes = 16 << 10;
             config.http_max_connections = 20;
+            config.http2_max_concurrent_streams = 4;
         }),
         ..Options::default()
     })
@@ -141,4 +142,58 @@ async fn open_connections_are_counted_and_uncounted() {
         })
         .await;
     assert!(settled, "closed connections are still counted");
+}
+
+#[tokio::test]
+async fn an_http2_connection_gets_at_most_the_configured_streams() {
+    let weir = weir().await;
+    let tcp = tokio::net::TcpStream::connect(weir.addr).await.unwrap();
+    let (client, connection) = h2::client::handshake(tcp).await.unwrap();
+    tokio::spawn(connection);
+    // Let the server's SETTINGS (max concurrent streams 4) arrive before opening streams.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let mut client = client.ready().await.unwrap();
+    let push = || {
+        http::Request::post(format!("http://{}/api/v1/push", weir.addr))
+            .header("X-Scope-OrgID", "h2")
+            .body(())
+            .unwrap()
+    };
+    // Five pushes whose bodies have not ended: four get streams, the fifth waits in the
+    // client's queue (h2 queues a request past the peer's limit).
+    let mut open = Vec::new();
+    for _ in 0..5 {
+        let (response, body) = client.send_request(push(), false).unwrap();
+        open.push((response, body));
+        if open.len() < 5 {
+            client = client.ready().await.unwrap();
+        }
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(
+        weir.metric("weir_distributor_inflight_push_requests").await,
+        Some(4.0),
+        "the server handles exactly four at once"
+    );
+    // Ending the fifth's body does not get it answered while the four hold the streams...
+    let (fifth, mut fifth_body) = open.pop().unwrap();
+    fifth_body.send_data(bytes::Bytes::new(), true).unwrap();
+    let mut fifth = Box::pin(fifth);
+    assert!(
+        tokio::time::timeout(Duration::from_millis(300), &mut fifth)
+            .await
+            .is_err(),
+        "the fifth request was served beside four open streams"
+    );
+    // ...one of the four ending frees a stream, and the fifth is served (an empty body is
+    // refused as invalid: 4xx).
+    let (first, mut first_body) = open.pop().unwrap();
+    first_body.send_data(bytes::Bytes::new(), true).unwrap();
+    assert!(first.await.unwrap().status().is_client_error());
+    let status = tokio::time::timeout(Duration::from_secs(2), fifth)
+        .await
+        .expect("a stream freed up")
+        .unwrap()
+        .status();
+    assert!(status.is_client_error(), "{status}");
 }
