@@ -168,8 +168,9 @@ fn v2_rules(data: &[u8], request: &v2_proto::Request) -> Result<(), String> {
     Ok(())
 }
 
-/// What Mimir charges for a decoded 2.0 request (its rules already hold).
-fn expected_v2(request: &v2_proto::Request) -> WriteCounts {
+/// What Mimir charges for a decoded 2.0 request (its rules already hold); also the reference
+/// of the 2.0 scan's unit tests.
+pub(crate) fn expected_v2(request: &v2_proto::Request) -> WriteCounts {
     let mut families = std::collections::HashSet::new();
     let mut counts = WriteCounts::default();
     let symbol = |i: u32| request.symbols[i as usize].as_str();

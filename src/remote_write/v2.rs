@@ -374,36 +374,10 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
-    /// What Mimir would charge for a decoded request: the reference the scan must match.
+    /// What Mimir would charge for a decoded request: the reference the scan must match
+    /// (the same oracle the fuzz target uses).
     fn expected(request: &Request) -> WriteCounts {
-        let mut families = std::collections::HashSet::new();
-        let mut counts = WriteCounts::default();
-        for series in &request.timeseries {
-            counts.series += 1;
-            counts.samples += series.samples.len() as u64;
-            counts.histograms += series.histograms.len() as u64;
-            counts.exemplars += series.exemplars.len() as u64;
-            let Some(metadata) = &series.metadata else {
-                continue;
-            };
-            let symbol = |i: u32| request.symbols[i as usize].as_str();
-            let name = series
-                .labels_refs
-                .chunks(2)
-                .find(|pair| symbol(pair[0]) == "__name__")
-                .map(|pair| symbol(pair[1]))
-                .unwrap_or("");
-            let says_something = metadata.r#type != 0
-                || !symbol(metadata.help_ref).is_empty()
-                || !symbol(metadata.unit_ref).is_empty();
-            if says_something && !name.is_empty() {
-                let family = family(name.as_bytes(), metadata.r#type as u64).to_vec();
-                if families.insert(family) {
-                    counts.metadata += 1;
-                }
-            }
-        }
-        counts
+        crate::fuzzing::expected_v2(request)
     }
 
     fn request() -> impl Strategy<Value = Request> {
