@@ -180,6 +180,13 @@ async fn https_serves_pushes_and_a_renewed_certificate_without_a_restart() {
     assert!(status.is_success(), "{status}");
 }
 
+/// Runs weir with `args`, which must stop it at start-up; returns what it said.
+fn start_up_error(args: &[&str]) -> String {
+    let output = weir(args).output().unwrap();
+    assert!(!output.status.success(), "weir started with {args:?}");
+    String::from_utf8_lossy(&output.stderr).into_owned()
+}
+
 #[test]
 fn a_bad_certificate_stops_start_up_with_the_reason() {
     let dir = tempfile::tempdir().unwrap();
@@ -192,34 +199,26 @@ fn a_bad_certificate_stops_start_up_with_the_reason() {
         (dir.path().join("missing.pem"), key.clone(), "cannot read"),
         (key.clone(), key.clone(), "holds no certificate"),
     ] {
-        let output = weir(&[
+        let stderr = start_up_error(&[
             "--http-tls-cert-file",
             cert.to_str().unwrap(),
             "--http-tls-key-file",
             key.to_str().unwrap(),
-        ])
-        .output()
-        .unwrap();
-        assert!(!output.status.success());
-        let stderr = String::from_utf8_lossy(&output.stderr);
+        ]);
         assert!(
             stderr.contains("--http-tls-cert-file") && stderr.contains(expected),
             "{stderr}"
         );
     }
     // The same checks guard the upstream client's certificate.
-    let output = weir(&[
+    let stderr = start_up_error(&[
         "--upstream",
         "https://127.0.0.1:1/api/v1/push",
         "--upstream-tls-cert-file",
         cert.to_str().unwrap(),
         "--upstream-tls-key-file",
         other_key.to_str().unwrap(),
-    ])
-    .output()
-    .unwrap();
-    assert!(!output.status.success());
-    let stderr = String::from_utf8_lossy(&output.stderr);
+    ]);
     assert!(stderr.contains("do not make a key pair"), "{stderr}");
 }
 
