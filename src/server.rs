@@ -283,17 +283,28 @@ pub async fn run_with_clock(
     let shutdown_started = tokio::time::Instant::now();
     state.draining.store(true, Ordering::SeqCst);
     tracing::info!(delay = ?state.config.shutdown_delay, "shutting down: /ready now answers 503, leaving the ring");
-    ring.leave().await;
-    tokio::time::sleep_until(shutdown_started + state.config.shutdown_delay).await;
+    // The server is polled throughout: during the delay it still accepts new connections
+    // (the balancer may not have noticed yet).
+    let mut server_stopped = false;
+    tokio::select! {
+        () = &mut server => server_stopped = true,
+        () = async {
+            ring.leave().await;
+            tokio::time::sleep_until(shutdown_started + state.config.shutdown_delay).await;
+        } => {}
+    }
     let _ = drain_tx.send(());
     let drain_timeout = state.config.shutdown_drain_timeout;
-    match tokio::time::timeout(drain_timeout, &mut server).await {
-        Ok(()) => {}
-        Err(_) => tracing::warn!(
+    if !server_stopped
+        && tokio::time::timeout(drain_timeout, &mut server)
+            .await
+            .is_err()
+    {
+        tracing::warn!(
             inflight = state.instance.inflight_requests(),
             ?drain_timeout,
             "drain timeout: exiting with requests still in flight"
-        ),
+        );
     }
     stop(tasks, stop_tx);
     let _ = grpc_stop_tx.send(());
@@ -328,7 +339,8 @@ async fn metrics(State(state): State<Arc<AppState>>) -> Response {
     // With many tenants a scrape is big (10 000 tenants: about 150 000 series, tens of MB
     // and a few hundred ms to render), so it is rendered off the async workers: a scrape must
     // not stall the pushes queued behind it (the soak saw client queues fill during scrapes).
-    let body = match tokio::task::spawn_blocking(move || state.metrics.render()).await {
+    let body = match tokio::task::spawn_blocking(move || state.metrics.render()).await
+    {
         Ok(body) => body,
         Err(err) => {
             return (

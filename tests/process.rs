@@ -154,8 +154,9 @@ fn bad_flags_exit_2_with_usage() {
     assert!(String::from_utf8_lossy(&output.stderr).contains("request_burst_size is 0"));
 }
 
-/// SIGTERM: /ready turns 503 at once, the in-flight request finishes, new connections are
-/// refused, and the process exits 0.
+/// SIGTERM: /ready turns 503 at once, the replica still accepts new connections for the
+/// shutdown delay (the balancer has not noticed yet), the in-flight request finishes, then
+/// new connections are refused and the process exits 0.
 #[tokio::test]
 async fn sigterm_drains_in_flight_requests_and_exits_zero() {
     let (child, addr) = spawn(&["--shutdown-delay", "1s", "--shutdown-drain-timeout", "5s"]);
@@ -181,6 +182,17 @@ async fn sigterm_drains_in_flight_requests_and_exits_zero() {
         Some(503),
         "not ready while draining"
     );
+    // A new connection during the delay is served (a regression: the accept loop was not
+    // polled while the replica left the ring and waited out the delay).
+    assert_eq!(
+        ready(reqwest::Client::new()).await,
+        Some(503),
+        "a new connection during the shutdown delay is answered"
+    );
+    let mut push = RawRequest::start_push(addr, "t", body.len()).await;
+    push.send(&body).await;
+    let answer = push.response().await;
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
 
     in_flight.send(&body[1..]).await;
     let answer = in_flight.response().await;
