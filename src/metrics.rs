@@ -2,8 +2,16 @@
 //! (`cortex_distributor_*`, `cortex_discarded_*`).
 //!
 //! Cardinality: families labelled `user` have one series per *active* tenant (per reason
-//! where labelled so). A tenant's series are removed when its limiter state is evicted after
-//! `--tenant-idle-timeout`, so random tenant IDs cannot grow them without bound.
+//! where labelled so). A tenant's series live in its limiter state and go when that state is
+//! evicted after `--tenant-idle-timeout`, so random tenant IDs cannot grow them without bound.
+//!
+//! The per-tenant series are not `prometheus` crate series: those cost about 6.8 KB per
+//! tenant (a label map, a hash and a `Desc` per series). They are plain atomics in
+//! [`TenantMetrics`], kept with the tenant's limiter state, and written straight into the
+//! text exposition at scrape time ([`Metrics::render`]), under the same names and labels.
+
+use std::fmt::Write as _;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use prometheus::{
     Gauge, GaugeVec, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
@@ -106,13 +114,6 @@ impl InstanceLimit {
 
 pub struct Metrics {
     pub registry: Registry,
-    pub requests_in: IntCounterVec,
-    pub received_requests: IntCounterVec,
-    pub received_samples: IntCounterVec,
-    pub received_exemplars: IntCounterVec,
-    pub received_metadata: IntCounterVec,
-    pub discarded_requests: IntCounterVec,
-    pub discarded_samples: IntCounterVec,
     pub instance_rejected_requests: IntCounterVec,
     pub inflight_push_requests: IntGauge,
     pub inflight_push_requests_bytes: IntGauge,
@@ -122,7 +123,6 @@ pub struct Metrics {
     pub tracked_tenants: IntGauge,
     pub runtime_alive_tasks: IntGauge,
     pub sink_requests: IntCounter,
-    pub local_limit: GaugeVec,
     pub upstream_requests: IntCounterVec,
     pub upstream_duration: Histogram,
     pub ring_members: IntGaugeVec,
@@ -142,21 +142,54 @@ pub struct Metrics {
     pub store_policy_decisions: IntCounterVec,
 }
 
-/// One tenant's series, looked up once when the tenant is first seen so the push path does
-/// no label hashing.
+/// A per-tenant counter: one atomic, no labels of its own (the tenant and reason are where
+/// it is kept).
+#[derive(Debug, Default)]
+pub struct Counter(AtomicU64);
+
+impl Counter {
+    pub fn inc(&self) {
+        self.inc_by(1);
+    }
+
+    pub fn inc_by(&self, by: u64) {
+        self.0.fetch_add(by, Ordering::Relaxed);
+    }
+
+    pub fn get(&self) -> u64 {
+        self.0.load(Ordering::Relaxed)
+    }
+}
+
+/// A per-tenant gauge: an `f64` in an atomic.
+#[derive(Debug, Default)]
+pub struct Gauge64(AtomicU64);
+
+impl Gauge64 {
+    pub fn set(&self, value: f64) {
+        self.0.store(value.to_bits(), Ordering::Relaxed);
+    }
+
+    pub fn get(&self) -> f64 {
+        f64::from_bits(self.0.load(Ordering::Relaxed))
+    }
+}
+
+/// One tenant's series: 15 atomics (120 bytes), kept with its limiter state.
+#[derive(Debug, Default)]
 pub struct TenantMetrics {
-    pub requests_in: IntCounter,
-    pub received_requests: IntCounter,
-    pub received_samples: IntCounter,
-    pub received_exemplars: IntCounter,
-    pub received_metadata: IntCounter,
+    pub requests_in: Counter,
+    pub received_requests: Counter,
+    pub received_samples: Counter,
+    pub received_exemplars: Counter,
+    pub received_metadata: Counter,
     /// This replica's share of the tenant's request and ingestion rates (+Inf: unlimited).
-    pub local_request_rate: Gauge,
-    pub local_ingestion_rate: Gauge,
-    discarded_requests: [IntCounter; DiscardReason::ALL.len()],
+    pub local_request_rate: Gauge64,
+    pub local_ingestion_rate: Gauge64,
+    discarded_requests: [Counter; DiscardReason::ALL.len()],
     /// Only for the reasons decided after the body was decoded (see
     /// [`DiscardReason::COUNTS_SAMPLES`]); the others never know a sample count.
-    discarded_samples: [IntCounter; DiscardReason::COUNTS_SAMPLES.len()],
+    discarded_samples: [Counter; DiscardReason::COUNTS_SAMPLES.len()],
 }
 
 impl TenantMetrics {
@@ -169,6 +202,167 @@ impl TenantMetrics {
             self.discarded_samples[index].inc_by(samples);
         }
     }
+
+    pub fn discarded_requests(&self, reason: DiscardReason) -> u64 {
+        self.discarded_requests[reason as usize].get()
+    }
+}
+
+/// Every tenant's series, visited by whoever keeps them (the limiter): the scrape walks them
+/// once per family.
+pub trait TenantSource {
+    fn for_each_tenant(&self, visit: &mut dyn FnMut(&str, &TenantMetrics));
+}
+
+/// No tenants (a registry without a limiter, e.g. in tests of the other families).
+impl TenantSource for () {
+    fn for_each_tenant(&self, _visit: &mut dyn FnMut(&str, &TenantMetrics)) {}
+}
+
+impl TenantSource for engine::Limiter<TenantSeries> {
+    fn for_each_tenant(&self, visit: &mut dyn FnMut(&str, &TenantMetrics)) {
+        engine::Limiter::for_each_tenant(self, |name, data| visit(name, data));
+    }
+}
+
+/// A per-tenant family: its name, help, type, and how to write its series for one tenant.
+struct TenantFamily {
+    name: &'static str,
+    help: &'static str,
+    kind: &'static str,
+    write: fn(&mut String, &'static str, &str, &TenantMetrics),
+}
+
+const TENANT_FAMILIES: [TenantFamily; 8] = [
+    TenantFamily {
+        name: "weir_distributor_requests_in_total",
+        help: "Push requests received per tenant, including rejected ones.",
+        kind: "counter",
+        write: |out, name, user, m| {
+            sample(out, name, &[("user", user)], m.requests_in.get() as f64)
+        },
+    },
+    TenantFamily {
+        name: "weir_distributor_received_requests_total",
+        help: "Push requests admitted per tenant.",
+        kind: "counter",
+        write: |out, name, user, m| {
+            sample(
+                out,
+                name,
+                &[("user", user)],
+                m.received_requests.get() as f64,
+            )
+        },
+    },
+    TenantFamily {
+        name: "weir_distributor_received_samples_total",
+        help: "Samples and histograms admitted per tenant.",
+        kind: "counter",
+        write: |out, name, user, m| {
+            sample(
+                out,
+                name,
+                &[("user", user)],
+                m.received_samples.get() as f64,
+            )
+        },
+    },
+    TenantFamily {
+        name: "weir_distributor_received_exemplars_total",
+        help: "Exemplars admitted per tenant.",
+        kind: "counter",
+        write: |out, name, user, m| {
+            sample(
+                out,
+                name,
+                &[("user", user)],
+                m.received_exemplars.get() as f64,
+            )
+        },
+    },
+    TenantFamily {
+        name: "weir_distributor_received_metadata_total",
+        help: "Metadata entries admitted per tenant.",
+        kind: "counter",
+        write: |out, name, user, m| {
+            sample(
+                out,
+                name,
+                &[("user", user)],
+                m.received_metadata.get() as f64,
+            )
+        },
+    },
+    TenantFamily {
+        name: "weir_discarded_requests_total",
+        help: "Push requests discarded per tenant, by reason.",
+        kind: "counter",
+        write: |out, name, user, m| {
+            for (reason, counter) in DiscardReason::ALL.iter().zip(&m.discarded_requests) {
+                let labels = [("reason", reason.as_str()), ("user", user)];
+                sample(out, name, &labels, counter.get() as f64);
+            }
+        },
+    },
+    TenantFamily {
+        name: "weir_discarded_samples_total",
+        help: "Samples, histograms, exemplars and metadata discarded per tenant, by reason.",
+        kind: "counter",
+        write: |out, name, user, m| {
+            for (reason, counter) in DiscardReason::COUNTS_SAMPLES
+                .iter()
+                .zip(&m.discarded_samples)
+            {
+                let labels = [("reason", reason.as_str()), ("user", user)];
+                sample(out, name, &labels, counter.get() as f64);
+            }
+        },
+    },
+    TenantFamily {
+        name: "weir_limiter_local_limit",
+        help: "This replica's share of a tenant's fleet-wide limit, per second (+Inf: \
+               unlimited), by limit (request_rate, ingestion_rate).",
+        kind: "gauge",
+        write: |out, name, user, m| {
+            let limits = [
+                ("request_rate", m.local_request_rate.get()),
+                ("ingestion_rate", m.local_ingestion_rate.get()),
+            ];
+            for (limit, value) in limits {
+                sample(out, name, &[("user", user), ("limit", limit)], value);
+            }
+        },
+    },
+];
+
+/// One line of the text exposition format: `name{label="value",…} value`.
+fn sample(out: &mut String, name: &str, labels: &[(&str, &str)], value: f64) {
+    out.push_str(name);
+    out.push('{');
+    for (i, (label, value)) in labels.iter().enumerate() {
+        if i > 0 {
+            out.push(',');
+        }
+        out.push_str(label);
+        out.push_str("=\"");
+        for c in value.chars() {
+            match c {
+                '\\' => out.push_str("\\\\"),
+                '"' => out.push_str("\\\""),
+                '\n' => out.push_str("\\n"),
+                c => out.push(c),
+            }
+        }
+        out.push('"');
+    }
+    out.push_str("} ");
+    if value.is_infinite() {
+        out.push_str(if value > 0.0 { "+Inf" } else { "-Inf" });
+    } else {
+        let _ = write!(out, "{value}");
+    }
+    out.push('\n');
 }
 
 fn counter_vec(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
@@ -183,51 +377,7 @@ impl Metrics {
     pub fn new() -> Self {
         let registry = Registry::new();
         let r = &registry;
-        let user = &["user"];
-        let reason_user = &["reason", "user"];
         let metrics = Metrics {
-            requests_in: counter_vec(
-                r,
-                "weir_distributor_requests_in_total",
-                "Push requests received per tenant, including rejected ones.",
-                user,
-            ),
-            received_requests: counter_vec(
-                r,
-                "weir_distributor_received_requests_total",
-                "Push requests admitted per tenant.",
-                user,
-            ),
-            received_samples: counter_vec(
-                r,
-                "weir_distributor_received_samples_total",
-                "Samples and histograms admitted per tenant.",
-                user,
-            ),
-            received_exemplars: counter_vec(
-                r,
-                "weir_distributor_received_exemplars_total",
-                "Exemplars admitted per tenant.",
-                user,
-            ),
-            received_metadata: counter_vec(
-                r,
-                "weir_distributor_received_metadata_total",
-                "Metadata entries admitted per tenant.",
-                user,
-            ),
-            discarded_requests: counter_vec(
-                r,
-                "weir_discarded_requests_total",
-                "Push requests discarded per tenant, by reason.",
-                reason_user,
-            ),
-            discarded_samples: counter_vec(
-                r,
-                "weir_discarded_samples_total",
-                "Samples, histograms, exemplars and metadata discarded per tenant, by reason.",
-                reason_user,
-            ),
             instance_rejected_requests: counter_vec(
                 r,
                 "weir_distributor_instance_rejected_requests_total",
@@ -296,15 +446,6 @@ impl Metrics {
                     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
                     10.0, 30.0,
                 ]),
-            )
-            .expect("valid"),
-            local_limit: GaugeVec::new(
-                Opts::new(
-                    "weir_limiter_local_limit",
-                    "This replica's share of a tenant's fleet-wide limit, per second \
-                 (+Inf: unlimited), by limit (request_rate, ingestion_rate).",
-                ),
-                &["user", "limit"],
             )
             .expect("valid"),
             ring_members: IntGaugeVec::new(
@@ -416,7 +557,6 @@ impl Metrics {
             Box::new(metrics.tracked_tenants.clone()),
             Box::new(metrics.runtime_alive_tasks.clone()),
             Box::new(metrics.sink_requests.clone()),
-            Box::new(metrics.local_limit.clone()),
             Box::new(metrics.upstream_duration.clone()),
             Box::new(metrics.ring_members.clone()),
             Box::new(metrics.ring_healthy_replicas.clone()),
@@ -450,56 +590,6 @@ impl Metrics {
         metrics
     }
 
-    /// The tenant's series, created (with every discard reason at 0) on first sight.
-    pub fn tenant(&self, tenant: &str) -> TenantMetrics {
-        let series = |vec: &IntCounterVec, reason: DiscardReason| {
-            vec.with_label_values(&[reason.as_str(), tenant])
-        };
-        TenantMetrics {
-            requests_in: self.requests_in.with_label_values(&[tenant]),
-            received_requests: self.received_requests.with_label_values(&[tenant]),
-            received_samples: self.received_samples.with_label_values(&[tenant]),
-            received_exemplars: self.received_exemplars.with_label_values(&[tenant]),
-            received_metadata: self.received_metadata.with_label_values(&[tenant]),
-            local_request_rate: self
-                .local_limit
-                .with_label_values(&[tenant, "request_rate"]),
-            local_ingestion_rate: self
-                .local_limit
-                .with_label_values(&[tenant, "ingestion_rate"]),
-            discarded_requests: DiscardReason::ALL
-                .map(|reason| series(&self.discarded_requests, reason)),
-            discarded_samples: DiscardReason::COUNTS_SAMPLES
-                .map(|reason| series(&self.discarded_samples, reason)),
-        }
-    }
-
-    /// Drops an evicted tenant's series.
-    pub fn remove_tenant(&self, tenant: &str) {
-        for vec in [
-            &self.requests_in,
-            &self.received_requests,
-            &self.received_samples,
-            &self.received_exemplars,
-            &self.received_metadata,
-        ] {
-            let _ = vec.remove_label_values(&[tenant]);
-        }
-        for limit in ["request_rate", "ingestion_rate"] {
-            let _ = self.local_limit.remove_label_values(&[tenant, limit]);
-        }
-        for reason in DiscardReason::ALL {
-            let _ = self
-                .discarded_requests
-                .remove_label_values(&[reason.as_str(), tenant]);
-        }
-        for reason in DiscardReason::COUNTS_SAMPLES {
-            let _ = self
-                .discarded_samples
-                .remove_label_values(&[reason.as_str(), tenant]);
-        }
-    }
-
     pub fn set_instance_limits(&self, limits: &runtime_config::InstanceLimits) {
         let values = [
             limits.max_inflight_push_requests as f64,
@@ -513,14 +603,25 @@ impl Metrics {
         }
     }
 
-    pub fn render(&self) -> String {
+    /// The text exposition: the registry's families, then the per-tenant families written
+    /// straight from `tenants`' atomics (each tenant's series together under one family
+    /// header, every family once).
+    pub fn render(&self, tenants: &dyn TenantSource) -> String {
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
             self.runtime_alive_tasks
                 .set(runtime.metrics().num_alive_tasks() as i64);
         }
-        prometheus::TextEncoder::new()
+        let mut out = prometheus::TextEncoder::new()
             .encode_to_string(&self.registry.gather())
-            .unwrap_or_else(|err| format!("# error encoding metrics: {err}\n"))
+            .unwrap_or_else(|err| format!("# error encoding metrics: {err}\n"));
+        for family in &TENANT_FAMILIES {
+            let _ = writeln!(out, "# HELP {} {}", family.name, family.help);
+            let _ = writeln!(out, "# TYPE {} {}", family.name, family.kind);
+            tenants.for_each_tenant(&mut |user, metrics| {
+                (family.write)(&mut out, family.name, user, metrics)
+            });
+        }
+        out
     }
 }
 
@@ -537,12 +638,8 @@ pub struct TenantSeries(pub std::sync::Arc<Metrics>);
 impl engine::TenantHooks for TenantSeries {
     type Data = TenantMetrics;
 
-    fn create(&self, tenant: &str) -> TenantMetrics {
-        self.0.tenant(tenant)
-    }
-
-    fn evicted(&self, tenant: &str) {
-        self.0.remove_tenant(tenant);
+    fn create(&self, _tenant: &str) -> TenantMetrics {
+        TenantMetrics::default()
     }
 
     fn local_limits(&self, series: &TenantMetrics, local: &engine::LocalLimits) {

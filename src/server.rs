@@ -339,7 +339,7 @@ async fn metrics(State(state): State<Arc<AppState>>) -> Response {
     // With many tenants a scrape is big (10 000 tenants: about 150 000 series, tens of MB
     // and a few hundred ms to render), so it is rendered off the async workers: a scrape must
     // not stall the pushes queued behind it (the soak saw client queues fill during scrapes).
-    let body = match tokio::task::spawn_blocking(move || state.metrics.render()).await
+    let body = match tokio::task::spawn_blocking(move || state.metrics.render(&state.limiter)).await
     {
         Ok(body) => body,
         Err(err) => {

@@ -177,7 +177,7 @@ pub struct Tenant<D, C: Clock = EngineClock> {
     /// Coarse time this tenant was last listed in a usage report (rotation).
     listed_at: AtomicU64,
     /// `shared`: the leases, per [`LimitKind::index`], made on first use.
-    leases: [OnceLock<Lease>; 2],
+    leases: [OnceLock<Box<Lease>>; 2],
     pub data: D,
 }
 
@@ -577,7 +577,7 @@ impl<H: TenantHooks, C: Clock + Clone> Limiter<H, C> {
             Some(shared) => {
                 let shards = state.limits.store_shards.max(1);
                 let lease = tenant.leases[kind.index()]
-                    .get_or_init(|| Lease::new(&shared.config, shards, self.now()));
+                    .get_or_init(|| Box::new(Lease::new(&shared.config, shards, self.now())));
                 let request = SharedRequest {
                     tenant: &tenant.name,
                     kind,
@@ -1009,6 +1009,14 @@ impl<H: TenantHooks, C: Clock + Clone> Limiter<H, C> {
             .collect();
         views.sort_by(|a, b| a.tenant.cmp(&b.tenant));
         views
+    }
+
+    /// Visits every tracked tenant's name and embedder data (in no particular order), without
+    /// allocating: what a metrics scrape walks.
+    pub fn for_each_tenant(&self, mut visit: impl FnMut(&str, &H::Data)) {
+        for (name, tenant) in self.tenants.pin().iter() {
+            visit(name, &tenant.data);
+        }
     }
 
     pub fn tracked_tenants(&self) -> usize {
