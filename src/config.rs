@@ -127,9 +127,17 @@ pub struct Config {
     #[arg(long, env = "WEIR_GOSSIP_ADVERTISE_ADDR")]
     pub gossip_advertise_addr: Option<SocketAddr>,
 
-    /// Seeds to join through, `host:port` of other replicas' gossip, comma-separated.
+    /// Seeds to join through, `host:port` of other replicas' gossip, comma-separated. A host
+    /// name may resolve to many addresses (a Kubernetes headless Service:
+    /// `weir-gossip.weir.svc:7946`); every address is a seed, and names are resolved again
+    /// every --join-refresh-interval.
     #[arg(long, env = "WEIR_JOIN", value_delimiter = ',')]
     pub join: Vec<String>,
+
+    /// How often the --join host names are resolved again, so replicas that came up since
+    /// (a scaled Deployment, a healed partition) become seeds.
+    #[arg(long, env = "WEIR_JOIN_REFRESH_INTERVAL", default_value = "10s", value_parser = humantime::parse_duration)]
+    pub join_refresh_interval: Duration,
 
     /// Replicas gossip only with replicas of the same cluster id.
     #[arg(long, env = "WEIR_CLUSTER_ID", default_value = "weir")]
@@ -533,13 +541,22 @@ impl Config {
             .context("--gossip-secret")
     }
 
-    /// How this replica joins the ring; `http_addr` is what it publishes for operators.
+    /// How this replica joins the ring; `http_addr` is what it publishes for operators. A
+    /// listener on every interface (0.0.0.0, as in a pod) is published at the gossip
+    /// advertise address's IP, which peers can reach.
     pub fn ring(
         &self,
-        http_addr: SocketAddr,
-        grpc_addr: SocketAddr,
+        mut http_addr: SocketAddr,
+        mut grpc_addr: SocketAddr,
         gossip_keys: Option<ring::GossipKeys>,
     ) -> ring::RingConfig {
+        if let Some(advertised) = self.gossip_advertise_addr {
+            for addr in [&mut http_addr, &mut grpc_addr] {
+                if addr.ip().is_unspecified() {
+                    addr.set_ip(advertised.ip());
+                }
+            }
+        }
         ring::RingConfig {
             gossip_keys,
             grpc_addr: Some(grpc_addr.to_string()),
@@ -548,6 +565,7 @@ impl Config {
             listen_addr: self.gossip_addr,
             advertise_addr: self.gossip_advertise_addr,
             seeds: self.join.clone(),
+            seeds_refresh_interval: self.join_refresh_interval,
             gossip_interval: self.gossip_interval,
             phi_threshold: self.ring_phi_threshold,
             dead_node_grace_period: self.ring_dead_node_grace_period,

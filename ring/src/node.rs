@@ -31,8 +31,10 @@ pub struct RingConfig {
     pub listen_addr: SocketAddr,
     /// Address peers send gossip to; defaults to `listen_addr`.
     pub advertise_addr: Option<SocketAddr>,
-    /// `host:port` of replicas to contact first.
+    /// `host:port` of replicas to contact first; a host name may resolve to many addresses.
     pub seeds: Vec<String>,
+    /// How often seed host names are resolved again.
+    pub seeds_refresh_interval: Duration,
     pub gossip_interval: Duration,
     /// The failure detector declares a peer dead once the time since its last heartbeat
     /// exceeds this many mean heartbeat intervals.
@@ -96,6 +98,7 @@ impl Ring {
             gossip_interval: config.gossip_interval,
             listen_addr,
             seed_nodes: config.seeds.clone(),
+            dns_refresh_interval: config.seeds_refresh_interval,
             failure_detector_config: FailureDetectorConfig {
                 phi_threshold: config.phi_threshold,
                 // chitchat's default prior (5 s) makes a young peer take tens of seconds to be

@@ -11,6 +11,7 @@ fn config(node_id: &str, listen: std::net::SocketAddr, seeds: Vec<String>) -> Ri
         listen_addr: listen,
         advertise_addr: None,
         seeds,
+        seeds_refresh_interval: Duration::from_secs(10),
         gossip_interval: Duration::from_millis(100),
         phi_threshold: 12.0,
         dead_node_grace_period: Duration::from_secs(60),

@@ -42,19 +42,32 @@ pub fn listening_addr(child: &mut Child) -> SocketAddr {
 }
 
 pub fn spawn(gossip: SocketAddr, seeds: &[SocketAddr], cluster: &str, extra: &[&str]) -> Replica {
-    let ip: IpAddr = gossip.ip();
     let join = seeds
         .iter()
         .map(ToString::to_string)
         .collect::<Vec<_>>()
         .join(",");
+    let weir = Command::new(env!("CARGO_BIN_EXE_weir"));
+    spawn_joining(weir, gossip, &join, cluster, extra)
+}
+
+/// As [`spawn`], with `--join` as given (host names too), started by `command`: the `weir`
+/// binary, or a wrapper that runs it with the arguments appended.
+pub fn spawn_joining(
+    mut command: Command,
+    gossip: SocketAddr,
+    join: &str,
+    cluster: &str,
+    extra: &[&str],
+) -> Replica {
+    let ip: IpAddr = gossip.ip();
     let started = Instant::now();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_weir"))
+    let mut child = command
         .current_dir(env!("CARGO_MANIFEST_DIR"))
         .args(["--http-addr", &format!("{ip}:0")])
         .args(["--grpc-addr", &format!("{ip}:0")])
         .args(["--gossip-addr", &gossip.to_string()])
-        .args(["--join", &join])
+        .args(["--join", join])
         .args(["--cluster-id", cluster])
         .args(["--node-id", &format!("{cluster}-{gossip}")])
         .args(extra)

@@ -19,6 +19,9 @@ pub struct ChitchatConfig {
     pub gossip_interval: Duration,
     pub listen_addr: SocketAddr,
     pub seed_nodes: Vec<String>,
+    /// How often seed host names are resolved again (a headless Service's DNS name lists the
+    /// pods there are now). weir's patch: this was a fixed 60 s.
+    pub dns_refresh_interval: Duration,
     pub failure_detector_config: FailureDetectorConfig,
     /// How long tombstoned key-value pairs are retained before garbage collection.
     ///
@@ -54,6 +57,7 @@ impl ChitchatConfig {
             gossip_interval: Duration::from_millis(50),
             listen_addr,
             seed_nodes: Vec::new(),
+            dns_refresh_interval: Duration::from_secs(60),
             failure_detector_config: Default::default(),
             marked_for_deletion_grace_period: Duration::from_secs(10_000),
             catchup_callback: None,
@@ -74,6 +78,7 @@ impl Default for ChitchatConfig {
             gossip_interval: Duration::from_millis(1_000),
             listen_addr,
             seed_nodes: Vec::new(),
+            dns_refresh_interval: Duration::from_secs(60),
             failure_detector_config: Default::default(),
             marked_for_deletion_grace_period: Duration::from_secs(60 * 15), // 15mn
             catchup_callback: None,

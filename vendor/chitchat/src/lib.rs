@@ -622,6 +622,7 @@ mod tests {
             gossip_interval: Duration::from_millis(100),
             listen_addr: chitchat_id.gossip_advertise_addr,
             seed_nodes: seeds.to_vec(),
+            dns_refresh_interval: Duration::from_secs(60),
             failure_detector_config: FailureDetectorConfig {
                 dead_node_grace_period: DEAD_NODE_GRACE_PERIOD,
                 phi_threshold: 5.0,
@@ -832,6 +833,7 @@ mod tests {
             gossip_interval: Duration::from_millis(100),
             listen_addr: chitchat_id.gossip_advertise_addr,
             seed_nodes: vec![chitchat_ids[0].gossip_advertise_addr.to_string()],
+            dns_refresh_interval: Duration::from_secs(60),
             failure_detector_config: FailureDetectorConfig {
                 dead_node_grace_period: DEAD_NODE_GRACE_PERIOD,
                 phi_threshold: 5.0,

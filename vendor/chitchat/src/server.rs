@@ -38,14 +38,13 @@ impl ChitchatHandle {
     }
 }
 
-const DNS_POLLING_DURATION: Duration = Duration::from_secs(60);
-
 async fn dns_refresh_loop(
+    dns_refresh_interval: Duration,
     seed_hosts_requiring_dns: HashSet<String>,
     seed_addrs_not_requiring_resolution: HashSet<SocketAddr>,
     seed_addrs_tx: watch::Sender<HashSet<SocketAddr>>,
 ) {
-    let mut interval = time::interval(DNS_POLLING_DURATION);
+    let mut interval = time::interval(dns_refresh_interval);
     // The first `interval.tick()` is no-op but we DO NOT want to resolve the seed hosts right away
     // (see comment in `spawn_dns_refresh_loop`), hence this tick.
     interval.tick().await;
@@ -91,7 +90,10 @@ async fn resolve_seed_host(seed_host: &str, seed_addrs: &mut HashSet<SocketAddr>
 // The newcomers are supposed to chime in too,
 // so there is no need to refresh it too often,
 // especially if it is not empty.
-async fn spawn_dns_refresh_loop(seeds: &[String]) -> watch::Receiver<HashSet<SocketAddr>> {
+async fn spawn_dns_refresh_loop(
+    seeds: &[String],
+    dns_refresh_interval: Duration,
+) -> watch::Receiver<HashSet<SocketAddr>> {
     let mut seed_addrs_not_requiring_resolution: HashSet<SocketAddr> = Default::default();
     let mut first_round_seed_resolution: HashSet<SocketAddr> = Default::default();
     let mut seed_requiring_dns: HashSet<String> = Default::default();
@@ -116,6 +118,7 @@ async fn spawn_dns_refresh_loop(seeds: &[String]) -> watch::Receiver<HashSet<Soc
     let (seed_addrs_tx, seed_addrs_rx) = watch::channel(initial_seed_addrs);
     if !seed_requiring_dns.is_empty() {
         tokio::task::spawn(dns_refresh_loop(
+            dns_refresh_interval,
             seed_requiring_dns,
             seed_addrs_not_requiring_resolution,
             seed_addrs_tx,
@@ -135,7 +138,7 @@ pub async fn spawn_chitchat(
     let (command_tx, command_rx) = mpsc::unbounded_channel();
 
     let seed_addrs: watch::Receiver<HashSet<SocketAddr>> =
-        spawn_dns_refresh_loop(&config.seed_nodes).await;
+        spawn_dns_refresh_loop(&config.seed_nodes, config.dns_refresh_interval).await;
 
     let socket = transport.open(config.listen_addr).await?;
     let chitchat_id = config.chitchat_id.clone();
