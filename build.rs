@@ -2,7 +2,10 @@
 //! by protox (pure Rust): no system `protoc` is needed.
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let messages = ["proto/prometheus/write/v2/types.proto"];
+    let messages = [
+        "proto/prometheus/write/v2/types.proto",
+        "proto/opentelemetry/proto/collector/metrics/v1/metrics_service.proto",
+    ];
     let services = [
         "proto/weir/admission/v1/admission.proto",
         "proto/envoy/service/ratelimit/v3/rls.proto",

@@ -56,6 +56,12 @@ pub struct Config {
     #[arg(long, env = "WEIR_UPSTREAM")]
     pub upstream: Option<String>,
 
+    /// Where admitted OTLP exports (`POST /otlp/v1/metrics`) go. Default: the --upstream
+    /// host's OTLP path (Mimir's `/api/v1/push` → `/otlp/v1/metrics`; Prometheus'
+    /// `/api/v1/write` → `/api/v1/otlp/v1/metrics`).
+    #[arg(long, env = "WEIR_UPSTREAM_OTLP", requires = "upstream")]
+    pub upstream_otlp: Option<String>,
+
     /// Longest wait for the upstream's answer; the client hears 504 after it.
     #[arg(long, env = "WEIR_UPSTREAM_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration)]
     pub upstream_timeout: Duration,

@@ -35,6 +35,7 @@ pub mod grpc;
 pub mod http_serve;
 pub mod instance;
 pub mod metrics;
+pub mod otlp;
 pub mod push;
 pub mod rejection;
 pub mod remote_write;

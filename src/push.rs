@@ -1,4 +1,5 @@
-//! `POST /api/v1/push`: the admission path, one function, in a fixed order.
+//! `POST /api/v1/push` (and `POST /otlp/v1/metrics`): the admission path, one function, in a
+//! fixed order.
 //!
 //! The order puts the cheapest refusals first, so load that will be refused costs as little
 //! as possible: instance limits need only headers; the tenant and its request rate need only
@@ -16,6 +17,7 @@ use bytes::Bytes;
 use http_body_util::{BodyExt, LengthLimitError, Limited};
 
 use crate::metrics::InstanceLimit;
+use crate::otlp::OtlpFormat;
 use crate::rejection::PushError;
 use crate::remote_write::{self, Format, WriteCounts, Written};
 use crate::server::AppState;
@@ -27,26 +29,67 @@ use engine::LimitKind;
 const INLINE_DECODE_BYTES: usize = 512 << 10;
 
 pub async fn push(State(state): State<Arc<AppState>>, request: Request) -> Response {
+    let headers = request.headers();
+    let format = Format::from_headers(
+        headers.get(header::CONTENT_TYPE).map(|v| v.as_bytes()),
+        headers.get(header::CONTENT_ENCODING).map(|v| v.as_bytes()),
+    );
+    handle(state, request, format).await
+}
+
+/// `POST /otlp/v1/metrics`: the same path for an OTLP/HTTP metrics export, counted as Mimir
+/// charges it ([`crate::otlp`]) and answered as OTLP/HTTP asks (200 with an empty
+/// `ExportMetricsServiceResponse`; errors as a `google.rpc.Status`, in the request's encoding).
+pub async fn push_otlp(State(state): State<Arc<AppState>>, request: Request) -> Response {
+    let headers = request.headers();
+    let format = OtlpFormat::from_headers(
+        headers.get(header::CONTENT_TYPE).map(|v| v.as_bytes()),
+        headers.get(header::CONTENT_ENCODING).map(|v| v.as_bytes()),
+    )
+    .map(Format::Otlp);
+    let unsupported = format.as_ref().err().map(|err| err.0.clone());
+    let mut response = handle(state, request, format).await;
+    if let Some(message) = unsupported {
+        // The request's encoding is not known: the answer is protobuf, OTLP's default.
+        let protobuf = OtlpFormat {
+            json: false,
+            gzip: false,
+        };
+        otlp_error(&mut response, protobuf, &message);
+    }
+    response
+}
+
+async fn handle(
+    state: Arc<AppState>,
+    request: Request,
+    format: Result<Format, remote_write::UnsupportedMedia>,
+) -> Response {
     let started = Instant::now();
     let (parts, body) = request.into_parts();
     let mut body = Some(body);
-    let format = Format::from_headers(
-        parts
-            .headers
-            .get(header::CONTENT_TYPE)
-            .map(|v| v.as_bytes()),
-        parts
-            .headers
-            .get(header::CONTENT_ENCODING)
-            .map(|v| v.as_bytes()),
-    );
     let (mut response, written) = match admit(&state, &parts, &mut body, &format).await {
-        Ok(written) => (StatusCode::OK.into_response(), written),
+        Ok(written) => match format {
+            Ok(Format::Otlp(otlp)) => (
+                (
+                    StatusCode::OK,
+                    [(header::CONTENT_TYPE, otlp.content_type())],
+                    otlp.success_body(),
+                )
+                    .into_response(),
+                written,
+            ),
+            _ => (StatusCode::OK.into_response(), written),
+        },
         Err(err) => {
             if err.status().is_server_error() || err.status() == StatusCode::BAD_REQUEST {
                 tracing::debug!(%err, "push refused");
             }
+            let message = err.to_string();
             let mut response = err.into_response_with(&parts.headers, &state.backoff);
+            if let Ok(Format::Otlp(otlp)) = format {
+                otlp_error(&mut response, otlp, &message);
+            }
             // Refused before its body was read. The answer goes out at once; the body is
             // still read to its end (up to the size limit and the timeout) and thrown away,
             // so a client still sending sees the answer instead of a reset connection, and
@@ -85,6 +128,18 @@ pub async fn push(State(state): State<Arc<AppState>>, request: Request) -> Respo
         .with_label_values(&[response.status().as_str()])
         .observe(started.elapsed().as_secs_f64());
     response
+}
+
+/// An OTLP client's error body: the status's `google.rpc.Status` in the request's encoding,
+/// in place of the plain-text message (the headers, `Retry-After` among them, stay).
+fn otlp_error(response: &mut Response, format: OtlpFormat, message: &str) {
+    let code = crate::otlp::grpc_code(response.status().as_u16());
+    *response.body_mut() = Body::from(format.status_body(code, message));
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        axum::http::HeaderValue::from_static(format.content_type()),
+    );
+    response.headers_mut().remove(header::CONTENT_LENGTH);
 }
 
 async fn admit(
@@ -185,7 +240,7 @@ async fn admit(
     let written = match &state.upstream {
         // The receiver's own account of what it wrote, when it gives one, is the truth.
         Some(upstream) => upstream
-            .forward(tenant_name, &parts.headers, body, &state.metrics)
+            .forward(tenant_name, format, &parts.headers, body, &state.metrics)
             .await?
             .unwrap_or_else(|| Written::of(&counts)),
         None => {

@@ -150,6 +150,7 @@ pub async fn run_with_clock(
         .map(|url| {
             Upstream::new(
                 url,
+                config.upstream_otlp.as_deref(),
                 config.upstream_timeout,
                 &config.upstream_tenant_header,
                 config.upstream_tls(),
@@ -242,7 +243,11 @@ pub async fn run_with_clock(
     );
     println!("weir gRPC on {grpc_addr} (weir.admission.v1.Admission, Envoy RateLimitService)");
     match &state.upstream {
-        Some(upstream) => tracing::info!(upstream = %upstream.url(), "forwarding admitted writes"),
+        Some(upstream) => tracing::info!(
+            upstream = %upstream.url(),
+            upstream_otlp = %upstream.otlp_url(),
+            "forwarding admitted writes"
+        ),
         None => tracing::warn!(
             "SINK MODE: no --upstream is configured; admitted writes are acknowledged and \
              counted, then dropped"
@@ -319,6 +324,7 @@ pub async fn run_with_clock(
 pub fn router(state: Arc<AppState>) -> Router {
     Router::new()
         .route("/api/v1/push", post(crate::push::push))
+        .route("/otlp/v1/metrics", post(crate::push::push_otlp))
         .route("/metrics", get(metrics))
         .route("/ready", get(ready))
         .route("/health", get(|| async { "ok\n" }))

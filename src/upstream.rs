@@ -10,7 +10,7 @@ use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 use bytes::Bytes;
 
 use crate::metrics::Metrics;
-use crate::remote_write::Written;
+use crate::remote_write::{Format, Written};
 use crate::tls::{ClientFiles, ClientTls};
 
 /// One pooled client: keep-alive connections are reused across requests and tenants.
@@ -25,7 +25,7 @@ fn build_client(timeout: Duration, tls: &ClientTls) -> anyhow::Result<reqwest::C
 }
 
 /// The headers that matter to a remote-write receiver, with what to send when the client
-/// did not say.
+/// did not say. An OTLP export passes its own `Content-Type` and `Content-Encoding` only.
 const PASSED_THROUGH: [(&str, &str); 3] = [
     ("content-encoding", "snappy"),
     ("content-type", "application/x-protobuf"),
@@ -77,6 +77,8 @@ pub struct Upstream {
     tls: ClientTls,
     tls_files: ClientFiles,
     url: reqwest::Url,
+    /// Where OTLP exports go (`--upstream-otlp`).
+    otlp_url: reqwest::Url,
     tenant_header: HeaderName,
     timeout: Duration,
 }
@@ -84,6 +86,7 @@ pub struct Upstream {
 impl Upstream {
     pub fn new(
         url: &str,
+        otlp_url: Option<&str>,
         timeout: Duration,
         tenant_header: &str,
         tls: ClientTls,
@@ -94,6 +97,15 @@ impl Upstream {
             matches!(url.scheme(), "http" | "https"),
             "--upstream must be an http:// or https:// URL, got {url}"
         );
+        let otlp_url = match otlp_url {
+            Some(otlp) => reqwest::Url::parse(otlp)
+                .map_err(|err| anyhow::anyhow!("--upstream-otlp {otlp:?} is not a URL: {err}"))?,
+            None => default_otlp_url(&url),
+        };
+        anyhow::ensure!(
+            matches!(otlp_url.scheme(), "http" | "https"),
+            "--upstream-otlp must be an http:// or https:// URL, got {otlp_url}"
+        );
         let tenant_header = HeaderName::from_bytes(tenant_header.as_bytes()).map_err(|_| {
             anyhow::anyhow!("--upstream-tenant-header {tenant_header:?} is not a header name")
         })?;
@@ -103,6 +115,7 @@ impl Upstream {
             tls_files: tls.watch(),
             tls,
             url,
+            otlp_url,
             tenant_header,
             timeout,
         })
@@ -130,17 +143,22 @@ impl Upstream {
         &self.url
     }
 
+    pub fn otlp_url(&self) -> &reqwest::Url {
+        &self.otlp_url
+    }
+
     /// Sends `body` (the client's bytes, unchanged) for `tenant`, and maps the answer. On
     /// success, what the receiver says it wrote, if it says (remote-write 2.0 receivers do).
     pub async fn forward(
         &self,
         tenant: &str,
+        format: Format,
         client_headers: &HeaderMap,
         body: Bytes,
         metrics: &Metrics,
     ) -> Result<Option<Written>, ForwardError> {
         let started = Instant::now();
-        let result = self.send(tenant, client_headers, body).await;
+        let result = self.send(tenant, format, client_headers, body).await;
         let class = match &result {
             Ok(_) => "2xx",
             Err(err) => err.class(),
@@ -155,15 +173,22 @@ impl Upstream {
     async fn send(
         &self,
         tenant: &str,
+        format: Format,
         client_headers: &HeaderMap,
         body: Bytes,
     ) -> Result<Option<Written>, ForwardError> {
-        let mut request = self.client.load().post(self.url.clone()).body(body);
+        let otlp = matches!(format, Format::Otlp(_));
+        let url = if otlp { &self.otlp_url } else { &self.url };
+        let mut request = self.client.load().post(url.clone()).body(body);
         for (name, default) in PASSED_THROUGH {
-            let value = client_headers
-                .get(name)
-                .cloned()
-                .unwrap_or_else(|| HeaderValue::from_static(default));
+            let value = match client_headers.get(name) {
+                Some(value) => value.clone(),
+                None if otlp => continue,
+                None => HeaderValue::from_static(default),
+            };
+            if otlp && name.starts_with("x-prometheus") {
+                continue;
+            }
             request = request.header(name, value);
         }
         request = request.header(self.tenant_header.clone(), tenant);
@@ -173,7 +198,11 @@ impl Upstream {
             .map_err(|err| self.transport_error(err))?;
         let status = response.status();
         if status.is_success() {
-            let written = Written::from_headers(response.headers());
+            let written = if otlp {
+                None
+            } else {
+                Written::from_headers(response.headers())
+            };
             // Drain the body so the connection goes back to the pool.
             let _ = response.bytes().await;
             return Ok(written);
@@ -206,4 +235,22 @@ impl Upstream {
             ForwardError::Unreachable(message)
         }
     }
+}
+
+/// `--upstream-otlp`'s default, from `--upstream`: Mimir's `/api/v1/push` → `/otlp/v1/metrics`;
+/// Prometheus' `/api/v1/write` → `/api/v1/otlp/v1/metrics`; any other path → `/otlp/v1/metrics`
+/// on the same host.
+pub fn default_otlp_url(upstream: &reqwest::Url) -> reqwest::Url {
+    let mut url = upstream.clone();
+    let path = upstream.path();
+    let otlp = match path.strip_suffix("/api/v1/write") {
+        Some(prefix) => format!("{prefix}/api/v1/otlp/v1/metrics"),
+        None => match path.strip_suffix("/api/v1/push") {
+            Some(prefix) => format!("{prefix}/otlp/v1/metrics"),
+            None => "/otlp/v1/metrics".to_string(),
+        },
+    };
+    url.set_path(&otlp);
+    url.set_query(None);
+    url
 }

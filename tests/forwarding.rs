@@ -222,6 +222,7 @@ async fn bad_upstream_urls_are_refused_at_start() {
             .map(|config| {
                 weir::upstream::Upstream::new(
                     config.upstream.as_deref().unwrap(),
+                    None,
                     config.upstream_timeout,
                     &config.upstream_tenant_header,
                     config.upstream_tls(),

@@ -46,6 +46,8 @@ pub enum Format {
     V1,
     /// `application/x-protobuf;proto=io.prometheus.write.v2.Request`.
     V2,
+    /// An OTLP metrics export (`POST /otlp/v1/metrics`), protobuf or JSON.
+    Otlp(crate::otlp::OtlpFormat),
 }
 
 /// A `Content-Type` or `Content-Encoding` weir cannot read: answered 415, as the
@@ -160,6 +162,8 @@ pub enum DecodeError {
     Snappy(String),
     #[error("invalid protobuf WriteRequest: {0}")]
     Protobuf(String),
+    #[error("invalid OTLP metrics request: {0}")]
+    Otlp(String),
 }
 
 /// Buffers above this size are not kept between requests, so one huge request does not pin
@@ -175,6 +179,9 @@ thread_local! {
 /// Decompresses a snappy raw block of at most `max_size` decompressed bytes and scans it as
 /// `format`.
 pub fn decode(body: &[u8], max_size: usize, format: Format) -> Result<WriteCounts, DecodeError> {
+    if let Format::Otlp(otlp) = format {
+        return crate::otlp::decode(body, max_size, otlp);
+    }
     let size =
         snap::raw::decompress_len(body).map_err(|err| DecodeError::Snappy(err.to_string()))?;
     if size > max_size {
@@ -190,8 +197,8 @@ pub fn decode(body: &[u8], max_size: usize, format: Format) -> Result<WriteCount
             .decompress(body, &mut buffer)
             .map_err(|err| DecodeError::Snappy(err.to_string()))
             .and_then(|written| match format {
-                Format::V1 => scan(&buffer[..written]),
                 Format::V2 => v2::scan(&buffer[..written]),
+                _ => scan(&buffer[..written]),
             });
         if buffer.capacity() > RETAINED_BUFFER_BYTES {
             *buffer = Vec::new();

@@ -1,0 +1,258 @@
+//! OTLP/JSON (the protobuf JSON mapping with OTLP's rules: lowerCamelCase keys, enums as
+//! numbers, 64-bit integers as decimal strings) into the prost types, for the fields the
+//! count reads. Field names in the proto's own snake_case are accepted too, as protobuf JSON
+//! parsers do; unknown fields are ignored. The body is still forwarded as sent.
+
+use serde_json::{Map, Value};
+
+use super::proto::{common, metrics, resource, ExportMetricsServiceRequest};
+use crate::remote_write::DecodeError;
+
+pub fn decode(raw: &[u8]) -> Result<ExportMetricsServiceRequest, DecodeError> {
+    let value: Value = serde_json::from_slice(raw)
+        .map_err(|err| DecodeError::Otlp(format!("invalid JSON: {err}")))?;
+    let root = object(&value, "the request")?;
+    Ok(ExportMetricsServiceRequest {
+        resource_metrics: list(root, "resourceMetrics", "resource_metrics")?
+            .iter()
+            .map(resource_metrics)
+            .collect::<Result<_, _>>()?,
+    })
+}
+
+fn error(message: String) -> DecodeError {
+    DecodeError::Otlp(format!("invalid OTLP/JSON: {message}"))
+}
+
+fn object<'a>(value: &'a Value, what: &str) -> Result<&'a Map<String, Value>, DecodeError> {
+    value
+        .as_object()
+        .ok_or_else(|| error(format!("{what} is not an object")))
+}
+
+/// A field by its JSON name or its proto name; `null` counts as absent.
+fn field<'a>(map: &'a Map<String, Value>, camel: &str, snake: &str) -> Option<&'a Value> {
+    map.get(camel)
+        .or_else(|| map.get(snake))
+        .filter(|value| !value.is_null())
+}
+
+fn list<'a>(
+    map: &'a Map<String, Value>,
+    camel: &str,
+    snake: &str,
+) -> Result<&'a [Value], DecodeError> {
+    match field(map, camel, snake) {
+        None => Ok(&[]),
+        Some(Value::Array(items)) => Ok(items),
+        Some(_) => Err(error(format!("{camel} is not an array"))),
+    }
+}
+
+/// A 64-bit unsigned integer: a decimal string (OTLP's rule) or a JSON number.
+fn uint(map: &Map<String, Value>, camel: &str, snake: &str) -> Result<u64, DecodeError> {
+    match field(map, camel, snake) {
+        None => Ok(0),
+        Some(Value::String(text)) => text
+            .parse()
+            .map_err(|_| error(format!("{camel} {text:?} is not an unsigned integer"))),
+        Some(Value::Number(number)) => number
+            .as_u64()
+            .ok_or_else(|| error(format!("{camel} {number} is not an unsigned integer"))),
+        Some(_) => Err(error(format!("{camel} is not an integer"))),
+    }
+}
+
+fn int(map: &Map<String, Value>, camel: &str, snake: &str) -> Result<i64, DecodeError> {
+    match field(map, camel, snake) {
+        None => Ok(0),
+        Some(Value::String(text)) => text
+            .parse()
+            .map_err(|_| error(format!("{camel} {text:?} is not an integer"))),
+        Some(Value::Number(number)) => number
+            .as_i64()
+            .ok_or_else(|| error(format!("{camel} {number} is not an integer"))),
+        Some(_) => Err(error(format!("{camel} is not an integer"))),
+    }
+}
+
+/// `aggregationTemporality`: a number, or the enum value's name.
+fn temporality(map: &Map<String, Value>) -> Result<i32, DecodeError> {
+    match field(map, "aggregationTemporality", "aggregation_temporality") {
+        Some(Value::String(name)) => metrics::AggregationTemporality::from_str_name(name)
+            .map(|value| value as i32)
+            .ok_or_else(|| error(format!("unknown aggregationTemporality {name:?}"))),
+        _ => Ok(int(map, "aggregationTemporality", "aggregation_temporality")? as i32),
+    }
+}
+
+fn resource_metrics(value: &Value) -> Result<metrics::ResourceMetrics, DecodeError> {
+    let map = object(value, "a resourceMetrics entry")?;
+    let resource = match field(map, "resource", "resource") {
+        None => None,
+        Some(value) => {
+            let attributes = list(object(value, "resource")?, "attributes", "attributes")?
+                .iter()
+                .map(|kv| {
+                    let kv = object(kv, "an attribute")?;
+                    Ok(common::KeyValue {
+                        key: match field(kv, "key", "key") {
+                            Some(Value::String(key)) => key.clone(),
+                            _ => return Err(error("an attribute has no string key".into())),
+                        },
+                        // Only the keys decide what is counted.
+                        value: None,
+                    })
+                })
+                .collect::<Result<_, _>>()?;
+            Some(resource::Resource {
+                attributes,
+                ..Default::default()
+            })
+        }
+    };
+    let scope_metrics = list(map, "scopeMetrics", "scope_metrics")?
+        .iter()
+        .map(|scope| {
+            let scope = object(scope, "a scopeMetrics entry")?;
+            Ok(metrics::ScopeMetrics {
+                metrics: list(scope, "metrics", "metrics")?
+                    .iter()
+                    .map(metric)
+                    .collect::<Result<_, _>>()?,
+                ..Default::default()
+            })
+        })
+        .collect::<Result<_, _>>()?;
+    Ok(metrics::ResourceMetrics {
+        resource,
+        scope_metrics,
+        ..Default::default()
+    })
+}
+
+fn metric(value: &Value) -> Result<metrics::Metric, DecodeError> {
+    use metrics::metric::Data;
+    let map = object(value, "a metric")?;
+    let name = match field(map, "name", "name") {
+        None => String::new(),
+        Some(Value::String(name)) => name.clone(),
+        Some(_) => return Err(error("a metric's name is not a string".into())),
+    };
+    let data = if let Some(gauge) = field(map, "gauge", "gauge") {
+        let gauge = object(gauge, "gauge")?;
+        Some(Data::Gauge(metrics::Gauge {
+            data_points: data_points(gauge)?
+                .iter()
+                .map(number_point)
+                .collect::<Result<_, _>>()?,
+        }))
+    } else if let Some(sum) = field(map, "sum", "sum") {
+        let sum = object(sum, "sum")?;
+        Some(Data::Sum(metrics::Sum {
+            data_points: data_points(sum)?
+                .iter()
+                .map(number_point)
+                .collect::<Result<_, _>>()?,
+            aggregation_temporality: temporality(sum)?,
+            is_monotonic: matches!(
+                field(sum, "isMonotonic", "is_monotonic"),
+                Some(Value::Bool(true))
+            ),
+        }))
+    } else if let Some(histogram) = field(map, "histogram", "histogram") {
+        let histogram = object(histogram, "histogram")?;
+        Some(Data::Histogram(metrics::Histogram {
+            data_points: data_points(histogram)?
+                .iter()
+                .map(histogram_point)
+                .collect::<Result<_, _>>()?,
+            aggregation_temporality: temporality(histogram)?,
+        }))
+    } else if let Some(histogram) = field(map, "exponentialHistogram", "exponential_histogram") {
+        let histogram = object(histogram, "exponentialHistogram")?;
+        Some(Data::ExponentialHistogram(metrics::ExponentialHistogram {
+            data_points: data_points(histogram)?
+                .iter()
+                .map(exponential_point)
+                .collect::<Result<_, _>>()?,
+            aggregation_temporality: temporality(histogram)?,
+        }))
+    } else if let Some(summary) = field(map, "summary", "summary") {
+        let summary = object(summary, "summary")?;
+        Some(Data::Summary(metrics::Summary {
+            data_points: data_points(summary)?
+                .iter()
+                .map(summary_point)
+                .collect::<Result<_, _>>()?,
+        }))
+    } else {
+        None
+    };
+    Ok(metrics::Metric {
+        name,
+        data,
+        ..Default::default()
+    })
+}
+
+fn data_points(data: &Map<String, Value>) -> Result<&[Value], DecodeError> {
+    list(data, "dataPoints", "data_points")
+}
+
+/// Exemplars are counted, not read: each becomes a default one.
+fn exemplars(map: &Map<String, Value>) -> Result<Vec<metrics::Exemplar>, DecodeError> {
+    let items = list(map, "exemplars", "exemplars")?;
+    for item in items {
+        object(item, "an exemplar")?;
+    }
+    Ok(vec![metrics::Exemplar::default(); items.len()])
+}
+
+fn time(map: &Map<String, Value>) -> Result<u64, DecodeError> {
+    uint(map, "timeUnixNano", "time_unix_nano")
+}
+
+fn number_point(value: &Value) -> Result<metrics::NumberDataPoint, DecodeError> {
+    let map = object(value, "a data point")?;
+    Ok(metrics::NumberDataPoint {
+        time_unix_nano: time(map)?,
+        exemplars: exemplars(map)?,
+        ..Default::default()
+    })
+}
+
+fn histogram_point(value: &Value) -> Result<metrics::HistogramDataPoint, DecodeError> {
+    let map = object(value, "a histogram data point")?;
+    let bounds = list(map, "explicitBounds", "explicit_bounds")?.len();
+    let buckets = list(map, "bucketCounts", "bucket_counts")?.len();
+    Ok(metrics::HistogramDataPoint {
+        time_unix_nano: time(map)?,
+        exemplars: exemplars(map)?,
+        explicit_bounds: vec![0.0; bounds],
+        bucket_counts: vec![0; buckets],
+        sum: field(map, "sum", "sum").map(|_| 0.0),
+        ..Default::default()
+    })
+}
+
+fn exponential_point(value: &Value) -> Result<metrics::ExponentialHistogramDataPoint, DecodeError> {
+    let map = object(value, "an exponential histogram data point")?;
+    let scale = int(map, "scale", "scale")?;
+    Ok(metrics::ExponentialHistogramDataPoint {
+        time_unix_nano: time(map)?,
+        exemplars: exemplars(map)?,
+        scale: i32::try_from(scale).map_err(|_| error(format!("scale {scale} is out of range")))?,
+        ..Default::default()
+    })
+}
+
+fn summary_point(value: &Value) -> Result<metrics::SummaryDataPoint, DecodeError> {
+    let map = object(value, "a summary data point")?;
+    let quantiles = list(map, "quantileValues", "quantile_values")?.len();
+    Ok(metrics::SummaryDataPoint {
+        time_unix_nano: time(map)?,
+        quantile_values: vec![Default::default(); quantiles],
+        ..Default::default()
+    })
+}

@@ -1,0 +1,338 @@
+//! OTLP/HTTP metrics (`POST /otlp/v1/metrics`): the body's encoding from its headers, gzip,
+//! and what an `ExportMetricsServiceRequest` costs, counted the way Grafana Mimir charges it.
+//!
+//! Mimir translates OTLP into Prometheus series and charges the tenant's ingestion rate with
+//! samples + histograms + exemplars + metadata of the result. weir forwards the client's bytes
+//! unchanged, so it does not translate; it counts what the translation would produce:
+//!
+//! | data point | samples | histograms | exemplars |
+//! | --- | --- | --- | --- |
+//! | gauge | 1 | | (not translated) |
+//! | sum, cumulative | 1 | | each |
+//! | histogram, cumulative | one per bucket (bounds + `+Inf`), `_count`, `_sum` if set | | each |
+//! | exponential histogram, cumulative | | 1 (a native histogram) | each |
+//! | summary | one per quantile, `_sum`, `_count` | | |
+//!
+//! Plus one metadata entry per metric family that has points, and per resource the
+//! `target_info` series Mimir adds (see [`target_info_samples`]). Delta or unspecified
+//! temporality, an exponential scale below -4 and a metric with no data are what Mimir's
+//! translator refuses: such a metric costs nothing, and a request where nothing else is left
+//! is a 400. Exemplars are charged as weir charges them in remote write, that is as for a
+//! tenant with exemplars enabled (Mimir's default, `max_global_exemplars_per_user: 0`, drops
+//! them before its limiter).
+
+mod json;
+pub mod proto;
+
+use std::collections::HashSet;
+use std::io::Read;
+
+use prost::Message;
+
+use crate::remote_write::{DecodeError, UnsupportedMedia, WriteCounts};
+use proto::metrics::{metric::Data, AggregationTemporality, Metric, ResourceMetrics};
+
+/// How an OTLP body is encoded, from its headers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OtlpFormat {
+    /// `application/json` (OTLP/JSON); otherwise `application/x-protobuf`.
+    pub json: bool,
+    /// `Content-Encoding: gzip`.
+    pub gzip: bool,
+}
+
+impl OtlpFormat {
+    pub fn from_headers(
+        content_type: Option<&[u8]>,
+        content_encoding: Option<&[u8]>,
+    ) -> Result<OtlpFormat, UnsupportedMedia> {
+        let gzip = match content_encoding.map(|value| String::from_utf8_lossy(value)) {
+            None => false,
+            Some(encoding) => match encoding.trim().to_ascii_lowercase().as_str() {
+                "" | "identity" => false,
+                "gzip" => true,
+                other => {
+                    return Err(UnsupportedMedia(format!(
+                        "unsupported Content-Encoding {other:?} for OTLP: weir accepts gzip or \
+                         no compression"
+                    )))
+                }
+            },
+        };
+        let content_type = content_type
+            .map(|value| String::from_utf8_lossy(value).to_string())
+            .unwrap_or_default();
+        let media_type = content_type.split(';').next().unwrap_or("").trim();
+        let json = if media_type.eq_ignore_ascii_case("application/x-protobuf") {
+            false
+        } else if media_type.eq_ignore_ascii_case("application/json") {
+            true
+        } else {
+            return Err(UnsupportedMedia(format!(
+                "unsupported Content-Type {content_type:?} for OTLP: weir accepts \
+                 application/x-protobuf and application/json"
+            )));
+        };
+        Ok(OtlpFormat { json, gzip })
+    }
+
+    /// The `Content-Type` of answers to this request: OTLP/HTTP answers in the request's.
+    pub fn content_type(self) -> &'static str {
+        if self.json {
+            "application/json"
+        } else {
+            "application/x-protobuf"
+        }
+    }
+
+    /// A successful export's answer: an empty `ExportMetricsServiceResponse`.
+    pub fn success_body(self) -> &'static [u8] {
+        if self.json {
+            b"{}"
+        } else {
+            b""
+        }
+    }
+
+    /// An error's answer: a `google.rpc.Status` with `code` (a gRPC code) and `message`.
+    pub fn status_body(self, code: i32, message: &str) -> Vec<u8> {
+        if self.json {
+            serde_json::json!({ "code": code, "message": message })
+                .to_string()
+                .into_bytes()
+        } else {
+            RpcStatus {
+                code,
+                message: message.to_string(),
+            }
+            .encode_to_vec()
+        }
+    }
+}
+
+/// `google.rpc.Status` without `details`, which weir never sends.
+#[derive(Clone, PartialEq, Message)]
+struct RpcStatus {
+    #[prost(int32, tag = "1")]
+    code: i32,
+    #[prost(string, tag = "2")]
+    message: String,
+}
+
+/// The gRPC code an OTLP error body carries for an HTTP status (OTLP clients act on the
+/// HTTP status only; the code is for people reading logs).
+pub fn grpc_code(status: u16) -> i32 {
+    match status {
+        400 | 413 | 415 => 3, // INVALID_ARGUMENT
+        401 => 16,            // UNAUTHENTICATED
+        429 => 8,             // RESOURCE_EXHAUSTED
+        504 => 4,             // DEADLINE_EXCEEDED
+        500..=599 => 14,      // UNAVAILABLE
+        _ => 2,               // UNKNOWN
+    }
+}
+
+/// Decompresses (gzip, at most `max_size` bytes out) and counts an OTLP metrics body.
+pub fn decode(
+    body: &[u8],
+    max_size: usize,
+    format: OtlpFormat,
+) -> Result<WriteCounts, DecodeError> {
+    let inflated;
+    let raw = if format.gzip {
+        let mut out = Vec::new();
+        flate2::read::GzDecoder::new(body)
+            .take(max_size as u64 + 1)
+            .read_to_end(&mut out)
+            .map_err(|err| DecodeError::Otlp(format!("invalid gzip body: {err}")))?;
+        if out.len() > max_size {
+            return Err(DecodeError::TooLarge {
+                size: out.len(),
+                limit: max_size,
+            });
+        }
+        inflated = out;
+        &inflated[..]
+    } else {
+        body
+    };
+    let request = if format.json {
+        json::decode(raw)?
+    } else {
+        proto::ExportMetricsServiceRequest::decode(raw)
+            .map_err(|err| DecodeError::Otlp(format!("invalid protobuf: {err}")))?
+    };
+    count(&request)
+}
+
+/// What the request costs, as Mimir's translation and limiter count it.
+pub fn count(request: &proto::ExportMetricsServiceRequest) -> Result<WriteCounts, DecodeError> {
+    let mut counts = WriteCounts::default();
+    let mut families: HashSet<String> = HashSet::new();
+    let mut refused: Vec<String> = Vec::new();
+    for resource in &request.resource_metrics {
+        let mut times = TimeRange::default();
+        for metric in resource
+            .scope_metrics
+            .iter()
+            .flat_map(|scope| &scope.metrics)
+        {
+            match count_metric(metric, &mut counts, &mut times) {
+                Ok(0) => {}
+                Ok(_) => {
+                    families.insert(family_name(&metric.name));
+                }
+                Err(why) => refused.push(format!("metric {:?}: {why}", metric.name)),
+            }
+        }
+        if let Some(samples) = target_info_samples(resource, &times) {
+            counts.series += 1;
+            counts.samples = counts.samples.saturating_add(samples);
+            families.insert("target_info".to_string());
+        }
+    }
+    counts.metadata = families.len() as u64;
+    if counts.cost() == 0 && !refused.is_empty() {
+        return Err(DecodeError::Otlp(format!(
+            "nothing in the request can be ingested: {}",
+            refused.join("; ")
+        )));
+    }
+    Ok(counts)
+}
+
+/// The earliest and latest point of one resource, in Unix nanoseconds.
+#[derive(Debug, Default)]
+struct TimeRange {
+    earliest: Option<u64>,
+    latest: u64,
+}
+
+impl TimeRange {
+    fn see(&mut self, time_unix_nano: u64) {
+        self.earliest = Some(
+            self.earliest
+                .map_or(time_unix_nano, |e| e.min(time_unix_nano)),
+        );
+        self.latest = self.latest.max(time_unix_nano);
+    }
+}
+
+/// Adds one metric's items to `counts`; returns how many points it had, or why Mimir's
+/// translator refuses it.
+fn count_metric(
+    metric: &Metric,
+    counts: &mut WriteCounts,
+    times: &mut TimeRange,
+) -> Result<usize, &'static str> {
+    let cumulative = |temporality: i32| {
+        if temporality == AggregationTemporality::Cumulative as i32 {
+            Ok(())
+        } else {
+            Err("only cumulative temporality is ingested (delta or unspecified is refused)")
+        }
+    };
+    let add = |total: &mut u64, n: usize| *total = total.saturating_add(n as u64);
+    let points = match metric.data.as_ref().ok_or("the metric has no data")? {
+        Data::Gauge(gauge) => {
+            for point in &gauge.data_points {
+                times.see(point.time_unix_nano);
+                add(&mut counts.samples, 1);
+            }
+            gauge.data_points.len()
+        }
+        Data::Sum(sum) => {
+            for point in &sum.data_points {
+                times.see(point.time_unix_nano);
+            }
+            cumulative(sum.aggregation_temporality)?;
+            for point in &sum.data_points {
+                add(&mut counts.samples, 1);
+                add(&mut counts.exemplars, point.exemplars.len());
+            }
+            sum.data_points.len()
+        }
+        Data::Histogram(histogram) => {
+            for point in &histogram.data_points {
+                times.see(point.time_unix_nano);
+            }
+            cumulative(histogram.aggregation_temporality)?;
+            for point in &histogram.data_points {
+                let buckets = point.explicit_bounds.len().min(point.bucket_counts.len());
+                // the buckets, `+Inf`, `_count`, and `_sum` when the point has one.
+                add(
+                    &mut counts.samples,
+                    buckets + 2 + usize::from(point.sum.is_some()),
+                );
+                add(&mut counts.exemplars, point.exemplars.len());
+            }
+            histogram.data_points.len()
+        }
+        Data::ExponentialHistogram(histogram) => {
+            for point in &histogram.data_points {
+                times.see(point.time_unix_nano);
+            }
+            cumulative(histogram.aggregation_temporality)?;
+            if histogram.data_points.iter().any(|point| point.scale < -4) {
+                return Err("an exponential histogram's scale is below -4");
+            }
+            for point in &histogram.data_points {
+                add(&mut counts.histograms, 1);
+                add(&mut counts.exemplars, point.exemplars.len());
+            }
+            histogram.data_points.len()
+        }
+        Data::Summary(summary) => {
+            for point in &summary.data_points {
+                times.see(point.time_unix_nano);
+                add(&mut counts.samples, point.quantile_values.len() + 2);
+            }
+            summary.data_points.len()
+        }
+    };
+    counts.series = counts.series.saturating_add(points as u64);
+    Ok(points)
+}
+
+/// The samples of the `target_info` series Mimir adds for a resource, if it adds one: when
+/// the resource has points, an attribute other than `service.name`, `service.namespace` and
+/// `service.instance.id`, and one of `service.name` or `service.instance.id`. One sample
+/// every 150 s (half the default 5 m lookback) from the resource's earliest point to before
+/// its latest, plus one at the latest: 1 when all points share a timestamp.
+fn target_info_samples(resource: &ResourceMetrics, times: &TimeRange) -> Option<u64> {
+    const STEP_NANOS: u64 = 150_000_000_000;
+    let earliest = times.earliest?;
+    let attributes = &resource.resource.as_ref()?.attributes;
+    let identifying = ["service.name", "service.namespace", "service.instance.id"];
+    let has_other = attributes
+        .iter()
+        .any(|kv| !identifying.contains(&kv.key.as_str()));
+    let has_identity = attributes
+        .iter()
+        .any(|kv| kv.key == "service.name" || kv.key == "service.instance.id");
+    if !(has_other && has_identity) {
+        return None;
+    }
+    let span = times.latest - earliest;
+    Some(span.div_ceil(STEP_NANOS) + 1)
+}
+
+/// The Prometheus name a metric family gets (underscore escaping, no unit or type suffixes,
+/// Mimir's default): metadata is one entry per family, and two OTLP names can share one.
+fn family_name(name: &str) -> String {
+    let mut out = String::with_capacity(name.len());
+    for c in name.chars() {
+        let c = if c.is_ascii_alphanumeric() || c == '_' || c == ':' {
+            c
+        } else {
+            '_'
+        };
+        if !(c == '_' && out.ends_with('_')) {
+            out.push(c);
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests;

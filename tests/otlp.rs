@@ -1,0 +1,391 @@
+//! `POST /otlp/v1/metrics` over real HTTP. The client that matters is one this project did not
+//! write: the OpenTelemetry Python SDK's OTLP/HTTP exporter (`tests/otlp/export.py` drives it;
+//! `scripts/test` installs it). Its expected charge comes from `tests/otlp/mimir_charge.py`,
+//! the counting rules written down from Mimir's translator, independently of weir's code.
+//! Forwarding goes to a real HTTP receiver in this process that records what it gets.
+
+mod common;
+
+use std::net::SocketAddr;
+use std::process::Command;
+use std::sync::{Arc, Mutex};
+
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode};
+use axum::routing::post;
+use axum::Router;
+use common::{Options, Weir};
+use prost::Message;
+
+const SAMPLE: &[u8] = include_bytes!("otlp/sample.json");
+
+fn python_sdk_installed() -> bool {
+    Command::new("python3")
+        .args([
+            "-c",
+            "import opentelemetry.sdk, opentelemetry.exporter.otlp.proto.http",
+        ])
+        .status()
+        .is_ok_and(|status| status.success())
+}
+
+/// Runs `export.py` against `weir` and returns its JSON report.
+async fn export(weir: &Weir, tenant: &str, args: &[&str]) -> serde_json::Value {
+    assert!(
+        python_sdk_installed(),
+        "the OpenTelemetry Python SDK is missing: python3 -m pip install opentelemetry-sdk \
+         opentelemetry-exporter-otlp-proto-http (scripts/test installs it)"
+    );
+    let endpoint = weir.url("/otlp/v1/metrics");
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/otlp/export.py");
+    let mut command = tokio::process::Command::new("python3");
+    command
+        .arg(script)
+        .args(["--endpoint", &endpoint, "--tenant", tenant, "--quiet"])
+        .args(args);
+    let output = command.output().await.unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    serde_json::from_str(stdout.lines().last().unwrap_or("")).unwrap_or_else(|err| {
+        panic!(
+            "export.py printed {stdout:?} ({err}); stderr: {}",
+            String::from_utf8_lossy(&output.stderr)
+        )
+    })
+}
+
+async fn counter(weir: &Weir, family: &str, labels: &str) -> u64 {
+    weir.metric(&format!("{family}{{{labels}}}"))
+        .await
+        .unwrap_or(0.0) as u64
+}
+
+#[tokio::test]
+async fn the_python_sdk_exporter_is_charged_what_mimir_would_charge() {
+    let weir = Weir::with_overrides(
+        "overrides:\n  otel:\n    ingestion_rate: 1000000\n    ingestion_burst_size: 1000000\n",
+    )
+    .await;
+    for compression in ["gzip", "none"] {
+        let before_samples = counter(
+            &weir,
+            "weir_distributor_received_samples_total",
+            r#"user="otel""#,
+        )
+        .await;
+        let before_exemplars = counter(
+            &weir,
+            "weir_distributor_received_exemplars_total",
+            r#"user="otel""#,
+        )
+        .await;
+        let before_metadata = counter(
+            &weir,
+            "weir_distributor_received_metadata_total",
+            r#"user="otel""#,
+        )
+        .await;
+        let report = export(
+            &weir,
+            "otel",
+            &[
+                "--kind",
+                "all",
+                "--points",
+                "7",
+                "--metrics",
+                "2",
+                "--bounds",
+                "5",
+                "--exemplars",
+                "1",
+                "--compression",
+                compression,
+            ],
+        )
+        .await;
+        assert_eq!(report["result"], "SUCCESS", "{report}");
+        assert_eq!(report["attempts"][0]["status"], 200, "{report}");
+        // weir charges exemplars as in remote write: Mimir's charge with exemplars enabled.
+        let expected = &report["expected_with_exemplars"];
+        let samples =
+            expected["samples"].as_u64().unwrap() + expected["histograms"].as_u64().unwrap();
+        assert!(samples > 100, "a real workload: {report}");
+        assert_eq!(
+            counter(
+                &weir,
+                "weir_distributor_received_samples_total",
+                r#"user="otel""#
+            )
+            .await
+                - before_samples,
+            samples,
+            "{report}"
+        );
+        assert_eq!(
+            counter(
+                &weir,
+                "weir_distributor_received_exemplars_total",
+                r#"user="otel""#
+            )
+            .await
+                - before_exemplars,
+            expected["exemplars"].as_u64().unwrap(),
+            "{report}"
+        );
+        assert_eq!(
+            counter(
+                &weir,
+                "weir_distributor_received_metadata_total",
+                r#"user="otel""#
+            )
+            .await
+                - before_metadata,
+            expected["metadata"].as_u64().unwrap(),
+            "{report}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_tenant_over_its_ingestion_rate_is_refused_with_429_and_retry_after() {
+    let weir = Weir::with_overrides(
+        "overrides:\n  small:\n    ingestion_rate: 1\n    ingestion_burst_size: 50\n",
+    )
+    .await;
+    // 200 gauge points: over the whole burst, so it can never pass.
+    let report = export(&weir, "small", &["--kind", "gauge", "--points", "200"]).await;
+    assert_eq!(report["result"], "FAILURE", "{report}");
+    let attempt = &report["attempts"][0];
+    assert_eq!(attempt["status"], 429, "{report}");
+    assert!(
+        attempt["retry_after"]
+            .as_str()
+            .is_some_and(|value| !value.is_empty()),
+        "{report}"
+    );
+    let total = report["expected_with_exemplars"]["total"].as_u64().unwrap();
+    assert_eq!(
+        counter(
+            &weir,
+            "weir_discarded_samples_total",
+            r#"reason="ingestion_burst_exceeded",user="small""#
+        )
+        .await,
+        total
+    );
+    assert_eq!(
+        counter(
+            &weir,
+            "weir_distributor_received_samples_total",
+            r#"user="small""#
+        )
+        .await,
+        0
+    );
+
+    // Within the burst it passes, then the bucket is empty: the next one is rate limited.
+    let report = export(
+        &weir,
+        "small",
+        &["--kind", "gauge", "--points", "30", "--resource", "none"],
+    )
+    .await;
+    assert_eq!(report["result"], "SUCCESS", "{report}");
+    let report = export(
+        &weir,
+        "small",
+        &["--kind", "gauge", "--points", "30", "--resource", "none"],
+    )
+    .await;
+    assert_eq!(report["attempts"][0]["status"], 429, "{report}");
+    assert_eq!(
+        counter(
+            &weir,
+            "weir_discarded_samples_total",
+            r#"reason="rate_limited",user="small""#
+        )
+        .await,
+        31
+    );
+}
+
+#[derive(Clone, Default)]
+struct Receiver {
+    received: Arc<Mutex<Vec<(String, HeaderMap, Bytes)>>>,
+}
+
+async fn receive(
+    State(receiver): State<Receiver>,
+    uri: axum::http::Uri,
+    headers: HeaderMap,
+    body: Bytes,
+) -> StatusCode {
+    receiver
+        .received
+        .lock()
+        .unwrap()
+        .push((uri.path().to_string(), headers, body));
+    StatusCode::OK
+}
+
+async fn start_receiver() -> (SocketAddr, Receiver) {
+    let receiver = Receiver::default();
+    let app = Router::new()
+        .route("/api/v1/push", post(receive))
+        .route("/otlp/v1/metrics", post(receive))
+        .with_state(receiver.clone());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    (addr, receiver)
+}
+
+fn gzip(raw: &[u8]) -> Vec<u8> {
+    use std::io::Write;
+    let mut encoder = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+    encoder.write_all(raw).unwrap();
+    encoder.finish().unwrap()
+}
+
+#[tokio::test]
+async fn json_and_gzip_are_counted_and_forwarded_unchanged_to_the_otlp_path() {
+    let (addr, receiver) = start_receiver().await;
+    let weir = Weir::start(Options {
+        configure: Box::new(move |config| {
+            // Mimir's push path: OTLP goes to the same host's /otlp/v1/metrics by default.
+            config.upstream = Some(format!("http://{addr}/api/v1/push"));
+        }),
+        ..Options::default()
+    })
+    .await;
+    let body = gzip(SAMPLE);
+    let response = reqwest::Client::new()
+        .post(weir.url("/otlp/v1/metrics"))
+        .header("X-Scope-OrgID", "json-tenant")
+        .header("Content-Type", "application/json")
+        .header("Content-Encoding", "gzip")
+        .body(body.clone())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    assert_eq!(response.headers()["content-type"], "application/json");
+    assert_eq!(response.text().await.unwrap(), "{}");
+
+    let received = receiver.received.lock().unwrap().clone();
+    assert_eq!(received.len(), 1);
+    let (path, headers, forwarded) = &received[0];
+    assert_eq!(path, "/otlp/v1/metrics");
+    assert_eq!(
+        forwarded.as_ref(),
+        &body[..],
+        "the client's bytes, unchanged"
+    );
+    assert_eq!(headers["content-type"], "application/json");
+    assert_eq!(headers["content-encoding"], "gzip");
+    assert_eq!(headers["x-scope-orgid"], "json-tenant");
+    assert!(headers.get("x-prometheus-remote-write-version").is_none());
+
+    // tests/otlp/sample.expected.json: 21 samples + 1 histogram + 2 exemplars + 7 metadata.
+    let user = r#"user="json-tenant""#;
+    assert_eq!(
+        counter(&weir, "weir_distributor_received_samples_total", user).await,
+        22
+    );
+    assert_eq!(
+        counter(&weir, "weir_distributor_received_exemplars_total", user).await,
+        2
+    );
+    assert_eq!(
+        counter(&weir, "weir_distributor_received_metadata_total", user).await,
+        7
+    );
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+struct RpcStatus {
+    #[prost(int32, tag = "1")]
+    code: i32,
+    #[prost(string, tag = "2")]
+    message: String,
+}
+
+#[tokio::test]
+async fn bad_requests_get_the_right_status_and_an_rpc_status_body() {
+    let weir = Weir::with_overrides("").await;
+    let client = reqwest::Client::new();
+    let send = |content_type: &'static str, encoding: Option<&'static str>, body: Vec<u8>| {
+        let mut request = client
+            .post(weir.url("/otlp/v1/metrics"))
+            .header("X-Scope-OrgID", "t")
+            .header("Content-Type", content_type)
+            .body(body);
+        if let Some(encoding) = encoding {
+            request = request.header("Content-Encoding", encoding);
+        }
+        request.send()
+    };
+
+    let response = send("text/plain", None, b"x".to_vec()).await.unwrap();
+    assert_eq!(response.status(), 415);
+    assert_eq!(response.headers()["content-type"], "application/x-protobuf");
+    let status = RpcStatus::decode(response.bytes().await.unwrap()).unwrap();
+    assert!(status.message.contains("application/json"), "{status:?}");
+
+    let response = send("application/x-protobuf", Some("zstd"), b"x".to_vec())
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 415);
+
+    let response = send("application/json", None, b"{not json".to_vec())
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 400);
+    assert_eq!(response.headers()["content-type"], "application/json");
+    let status: serde_json::Value = response.json().await.unwrap();
+    assert_eq!(status["code"], 3);
+    assert!(
+        status["message"].as_str().unwrap().contains("invalid JSON"),
+        "{status}"
+    );
+
+    let response = send("application/x-protobuf", None, vec![0xff; 16])
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 400);
+    let status = RpcStatus::decode(response.bytes().await.unwrap()).unwrap();
+    assert!(status.message.contains("invalid protobuf"), "{status:?}");
+
+    let response = send("application/x-protobuf", Some("gzip"), b"not gzip".to_vec())
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 400);
+
+    // Only delta temporality: nothing Mimir would ingest, so nothing is charged: 400.
+    let delta = br#"{"resourceMetrics":[{"scopeMetrics":[{"metrics":[{"name":"d","sum":{"aggregationTemporality":1,"dataPoints":[{"asInt":"1"}]}}]}]}]}"#;
+    let response = send("application/json", None, delta.to_vec())
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 400);
+    assert!(response.text().await.unwrap().contains("cumulative"));
+
+    // No tenant: 401, as for remote write.
+    let response = client
+        .post(weir.url("/otlp/v1/metrics"))
+        .header("Content-Type", "application/json")
+        .body(SAMPLE)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 401);
+    assert_eq!(
+        counter(
+            &weir,
+            "weir_distributor_received_samples_total",
+            r#"user="t""#
+        )
+        .await,
+        0
+    );
+}
