@@ -607,6 +607,18 @@ impl Metrics {
     /// straight from `tenants`' atomics (each tenant's series together under one family
     /// header, every family once).
     pub fn render(&self, tenants: &dyn TenantSource) -> String {
+        let mut out = String::new();
+        self.render_chunks(tenants, &mut |chunk| {
+            out.push_str(&chunk);
+            true
+        });
+        out
+    }
+
+    /// [`Metrics::render`] in chunks of about [`SCRAPE_CHUNK_BYTES`], handed to `sink` as
+    /// they fill, so a scrape of many tenants never holds the whole text (100 000 tenants:
+    /// about 100 MB). Stops writing once `sink` says the reader is gone.
+    pub fn render_chunks(&self, tenants: &dyn TenantSource, sink: &mut dyn FnMut(String) -> bool) {
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
             self.runtime_alive_tasks
                 .set(runtime.metrics().num_alive_tasks() as i64);
@@ -614,16 +626,31 @@ impl Metrics {
         let mut out = prometheus::TextEncoder::new()
             .encode_to_string(&self.registry.gather())
             .unwrap_or_else(|err| format!("# error encoding metrics: {err}\n"));
+        let mut open = true;
+        let mut flush = |out: &mut String, open: &mut bool, at_least: usize| {
+            if *open && out.len() >= at_least {
+                *open = sink(std::mem::replace(
+                    out,
+                    String::with_capacity(SCRAPE_CHUNK_BYTES + 1024),
+                ));
+            }
+        };
         for family in &TENANT_FAMILIES {
             let _ = writeln!(out, "# HELP {} {}", family.name, family.help);
             let _ = writeln!(out, "# TYPE {} {}", family.name, family.kind);
             tenants.for_each_tenant(&mut |user, metrics| {
-                (family.write)(&mut out, family.name, user, metrics)
+                if open {
+                    (family.write)(&mut out, family.name, user, metrics);
+                    flush(&mut out, &mut open, SCRAPE_CHUNK_BYTES);
+                }
             });
         }
-        out
+        flush(&mut out, &mut open, 1);
     }
 }
+
+/// The size of the pieces a scrape is sent in.
+pub const SCRAPE_CHUNK_BYTES: usize = 256 << 10;
 
 impl Default for Metrics {
     fn default() -> Self {
@@ -685,5 +712,92 @@ impl engine::StoreObserver for StoreSeries {
             .store_policy_decisions
             .with_label_values(&[policy.as_str(), outcome])
             .inc();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Tenants kept in a plain list, as the limiter's map would hand them out.
+    struct Tenants(Vec<(String, TenantMetrics)>);
+
+    impl TenantSource for Tenants {
+        fn for_each_tenant(&self, visit: &mut dyn FnMut(&str, &TenantMetrics)) {
+            for (name, metrics) in &self.0 {
+                visit(name, metrics);
+            }
+        }
+    }
+
+    fn tenants(count: usize) -> Tenants {
+        Tenants(
+            (0..count)
+                .map(|i| {
+                    let metrics = TenantMetrics::default();
+                    metrics.received_samples.inc_by(i as u64);
+                    metrics.discard(DiscardReason::RateLimited, 7);
+                    metrics.local_ingestion_rate.set(f64::INFINITY);
+                    (format!("tenant-{i}"), metrics)
+                })
+                .collect(),
+        )
+    }
+
+    #[test]
+    fn tenant_families_are_written_once_each_with_every_tenant() {
+        let text = Metrics::new().render(&tenants(3));
+        for family in &TENANT_FAMILIES {
+            assert_eq!(text.matches(&format!("# TYPE {} ", family.name)).count(), 1);
+        }
+        assert!(text.contains("weir_distributor_received_samples_total{user=\"tenant-2\"} 2\n"));
+        assert!(text.contains(
+            "weir_discarded_samples_total{reason=\"rate_limited\",user=\"tenant-1\"} 7\n"
+        ));
+        assert!(text.contains(
+            "weir_limiter_local_limit{user=\"tenant-0\",limit=\"ingestion_rate\"} +Inf\n"
+        ));
+        assert_eq!(text.matches("user=\"tenant-1\"").count(), 15);
+    }
+
+    #[test]
+    fn a_big_scrape_comes_in_chunks_and_stops_when_the_reader_goes() {
+        let metrics = Metrics::new();
+        let many = tenants(5_000);
+        let mut chunks = Vec::new();
+        metrics.render_chunks(&many, &mut |chunk| {
+            chunks.push(chunk);
+            true
+        });
+        assert!(chunks.len() > 10, "{} chunks", chunks.len());
+        assert!(chunks
+            .iter()
+            .all(|chunk| chunk.len() < SCRAPE_CHUNK_BYTES + 1024));
+        // The tenant families are the same however they are cut (the process families before
+        // them move between two renders).
+        let tenant_part = |text: &str| {
+            let start = text
+                .find("# HELP weir_distributor_requests_in_total")
+                .unwrap();
+            text[start..].to_string()
+        };
+        assert_eq!(
+            tenant_part(&chunks.concat()),
+            tenant_part(&metrics.render(&many))
+        );
+
+        let mut calls = 0;
+        metrics.render_chunks(&many, &mut |_| {
+            calls += 1;
+            false
+        });
+        assert_eq!(calls, 1, "nothing more is written for a reader that left");
+    }
+
+    #[test]
+    fn label_values_are_escaped() {
+        let mut out = String::new();
+        sample(&mut out, "m", &[("user", "a\"b\\c\nd")], 1.0);
+        assert_eq!(out, "m{user=\"a\\\"b\\\\c\\nd\"} 1\n");
     }
 }

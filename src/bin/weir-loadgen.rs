@@ -734,6 +734,8 @@ async fn main() -> anyhow::Result<()> {
     while tasks.join_next().await.is_some() {}
     if let Some(progress) = progress {
         progress.abort();
+        // Wait until it is gone: it holds a reference to the stats.
+        let _ = progress.await;
         eprintln!();
     }
 
