@@ -270,7 +270,8 @@ pub struct Config {
     pub max_ingestion_rate: f64,
 
     /// Most tenants this replica tracks at once; beyond it, new tenants get 429 until idle
-    /// ones are evicted. Bounds memory (about 6 KiB per tenant with its metric series). 0 = off.
+    /// ones are evicted. Bounds memory (about 1.5 KiB per active tenant, its metric series
+    /// included). 0 = off.
     #[arg(long, env = "WEIR_MAX_TENANTS", default_value_t = 100_000)]
     pub max_tenants: usize,
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """What Grafana Mimir's distributor would charge to a tenant's ingestion rate limit for one
-OTLP metrics export request: a Python model of the rules in /work/notes/otlp-counting.md.
+OTLP metrics export request: a Python model of the rules in docs/otlp-counting.md.
 
     mimir_charge.py FILE [--exemplars] [--nhcb] [--native-delta]
 
