@@ -78,8 +78,12 @@ fn scan_with(
             }
             4 => {
                 let symbol = field(&mut buf, wire_type, "symbols").map_err(error)?;
-                std::str::from_utf8(symbol)
-                    .map_err(|_| error(format!("symbols[{}] is not valid UTF-8", symbols.len())))?;
+                if !super::is_utf8(symbol) {
+                    return Err(error(format!(
+                        "symbols[{}] is not valid UTF-8",
+                        symbols.len()
+                    )));
+                }
                 let offset = symbol.as_ptr() as usize - body.as_ptr() as usize;
                 symbols.push((offset as u32, symbol.len() as u32));
             }
@@ -153,7 +157,7 @@ fn scan_series<'a>(
         match tag {
             1 => labels.read(&mut buf, wire_type, symbols, "labels_refs")?,
             2 => {
-                check::<v2_proto::Sample>(field(&mut buf, wire_type, "samples")?)
+                super::check_sample(field(&mut buf, wire_type, "samples")?)
                     .map_err(|reason| format!("samples[{samples}]: {reason}"))?;
                 samples += 1;
             }
