@@ -354,3 +354,46 @@ async fn tenant_cap_refuses_new_tenants_with_429() {
     );
     weir.stop().await.unwrap();
 }
+
+/// `/metrics` is gzip-compressed for a scraper that accepts it (Prometheus does), and the
+/// decompressed text is the same exposition; without the header, or with `gzip;q=0`, it is
+/// plain text.
+#[tokio::test]
+async fn metrics_are_gzipped_when_the_scraper_accepts_it() {
+    use std::io::Read;
+    let weir = Weir::with_overrides("").await;
+    for tenant in ["a", "b", "c"] {
+        assert_eq!(weir.status(tenant, 5).await, 200);
+    }
+    let client = reqwest::Client::new();
+    let fetch = |accept: Option<&'static str>| {
+        let mut request = client.get(weir.url("/metrics"));
+        if let Some(accept) = accept {
+            request = request.header("Accept-Encoding", accept);
+        }
+        request.send()
+    };
+
+    let plain = fetch(None).await.unwrap();
+    assert!(plain.headers().get("content-encoding").is_none());
+    let plain = plain.text().await.unwrap();
+
+    let zipped = fetch(Some("deflate, gzip;q=1.0, *;q=0.5")).await.unwrap();
+    assert_eq!(zipped.headers()["content-encoding"], "gzip");
+    let bytes = zipped.bytes().await.unwrap();
+    let mut text = String::new();
+    flate2::read::GzDecoder::new(&bytes[..])
+        .read_to_string(&mut text)
+        .unwrap();
+    assert!(bytes.len() < text.len());
+    // The process families move between two scrapes; the tenant families do not.
+    let tenants = |text: &str| {
+        let start = text.find("# HELP weir_distributor_requests_in_total").unwrap();
+        text[start..].to_string()
+    };
+    assert_eq!(tenants(&text), tenants(&plain));
+    assert!(text.contains("weir_distributor_received_samples_total{user=\"b\"} 5\n"));
+
+    let refused = fetch(Some("gzip;q=0")).await.unwrap();
+    assert!(refused.headers().get("content-encoding").is_none());
+}
