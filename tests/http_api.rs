@@ -388,7 +388,9 @@ async fn metrics_are_gzipped_when_the_scraper_accepts_it() {
     assert!(bytes.len() < text.len());
     // The process families move between two scrapes; the tenant families do not.
     let tenants = |text: &str| {
-        let start = text.find("# HELP weir_distributor_requests_in_total").unwrap();
+        let start = text
+            .find("# HELP weir_distributor_requests_in_total")
+            .unwrap();
         text[start..].to_string()
     };
     assert_eq!(tenants(&text), tenants(&plain));
