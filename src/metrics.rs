@@ -238,61 +238,31 @@ const TENANT_FAMILIES: [TenantFamily; 8] = [
         name: "weir_distributor_requests_in_total",
         help: "Push requests received per tenant, including rejected ones.",
         kind: "counter",
-        write: |out, name, user, m| {
-            sample(out, name, &[("user", user)], m.requests_in.get() as f64)
-        },
+        write: |out, name, user, m| per_user(out, name, user, &m.requests_in),
     },
     TenantFamily {
         name: "weir_distributor_received_requests_total",
         help: "Push requests admitted per tenant.",
         kind: "counter",
-        write: |out, name, user, m| {
-            sample(
-                out,
-                name,
-                &[("user", user)],
-                m.received_requests.get() as f64,
-            )
-        },
+        write: |out, name, user, m| per_user(out, name, user, &m.received_requests),
     },
     TenantFamily {
         name: "weir_distributor_received_samples_total",
         help: "Samples and histograms admitted per tenant.",
         kind: "counter",
-        write: |out, name, user, m| {
-            sample(
-                out,
-                name,
-                &[("user", user)],
-                m.received_samples.get() as f64,
-            )
-        },
+        write: |out, name, user, m| per_user(out, name, user, &m.received_samples),
     },
     TenantFamily {
         name: "weir_distributor_received_exemplars_total",
         help: "Exemplars admitted per tenant.",
         kind: "counter",
-        write: |out, name, user, m| {
-            sample(
-                out,
-                name,
-                &[("user", user)],
-                m.received_exemplars.get() as f64,
-            )
-        },
+        write: |out, name, user, m| per_user(out, name, user, &m.received_exemplars),
     },
     TenantFamily {
         name: "weir_distributor_received_metadata_total",
         help: "Metadata entries admitted per tenant.",
         kind: "counter",
-        write: |out, name, user, m| {
-            sample(
-                out,
-                name,
-                &[("user", user)],
-                m.received_metadata.get() as f64,
-            )
-        },
+        write: |out, name, user, m| per_user(out, name, user, &m.received_metadata),
     },
     TenantFamily {
         name: "weir_discarded_requests_total",
@@ -335,6 +305,11 @@ const TENANT_FAMILIES: [TenantFamily; 8] = [
         },
     },
 ];
+
+/// A family with one series per tenant, labelled `user` only.
+fn per_user(out: &mut String, name: &str, user: &str, counter: &Counter) {
+    sample(out, name, &[("user", user)], counter.get() as f64);
+}
 
 /// One line of the text exposition format: `name{label="value",…} value`.
 fn sample(out: &mut String, name: &str, labels: &[(&str, &str)], value: f64) {
