@@ -34,43 +34,40 @@ pub async fn push(State(state): State<Arc<AppState>>, request: Request) -> Respo
         headers.get(header::CONTENT_TYPE).map(|v| v.as_bytes()),
         headers.get(header::CONTENT_ENCODING).map(|v| v.as_bytes()),
     );
-    handle(state, request, format).await
+    handle(state, request, format, None).await
 }
 
 /// `POST /otlp/v1/metrics`: the same path for an OTLP/HTTP metrics export, counted as Mimir
 /// charges it ([`crate::otlp`]) and answered as OTLP/HTTP asks (200 with an empty
-/// `ExportMetricsServiceResponse`; errors as a `google.rpc.Status`, in the request's encoding).
+/// `ExportMetricsServiceResponse`; errors as a `google.rpc.Status`, in the request's encoding,
+/// or protobuf, OTLP's default, when the request's is not one weir reads).
 pub async fn push_otlp(State(state): State<Arc<AppState>>, request: Request) -> Response {
     let headers = request.headers();
     let format = OtlpFormat::from_headers(
         headers.get(header::CONTENT_TYPE).map(|v| v.as_bytes()),
         headers.get(header::CONTENT_ENCODING).map(|v| v.as_bytes()),
-    )
-    .map(Format::Otlp);
-    let unsupported = format.as_ref().err().map(|err| err.0.clone());
-    let mut response = handle(state, request, format).await;
-    if let Some(message) = unsupported {
-        // The request's encoding is not known: the answer is protobuf, OTLP's default.
-        let protobuf = OtlpFormat {
-            json: false,
-            gzip: false,
-        };
-        otlp_error(&mut response, protobuf, &message);
-    }
-    response
+    );
+    let answer = format
+        .as_ref()
+        .ok()
+        .copied()
+        .unwrap_or(OtlpFormat::PROTOBUF);
+    handle(state, request, format.map(Format::Otlp), Some(answer)).await
 }
 
+/// The push path's answer. `otlp`: the encoding of OTLP/HTTP answers, for the OTLP route.
 async fn handle(
     state: Arc<AppState>,
     request: Request,
     format: Result<Format, remote_write::UnsupportedMedia>,
+    otlp: Option<OtlpFormat>,
 ) -> Response {
     let started = Instant::now();
     let (parts, body) = request.into_parts();
     let mut body = Some(body);
     let (mut response, written) = match admit(&state, &parts, &mut body, &format).await {
-        Ok(written) => match format {
-            Ok(Format::Otlp(otlp)) => (
+        Ok(written) => match otlp {
+            Some(otlp) => (
                 (
                     StatusCode::OK,
                     [(header::CONTENT_TYPE, otlp.content_type())],
@@ -79,15 +76,16 @@ async fn handle(
                     .into_response(),
                 written,
             ),
-            _ => (StatusCode::OK.into_response(), written),
+            None => (StatusCode::OK.into_response(), written),
         },
         Err(err) => {
             if err.status().is_server_error() || err.status() == StatusCode::BAD_REQUEST {
                 tracing::debug!(%err, "push refused");
             }
-            let message = err.to_string();
+            // The message again, as an OTLP Status, only on the OTLP route.
+            let otlp_message = otlp.map(|otlp| (otlp, err.to_string()));
             let mut response = err.into_response_with(&parts.headers, &state.backoff);
-            if let Ok(Format::Otlp(otlp)) = format {
+            if let Some((otlp, message)) = otlp_message {
                 otlp_error(&mut response, otlp, &message);
             }
             // Refused before its body was read. The answer goes out at once; the body is

@@ -356,7 +356,12 @@ async fn metrics(State(state): State<Arc<AppState>>, headers: HeaderMap) -> Resp
         .any(|coding| {
             let mut parts = coding.split(';');
             let name = parts.next().unwrap_or("").trim();
-            let refused = parts.any(|p| matches!(p.trim(), "q=0" | "q=0.0" | "q=0.00" | "q=0.000"));
+            let refused = parts.any(|p| {
+                p.trim()
+                    .strip_prefix("q=")
+                    .and_then(|q| q.parse::<f64>().ok())
+                    == Some(0.0)
+            });
             name.eq_ignore_ascii_case("gzip") && !refused
         });
     let (mut sender, body) = http_body_util::channel::Channel::<bytes::Bytes>::new(2);

@@ -25,12 +25,16 @@ fn build_client(timeout: Duration, tls: &ClientTls) -> anyhow::Result<reqwest::C
 }
 
 /// The headers that matter to a remote-write receiver, with what to send when the client
-/// did not say. An OTLP export passes its own `Content-Type` and `Content-Encoding` only.
-const PASSED_THROUGH: [(&str, &str); 3] = [
-    ("content-encoding", "snappy"),
-    ("content-type", "application/x-protobuf"),
-    ("x-prometheus-remote-write-version", "0.1.0"),
+/// did not say.
+const PASSED_THROUGH: &[(&str, Option<&str>)] = &[
+    ("content-encoding", Some("snappy")),
+    ("content-type", Some("application/x-protobuf")),
+    ("x-prometheus-remote-write-version", Some("0.1.0")),
 ];
+
+/// An OTLP export's: its own `Content-Type` and `Content-Encoding`, only when it sent them.
+const OTLP_PASSED_THROUGH: &[(&str, Option<&str>)] =
+    &[("content-encoding", None), ("content-type", None)];
 
 /// Upstream answers kept in a pass-through body, at most.
 const MAX_UPSTREAM_BODY: usize = 4096;
@@ -178,17 +182,18 @@ impl Upstream {
         body: Bytes,
     ) -> Result<Option<Written>, ForwardError> {
         let otlp = matches!(format, Format::Otlp(_));
-        let url = if otlp { &self.otlp_url } else { &self.url };
+        let (url, passed_through) = if otlp {
+            (&self.otlp_url, OTLP_PASSED_THROUGH)
+        } else {
+            (&self.url, PASSED_THROUGH)
+        };
         let mut request = self.client.load().post(url.clone()).body(body);
-        for (name, default) in PASSED_THROUGH {
-            let value = match client_headers.get(name) {
-                Some(value) => value.clone(),
-                None if otlp => continue,
-                None => HeaderValue::from_static(default),
+        for &(name, default) in passed_through {
+            let value = match (client_headers.get(name), default) {
+                (Some(value), _) => value.clone(),
+                (None, Some(default)) => HeaderValue::from_static(default),
+                (None, None) => continue,
             };
-            if otlp && name.starts_with("x-prometheus") {
-                continue;
-            }
             request = request.header(name, value);
         }
         request = request.header(self.tenant_header.clone(), tenant);

@@ -17,6 +17,7 @@ use axum::routing::post;
 use axum::Router;
 use common::{Options, Weir};
 use prost::Message;
+use weir::otlp::RpcStatus;
 
 const SAMPLE: &[u8] = include_bytes!("otlp/sample.json");
 
@@ -67,24 +68,7 @@ async fn the_python_sdk_exporter_is_charged_what_mimir_would_charge() {
     )
     .await;
     for compression in ["gzip", "none"] {
-        let before_samples = counter(
-            &weir,
-            "weir_distributor_received_samples_total",
-            r#"user="otel""#,
-        )
-        .await;
-        let before_exemplars = counter(
-            &weir,
-            "weir_distributor_received_exemplars_total",
-            r#"user="otel""#,
-        )
-        .await;
-        let before_metadata = counter(
-            &weir,
-            "weir_distributor_received_metadata_total",
-            r#"user="otel""#,
-        )
-        .await;
+        let before = admitted(&weir, "otel").await;
         let report = export(
             &weir,
             "otel",
@@ -111,40 +95,29 @@ async fn the_python_sdk_exporter_is_charged_what_mimir_would_charge() {
         let samples =
             expected["samples"].as_u64().unwrap() + expected["histograms"].as_u64().unwrap();
         assert!(samples > 100, "a real workload: {report}");
+        let after = admitted(&weir, "otel").await;
+        assert_eq!(after[0] - before[0], samples, "{report}");
         assert_eq!(
-            counter(
-                &weir,
-                "weir_distributor_received_samples_total",
-                r#"user="otel""#
-            )
-            .await
-                - before_samples,
-            samples,
-            "{report}"
-        );
-        assert_eq!(
-            counter(
-                &weir,
-                "weir_distributor_received_exemplars_total",
-                r#"user="otel""#
-            )
-            .await
-                - before_exemplars,
+            after[1] - before[1],
             expected["exemplars"].as_u64().unwrap(),
             "{report}"
         );
         assert_eq!(
-            counter(
-                &weir,
-                "weir_distributor_received_metadata_total",
-                r#"user="otel""#
-            )
-            .await
-                - before_metadata,
+            after[2] - before[2],
             expected["metadata"].as_u64().unwrap(),
             "{report}"
         );
     }
+}
+
+/// A tenant's admitted samples (with histograms), exemplars and metadata.
+async fn admitted(weir: &Weir, tenant: &str) -> [u64; 3] {
+    let user = format!("user=\"{tenant}\"");
+    [
+        counter(weir, "weir_distributor_received_samples_total", &user).await,
+        counter(weir, "weir_distributor_received_exemplars_total", &user).await,
+        counter(weir, "weir_distributor_received_metadata_total", &user).await,
+    ]
 }
 
 #[tokio::test]
@@ -288,27 +261,8 @@ async fn json_and_gzip_are_counted_and_forwarded_unchanged_to_the_otlp_path() {
     assert!(headers.get("x-prometheus-remote-write-version").is_none());
 
     // tests/otlp/sample.expected.json: 21 samples + 1 histogram + 2 exemplars + 7 metadata.
-    let user = r#"user="json-tenant""#;
-    assert_eq!(
-        counter(&weir, "weir_distributor_received_samples_total", user).await,
-        22
-    );
-    assert_eq!(
-        counter(&weir, "weir_distributor_received_exemplars_total", user).await,
-        2
-    );
-    assert_eq!(
-        counter(&weir, "weir_distributor_received_metadata_total", user).await,
-        7
-    );
-}
-
-#[derive(Clone, PartialEq, prost::Message)]
-struct RpcStatus {
-    #[prost(int32, tag = "1")]
-    code: i32,
-    #[prost(string, tag = "2")]
-    message: String,
+    // (samples with histograms, exemplars, metadata)
+    assert_eq!(admitted(&weir, "json-tenant").await, [22, 2, 7]);
 }
 
 #[tokio::test]

@@ -192,16 +192,14 @@ async fn gossip_without_the_secret_is_not_heard() {
         assert_eq!(ring["healthy"], 1, "a rogue heard the keyed ring: {ring}");
     }
     let rejected = async |replica: &Replica| -> f64 {
-        let text = reqwest::get(format!("http://{}/metrics", replica.http))
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap();
-        text.lines()
-            .find_map(|line| line.strip_prefix("weir_ring_rejected_gossip_total "))
-            .map(|value| value.parse().unwrap())
-            .unwrap_or(0.0)
+        let base = format!("http://{}", replica.http);
+        common::metric_at(
+            &reqwest::Client::new(),
+            &base,
+            "weir_ring_rejected_gossip_total",
+        )
+        .await
+        .unwrap_or(0.0)
     };
     assert!(rejected(&keyed[0]).await + rejected(&keyed[1]).await > 0.0);
 

@@ -120,16 +120,8 @@ async fn push(client: &reqwest::Client, url: &str) -> reqwest::Result<reqwest::S
 }
 
 async fn metric(client: &reqwest::Client, url: &str, name: &str) -> f64 {
-    let text = client
-        .get(format!("{url}/metrics"))
-        .send()
+    common::metric_at(client, url, name)
         .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    text.lines()
-        .find_map(|line| line.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
         .unwrap_or_else(|| panic!("no {name} in /metrics"))
 }
 

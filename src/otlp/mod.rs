@@ -42,6 +42,12 @@ pub struct OtlpFormat {
 }
 
 impl OtlpFormat {
+    /// Uncompressed protobuf: OTLP's default encoding.
+    pub const PROTOBUF: OtlpFormat = OtlpFormat {
+        json: false,
+        gzip: false,
+    };
+
     pub fn from_headers(
         content_type: Option<&[u8]>,
         content_encoding: Option<&[u8]>,
@@ -112,11 +118,11 @@ impl OtlpFormat {
 
 /// `google.rpc.Status` without `details`, which weir never sends.
 #[derive(Clone, PartialEq, Message)]
-struct RpcStatus {
+pub struct RpcStatus {
     #[prost(int32, tag = "1")]
-    code: i32,
+    pub code: i32,
     #[prost(string, tag = "2")]
-    message: String,
+    pub message: String,
 }
 
 /// The gRPC code an OTLP error body carries for an HTTP status (OTLP clients act on the

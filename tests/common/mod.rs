@@ -150,19 +150,7 @@ impl Weir {
 
     /// The value of one series from /metrics, e.g. `weir_discarded_requests_total{reason="rate_limited",user="t"}`.
     pub async fn metric(&self, series: &str) -> Option<f64> {
-        let text = self
-            .client
-            .get(self.url("/metrics"))
-            .send()
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap();
-        text.lines().find_map(|line| {
-            let (name, value) = line.rsplit_once(' ')?;
-            (name == series).then(|| value.parse().unwrap())
-        })
+        metric_at(&self.client, &self.url(""), series).await
     }
 
     /// Polls `check` until it holds or `timeout` passes; returns whether it held.
@@ -273,4 +261,21 @@ fn answer_complete(answer: &[u8]) -> bool {
                 .flatten()
         })
         .is_some_and(|length| body.len() >= length)
+}
+
+/// The value of one series from the /metrics of the weir at `base` (`http://host:port`), with
+/// `client` (an HTTPS one where the weir serves TLS).
+pub async fn metric_at(client: &reqwest::Client, base: &str, series: &str) -> Option<f64> {
+    let text = client
+        .get(format!("{base}/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    text.lines().find_map(|line| {
+        let (name, value) = line.rsplit_once(' ')?;
+        (name == series).then(|| value.parse().unwrap())
+    })
 }
