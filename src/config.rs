@@ -297,6 +297,11 @@ pub struct Config {
     #[arg(long, env = "WEIR_HTTP2_MAX_CONCURRENT_STREAMS", default_value_t = 256)]
     pub http2_max_concurrent_streams: u32,
 
+    /// Threads serving HTTP connections, each with its own runtime; a new connection goes to
+    /// the one with the fewest open. 0 = one per core.
+    #[arg(long, env = "WEIR_HTTP_WORKERS", default_value_t = 0)]
+    pub http_workers: usize,
+
     /// Longest time to receive a push body: reading it to admit it, or draining it after a
     /// refusal so the client sees the answer. A slower body is cut off (408, or the
     /// connection closed after the refusal).
@@ -522,6 +527,15 @@ impl Config {
             max_header_bytes: self.http_max_header_bytes,
             max_connections: self.http_max_connections,
             http2_max_concurrent_streams: self.http2_max_concurrent_streams,
+            workers: self.http_workers(),
+        }
+    }
+
+    /// `--http-workers`, with 0 resolved to the cores this process may use.
+    pub fn http_workers(&self) -> usize {
+        match self.http_workers {
+            0 => std::thread::available_parallelism().map_or(1, usize::from),
+            workers => workers,
         }
     }
 

@@ -154,6 +154,7 @@ pub async fn run_with_clock(
                 config.upstream_timeout,
                 &config.upstream_tenant_header,
                 config.upstream_tls(),
+                config.http_workers(),
             )
         })
         .transpose()?;
@@ -273,10 +274,11 @@ pub async fn run_with_clock(
     tokio::pin!(server);
 
     tokio::select! {
-        () = &mut server => {
+        served = &mut server => {
             stop(tasks, stop_tx);
             let _ = grpc_stop_tx.send(());
             ring.shutdown().await;
+            served.context("cannot start the HTTP worker threads")?;
             anyhow::bail!("the HTTP server stopped");
         }
         _ = shutdown => {}
@@ -292,7 +294,7 @@ pub async fn run_with_clock(
     // (the balancer may not have noticed yet).
     let mut server_stopped = false;
     tokio::select! {
-        () = &mut server => server_stopped = true,
+        _ = &mut server => server_stopped = true,
         () = async {
             ring.leave().await;
             tokio::time::sleep_until(shutdown_started + state.config.shutdown_delay).await;

@@ -24,6 +24,15 @@ fn build_client(timeout: Duration, tls: &ClientTls) -> anyhow::Result<reqwest::C
     Ok(tls.apply(builder)?.build()?)
 }
 
+/// `workers + 1` clients: one per HTTP worker, then one for other threads.
+fn build_clients(
+    workers: usize,
+    timeout: Duration,
+    tls: &ClientTls,
+) -> anyhow::Result<Vec<reqwest::Client>> {
+    (0..=workers).map(|_| build_client(timeout, tls)).collect()
+}
+
 /// The headers that matter to a remote-write receiver, with what to send when the client
 /// did not say.
 const PASSED_THROUGH: &[(&str, Option<&str>)] = &[
@@ -76,8 +85,11 @@ impl ForwardError {
 }
 
 pub struct Upstream {
-    /// Rebuilt when the TLS files change; requests in flight finish on the old one.
-    client: ArcSwap<reqwest::Client>,
+    /// One pool per HTTP worker thread (and one for any other thread), so that a forward runs
+    /// on the thread of its request: a connection's task lives on the runtime that opened it.
+    /// Rebuilt when the TLS files change; requests in flight finish on the old ones.
+    clients: ArcSwap<Vec<reqwest::Client>>,
+    workers: usize,
     tls: ClientTls,
     tls_files: ClientFiles,
     url: reqwest::Url,
@@ -94,6 +106,7 @@ impl Upstream {
         timeout: Duration,
         tenant_header: &str,
         tls: ClientTls,
+        workers: usize,
     ) -> anyhow::Result<Self> {
         let url = reqwest::Url::parse(url)
             .map_err(|err| anyhow::anyhow!("--upstream {url:?} is not a URL: {err}"))?;
@@ -113,9 +126,10 @@ impl Upstream {
         let tenant_header = HeaderName::from_bytes(tenant_header.as_bytes()).map_err(|_| {
             anyhow::anyhow!("--upstream-tenant-header {tenant_header:?} is not a header name")
         })?;
-        let client = build_client(timeout, &tls)?;
+        let clients = build_clients(workers, timeout, &tls)?;
         Ok(Upstream {
-            client: ArcSwap::from_pointee(client),
+            clients: ArcSwap::from_pointee(clients),
+            workers,
             tls_files: tls.watch(),
             tls,
             url,
@@ -131,9 +145,9 @@ impl Upstream {
         if !self.tls_files.changed() {
             return;
         }
-        match build_client(self.timeout, &self.tls) {
-            Ok(client) => {
-                self.client.store(Arc::new(client));
+        match build_clients(self.workers, self.timeout, &self.tls) {
+            Ok(clients) => {
+                self.clients.store(Arc::new(clients));
                 tracing::info!("reloaded the upstream TLS files");
             }
             Err(err) => tracing::error!(
@@ -187,7 +201,10 @@ impl Upstream {
         } else {
             (&self.url, PASSED_THROUGH)
         };
-        let mut request = self.client.load().post(url.clone()).body(body);
+        let clients = self.clients.load();
+        let client = &clients
+            [crate::http_serve::current_worker().map_or(0, |worker| worker + 1) % clients.len()];
+        let mut request = client.post(url.clone()).body(body);
         for &(name, default) in passed_through {
             let value = match (client_headers.get(name), default) {
                 (Some(value), _) => value.clone(),

@@ -226,6 +226,7 @@ async fn bad_upstream_urls_are_refused_at_start() {
                     config.upstream_timeout,
                     &config.upstream_tenant_header,
                     config.upstream_tls(),
+                    config.http_workers(),
                 )
             })
             .unwrap()
