@@ -147,35 +147,37 @@ impl ClientTls {
         paths
     }
 
-    /// Adds the CAs and the identity to a client builder.
-    pub fn apply(
-        &self,
-        mut builder: reqwest::ClientBuilder,
-    ) -> anyhow::Result<reqwest::ClientBuilder> {
+    /// The upstream client's TLS: the public roots (Mozilla's, from `webpki-roots`) plus the
+    /// CAs, and the identity if there is one. No ALPN: the connector sets it.
+    pub fn client_config(&self) -> anyhow::Result<rustls::ClientConfig> {
+        let mut roots =
+            rustls::RootCertStore::from_iter(webpki_roots::TLS_SERVER_ROOTS.iter().cloned());
         if let Some(ca) = &self.ca {
-            let pem = std::fs::read(ca).with_context(|| format!("cannot read {}", ca.display()))?;
-            let certs = reqwest::Certificate::from_pem_bundle(&pem)
-                .with_context(|| format!("{} is not a PEM certificate file", ca.display()))?;
-            anyhow::ensure!(!certs.is_empty(), "{} holds no certificate", ca.display());
-            for cert in certs {
-                builder = builder.add_root_certificate(cert);
+            for cert in read_certs(ca)? {
+                roots.add(cert).with_context(|| {
+                    format!("{} holds a certificate that is not a CA", ca.display())
+                })?;
             }
         }
-        if let Some((cert, key)) = &self.identity {
-            // Checked here with rustls, for a clear message; reqwest wants both in one PEM.
-            load_key_pair(cert, key)?;
-            let mut pem =
-                std::fs::read(cert).with_context(|| format!("cannot read {}", cert.display()))?;
-            pem.push(b'\n');
-            pem.extend(
-                std::fs::read(key).with_context(|| format!("cannot read {}", key.display()))?,
-            );
-            builder = builder.identity(reqwest::Identity::from_pem(&pem)?);
-        }
-        Ok(builder)
+        let builder = rustls::ClientConfig::builder_with_provider(provider())
+            .with_safe_default_protocol_versions()?
+            .with_root_certificates(roots);
+        let config = match &self.identity {
+            None => builder.with_no_client_auth(),
+            Some((cert, key)) => {
+                // Checked as a pair first, for a clear message.
+                load_key_pair(cert, key)?;
+                let key_der = PrivateKeyDer::from_pem_file(key)
+                    .with_context(|| format!("{} is not a PEM private key", key.display()))?;
+                builder
+                    .with_client_auth_cert(read_certs(cert)?, key_der)
+                    .with_context(|| format!("{} cannot be a client certificate", cert.display()))?
+            }
+        };
+        Ok(config)
     }
 
-    /// A watch on the files, for [`ClientTls::apply`] again when they change.
+    /// A watch on the files, for [`ClientTls::client_config`] again when they change.
     pub fn watch(&self) -> ClientFiles {
         ClientFiles(Watched::new(self.paths()))
     }
