@@ -42,7 +42,7 @@ use weir::remote_write::prompb::WriteRequest;
 )]
 struct Args {
     /// Base URL of a replica (repeat for several); requests go to `<target>/api/v1/push`.
-    #[arg(long = "target", required = true)]
+    #[arg(long = "target", required_unless_present = "write_body")]
     targets: Vec<String>,
 
     /// Share of requests per target, e.g. `70,20,10` (default: even).
@@ -147,6 +147,11 @@ struct Args {
     /// No live progress line.
     #[arg(long)]
     quiet: bool,
+
+    /// Write one request body (snappy remote-write 1.0, --series-per-request series, as the
+    /// generator sends them) to this file and exit: for other clients, e.g. wrk.
+    #[arg(long, value_name = "FILE")]
+    write_body: Option<std::path::PathBuf>,
 
     /// Treat a target that refuses connections as gone: its share moves to the others, as a
     /// load balancer's health check would move it.
@@ -584,6 +589,15 @@ async fn main() -> anyhow::Result<()> {
         "--series-per-request must be ≥ 1"
     );
     let size = args.series_per_request as u32;
+    if let Some(path) = &args.write_body {
+        let now_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)?
+            .as_millis() as i64;
+        let body = WriteRequest::synthetic(size as usize, size as u64, now_ms).encode_snappy();
+        std::fs::write(path, &body)?;
+        println!("{} bytes written to {}", body.len(), path.display());
+        return Ok(());
+    }
     let samples_per_second = match (args.samples_per_second, args.requests_per_second) {
         (Some(samples), None) => samples,
         (None, Some(_)) if args.senders > 0 => {
