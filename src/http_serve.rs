@@ -29,7 +29,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::conn::auto::Builder;
 use hyper_util::server::graceful::{GracefulShutdown, Watcher};
 use hyper_util::service::TowerToHyperService;
@@ -67,7 +67,7 @@ pub async fn serve(
     stop: impl Future<Output = ()>,
 ) -> std::io::Result<()> {
     let mut workers = Workers::start(limits.workers)?;
-    let mut builder = Builder::new(TokioExecutor::new());
+    let mut builder = Builder::new(workers.stream_executor());
     builder
         .http1()
         .timer(TokioTimer::new())
@@ -202,6 +202,18 @@ impl Workers {
         Ok(Workers { workers, next: 0 })
     }
 
+    /// Where HTTP/2 streams run.
+    fn stream_executor(&self) -> StreamExecutor {
+        StreamExecutor {
+            handles: self
+                .workers
+                .iter()
+                .map(|worker| worker.handle.clone())
+                .collect(),
+            next: Arc::default(),
+        }
+    }
+
     /// The worker with the fewest open connections.
     fn pick(&mut self) -> &Worker {
         let count = self.workers.len();
@@ -212,6 +224,27 @@ impl Workers {
             .min_by_key(|&index| self.workers[index].connections.load(Ordering::Relaxed))
             .unwrap_or(0);
         &self.workers[index]
+    }
+}
+
+/// Runs HTTP/2 streams on the workers in turn, so that one HTTP/2 connection carrying many
+/// requests at once (a proxy's, say) uses every core, as HTTP/1.1 clients do by opening many
+/// connections. A stream then crosses threads to reach its connection, as every request did
+/// on the work-stealing runtime. HTTP/1.1 spawns nothing.
+#[derive(Clone)]
+struct StreamExecutor {
+    handles: Arc<[tokio::runtime::Handle]>,
+    next: Arc<AtomicUsize>,
+}
+
+impl<F> hyper::rt::Executor<F> for StreamExecutor
+where
+    F: Future + Send + 'static,
+    F::Output: Send + 'static,
+{
+    fn execute(&self, future: F) {
+        let index = self.next.fetch_add(1, Ordering::Relaxed) % self.handles.len();
+        self.handles[index].spawn(future);
     }
 }
 
@@ -250,7 +283,7 @@ type ConnectionError = Box<dyn std::error::Error + Send + Sync>;
 
 async fn serve_connection<S>(
     stream: S,
-    builder: Builder<TokioExecutor>,
+    builder: Builder<StreamExecutor>,
     router: Router,
     watcher: Watcher,
 ) -> Result<(), ConnectionError>
@@ -390,5 +423,60 @@ mod tests {
             .unwrap()
             .unwrap();
         assert_eq!(open.get(), 0);
+    }
+
+    /// Real HTTP/2 over loopback: the streams of one connection run on every worker.
+    #[tokio::test]
+    async fn one_http2_connection_uses_every_worker() {
+        use http_body_util::{BodyExt, Empty};
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = listener.local_addr().unwrap();
+        let router = Router::new().route("/", get(|| async { format!("{:?}", current_worker()) }));
+        let limits = HttpLimits {
+            header_read_timeout: Duration::from_secs(5),
+            max_header_bytes: 8192,
+            max_connections: 0,
+            http2_max_concurrent_streams: 16,
+            workers: 3,
+        };
+        let open = prometheus::IntGauge::new("open", "open").unwrap();
+        let counters = ConnectionCounters {
+            refused: prometheus::IntCounter::new("refused", "refused").unwrap(),
+            open: open.clone(),
+        };
+        let (stop, stopped) = oneshot::channel::<()>();
+        let server = tokio::spawn(serve(listener, router, limits, None, counters, async {
+            let _ = stopped.await;
+        }));
+
+        let client =
+            hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+                .http2_only(true)
+                .build_http::<Empty<bytes::Bytes>>();
+        let uri: axum::http::Uri = format!("http://{address}/").parse().unwrap();
+        let mut requests = tokio::task::JoinSet::new();
+        for _ in 0..9 {
+            let (client, uri) = (client.clone(), uri.clone());
+            requests.spawn(async move {
+                let response = client.get(uri).await.unwrap();
+                assert_eq!(response.version(), axum::http::Version::HTTP_2);
+                let body = response.into_body().collect().await.unwrap().to_bytes();
+                String::from_utf8(body.to_vec()).unwrap()
+            });
+        }
+        let answers = requests.join_all().await;
+        assert_eq!(open.get(), 1, "one connection carried every request");
+        let mut workers = answers.clone();
+        workers.sort();
+        workers.dedup();
+        assert_eq!(workers, ["Some(0)", "Some(1)", "Some(2)"], "{answers:?}");
+
+        drop(client);
+        stop.send(()).unwrap();
+        tokio::time::timeout(Duration::from_secs(5), server)
+            .await
+            .expect("the server stops once its connection closes")
+            .unwrap()
+            .unwrap();
     }
 }

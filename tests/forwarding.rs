@@ -235,3 +235,44 @@ async fn bad_upstream_urls_are_refused_at_start() {
         assert!(err.to_string().contains(expected), "{url}: {err}");
     }
 }
+
+/// weir connects to the upstream it was given: a redirect is the upstream failing (502),
+/// not an address to send tenant data to.
+#[tokio::test]
+async fn upstream_redirects_are_not_followed() {
+    let followed = Arc::new(Mutex::new(0usize));
+    let counter = Arc::clone(&followed);
+    let app = Router::new()
+        .route(
+            "/api/v1/write",
+            post(|| async {
+                (
+                    StatusCode::TEMPORARY_REDIRECT,
+                    [("location", "/elsewhere")],
+                    "moved",
+                )
+            }),
+        )
+        .route(
+            "/elsewhere",
+            post(move || async move {
+                *counter.lock().unwrap() += 1;
+                StatusCode::NO_CONTENT
+            }),
+        );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    let weir = weir_forwarding_to(
+        format!("http://{addr}/api/v1/write"),
+        Duration::from_secs(2),
+    )
+    .await;
+
+    let response = weir.push("t", 1).await;
+    assert_eq!(response.status(), 502);
+    let text = response.text().await.unwrap();
+    assert!(text.contains("failed with 307"), "{text}");
+    assert_eq!(*followed.lock().unwrap(), 0);
+    weir.stop().await.unwrap();
+}
