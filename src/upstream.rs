@@ -258,7 +258,7 @@ impl Upstream {
             let response = client
                 .request(request)
                 .await
-                .map_err(|err| unreachable(&err))?;
+                .map_err(|err| transport_error(&err))?;
             let status = response.status();
             let written = if status.is_success() && !otlp {
                 Written::from_headers(response.headers())
@@ -294,7 +294,7 @@ impl Upstream {
 async fn read_body(mut body: hyper::body::Incoming, keep: usize) -> Result<Vec<u8>, ForwardError> {
     let mut kept = Vec::new();
     while let Some(frame) = body.frame().await {
-        let frame = frame.map_err(|err| unreachable(&err))?;
+        let frame = frame.map_err(|err| transport_error(&err))?;
         if let Some(data) = frame.data_ref() {
             let room = keep.saturating_sub(kept.len());
             kept.extend_from_slice(&data[..data.len().min(room)]);
@@ -305,7 +305,7 @@ async fn read_body(mut body: hyper::body::Incoming, keep: usize) -> Result<Vec<u
 
 /// A transport failure, with its source chain: that says why (refused, reset, DNS); the top
 /// level rarely does.
-fn unreachable(err: &dyn std::error::Error) -> ForwardError {
+fn transport_error(err: &dyn std::error::Error) -> ForwardError {
     let mut message = err.to_string();
     let mut source = err.source();
     while let Some(cause) = source {
