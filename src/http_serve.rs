@@ -330,19 +330,18 @@ mod tests {
         }
     }
 
-    /// Real HTTP over loopback: a connection is served on one worker thread from its first
-    /// request to its last, and new connections go to the least-loaded worker.
-    #[tokio::test]
-    async fn connections_spread_over_the_workers_and_stay_on_theirs() {
+    /// `serve` on a loopback port with 3 workers: its address, its open-connections gauge,
+    /// what stops it, and its task.
+    async fn serve_on_three_workers(
+        router: Router,
+    ) -> (
+        std::net::SocketAddr,
+        prometheus::IntGauge,
+        oneshot::Sender<()>,
+        tokio::task::JoinHandle<std::io::Result<()>>,
+    ) {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let address = listener.local_addr().unwrap();
-        let router = Router::new().route(
-            "/",
-            get(|| async {
-                let thread = std::thread::current();
-                format!("{:?} {}", current_worker(), thread.name().unwrap_or("?"))
-            }),
-        );
         let limits = HttpLimits {
             header_read_timeout: Duration::from_secs(5),
             max_header_bytes: 8192,
@@ -350,15 +349,30 @@ mod tests {
             http2_max_concurrent_streams: 16,
             workers: 3,
         };
+        let open = prometheus::IntGauge::new("open", "open").unwrap();
         let counters = ConnectionCounters {
             refused: prometheus::IntCounter::new("refused", "refused").unwrap(),
-            open: prometheus::IntGauge::new("open", "open").unwrap(),
+            open: open.clone(),
         };
-        let open = counters.open.clone();
         let (stop, stopped) = oneshot::channel::<()>();
         let server = tokio::spawn(serve(listener, router, limits, None, counters, async {
             let _ = stopped.await;
         }));
+        (address, open, stop, server)
+    }
+
+    /// Real HTTP over loopback: a connection is served on one worker thread from its first
+    /// request to its last, and new connections go to the least-loaded worker.
+    #[tokio::test]
+    async fn connections_spread_over_the_workers_and_stay_on_theirs() {
+        let router = Router::new().route(
+            "/",
+            get(|| async {
+                let thread = std::thread::current();
+                format!("{:?} {}", current_worker(), thread.name().unwrap_or("?"))
+            }),
+        );
+        let (address, open, stop, server) = serve_on_three_workers(router).await;
 
         let mut connections = Vec::new();
         let mut served_by = Vec::new();
@@ -429,25 +443,8 @@ mod tests {
     #[tokio::test]
     async fn one_http2_connection_uses_every_worker() {
         use http_body_util::{BodyExt, Empty};
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let address = listener.local_addr().unwrap();
         let router = Router::new().route("/", get(|| async { format!("{:?}", current_worker()) }));
-        let limits = HttpLimits {
-            header_read_timeout: Duration::from_secs(5),
-            max_header_bytes: 8192,
-            max_connections: 0,
-            http2_max_concurrent_streams: 16,
-            workers: 3,
-        };
-        let open = prometheus::IntGauge::new("open", "open").unwrap();
-        let counters = ConnectionCounters {
-            refused: prometheus::IntCounter::new("refused", "refused").unwrap(),
-            open: open.clone(),
-        };
-        let (stop, stopped) = oneshot::channel::<()>();
-        let server = tokio::spawn(serve(listener, router, limits, None, counters, async {
-            let _ = stopped.await;
-        }));
+        let (address, open, stop, server) = serve_on_three_workers(router).await;
 
         let client =
             hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())

@@ -40,10 +40,15 @@ async fn start_receiver() -> (SocketAddr, Receiver) {
     let app = Router::new()
         .route("/api/v1/write", post(receive))
         .with_state(receiver.clone());
+    (serve_on_loopback(app).await, receiver)
+}
+
+/// Serves `app` on a free loopback port, in the background.
+async fn serve_on_loopback(app: Router) -> SocketAddr {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
-    (addr, receiver)
+    addr
 }
 
 async fn weir_forwarding_to(upstream: String, timeout: Duration) -> Weir {
@@ -260,9 +265,7 @@ async fn upstream_redirects_are_not_followed() {
                 StatusCode::NO_CONTENT
             }),
         );
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    let addr = serve_on_loopback(app).await;
     let weir = weir_forwarding_to(
         format!("http://{addr}/api/v1/write"),
         Duration::from_secs(2),
