@@ -15,7 +15,7 @@ use runtime_config::{
     Defaults, InstanceLimits, RateLimitStrategy, StoreFailurePolicy, TenantLimits,
 };
 
-use crate::rejection::RetryBackoff;
+use crate::rejection::{RetryAfter, RetryAfterMode, RetryBackoff};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum LogFormat {
@@ -313,11 +313,22 @@ pub struct Config {
     #[arg(long, env = "WEIR_NO_AUTH_TENANT")]
     pub no_auth_tenant: Option<String>,
 
-    /// Smallest Retry-After on 429 and 5xx answers (≥ 1s).
+    /// How a refusal sets Retry-After: `truthful`, the whole seconds until the request could
+    /// pass (no header under a second, or for in-flight caps); or `backoff`, Mimir's
+    /// jittered exponential backoff on every 429 and 5xx (the two flags below).
+    #[arg(long, env = "WEIR_RETRY_AFTER", value_enum, default_value_t = RetryAfterMode::Truthful)]
+    pub retry_after: RetryAfterMode,
+
+    /// A push whose tenant limit would let it pass within this long is held until then and
+    /// admitted, instead of refused (as nginx's limit_req with `delay`); 0 refuses at once.
+    #[arg(long, env = "WEIR_MAX_ADMISSION_DELAY", default_value = "1s", value_parser = humantime::parse_duration)]
+    pub max_admission_delay: Duration,
+
+    /// `--retry-after backoff`: smallest Retry-After (≥ 1s).
     #[arg(long, env = "WEIR_RETRY_AFTER_MIN_BACKOFF", default_value = "6s", value_parser = humantime::parse_duration)]
     pub retry_after_min_backoff: Duration,
 
-    /// Largest Retry-After on 429 and 5xx answers.
+    /// `--retry-after backoff`: largest Retry-After.
     #[arg(long, env = "WEIR_RETRY_AFTER_MAX_BACKOFF", default_value = "96s", value_parser = humantime::parse_duration)]
     pub retry_after_max_backoff: Duration,
 
@@ -494,10 +505,13 @@ impl Config {
         }
     }
 
-    pub fn retry_backoff(&self) -> RetryBackoff {
-        RetryBackoff {
-            min: self.retry_after_min_backoff,
-            max: self.retry_after_max_backoff,
+    pub fn retry_after_policy(&self) -> RetryAfter {
+        RetryAfter {
+            mode: self.retry_after,
+            backoff: RetryBackoff {
+                min: self.retry_after_min_backoff,
+                max: self.retry_after_max_backoff,
+            },
         }
     }
 

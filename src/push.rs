@@ -84,7 +84,7 @@ async fn handle(
             }
             // The message again, as an OTLP Status, only on the OTLP route.
             let otlp_message = otlp.map(|otlp| (otlp, err.to_string()));
-            let mut response = err.into_response_with(&parts.headers, &state.backoff);
+            let mut response = err.into_response_with(&parts.headers, &state.retry_after);
             if let Some((otlp, message)) = otlp_message {
                 otlp_error(&mut response, otlp, &message);
             }
@@ -189,10 +189,9 @@ async fn admit(
         .map_err(|err| discard(err, 0))?;
 
     // 5. Tenant request rate: one token per request, still before the body is read, so a
-    //    tenant over its request rate costs no decompression.
-    state
-        .limiter
-        .admit(&tenant, LimitKind::Request, 1)
+    //    tenant over its request rate costs no decompression. Here and at 7, a push that
+    //    would pass within --max-admission-delay is held until then instead of refused.
+    admit_held(state, &tenant, LimitKind::Request, 1)
         .await
         .map_err(|rejection| discard(PushError::RateLimited(rejection), 0))?;
 
@@ -219,9 +218,7 @@ async fn admit(
 
     // 7. Tenant ingestion rate: the cost is every item the request carries.
     let cost = counts.cost();
-    state
-        .limiter
-        .admit(&tenant, LimitKind::Ingestion, cost)
+    admit_held(state, &tenant, LimitKind::Ingestion, cost)
         .await
         .map_err(|rejection| discard(PushError::RateLimited(rejection), cost))?;
 
@@ -249,6 +246,51 @@ async fn admit(
     drop(inflight);
     Ok(written)
 }
+
+/// Takes `cost` tokens of the tenant's `kind` limit. A push refused for a wait it could
+/// finish within `--max-admission-delay` (counted from the first check) is held: it sleeps
+/// the wait and is checked again, as often as that stays true. So a sender just over the
+/// limit for a moment gets a late answer instead of a refusal, and a refusal always means a
+/// wait of more than the delay, which its `Retry-After` states. Checks, not reservations:
+/// held pushes that wake together compete for the refill, and the limit holds however they
+/// are ordered.
+async fn admit_held(
+    state: &AppState,
+    tenant: &engine::Tenant<<crate::metrics::TenantSeries as engine::TenantHooks>::Data>,
+    kind: LimitKind,
+    cost: u64,
+) -> Result<(), engine::Rejection> {
+    let max = state.config.max_admission_delay;
+    let started = tokio::time::Instant::now();
+    let mut held = false;
+    loop {
+        let result = state.limiter.admit(tenant, kind, cost).await;
+        let rejection = match result {
+            Ok(()) => {
+                if held {
+                    state
+                        .metrics
+                        .admission_delay
+                        .observe(started.elapsed().as_secs_f64());
+                }
+                return Ok(());
+            }
+            Err(rejection) => rejection,
+        };
+        let engine::RejectionCause::RateLimited { wait } = rejection.cause else {
+            return Err(rejection);
+        };
+        let wait = wait.max(MIN_RECHECK);
+        if started.elapsed() + wait > max {
+            return Err(rejection);
+        }
+        held = true;
+        tokio::time::sleep(wait).await;
+    }
+}
+
+/// The shortest sleep of a held push before its next check.
+const MIN_RECHECK: std::time::Duration = std::time::Duration::from_millis(1);
 
 /// One of a tenant's pushes in flight; given back when dropped, however the push ends.
 struct PushSlot {

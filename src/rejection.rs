@@ -1,10 +1,16 @@
 //! Why a push was refused, and the one place where each reason becomes a status code, headers
 //! and a body.
 //!
-//! Rate-limit answers follow Mimir: 429, `Retry-After` from a jittered exponential backoff on
-//! the client's `Retry-Attempt`, and a body that names the limit **as configured for the whole
-//! fleet**, the burst, a stable error id and the override to raise. They also carry the IETF
-//! `RateLimit-Policy` / `RateLimit` fields (draft-ietf-httpapi-ratelimit-headers).
+//! Rate-limit answers follow Mimir: 429 and a body that names the limit **as configured for the
+//! whole fleet**, the burst, a stable error id and the override to raise. They also carry the
+//! IETF `RateLimit-Policy` / `RateLimit` fields (draft-ietf-httpapi-ratelimit-headers).
+//!
+//! `Retry-After` tells the truth by default ([`RetryAfterMode::Truthful`]): the whole seconds
+//! until the bucket will hold the request's cost, or no header when that is under a second
+//! (the client's own short backoff is then closer to the truth than any whole second). A
+//! sender that honours a longer answer idles its queue and comes back with a backlog, which
+//! is refused again: see DESIGN.md, "The loop is closed". Mimir's jittered exponential backoff
+//! on the client's `Retry-Attempt` stays available ([`RetryAfterMode::Backoff`]).
 
 use std::time::Duration;
 
@@ -108,12 +114,47 @@ impl PushError {
         }
     }
 
-    /// The full answer. `request_headers` supplies `Retry-Attempt` for the backoff.
-    pub fn into_response_with(
-        self,
+    /// `Retry-After` in whole seconds for this refusal, or `None` for no header.
+    /// `request_headers` supplies `Retry-Attempt` for Mimir's backoff.
+    pub fn retry_after(
+        &self,
         request_headers: &HeaderMap,
-        backoff: &RetryBackoff,
-    ) -> Response {
+        policy: &RetryAfter,
+        rng: &mut impl Rng,
+    ) -> Option<u64> {
+        let status = self.status();
+        if status != StatusCode::TOO_MANY_REQUESTS && !status.is_server_error() {
+            return None;
+        }
+        let backoff = |rng: &mut _| {
+            let attempt = request_headers
+                .get("retry-attempt")
+                .and_then(|value| value.to_str().ok());
+            Some(policy.backoff.retry_after_seconds(attempt, rng))
+        };
+        if policy.mode == RetryAfterMode::Backoff {
+            return backoff(rng);
+        }
+        match self {
+            PushError::RateLimited(rejection) => match rejection.cause {
+                RejectionCause::RateLimited { wait } => truthful_seconds(wait, rng),
+                // Nothing short will help: the request is larger than the burst, or the limit
+                // is 0. Mimir's backoff keeps such a sender from hammering.
+                RejectionCause::LargerThanBurst | RejectionCause::Blocked => backoff(rng),
+                // The breaker probes the store about once a second.
+                RejectionCause::StoreUnavailable => Some(1),
+            },
+            PushError::InflightUnavailable => Some(1),
+            // A slot frees in milliseconds, and the upstream's own recovery is unknown: no
+            // header, so the client uses its own backoff (Prometheus: 30 ms doubling, by
+            // default), which is nearer the truth than any whole second.
+            _ => None,
+        }
+    }
+
+    /// The full answer. `request_headers` supplies `Retry-Attempt` for Mimir's backoff.
+    pub fn into_response_with(self, request_headers: &HeaderMap, policy: &RetryAfter) -> Response {
+        let retry_after = self.retry_after(request_headers, policy, &mut rand::rng());
         let status = self.status();
         let mut response = (status, format!("{self}\n")).into_response();
         let headers = response.headers_mut();
@@ -121,11 +162,7 @@ impl PushError {
             header::CONTENT_TYPE,
             HeaderValue::from_static("text/plain; charset=utf-8"),
         );
-        if status == StatusCode::TOO_MANY_REQUESTS || status.is_server_error() {
-            let attempt = request_headers
-                .get("retry-attempt")
-                .and_then(|value| value.to_str().ok());
-            let seconds = backoff.retry_after_seconds(attempt, &mut rand::rng());
+        if let Some(seconds) = retry_after {
             headers.insert(header::RETRY_AFTER, HeaderValue::from(seconds));
         }
         // The limit's state is known unless the store could not be asked.
@@ -133,7 +170,7 @@ impl PushError {
             if *cause == RejectionCause::StoreUnavailable {
                 return response;
             }
-            let (policy, state) = ratelimit_fields(rejection);
+            let (policy, state) = ratelimit_fields(rejection, retry_after);
             if let (Ok(policy), Ok(state)) = (
                 HeaderValue::from_str(&policy),
                 HeaderValue::from_str(&state),
@@ -153,6 +190,41 @@ impl From<crate::instance::InstanceRejection> for PushError {
             value: rejection.value,
         }
     }
+}
+
+/// How refusals set `Retry-After` (`--retry-after`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum RetryAfterMode {
+    /// The time until the request could pass, in whole seconds (at least 1, with up to a
+    /// quarter second of jitter); no header when that is under a second, or for in-flight
+    /// and upstream failures, whose wait is unknown and usually short.
+    #[default]
+    Truthful,
+    /// Mimir's jittered exponential backoff on `Retry-Attempt`, for every 429 and 5xx.
+    Backoff,
+}
+
+/// The `Retry-After` policy: the mode, and Mimir's backoff for the cases that use it.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct RetryAfter {
+    pub mode: RetryAfterMode,
+    pub backoff: RetryBackoff,
+}
+
+/// The jitter added to a truthful `Retry-After` before rounding up: a tenth of the wait, at
+/// most this. So the answer is at most 1.25 s past the truth, and senders refused together do
+/// not all come back in the same second.
+const MAX_TRUTHFUL_JITTER: f64 = 0.25;
+
+/// `Retry-After` for a wait of `wait`: whole seconds, rounded up after a little jitter, or
+/// `None` under a second.
+pub fn truthful_seconds(wait: Duration, rng: &mut impl Rng) -> Option<u64> {
+    let wait = wait.as_secs_f64();
+    if wait < 1.0 {
+        return None;
+    }
+    let jitter = rng.random_range(0.0..=(wait * 0.1).min(MAX_TRUTHFUL_JITTER));
+    Some((wait + jitter).ceil() as u64)
 }
 
 /// Mimir's Retry-After backoff: `min × 2^(attempt−1)` seconds, ±50 % jitter, clamped to
@@ -192,9 +264,10 @@ impl Default for RetryBackoff {
 /// `RateLimit-Policy` and `RateLimit` for a tenant rejection: `q` is the fleet-wide quota per
 /// window `w` (seconds, widened until `q` is a whole number ≥ 1 for slow rates), `r` the
 /// tokens left in the bucket the request was checked against (fewer than the request
-/// needed), `t` seconds until the request could pass (for a request
-/// larger than the burst, until the bucket is full; it still will not pass).
-fn ratelimit_fields(rejection: &Rejection) -> (String, String) {
+/// needed), `t` seconds until the request could pass: the `Retry-After` sent when there is
+/// one, else the wait rounded down (0 under a second); for a request larger than the burst,
+/// until the bucket is full (it still will not pass).
+fn ratelimit_fields(rejection: &Rejection, retry_after: Option<u64>) -> (String, String) {
     let name = match rejection.kind {
         LimitKind::Request => "tenant-request-rate",
         LimitKind::Ingestion => "tenant-ingestion-rate",
@@ -206,7 +279,9 @@ fn ratelimit_fields(rejection: &Rejection) -> (String, String) {
     };
     let quota = (rejection.limit * window).round().max(0.0) as u64;
     let until = match rejection.cause {
-        RejectionCause::RateLimited { wait } => wait.as_secs_f64().ceil() as u64,
+        RejectionCause::RateLimited { wait } => {
+            retry_after.unwrap_or_else(|| wait.as_secs_f64().floor() as u64)
+        }
         RejectionCause::LargerThanBurst if rejection.local_limit > 0.0 => {
             (rejection.burst as f64 / rejection.local_limit).ceil() as u64
         }
@@ -329,6 +404,75 @@ mod tests {
     }
 
     #[test]
+    fn truthful_retry_after_is_the_wait_rounded_up_with_a_little_jitter() {
+        let mut rng = StdRng::seed_from_u64(7);
+        for millis in [0, 1, 500, 999] {
+            let wait = Duration::from_millis(millis);
+            assert_eq!(truthful_seconds(wait, &mut rng), None, "{wait:?}");
+        }
+        for (millis, low, high) in [
+            (1_000, 1, 2),
+            (1_200, 2, 2),
+            (2_900, 3, 4),
+            (6_000, 6, 7),
+            (59_500, 60, 60),
+        ] {
+            let wait = Duration::from_millis(millis);
+            let mut seen = std::collections::BTreeSet::new();
+            for _ in 0..500 {
+                let seconds = truthful_seconds(wait, &mut rng).unwrap();
+                assert!((low..=high).contains(&seconds), "{wait:?}: {seconds}");
+                // Never before the truth, never more than 1.25 s after it.
+                assert!(seconds as f64 >= wait.as_secs_f64());
+                assert!(seconds as f64 <= wait.as_secs_f64() + 1.25);
+                seen.insert(seconds);
+            }
+            if millis == 2_900 {
+                assert!(seen.len() > 1, "{wait:?}: jitter must vary the answer");
+            }
+        }
+    }
+
+    #[test]
+    fn each_refusal_gets_the_header_its_mode_says() {
+        let headers = HeaderMap::new();
+        let mut rng = StdRng::seed_from_u64(7);
+        let truthful = RetryAfter::default();
+        let backoff = RetryAfter {
+            mode: RetryAfterMode::Backoff,
+            ..RetryAfter::default()
+        };
+        let rate_limited = |millis| {
+            PushError::RateLimited(Rejection {
+                kind: LimitKind::Ingestion,
+                cause: RejectionCause::RateLimited {
+                    wait: Duration::from_millis(millis),
+                },
+                limit: 100.0,
+                burst: 100,
+                local_limit: 100.0,
+                cost: 10,
+                remaining: 0,
+            })
+        };
+        let inflight = || PushError::TenantInflight {
+            limit: 3,
+            in_flight: 3,
+        };
+        let mut answer = |err: PushError, policy| err.retry_after(&headers, policy, &mut rng);
+        assert_eq!(answer(rate_limited(300), &truthful), None);
+        assert_eq!(answer(rate_limited(3_000), &truthful), Some(3));
+        assert_eq!(answer(inflight(), &truthful), None);
+        assert!((6..=9).contains(&answer(rate_limited(300), &backoff).unwrap()));
+        assert!((6..=9).contains(&answer(inflight(), &backoff).unwrap()));
+        assert_eq!(answer(PushError::InflightUnavailable, &truthful), Some(1));
+        // Not a refusal to retry: no header in either mode.
+        let bad = || PushError::BodyTooLarge { limit: 1 };
+        assert_eq!(answer(bad(), &truthful), None);
+        assert_eq!(answer(bad(), &backoff), None);
+    }
+
+    #[test]
     fn ratelimit_fields_for_fast_and_slow_rates() {
         let rejection = Rejection {
             kind: LimitKind::Ingestion,
@@ -342,17 +486,24 @@ mod tests {
             remaining: 7,
         };
         assert_eq!(
-            ratelimit_fields(&rejection),
+            ratelimit_fields(&rejection, Some(2)),
             (
                 "\"tenant-ingestion-rate\";q=10000;w=1".to_string(),
                 "\"tenant-ingestion-rate\";r=7;t=2".to_string()
             )
+        );
+        assert_eq!(
+            ratelimit_fields(&rejection, None).1,
+            "\"tenant-ingestion-rate\";r=7;t=1"
         );
         let slow = Rejection {
             kind: LimitKind::Request,
             limit: 0.25,
             ..rejection
         };
-        assert_eq!(ratelimit_fields(&slow).0, "\"tenant-request-rate\";q=1;w=4");
+        assert_eq!(
+            ratelimit_fields(&slow, None).0,
+            "\"tenant-request-rate\";q=1;w=4"
+        );
     }
 }

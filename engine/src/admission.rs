@@ -26,7 +26,7 @@ use runtime_config::{Algorithm, LimitSource, LimitSpec, RateLimitStrategy, Unres
 
 use crate::algorithms::{Decision, Meter};
 use crate::limiter::{LimitKind, Limiter, TenantHooks};
-use crate::maths::Rate;
+use crate::maths::{slot_share, Rate};
 use crate::shared::{self, Lease, SharedOutcome, SharedRequest};
 use crate::store::{admission_key, StoredMeter};
 
@@ -496,28 +496,11 @@ impl<H: TenantHooks, C: Clock + Clone> Limiter<H, C> {
             }
             // open: the local cap decides for the outage.
         }
-        let replicas = state.healthy.max(1) as u64;
-        let cap = match state.strategy {
-            RateLimitStrategy::Divided => spec.max_concurrent.div_ceil(replicas),
-            // Every replica works from the same published counts: what it told the peers it
-            // holds, and what they told it. Each may hold what it published plus its 1/N of
-            // the slots those counts leave free (less its 1/N of any excess), so the caps sum
-            // to max whoever has the demand, and free slots reach the busy replicas within a
-            // few rounds. The remainder of the division goes to each replica with probability
-            // remainder/N per round, so on average all of max is usable.
-            _ => {
-                let mine = entry.published_in_flight.load(Ordering::Relaxed);
-                let peers = entry.peers_in_flight.load(Ordering::Relaxed);
-                let free =
-                    spec.max_concurrent as i128 - mine as i128 - peers.min(u64::MAX / 2) as i128;
-                let n = replicas as i128;
-                let mut grow = free.div_euclid(n);
-                if free > 0 && (self.round_draw(entry) as i128) < free.rem_euclid(n) {
-                    grow += 1;
-                }
-                (mine as i128 + grow).clamp(0, spec.max_concurrent as i128) as u64
-            }
-        };
+        // Gossip cannot hold a fleet-wide count of short holds: shares of the published
+        // counts, which the peers see a round late, let 50-57 pushes in flight for a cap of
+        // 30 with holds of 0.3-0.5 s. So outside the store every replica holds a fixed share,
+        // and the shares sum to the cap exactly; `shared` follows skewed traffic exactly.
+        let cap = slot_share(spec.max_concurrent, state.healthy, self.rank());
         let taken = entry
             .in_flight
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |held| {
@@ -550,16 +533,6 @@ impl<H: TenantHooks, C: Clock + Clone> Limiter<H, C> {
                     .map_or(ACQUIRE_RETRY_HINT, |until| until.min(ACQUIRE_RETRY_HINT)),
             }),
         }
-    }
-
-    /// A number in 0..N, fixed for this replica, key and publishing round, different across
-    /// replicas and rounds.
-    fn round_draw(&self, entry: &Entry) -> u64 {
-        use std::hash::{Hash, Hasher};
-        let mut hasher = std::collections::hash_map::DefaultHasher::new();
-        (self.node_id(), &*entry.tenant, &*entry.key).hash(&mut hasher);
-        entry.publishes.load(Ordering::Relaxed).hash(&mut hasher);
-        hasher.finish() % self.healthy_replicas().max(1) as u64
     }
 
     fn earliest_deadline(&self, name: &str) -> Option<Duration> {

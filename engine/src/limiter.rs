@@ -256,6 +256,9 @@ pub struct Limiter<H: TenantHooks = NoHooks, C: Clock = EngineClock> {
     inputs_writer: Mutex<()>,
     /// `inputs.healthy_replicas`, for the settling budget.
     healthy: AtomicUsize,
+    /// This replica's place among the healthy replicas in the ring's order, for its share
+    /// of fleet-wide in-flight caps.
+    rank: AtomicUsize,
     /// The peers' usage as last applied, for tenants new to this replica.
     peers: ArcSwap<PeerUsage>,
     /// When `peers` was applied (engine nanoseconds), to refill the levels it reports.
@@ -304,6 +307,7 @@ impl<H: TenantHooks, C: Clock + Clone> Limiter<H, C> {
             generation: AtomicU64::new(0),
             inputs_writer: Mutex::new(()),
             healthy: AtomicUsize::new(1),
+            rank: AtomicUsize::new(0),
             peers: ArcSwap::from_pointee(PeerUsage::new()),
             peers_at: AtomicU64::new(0),
             coarse_now: AtomicU64::new(0),
@@ -803,6 +807,16 @@ impl<H: TenantHooks, C: Clock + Clone> Limiter<H, C> {
             return;
         }
         self.update_inputs(|inputs| (Arc::clone(&inputs.config), healthy_replicas));
+    }
+
+    /// Tells the limiter its place (0-based) among the healthy replicas in the ring's order:
+    /// which share of a fleet-wide in-flight cap it holds.
+    pub fn set_rank(&self, rank: usize) {
+        self.rank.store(rank, Ordering::Relaxed);
+    }
+
+    pub(crate) fn rank(&self) -> usize {
+        self.rank.load(Ordering::Relaxed)
     }
 
     fn update_inputs(&self, next: impl FnOnce(&Inputs) -> (Arc<RuntimeConfig>, usize)) {

@@ -25,6 +25,16 @@ pub enum Outcome {
     TooLarge,
 }
 
+/// This replica's share of a fleet-wide cap of `max` slots held at once, split over
+/// `replicas` by the replica's `rank` among them (its place in the ring's order): ⌊max ÷ N⌋,
+/// and one more for the first `max mod N` ranks, so the shares sum to `max` exactly. With
+/// fewer slots than replicas, the replicas ranked past `max` hold none.
+pub fn slot_share(max: u64, replicas: usize, rank: usize) -> u64 {
+    let replicas = replicas.max(1) as u64;
+    let rank = rank as u64 % replicas;
+    max / replicas + u64::from(rank < max % replicas)
+}
+
 /// What one replica enforces for one limit of one tenant.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum LocalLimit {
@@ -189,7 +199,32 @@ mod tests {
         assert_eq!(local.request.per_second(), 9.0);
     }
 
+    #[test]
+    fn slot_shares_by_rank() {
+        let shares = |max, n| {
+            (0..n)
+                .map(|rank| slot_share(max, n, rank))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(shares(30, 3), [10, 10, 10]);
+        assert_eq!(shares(10, 3), [4, 3, 3]);
+        assert_eq!(shares(2, 3), [1, 1, 0]);
+        assert_eq!(shares(7, 1), [7]);
+        // A rank past the healthy count (the ring is changing) still gets a share.
+        assert_eq!(slot_share(10, 3, 4), 3);
+        assert_eq!(slot_share(10, 0, 0), 10);
+    }
+
     proptest! {
+        /// Slot shares over N replicas sum to the cap exactly, and differ by at most one.
+        #[test]
+        fn slot_shares_sum_to_the_cap(max in 0u64..1_000_000, n in 1usize..500) {
+            let shares: Vec<u64> = (0..n).map(|rank| slot_share(max, n, rank)).collect();
+            prop_assert_eq!(shares.iter().sum::<u64>(), max);
+            let (low, high) = (shares.iter().min().unwrap(), shares.iter().max().unwrap());
+            prop_assert!(high - low <= 1);
+        }
+
         /// Divided: the local rates over N replicas sum to the fleet rate; the burst is whole.
         #[test]
         fn divided_shares_sum_to_the_fleet_limit(rate in 0.001f64..1e9, n in 1usize..1000) {

@@ -664,7 +664,7 @@ mod admission_tests {
     use crate::admission::AdmissionError;
     use runtime_config::LimitSource;
 
-    const ADMISSION: &str = "admission:\n  default_limit: {rate: 5}\noverrides:\n  a:\n    allow_client_limits: true\n    limits:\n      \"GET /s\": {algorithm: sliding_window, rate: 10, window: 1s}\n      \"POST /u\": {max_concurrent: 2}\n      wide: {max_concurrent: 30}\n      slow: {algorithm: leaky_bucket, rate: 10, burst: 3}\n  strict-free:\n    limits:\n      k: {rate: 1}\n  d:\n    rate_limit_strategy: divided\n    limits:\n      c: {max_concurrent: 10}\n";
+    const ADMISSION: &str = "admission:\n  default_limit: {rate: 5}\noverrides:\n  a:\n    allow_client_limits: true\n    limits:\n      \"GET /s\": {algorithm: sliding_window, rate: 10, window: 1s}\n      \"POST /u\": {max_concurrent: 2}\n      wide: {max_concurrent: 30}\n      odd: {max_concurrent: 31}\n      slow: {algorithm: leaky_bucket, rate: 10, burst: 3}\n  strict-free:\n    limits:\n      k: {rate: 1}\n  d:\n    rate_limit_strategy: divided\n    limits:\n      c: {max_concurrent: 10}\n";
 
     #[tokio::test]
     async fn allow_follows_the_key_s_algorithm_and_the_default_otherwise() {
@@ -882,30 +882,15 @@ mod admission_tests {
         );
     }
 
-    /// Under `weighted`, each replica may grow by its 1/N of the free slots per gossip round,
-    /// from the counts it published: the caps of the fleet sum to max.
+    /// Outside the store, each replica holds a fixed share of the cap by its rank, whatever
+    /// the peers report: the shares sum to max however fast holders come and go.
     #[tokio::test]
-    async fn weighted_grows_by_a_share_of_the_free_slots_per_round() {
+    async fn weighted_holds_a_fixed_share_of_the_slots_by_rank() {
         let (limiter, _clock) = limiter(ADMISSION);
         limiter.set_healthy_replicas(3);
         let ttl = Duration::from_secs(5);
-        assert_eq!(
-            futures_acquire(&limiter, "a", "wide", 30, ttl).await,
-            10,
-            "30 free ÷ 3"
-        );
-        let publish = |limiter: &TestLimiter| {
-            let reports = limiter.usage_reports();
-            let wide: Vec<_> = reports.iter().filter(|r| r.tenant == "a/wide").collect();
-            assert_eq!(wide.len(), 1);
-            limiter.mark_listed(
-                wide.iter()
-                    .map(|r| (r.tenant.as_str(), r.requests, r.items, r.in_flight)),
-            );
-            wide[0].in_flight
-        };
-        // Published 10; the peers hold 5 between them: 15 free, a third of it is mine.
-        assert_eq!(publish(&limiter), 10);
+        // 30 over 3: 10 here, whoever else holds what.
+        assert_eq!(futures_acquire(&limiter, "a", "wide", 30, ttl).await, 10);
         let peers = |held: u64| {
             Arc::new(PeerUsage::from([(
                 "a/wide".to_string(),
@@ -915,12 +900,17 @@ mod admission_tests {
                 },
             )]))
         };
-        limiter.apply_peer_usage(peers(5), Duration::ZERO);
-        assert_eq!(futures_acquire(&limiter, "a", "wide", 30, ttl).await, 5);
-        // Published 15, the peers 15: nothing free, nothing more.
-        assert_eq!(publish(&limiter), 15);
-        limiter.apply_peer_usage(peers(15), Duration::ZERO);
+        // Idle peers lend nothing: their share is theirs the moment their traffic comes.
+        limiter.apply_peer_usage(peers(0), Duration::ZERO);
         assert_eq!(futures_acquire(&limiter, "a", "wide", 30, ttl).await, 0);
+        // 31 over 3 by rank: 11, 10, 10.
+        let (first, _clock) = super::limiter(ADMISSION);
+        first.set_healthy_replicas(3);
+        assert_eq!(futures_acquire(&first, "a", "odd", 40, ttl).await, 11);
+        let (third, _clock) = super::limiter(ADMISSION);
+        third.set_healthy_replicas(3);
+        third.set_rank(2);
+        assert_eq!(futures_acquire(&third, "a", "odd", 40, ttl).await, 10);
     }
 
     async fn futures_acquire(
