@@ -618,6 +618,8 @@ impl Config {
         config.gossip_addr = "127.0.0.1:0".parse().expect("valid address");
         config.grpc_addr = "127.0.0.1:0".parse().expect("valid address");
         config.runtime_config = Some(runtime_config.into());
+        // Tests of the limits see each refusal at once; holding has tests of its own.
+        config.max_admission_delay = Duration::ZERO;
         config
     }
 }

@@ -6,6 +6,7 @@ mod common;
 use std::time::Duration;
 
 use common::{Options, Weir};
+use weir::rejection::RetryAfterMode;
 use weir::remote_write::prompb::WriteRequest;
 
 const LIMITED: &str = "overrides:
@@ -182,13 +183,14 @@ async fn request_rate_429_names_the_fleet_limit_with_headers() {
     let response = weir.push("t", 1).await;
     assert_eq!(response.status(), 429);
     let headers = response.headers().clone();
-    let retry_after: u64 = headers["retry-after"].to_str().unwrap().parse().unwrap();
-    assert!((6..=9).contains(&retry_after), "{retry_after}");
+    // The next token is half a second away: no Retry-After (the client's own backoff is
+    // nearer the truth than a whole second), and t rounds down to 0.
+    assert!(!headers.contains_key("retry-after"), "{headers:?}");
     assert_eq!(
         headers["ratelimit-policy"],
         "\"tenant-request-rate\";q=2;w=1"
     );
-    assert_eq!(headers["ratelimit"], "\"tenant-request-rate\";r=0;t=1");
+    assert_eq!(headers["ratelimit"], "\"tenant-request-rate\";r=0;t=0");
     assert_eq!(headers["content-type"], "text/plain; charset=utf-8");
     let body = response.text().await.unwrap();
     assert!(
@@ -210,8 +212,13 @@ async fn request_rate_429_names_the_fleet_limit_with_headers() {
 }
 
 #[tokio::test]
-async fn retry_after_grows_with_retry_attempt() {
-    let weir = limited().await;
+async fn retry_after_grows_with_retry_attempt_in_backoff_mode() {
+    let weir = Weir::start(Options {
+        overrides: LIMITED.into(),
+        manual_clock: true,
+        configure: Box::new(|config| config.retry_after = RetryAfterMode::Backoff),
+    })
+    .await;
     for _ in 0..3 {
         weir.push("t", 1).await;
     }
@@ -237,6 +244,119 @@ async fn retry_after_grows_with_retry_attempt() {
     weir.stop().await.unwrap();
 }
 
+/// Every refusal's Retry-After against a token bucket written here (100/s, burst 300) and fed
+/// the same schedule: a wait under a second has no header; a longer one is answered with at
+/// least the wait and at most 1.25 s more. Time moves in steps of 10 ms (one token), so the
+/// model's arithmetic is exact.
+#[tokio::test]
+async fn truthful_retry_after_matches_a_bucket_fed_the_same_schedule() {
+    let weir = Weir::start(Options {
+        overrides: "overrides:\n  sched:\n    ingestion_rate: 100\n    ingestion_burst_size: 300\n    request_rate: 0\n".into(),
+        manual_clock: true,
+        ..Options::default()
+    })
+    .await;
+    let (rate, burst) = (100u64, 300u64);
+    let mut tokens = burst;
+    let mut seed = 0x2545_f491_4f6c_dd1du64;
+    let mut next = |bound: u64| {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed % bound
+    };
+    let (mut refused, mut with_header) = (0, 0);
+    for step in 0..200 {
+        let ticks = next(60); // 0 to 590 ms
+        weir.advance(Duration::from_millis(ticks * 10));
+        tokens = (tokens + ticks * rate / 100).min(burst);
+        let cost = 1 + next(burst);
+        let response = weir.push("sched", cost as usize).await;
+        if cost <= tokens {
+            assert_eq!(response.status(), 200, "step {step}: {cost} of {tokens}");
+            tokens -= cost;
+            continue;
+        }
+        assert_eq!(response.status(), 429, "step {step}: {cost} of {tokens}");
+        refused += 1;
+        let wait = (cost - tokens) as f64 / rate as f64;
+        let header = response.headers().get("retry-after");
+        let t: f64 = response.headers()["ratelimit"]
+            .to_str()
+            .unwrap()
+            .rsplit_once("t=")
+            .unwrap()
+            .1
+            .parse()
+            .unwrap();
+        match header {
+            None => {
+                assert!(
+                    wait < 1.0,
+                    "step {step}: no Retry-After for a wait of {wait} s"
+                );
+                assert_eq!(t, 0.0);
+            }
+            Some(value) => {
+                with_header += 1;
+                let seconds: f64 = value.to_str().unwrap().parse().unwrap();
+                assert!(
+                    wait >= 1.0 && seconds >= wait && seconds <= wait + 1.25,
+                    "step {step}: Retry-After {seconds} for a wait of {wait} s"
+                );
+                assert_eq!(t, seconds, "RateLimit's t agrees with Retry-After");
+            }
+        }
+    }
+    assert!(
+        refused > 20 && with_header > 5,
+        "{refused} refused, {with_header} with a header"
+    );
+    weir.stop().await.unwrap();
+}
+
+/// With the default --max-admission-delay (1 s), a push that would pass within it is held and
+/// admitted; one that would wait longer is refused at once, with the wait in Retry-After.
+#[tokio::test]
+async fn a_push_that_would_pass_within_the_delay_is_held_not_refused() {
+    let weir = Weir::start(Options {
+        overrides: "overrides:\n  h:\n    ingestion_rate: 100\n    ingestion_burst_size: 200\n    request_rate: 0\n".into(),
+        configure: Box::new(|config| config.max_admission_delay = Duration::from_secs(1)),
+        ..Options::default()
+    })
+    .await;
+    assert_eq!(weir.status("h", 200).await, 200);
+    let started = std::time::Instant::now();
+    assert_eq!(weir.status("h", 50).await, 200);
+    let held = started.elapsed();
+    assert!(
+        held >= Duration::from_millis(400) && held < Duration::from_secs(1),
+        "held {held:?} for 50 tokens at 100/s"
+    );
+    assert_eq!(
+        weir.metric("weir_distributor_admission_delay_seconds_count")
+            .await,
+        Some(1.0)
+    );
+    let started = std::time::Instant::now();
+    let response = weir.push("h", 200).await;
+    assert_eq!(response.status(), 429);
+    assert!(
+        started.elapsed() < Duration::from_millis(200),
+        "refused at once"
+    );
+    let seconds: u64 = response.headers()["retry-after"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(
+        (2..=3).contains(&seconds),
+        "about 2 s to refill 200 at 100/s: {seconds}"
+    );
+    weir.stop().await.unwrap();
+}
+
 /// Ingestion bucket: 10 samples/s, burst 30. Request bucket: 2/s, burst 3.
 #[tokio::test]
 async fn exact_token_sequence_over_http() {
@@ -248,7 +368,7 @@ async fn exact_token_sequence_over_http() {
     assert_eq!(response.status(), 429);
     assert_eq!(
         response.headers()["ratelimit"],
-        "\"tenant-ingestion-rate\";r=5;t=1"
+        "\"tenant-ingestion-rate\";r=5;t=0"
     );
     let body = response.text().await.unwrap();
     assert!(

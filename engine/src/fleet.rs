@@ -104,6 +104,12 @@ impl FleetBucket {
         }
     }
 
+    /// How long until the bucket holds `cost` tokens, from `now` (zero if it does now).
+    pub fn wait(&self, cost: u64, now: u64) -> Duration {
+        let missing = cost as f64 - self.level(now);
+        Duration::from_nanos(nanos(missing.max(0.0) * self.period))
+    }
+
     /// Charges `cost` tokens spent elsewhere at `at` (which may be in the past): no check,
     /// the level may go below zero. The refill between `at` and now still counts, so a
     /// late report of an admission costs what the admission cost when it happened.

@@ -692,8 +692,10 @@ impl<H: TenantHooks, C: Clock + Clone> Limiter<H, C> {
                 }
                 let missing = (spent + cost) as f64 - budget;
                 let wait = missing * healthy.max(1) as f64 / rate.per_second;
+                // The fleet view may need longer than the share: the answer is the later.
+                let wait = Duration::from_secs_f64(wait.clamp(0.0, 1e9)).max(fleet.wait(cost, now));
                 return Outcome::Denied {
-                    wait: Duration::from_secs_f64(wait.clamp(0.0, 1e9)),
+                    wait,
                     available: (budget - spent as f64).max(0.0) as u64,
                 };
             }
