@@ -5,6 +5,7 @@ weir-loadgen against real weir replicas gossiping on 127.0.0.x.
     scripts/accuracy.py                              # the whole matrix, both strategies
     scripts/accuracy.py --strategy weighted --quick  # a few cells, to try it
     scripts/accuracy.py --only 'n3-2000-senders-even'   # cells whose name contains this
+    scripts/accuracy.py --strategy weighted --closed-loop  # only the closed-loop cells
 
 Every cell: L = 10 000 samples/s per tenant, B = L (B = 2 L with 10 000-series requests).
 Cells vary the fleet size (3, and 6 for the even and pinned splits), the request size (100,
@@ -22,6 +23,17 @@ Measures, after the first 5 s unless said:
 - switch and crash: seconds until the admitted rate is back to >= 0.95 L (averaged over
   max(1 s, two requests' worth));
 - 1 000 tenants: every tenant classified as above; the worst tenant is reported.
+
+Closed-loop cells (`closed-…`, `--closed-loop` runs only these, `--open-loop` only the others):
+the load generator's Prometheus-like senders (weir-loadgen --closed-loop: per tenant a producer
+scraping its series every second, 4 shards of 10 000 samples each sending up to 2 000 samples
+with one request in flight, retrying refused batches after Retry-After or its own backoff) at
+0.5, 0.9, 1.5 and 3 L, split even, 70/20/10 or 100/0/0 over 3 replicas, one tenant or 1 000 Zipf
+tenants, scrapes aligned on the second or spread; B = L. Judged per tenant:
+- offered <= 0.9 L: delivered / produced >= 0.99 (after a 10 s drain), refused / attempted
+  samples <= 1 %, lag when production ends <= 10 s;
+- offered >= 1.1 L: admitted / L in [0.95, 1.02] from 10 s to the end (30 s);
+- in between (a Zipf tenant near L): admitted / min(offered, L) in [0.90, 1.02].
 
 Cells that share a fleet use their own tenants, so each starts fresh; up to --parallel cells
 run at once (the load is light: at most 30 000 samples/s a cell, except the 1 000-tenant
@@ -43,7 +55,7 @@ import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-WEIR = os.path.join(ROOT, "target", "release", "weir")
+WEIR = os.environ.get("WEIR_BIN", os.path.join(ROOT, "target", "release", "weir"))
 LOADGEN = os.path.join(ROOT, "target", "release", "weir-loadgen")
 OUT = os.path.join(ROOT, "target", "accuracy")
 LIMIT = 10_000
@@ -53,6 +65,9 @@ SIZES = [100, 500, 2000, 10_000]
 SENDERS = 10
 ZIPF_TENANTS = 1000
 EXTRA_ARGS = os.environ.get("WEIR_EXTRA_ARGS", "").split()
+CLOSED_DURATION = 30
+CLOSED_WARM_UP = 10
+CLOSED_DRAIN = 10
 _ip_lock = threading.Lock()
 _next_ip = [20]
 
@@ -185,6 +200,111 @@ class Cell:
         return args
 
 
+class ClosedCell:
+    """Closed-loop senders (weir-loadgen --closed-loop) on 3 replicas; B = L."""
+
+    replicas, size, arrival, burst, duration = 3, 2000, "closed", LIMIT, CLOSED_DURATION
+
+    def __init__(self, split, offered, phase, tenants=1):
+        self.split, self.offered, self.phase, self.tenants = split, offered, phase, tenants
+        self.name = (f"closed-n3-{split}-{offered}L-{phase}"
+                     + (f"-{tenants}tenants" if tenants > 1 else ""))
+        self.key = f"c{abs(hash(self.name)) % 10**8:08d}"
+        # Under the limit, the senders flush what they hold after production ends, so
+        # delivered / produced counts samples that were only late.
+        self.drain = CLOSED_DRAIN if offered < 1 or tenants > 1 else 0
+
+    def weights(self):
+        return {"even": [1, 1, 1], "70,20,10": [70, 20, 10], "100,0,0": [100, 0, 0]}[self.split]
+
+    def overrides(self):
+        return ""
+
+    def loadgen_args(self, urls, output):
+        args = [LOADGEN, "--closed-loop", *sum((["--target", u] for u in urls), []),
+                "--split", ",".join(map(str, self.weights())), "--route", "random",
+                "--duration", f"{self.duration}s", "--warm-up", f"{CLOSED_WARM_UP}s",
+                "--drain", f"{self.drain}s", "--scrape-interval", "1s", "--scrape-phase", self.phase,
+                "--shards", "4" if self.tenants == 1 else "2",
+                "--output", output, "--quiet", "--seed", str(abs(hash(self.name)) % 1000)]
+        if self.tenants > 1:
+            harmonic = sum(1 / k for k in range(1, self.tenants + 1))
+            total = self.offered * LIMIT * harmonic
+            args += ["--tenant-count", f"{self.tenants}x{self.key}t", "--tenant-weights", "zipf:1",
+                     "--samples-per-second", f"{total:.0f}"]
+        else:
+            args += ["--tenants", self.key, "--samples-per-second", str(self.offered * LIMIT)]
+        return args
+
+
+def judge_closed(tenant):
+    """One tenant of a closed-loop cell: under the limit, everything delivered, little refused
+    and little lag; over it, L admitted once the first burst is spent."""
+    rate = tenant["offered_samples_per_second"]
+    result = {
+        "offered_per_L": round(rate / LIMIT, 4),
+        "delivered_per_produced": round(tenant["delivered_per_produced"] or 0, 4),
+        "refused_pct": round(100 * (tenant["refused_per_arrivals"] or 0), 2),
+        "lag_final_s": round(tenant["lag_final_seconds"], 2),
+        "lag_max_s": round(tenant["lag_max_seconds"], 2),
+        "admitted_per_L": round(tenant["delivered_per_second_after_warm_up"] / LIMIT, 4),
+        "dropped": tenant["dropped_queue_full_samples"],
+        "latency_ms_p50": tenant["latency_ms_p50"],
+        "latency_ms_p99": tenant["latency_ms_p99"],
+    }
+    if rate <= 0.9 * LIMIT + 1e-6:
+        result["kind"] = "under"
+        result["ok"] = (result["delivered_per_produced"] >= 0.99 and result["refused_pct"] <= 1.0
+                        and result["lag_final_s"] <= 10)
+    elif rate >= 1.1 * LIMIT:
+        result["kind"] = "over"
+        result["ok"] = 0.95 <= result["admitted_per_L"] <= 1.02
+    else:  # near L: neither bound is the issue's; report, judge loosely
+        result["kind"] = "near"
+        steady = result["admitted_per_L"] * LIMIT / min(rate, LIMIT)
+        result["ok"] = 0.90 <= steady <= 1.02
+    return result
+
+
+def judge_closed_report(cell, strategy, report):
+    tenants = [judge_closed(t) for t in report["per_tenant"]]
+    row = {"cell": cell.name, "strategy": strategy, "replicas": cell.replicas, "size": cell.size,
+           "arrival": cell.arrival, "phase": cell.phase, "split": cell.split,
+           "offered": cell.offered, "tenants": cell.tenants, "duration": cell.duration}
+    total = report["total"]
+    row["latency_ms_p50"], row["latency_ms_p99"] = total["latency_ms_p50"], total["latency_ms_p99"]
+    if cell.tenants == 1:
+        row.update(tenants[0])
+        row["per_second"] = [round(r[1] / LIMIT, 2) for r in report["per_tenant"][0]["per_second"]]
+        row["lag_per_second"] = [round(r[5] / 1000, 1) for r in report["per_tenant"][0]["per_second"]]
+    else:
+        under = [t for t in tenants if t["kind"] == "under"]
+        row["tenants_under_limit"] = len(under)
+        row["worst_under"] = min(under, key=lambda t: (t["delivered_per_produced"], -t["refused_pct"]))
+        row["most_refused_under"] = max(t["refused_pct"] for t in under)
+        row["worst_lag_under"] = max(t["lag_final_s"] for t in under)
+        row["over"] = [t for t in tenants if t["kind"] != "under"]
+        row["tenants_failing"] = sum(1 for t in tenants if not t["ok"])
+        row["ok"] = row["tenants_failing"] == 0
+    return row
+
+
+def describe_closed(row):
+    text = row["cell"]
+    latency = f"accepted p50/p99 {row['latency_ms_p50']}/{row['latency_ms_p99']} ms"
+    if row["tenants"] > 1:
+        wu = row["worst_under"]
+        over = ", ".join(f"{t['offered_per_L']:.2f}L->{t['admitted_per_L']:.3f}" for t in row["over"])
+        return (f"{text}: {row['tenants_failing']} failing; under the limit worst delivered "
+                f"{wu['delivered_per_produced']}, most refused {row['most_refused_under']}%, "
+                f"worst final lag {row['worst_lag_under']} s; over: {over}; {latency}")
+    if row["kind"] == "under":
+        return (f"{text}: delivered {row['delivered_per_produced']}, refused {row['refused_pct']}%, "
+                f"lag final {row['lag_final_s']} s (max {row['lag_max_s']} s), {latency}")
+    return (f"{text}: admitted {row['admitted_per_L']} L, refused {row['refused_pct']}%, "
+            f"dropped {row['dropped']}, lag max {row['lag_max_s']} s, {latency}")
+
+
 def recovery(admitted, ideal, at, size):
     """Seconds from `at` until weir admits what one ideal bucket admits of the same requests,
     within 5 % and one request, over every 3 s window starting in the next 3 s. Comparing with
@@ -246,6 +366,10 @@ def run_cell(cell, strategy, fleet):
 def judge_report(cell, strategy, output):
     with open(output) as f:
         report = json.load(f)
+    if isinstance(cell, ClosedCell):
+        row = judge_closed_report(cell, strategy, report)
+        print(f"{'ok  ' if row['ok'] else 'FAIL'} {strategy:<9} {describe(row)}", flush=True)
+        return row
     tenants = [judge(cell, t) for t in report["per_tenant"]]
     row = {"cell": cell.name, "strategy": strategy, "replicas": cell.replicas, "size": cell.size,
            "arrival": cell.arrival, "split": cell.split, "offered": cell.offered,
@@ -275,6 +399,8 @@ def judge_report(cell, strategy, output):
 
 
 def describe(row):
+    if row["arrival"] == "closed":
+        return describe_closed(row)
     text = row["cell"]
     if row["tenants"] > 1:
         wu = row["worst_under"]
@@ -292,8 +418,27 @@ def describe(row):
     return f"{text}: " + ", ".join(parts)
 
 
-def cells(quick):
+def closed_cells(quick):
     out = []
+    for tenants in (1, ZIPF_TENANTS):
+        for split in ("even", "70,20,10", "100,0,0"):
+            for offered in (0.5, 0.9, 1.5, 3):
+                for phase in ("aligned", "spread"):
+                    # 1 000 tenants: the even and the skewed split, the 1 000 senders aligned
+                    # (the harder case) and spread at 0.9 L and 3 L.
+                    if tenants > 1 and (split == "70,20,10" or offered in (0.5, 1.5)):
+                        continue
+                    out.append(ClosedCell(split, offered, phase, tenants))
+    if quick:
+        wanted = {"closed-n3-70,20,10-0.9L-aligned", "closed-n3-100,0,0-3L-spread"}
+        out = [c for c in out if c.name in wanted]
+    return out
+
+
+def cells(quick, loops=("open", "closed")):
+    out = [] if "open" in loops else closed_cells(quick)
+    if "open" not in loops:
+        return out
     for n in (3, 6):
         for size in SIZES:
             for arrival in ("dense", "senders"):
@@ -311,7 +456,7 @@ def cells(quick):
         wanted = {"n3-2000-senders-even-0.9L", "n3-100-dense-even-3L", "n3-2000-senders-switch-3L",
                   "n3-100-dense-kill-3L", "n3-2000-senders-100,0,0-3L"}
         out = [c for c in out if c.name in wanted]
-    return out
+    return out + (closed_cells(quick) if "closed" in loops else [])
 
 
 def run_strategy(strategy, selected, parallel):
@@ -364,16 +509,25 @@ def main():
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--strategy", action="append", choices=["weighted", "divided"])
     parser.add_argument("--only", action="append", help="run cells whose name contains this")
-    parser.add_argument("--quick", action="store_true", help="five representative cells")
+    parser.add_argument("--quick", action="store_true",
+                        help="five representative open-loop cells and two closed-loop ones")
+    loop = parser.add_mutually_exclusive_group()
+    loop.add_argument("--closed-loop", action="store_const", dest="loops", const=("closed",),
+                      default=("open", "closed"), help="only the closed-loop cells")
+    loop.add_argument("--open-loop", action="store_const", dest="loops", const=("open",),
+                      help="only the open-loop cells (the published 140)")
+    parser.add_argument("--no-build", action="store_true",
+                        help="use the binaries as they are (WEIR_BIN names another weir)")
     parser.add_argument("--parallel", type=int, default=3)
     parser.add_argument("--rejudge", action="store_true",
                         help="recompute the summaries from the reports already in target/accuracy")
     args = parser.parse_args()
     if args.rejudge:
         return rejudge(args)
-    subprocess.run(["cargo", "build", "--release", "--bin", "weir", "--bin", "weir-loadgen"],
-                   cwd=ROOT, check=True)
-    selected = cells(args.quick)
+    if not args.no_build:
+        subprocess.run(["cargo", "build", "--release", "--bin", "weir", "--bin", "weir-loadgen"],
+                       cwd=ROOT, check=True)
+    selected = cells(args.quick, args.loops)
     if args.only:
         selected = [c for c in selected if any(o in c.name for o in args.only)]
     results = {}
@@ -398,7 +552,7 @@ def rejudge(args):
     results = {}
     for strategy in args.strategy or ["weighted", "divided"]:
         rows = []
-        for cell in cells(args.quick):
+        for cell in cells(args.quick, args.loops):
             output = os.path.join(OUT, strategy, cell.name + ".json")
             if os.path.exists(output) and (not args.only or any(o in cell.name for o in args.only)):
                 rows.append(judge_report(cell, strategy, output))

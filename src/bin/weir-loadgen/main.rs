@@ -1,5 +1,5 @@
-//! weir-loadgen: pushes real remote-write traffic at one or more weir replicas, open loop,
-//! and reports what was offered, admitted and rejected, per target, per tenant and per
+//! weir-loadgen: pushes real remote-write traffic at one or more weir replicas, open loop or
+//! closed loop, and reports what was offered, admitted and rejected, per target, per tenant and per
 //! second, beside what one ideal bucket would have admitted of the same traffic.
 //!
 //! ```text
@@ -22,13 +22,26 @@
 //!
 //! `--ideal-rate`/`--ideal-burst` give the baseline: one exact token bucket per tenant, fed
 //! the same schedule. What it refuses, no fleet could admit without exceeding the limit.
+//!
+//! **Closed loop** (`--closed-loop`, in `closed_loop.rs`): senders that wait for answers and
+//! retry, modelled on Prometheus' queue manager, so a refusal's `Retry-After` shapes what is
+//! sent next. It reports delivered ÷ produced, refusals, drops and the senders' lag.
+//!
+//! # Layout
+//! - `main.rs`: the flags, and the open-loop schedule, sender and report.
+//! - `closed_loop.rs`: the closed-loop senders and their report.
+//! - `common.rs`: what both use: target URLs, the split and its routing, the HTTP client.
+
+mod closed_loop;
+mod common;
 
 use std::collections::BTreeMap;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use clap::{Parser, ValueEnum};
+use clap::Parser;
+use common::{check_weights, error_chain, parse_weights, percentile, Down, Route, Splitter};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde::Serialize;
@@ -38,7 +51,7 @@ use weir::remote_write::prompb::WriteRequest;
 #[derive(Debug, Clone, Parser)]
 #[command(
     name = "weir-loadgen",
-    about = "Open-loop remote-write load generator for weir"
+    about = "Remote-write load generator for weir: open loop, or closed loop like Prometheus"
 )]
 struct Args {
     /// Base URL of a replica (repeat for several); requests go to `<target>/api/v1/push`.
@@ -76,8 +89,8 @@ struct Args {
     #[arg(long, default_value_t = 0)]
     senders: usize,
 
-    /// With `--senders`: a sender with fewer samples than a full request sends what it has
-    /// after this long (Prometheus' `batch_send_deadline`).
+    /// With `--senders` or `--closed-loop`: a sender with fewer samples than a full request
+    /// sends what it has after this long (Prometheus' `batch_send_deadline`).
     #[arg(long, default_value = "5s", value_parser = humantime::parse_duration)]
     batch_send_deadline: Duration,
 
@@ -157,12 +170,14 @@ struct Args {
     /// load balancer's health check would move it.
     #[arg(long)]
     failover: bool,
-}
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-enum Route {
-    RoundRobin,
-    Random,
+    /// Closed loop: senders that wait for each answer and retry refused batches, like
+    /// Prometheus' queue manager (see `closed_loop.rs`), in place of the open-loop schedule.
+    #[arg(long, conflicts_with_all = ["senders", "requests_per_second", "write_body", "ideal_rate", "tenant_churn"])]
+    closed_loop: bool,
+
+    #[command(flatten)]
+    closed: closed_loop::ClosedLoopArgs,
 }
 
 /// One request of the schedule.
@@ -331,6 +346,8 @@ struct Stats {
     tenant_timeline: Vec<Vec<Cell>>,
     /// Per second (by due time): latencies, microseconds.
     second_latencies_us: Vec<Vec<u64>>,
+    /// The first transport error, with its causes, to say why requests failed.
+    first_error: Option<String>,
 }
 
 impl Stats {
@@ -414,103 +431,6 @@ struct Report {
     per_tenant: Vec<TenantReport>,
 }
 
-/// Which target request `index` goes to: smooth weighted round robin (deterministic) or a
-/// weighted random draw.
-struct Splitter {
-    schedule: Vec<(f64, Vec<f64>)>,
-    current: Vec<f64>,
-    route: Route,
-    rng: StdRng,
-}
-
-/// Targets found unreachable with `--failover`.
-type Down = Arc<Vec<std::sync::atomic::AtomicBool>>;
-
-impl Splitter {
-    fn new(first: Vec<f64>, later: Vec<(f64, Vec<f64>)>, route: Route, seed: u64) -> Self {
-        let mut schedule = vec![(0.0, first)];
-        schedule.extend(later);
-        schedule.sort_by(|a, b| a.0.total_cmp(&b.0));
-        let targets = schedule[0].1.len();
-        Splitter {
-            schedule,
-            current: vec![0.0; targets],
-            route,
-            rng: StdRng::seed_from_u64(seed ^ 0x5eed),
-        }
-    }
-
-    /// The next target; targets marked down get no share (unless all are down).
-    fn pick(&mut self, elapsed_seconds: f64, down: &[bool]) -> usize {
-        let scheduled = &self
-            .schedule
-            .iter()
-            .rev()
-            .find(|(at, _)| *at <= elapsed_seconds)
-            .expect("schedule starts at 0")
-            .1;
-        let mut weights: Vec<f64> = scheduled
-            .iter()
-            .zip(down)
-            .map(|(weight, down)| if *down { 0.0 } else { *weight })
-            .collect();
-        if weights.iter().sum::<f64>() == 0.0 {
-            // The split sends nothing to the live targets: spread evenly over them.
-            weights = down
-                .iter()
-                .map(|down| if *down { 0.0 } else { 1.0 })
-                .collect();
-            if weights.iter().sum::<f64>() == 0.0 {
-                weights = scheduled.clone();
-            }
-        }
-        let total: f64 = weights.iter().sum();
-        if self.route == Route::Random {
-            let mut draw = self.rng.random_range(0.0..total);
-            for (target, weight) in weights.iter().enumerate() {
-                if draw < *weight {
-                    return target;
-                }
-                draw -= weight;
-            }
-            return weights.iter().rposition(|w| *w > 0.0).unwrap_or(0);
-        }
-        for (current, weight) in self.current.iter_mut().zip(&weights) {
-            *current += weight;
-        }
-        let (best, _) = self
-            .current
-            .iter()
-            .enumerate()
-            .max_by(|a, b| a.1.total_cmp(b.1))
-            .expect("at least one target");
-        self.current[best] -= total;
-        best
-    }
-}
-
-fn parse_weights(text: &str, targets: usize) -> anyhow::Result<Vec<f64>> {
-    let weights: Vec<f64> = text
-        .split(',')
-        .map(|w| w.trim().parse::<f64>())
-        .collect::<Result<_, _>>()?;
-    check_weights(&weights, targets)?;
-    Ok(weights)
-}
-
-fn check_weights(weights: &[f64], targets: usize) -> anyhow::Result<()> {
-    anyhow::ensure!(
-        weights.len() == targets,
-        "a split needs one weight per target ({targets}), got {}",
-        weights.len()
-    );
-    anyhow::ensure!(
-        weights.iter().all(|w| w.is_finite() && *w >= 0.0) && weights.iter().sum::<f64>() > 0.0,
-        "split weights must be ≥ 0 and not all 0"
-    );
-    Ok(())
-}
-
 /// Replaces `per_minute` tenants a minute: slot k of n tenants gets its g-th successor
 /// (tenant k + g·n) at minute (k + (g − 1)·n) ÷ per_minute, so replacements are spread evenly
 /// and every slot keeps its share of the load.
@@ -545,14 +465,6 @@ fn tenant_names(args: &Args) -> anyhow::Result<Vec<String>> {
     let count: usize = count.parse()?;
     anyhow::ensure!(count >= 1, "--tenant-count needs at least one tenant");
     Ok((1..=count).map(|i| format!("{prefix}{i:04}")).collect())
-}
-
-fn percentile(sorted: &[u64], p: f64) -> Option<f64> {
-    if sorted.is_empty() {
-        return None;
-    }
-    let index = ((sorted.len() as f64 - 1.0) * p).round() as usize;
-    Some(sorted[index] as f64 / 1000.0)
 }
 
 fn rates(counts: &Counts, latencies: &mut [u64], seconds: f64) -> Rates {
@@ -597,6 +509,41 @@ async fn main() -> anyhow::Result<()> {
         std::fs::write(path, &body)?;
         println!("{} bytes written to {}", body.len(), path.display());
         return Ok(());
+    }
+    let urls = common::push_urls(&args.targets)?;
+    if args.closed_loop {
+        let tenants = tenant_names(&args)?;
+        let weights = tenant_weights(&args.tenant_weights, tenants.len())?;
+        let rates: Vec<f64> = match (args.samples_per_second, args.closed.series_per_tenant) {
+            (Some(total), None) => weights.iter().map(|weight| weight * total).collect(),
+            (None, Some(series)) if args.tenant_weights == "even" => {
+                let per_tenant = series as f64 / args.closed.scrape_interval.as_secs_f64();
+                vec![per_tenant; tenants.len()]
+            }
+            (None, Some(_)) => anyhow::bail!(
+                "--series-per-tenant gives every tenant the same series; with --tenant-weights, \
+                 give --samples-per-second"
+            ),
+            _ => anyhow::bail!("give --samples-per-second or --series-per-tenant"),
+        };
+        return closed_loop::run(closed_loop::Plan {
+            sender: args.closed.clone(),
+            batch_send_deadline: args.batch_send_deadline,
+            targets: args.targets.clone(),
+            urls,
+            split,
+            later,
+            route: args.route,
+            failover: args.failover,
+            tenants,
+            rates,
+            duration: args.duration,
+            timeout: args.timeout,
+            seed: args.seed,
+            output: args.output.clone(),
+            quiet: args.quiet,
+        })
+        .await;
     }
     let samples_per_second = match (args.samples_per_second, args.requests_per_second) {
         (Some(samples), None) => samples,
@@ -662,20 +609,7 @@ async fn main() -> anyhow::Result<()> {
                 .into()
         });
     }
-    let urls: Vec<String> = args
-        .targets
-        .iter()
-        .map(|t| format!("{}/api/v1/push", t.trim_end_matches('/')))
-        .collect();
-    let client = reqwest::Client::builder()
-        .timeout(args.timeout)
-        .pool_max_idle_per_host(args.max_outstanding)
-        // Retire idle connections before weir closes them (its idle keep-alive timeout is
-        // --http-header-read-timeout, 30 s by default): reusing one just as the server closes
-        // it fails the request ("connection closed before message completed"), as the soak
-        // saw once in 8.4 M requests.
-        .pool_idle_timeout(Duration::from_secs(20))
-        .build()?;
+    let client = common::http_client(args.timeout, args.max_outstanding)?;
 
     let whole_seconds = seconds.ceil() as usize;
     let stats = Arc::new(Mutex::new(Stats {
@@ -726,24 +660,33 @@ async fn main() -> anyhow::Result<()> {
         let failover = args.failover;
         tasks.spawn(async move {
             let sent = Instant::now();
+            let mut error = None;
             let outcome = match request.send().await {
                 Ok(response) => {
                     let status = response.status().as_u16();
                     let _ = response.bytes().await;
                     Outcome::Status(status)
                 }
-                Err(err) if err.is_timeout() => Outcome::Error("timeout"),
-                Err(err) if err.is_connect() => {
-                    if failover {
-                        down[target].store(true, std::sync::atomic::Ordering::Relaxed);
+                Err(err) => {
+                    error = Some(error_chain(&err));
+                    if err.is_timeout() {
+                        Outcome::Error("timeout")
+                    } else if err.is_connect() {
+                        if failover {
+                            down[target].store(true, std::sync::atomic::Ordering::Relaxed);
+                        }
+                        Outcome::Error("connect_error")
+                    } else {
+                        Outcome::Error("error")
                     }
-                    Outcome::Error("connect_error")
                 }
-                Err(_) => Outcome::Error("error"),
             };
             let latency = sent.elapsed().as_micros() as u64;
             drop(permit);
             let mut stats = stats.lock().unwrap();
+            if stats.first_error.is_none() {
+                stats.first_error = error;
+            }
             stats.record(&send, target, second, &outcome, ideal);
             stats.latencies_us[target].push(latency);
             stats.second_latencies_us[second].push(latency);
@@ -821,6 +764,24 @@ async fn main() -> anyhow::Result<()> {
     std::fs::write(&args.output, serde_json::to_string(&report)?)?;
     print_summary(&report);
     eprintln!("report written to {}", args.output);
+    let answered: u64 = report
+        .total
+        .counts
+        .status
+        .iter()
+        .filter(|(status, _)| status.parse::<u16>().is_ok())
+        .map(|(_, count)| count)
+        .sum();
+    match stats.first_error {
+        Some(error) if answered == 0 => {
+            anyhow::bail!("no request was answered; the first failed with: {error}")
+        }
+        Some(error) => eprintln!("some requests failed; the first with: {error}"),
+        None if answered == 0 => {
+            anyhow::bail!("no request was sent (all {} unsent)", schedule.len())
+        }
+        None => {}
+    }
     Ok(())
 }
 
@@ -920,56 +881,6 @@ mod tests {
         assert_eq!(names.len(), 35); // slots 0-4 reach their third successors by 24.5 s
                                      // Every successor keeps its slot's share.
         assert_eq!(rates[schedule[12 * 10 + 1].tenant], 1.0);
-    }
-
-    #[test]
-    fn splitter_follows_weights_and_schedule() {
-        let mut splitter = Splitter::new(
-            vec![70.0, 20.0, 10.0],
-            vec![(10.0, vec![0.0, 0.0, 1.0])],
-            Route::RoundRobin,
-            1,
-        );
-        let mut counts = [0; 3];
-        let up = [false; 3];
-        for _ in 0..1000 {
-            counts[splitter.pick(0.0, &up)] += 1;
-        }
-        assert_eq!(counts, [700, 200, 100]);
-        assert!((0..100).all(|_| splitter.pick(10.0, &up) == 2));
-    }
-
-    #[test]
-    fn random_route_follows_weights_roughly() {
-        let mut splitter = Splitter::new(vec![70.0, 20.0, 10.0], vec![], Route::Random, 7);
-        let mut counts = [0; 3];
-        for _ in 0..10_000 {
-            counts[splitter.pick(0.0, &[false; 3])] += 1;
-        }
-        assert!((6700..7300).contains(&counts[0]), "{counts:?}");
-        assert!((800..1200).contains(&counts[2]), "{counts:?}");
-    }
-
-    #[test]
-    fn down_targets_get_no_share() {
-        let mut splitter = Splitter::new(vec![1.0, 1.0, 1.0], vec![], Route::RoundRobin, 1);
-        let down = [false, true, false];
-        assert!((0..100).all(|_| splitter.pick(0.0, &down) != 1));
-        // A split that sends everything to a down target spreads over the live ones.
-        let mut splitter = Splitter::new(vec![0.0, 1.0, 0.0], vec![], Route::RoundRobin, 1);
-        let mut counts = [0; 3];
-        for _ in 0..100 {
-            counts[splitter.pick(0.0, &down)] += 1;
-        }
-        assert_eq!(counts, [50, 0, 50]);
-    }
-
-    #[test]
-    fn weights_are_checked() {
-        assert!(parse_weights("1,2", 3).is_err());
-        assert!(parse_weights("0,0", 2).is_err());
-        assert!(parse_weights("-1,2", 2).is_err());
-        assert_eq!(parse_weights("1, 2", 2).unwrap(), vec![1.0, 2.0]);
     }
 
     #[test]
