@@ -215,6 +215,31 @@ mod tests {
         assert_eq!(slot_share(10, 0, 0), 10);
     }
 
+    /// Cases worked by hand, including ones that do not divide evenly.
+    #[test]
+    fn divided_and_settling_by_hand() {
+        let divided = |rate, n| local_limits(&limits(rate, 0.0, RateLimitStrategy::Divided), n);
+        assert_eq!(divided(900.0, 3).ingestion.per_second(), 300.0);
+        assert_eq!(divided(1000.0, 8).ingestion.per_second(), 125.0);
+        assert_eq!(divided(10.0, 4).ingestion.per_second(), 2.5);
+        // 10/3 = 3.333…, to the nearest f64.
+        assert_eq!(divided(10.0, 3).ingestion.per_second(), 3.3333333333333335);
+        assert_eq!(divided(1.0, 1000).ingestion.per_second(), 0.001);
+
+        let rate = Rate {
+            per_second: 100.0,
+            burst: 300,
+        };
+        let settling = |n, ms| settling_budget(rate, n, Duration::from_millis(ms));
+        // (300 + 100·0) / 3, (300 + 100·1.5) / 3, (300 + 100·0.25) / 1 and / 4.
+        assert_eq!(settling(3, 0), 100.0);
+        assert_eq!(settling(3, 1500), 150.0);
+        assert_eq!(settling(1, 250), 325.0);
+        assert_eq!(settling(4, 250), 81.25);
+        // A healthy count of 0 (cannot happen) counts as 1.
+        assert_eq!(settling(0, 1000), 400.0);
+    }
+
     proptest! {
         /// Slot shares over N replicas sum to the cap exactly, and differ by at most one.
         #[test]
@@ -225,30 +250,63 @@ mod tests {
             prop_assert!(high - low <= 1);
         }
 
-        /// Divided: the local rates over N replicas sum to the fleet rate; the burst is whole.
+        /// Divided: each replica's rate is the fleet rate over N, the burst is whole. The
+        /// oracle builds the fleet rate from the answer (a share in 1/1024ths, times N, all
+        /// exact in an f64), so it never divides, let alone with the code's own division.
         #[test]
-        fn divided_shares_sum_to_the_fleet_limit(rate in 0.001f64..1e9, n in 1usize..1000) {
-            let local = local_limits(&limits(rate, rate, RateLimitStrategy::Divided), n);
-            for limit in [local.ingestion, local.request] {
-                let LocalLimit::Divided(local_rate) = limit else { panic!("divided") };
-                let sum = local_rate.per_second * n as f64;
-                prop_assert!((sum - rate).abs() <= rate * 1e-9);
-                prop_assert!(local_rate.per_second <= rate);
+        fn divided_rate_is_the_fleet_rate_over_the_healthy_count(
+            share_1024ths in 1u64..1 << 40, n in 1usize..1000,
+        ) {
+            let expected = share_1024ths as f64 / 1024.0;
+            let fleet = (share_1024ths * n as u64) as f64 / 1024.0;
+            let local = local_limits(&limits(fleet, fleet, RateLimitStrategy::Divided), n);
+            prop_assert_eq!(
+                local.ingestion,
+                LocalLimit::Divided(Rate { per_second: expected, burst: 1000 })
+            );
+            prop_assert_eq!(
+                local.request,
+                LocalLimit::Divided(Rate { per_second: expected, burst: 10 })
+            );
+        }
+
+        /// Divided, any whole fleet rate: the share lies between the integer quotient and
+        /// the next integer (integer arithmetic, not a float division, is the oracle).
+        #[test]
+        fn divided_rate_lies_between_the_integer_quotients(
+            fleet in 1u64..1_000_000_000, n in 1usize..1000,
+        ) {
+            let local = local_limits(&limits(fleet as f64, 0.0, RateLimitStrategy::Divided), n);
+            let per_second = local.ingestion.per_second();
+            let (quotient, remainder) = (fleet / n as u64, fleet % n as u64);
+            if remainder == 0 {
+                prop_assert_eq!(per_second, quotient as f64);
+            } else {
+                prop_assert!(
+                    (quotient as f64) < per_second && per_second < (quotient + 1) as f64,
+                    "{} / {} gave {}", fleet, n, per_second
+                );
             }
         }
 
-        /// Settling shares over N replicas sum to exactly one fleet burst plus the rate, at
-        /// every moment: a new tenant's first seconds stay within one burst however its
-        /// traffic is spread.
+        /// Settling: each of N replicas may spend (B + L·t) ÷ N. The oracle picks each
+        /// replica's share of the burst and of the rate first and builds B and L from them
+        /// (rates in 1/1024ths, t in eighths of a second: every value exact), so the expected
+        /// budget is known without dividing.
         #[test]
-        fn settling_shares_sum_to_one_burst_plus_the_rate(
-            per_second in 0.001f64..1e7, burst in 1u64..10_000_000, n in 1usize..200, ms in 0u64..10_000,
+        fn settling_budget_is_an_even_share_of_one_burst_plus_the_rate(
+            burst_share in 0u64..1_000_000, rate_share_1024ths in 1u64..1_000_000,
+            n in 1usize..200, eighths in 0u64..800,
         ) {
-            let rate = Rate { per_second, burst };
-            let elapsed = Duration::from_millis(ms);
-            let sum = settling_budget(rate, n, elapsed) * n as f64;
-            let whole = burst as f64 + per_second * elapsed.as_secs_f64();
-            prop_assert!((sum - whole).abs() <= whole * 1e-9);
+            let rate = Rate {
+                per_second: (rate_share_1024ths * n as u64) as f64 / 1024.0,
+                burst: burst_share * n as u64,
+            };
+            let elapsed = Duration::from_millis(125 * eighths);
+            let budget = settling_budget(rate, n, elapsed);
+            // In 1/8192ths: the burst share, plus the rate share (1/1024ths) times t (1/8ths).
+            let expected_8192ths = burst_share * 8192 + rate_share_1024ths * eighths;
+            prop_assert_eq!(budget, expected_8192ths as f64 / 8192.0);
         }
     }
 }
