@@ -10,7 +10,10 @@
 //! - [`snappy`]: decompression within the size limit never panics and never exceeds it.
 //! - [`overrides`]: the runtime config parser; what it accepts renders and parses again.
 //! - [`tenant`]: tenant IDs; what is accepted follows Mimir's rules.
-//! - [`gossip`]: peer usage reports (untrusted network input); what is accepted is bounded.
+//! - [`gossip`]: peer usage reports and member state (untrusted network input); what is
+//!   accepted is bounded.
+//! - [`usage_report`]: the usage report decoder: a bad line is skipped alone, and what is
+//!   accepted re-encodes to the same entries.
 //! - [`admission`]: the admission API's JSON and protobuf requests, and client limit specs.
 //!
 //! No input may make one allocation over [`MAX_ALLOCATION`] ([`CappedAllocator`]).
@@ -263,26 +266,52 @@ pub fn tenant(data: &[u8]) {
 }
 
 /// Peer usage reports and member state, as gossip delivers them: no panic; what is accepted
-/// is within the bounds.
+/// is within the bounds (the report decoder in depth: [`usage_report`]).
 pub fn gossip(data: &[u8]) {
     let Ok(text) = std::str::from_utf8(data) else {
         return;
     };
     let _ = ring::MemberState::parse(Some(text));
-    if let Some(entries) = ring::usage::decode(text) {
-        for entry in entries {
-            assert!(!entry.tenant.is_empty());
-            assert!(
-                entry.requests <= 1 << 53 && entry.items <= 1 << 53 && entry.in_flight <= 1 << 53
-            );
-            for level in [entry.requests_level, entry.items_level]
-                .into_iter()
-                .flatten()
-            {
-                assert!(level.is_finite() && level.abs() <= 1e15, "{level}");
-            }
+    if let Ok(report) = ring::usage::decode(text) {
+        usage_entries_in_bounds(&report.entries);
+    }
+}
+
+fn usage_entries_in_bounds(entries: &[ring::UsageEntry]) {
+    for entry in entries {
+        assert!(entry.requests <= 1 << 53 && entry.items <= 1 << 53 && entry.in_flight <= 1 << 53);
+        for level in [entry.requests_level, entry.items_level]
+            .into_iter()
+            .flatten()
+        {
+            assert!(level.is_finite() && level.abs() <= 1e15, "{level}");
         }
     }
+}
+
+/// The usage report decoder: no panic; each line is either an entry or a skipped one (so one
+/// bad line never costs the others); what is accepted is within the bounds, and encodes to a
+/// report that decodes to the same entries with nothing skipped.
+pub fn usage_report(data: &[u8]) {
+    let Ok(text) = std::str::from_utf8(data) else {
+        return;
+    };
+    let Ok(report) = ring::usage::decode(text) else {
+        return;
+    };
+    let lines = text.split('\n').count() - 1;
+    assert_eq!(
+        report.entries.len() as u64 + report.skipped_total(),
+        lines as u64,
+        "every line is an entry or a skipped one"
+    );
+    assert_eq!(report.first_skipped.is_some(), report.skipped_total() > 0);
+    usage_entries_in_bounds(&report.entries);
+    let (value, listed) = ring::usage::encode(&report.entries, usize::MAX);
+    assert_eq!(listed, report.entries.len());
+    let again = ring::usage::decode(&value).expect("an encoded report decodes");
+    assert_eq!(again.skipped_total(), 0, "{value:?}");
+    assert_eq!(again.entries, report.entries, "{value:?}");
 }
 
 /// The admission API's requests: JSON bodies and protobuf messages decode or fail cleanly,

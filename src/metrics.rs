@@ -129,6 +129,7 @@ pub struct Metrics {
     pub ring_healthy_replicas: IntGauge,
     pub ring_healthy_changes: IntCounter,
     pub ring_rejected_usage_reports: IntCounter,
+    pub ring_skipped_usage_entries: IntCounterVec,
     pub ring_ignored_members: IntGauge,
     pub ring_rejected_gossip: IntCounter,
     pub http_refused_connections: IntCounter,
@@ -443,9 +444,17 @@ impl Metrics {
             .expect("valid"),
             ring_rejected_usage_reports: IntCounter::new(
                 "weir_ring_rejected_usage_reports_total",
-                "Peer usage reports ignored: unreadable, or with absurd values (untrusted input).",
+                "Peer usage reports ignored whole: a format this version does not read.",
             )
             .expect("valid"),
+            // reason: one of ring::usage::EntryError's five, pre-created.
+            ring_skipped_usage_entries: counter_vec(
+                r,
+                "weir_ring_skipped_usage_entries_total",
+                "Entries skipped in peer usage reports (malformed, or absurd values); the rest \
+                 of each report is used.",
+                &["reason"],
+            ),
             http_open_connections: IntGauge::new(
                 "weir_http_open_connections",
                 "HTTP connections open now (each holds a file descriptor and a task).",
@@ -561,6 +570,11 @@ impl Metrics {
             metrics
                 .instance_rejected_requests
                 .with_label_values(&[limit.reason()]);
+        }
+        for reason in ring::usage::EntryError::ALL {
+            metrics
+                .ring_skipped_usage_entries
+                .with_label_values(&[reason.as_str()]);
         }
         metrics
     }

@@ -509,6 +509,18 @@ fn spawn_membership_applier(
                     .ring_rejected_usage_reports
                     .inc_by(rejected - counted);
             }
+            for (reason, &skipped) in ring::usage::EntryError::ALL
+                .iter()
+                .zip(&membership.skipped_usage_entries)
+            {
+                let counter = state
+                    .metrics
+                    .ring_skipped_usage_entries
+                    .with_label_values(&[reason.as_str()]);
+                if skipped > counter.get() {
+                    counter.inc_by(skipped - counter.get());
+                }
+            }
             state
                 .metrics
                 .ring_ignored_members

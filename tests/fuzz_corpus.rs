@@ -80,6 +80,11 @@ fn gossip() {
 }
 
 #[test]
+fn usage_report() {
+    replay("usage_report", weir::fuzzing::usage_report);
+}
+
+#[test]
 fn admission() {
     replay("admission", weir::fuzzing::admission);
 }

@@ -79,8 +79,12 @@ pub struct Membership {
     /// only when a report changed it.
     #[serde(skip)]
     pub peer_usage: std::sync::Arc<crate::PeerUsage>,
-    /// Peer usage reports ignored since start (unreadable or absurd values), cumulative.
+    /// Peer usage reports ignored whole since start (a format this version does not read),
+    /// cumulative.
     pub rejected_usage_reports: u64,
+    /// Entries skipped in peer usage reports whose other entries were used, per reason
+    /// (indexed as [`crate::usage::EntryError::ALL`]), cumulative.
+    pub skipped_usage_entries: [u64; crate::usage::EntryError::ALL.len()],
     /// Live members beyond `max_members`, ignored (not counted, not listed).
     pub ignored_members: usize,
     /// Gossip datagrams dropped since start because no key authenticated them.
@@ -96,6 +100,7 @@ impl Membership {
             joined: false,
             peer_usage: Default::default(),
             rejected_usage_reports: 0,
+            skipped_usage_entries: Default::default(),
             ignored_members: 0,
             rejected_gossip: 0,
         }
@@ -114,6 +119,7 @@ impl Membership {
             joined,
             peer_usage: Default::default(),
             rejected_usage_reports: 0,
+            skipped_usage_entries: Default::default(),
             ignored_members: 0,
             rejected_gossip: 0,
         }

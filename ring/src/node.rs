@@ -265,6 +265,8 @@ async fn observe(
     let mut peer_usage = Arc::new(crate::PeerUsage::default());
     let mut rejected: HashMap<PeerKey, u64> = HashMap::new();
     let mut rejected_total = 0u64;
+    let mut skipped_total = [0u64; usage::EntryError::ALL.len()];
+    let mut skipped_warned: std::collections::HashSet<PeerKey> = Default::default();
     let mut warned_members = false;
     let mut joined = false;
     let mut ticker = tokio::time::interval(observation.period);
@@ -291,16 +293,26 @@ async fn observe(
                         if usage_versions.get(&key) != Some(&versioned.version) {
                             usage_versions.insert(key.clone(), versioned.version);
                             match usage::decode(&versioned.value) {
-                                Some(entries) => {
-                                    aggregate.observe(&key, &entries, now);
+                                Ok(report) => {
+                                    aggregate.observe(&key, &report.entries, now);
                                     usage_changed = true;
+                                    // Untrusted input: a bad entry is skipped alone, counted,
+                                    // and said once per peer; the rest of the report counts.
+                                    for (total, skipped) in skipped_total.iter_mut().zip(report.skipped) {
+                                        *total += skipped;
+                                    }
+                                    if let Some((line, reason)) = report.first_skipped {
+                                        if skipped_warned.insert(key) {
+                                            tracing::warn!(peer = %id.node_id, line, skipped = report.skipped_total(), "skipped an unreadable entry in a usage report from a peer (the rest of it is used): {reason}");
+                                        }
+                                    }
                                 }
-                                None => {
-                                    // Untrusted input: ignored, and said once per peer.
+                                Err(err) => {
+                                    // A whole report refused: ignored, and said once per peer.
                                     rejected_total += 1;
                                     let count = rejected.entry(key).or_default();
                                     if *count == 0 {
-                                        tracing::warn!(peer = %id.node_id, "ignoring a usage report this version cannot read");
+                                        tracing::warn!(peer = %id.node_id, "ignoring a usage report: {err}");
                                     }
                                     *count += 1;
                                 }
@@ -340,6 +352,7 @@ async fn observe(
         };
         usage_versions.retain(|key, _| live(key));
         rejected.retain(|key, _| live(key));
+        skipped_warned.retain(|key| live(key));
         aggregate.retain_peers(live, now);
         if usage_changed {
             peer_usage = Arc::new(aggregate.snapshot(now));
@@ -364,6 +377,7 @@ async fn observe(
         let mut membership = Membership::from_members(members, joined);
         membership.ignored_members = ignored;
         membership.rejected_usage_reports = rejected_total;
+        membership.skipped_usage_entries = skipped_total;
         membership.rejected_gossip = observation.rejected_gossip.as_ref().map_or(0, |rejected| {
             rejected.load(std::sync::atomic::Ordering::Relaxed)
         });

@@ -8,11 +8,21 @@
 //! (one UDP datagram holds every node's changed keys): the replica lists the tenants with the
 //! most unpublished admissions first and the others in turn.
 //!
-//! Format, one line per entry, fields separated by one space (names hold neither: tenant
-//! IDs, or admission keys as `tenant/percent-encoded key`): `2` then
+//! Format, one line per entry, fields separated by one space: a format line, then
 //! `<name> <requests> <items> <requests level> <items level> <in flight>`, a level being an
 //! integer number of tokens or `-` for a full bucket, and `in flight` the leases this
-//! replica holds now for an admission key (a gauge, not a count).
+//! replica holds now for an admission key (a gauge, not a count). A name is a tenant ID or an
+//! admission key as `tenant/percent-encoded key`.
+//!
+//! - Format `3` percent-encodes the name's `%`, space, and control bytes (newline among
+//!   them), so any string is carried, the empty one included.
+//! - Format `2` writes the name as it is, so it holds no space or newline.
+//!
+//! A writer uses `2` whenever every name fits it (tenant IDs and encoded admission keys
+//! always do), so a replica of an older version, which reads only `2`, still reads this one's
+//! reports during a rolling upgrade; a reader takes both. An entry a reader cannot use is
+//! skipped alone and counted ([`Report::skipped`]); only an unknown format line refuses the
+//! whole report.
 //!
 //! [`UsageAggregate`] turns the peers' reports into monotonic per-tenant totals: the sum of
 //! every increase each peer incarnation reported. A peer that restarts, or that dropped a
@@ -23,13 +33,17 @@ use std::fmt::Write;
 use std::time::{Duration, Instant};
 
 pub const USAGE_KEY: &str = "usage";
-const FORMAT: &str = "2";
+/// Names percent-encoded: any string.
+const FORMAT: &str = "3";
+/// Names as they are: no space or newline, not empty. The only format versions before
+/// 0.1's percent-encoded names read.
+const FORMAT_PLAIN: &str = "2";
 /// Largest level accepted from a peer, in tokens: a bucket larger than this is not real.
 const MAX_LEVEL: f64 = 1e15;
 /// Largest count accepted from a peer: no real counter of requests or items reaches 2^53
 /// (a million a second for 285 years), so a larger one is a forgery or a fault.
 const MAX_COUNT: u64 = 1 << 53;
-/// Most entries accepted in one peer message.
+/// Most entries read from one peer message; the rest are skipped.
 const MAX_ENTRIES: usize = 100_000;
 /// A level report older than this is not used to start a tenant new to this replica.
 const LEVEL_MAX_AGE: Duration = Duration::from_secs(2);
@@ -47,10 +61,32 @@ pub struct UsageEntry {
     pub in_flight: u64,
 }
 
+/// Whether format 2 holds `name` as it is (an old reader also refuses an empty name).
+fn plain(name: &str) -> bool {
+    !name.is_empty() && !name.bytes().any(escaped)
+}
+
+/// The bytes format 3 percent-encodes: `%` itself, space, and ASCII control bytes.
+fn escaped(byte: u8) -> bool {
+    byte == b'%' || byte <= b' ' || byte == 0x7f
+}
+
+fn encode_name(name: &str, line: &mut String) {
+    for c in name.chars() {
+        // A multi-byte character's bytes are all ≥ 0x80: none is escaped.
+        if c.is_ascii() && escaped(c as u8) {
+            let _ = write!(line, "%{:02X}", c as u8);
+        } else {
+            line.push(c);
+        }
+    }
+}
+
 /// Encodes entries in order until the next would take the value past `max_bytes`; returns
 /// the value and how many entries it holds.
 pub fn encode(entries: &[UsageEntry], max_bytes: usize) -> (String, usize) {
-    let mut value = String::from(FORMAT);
+    let escape = !entries.iter().all(|entry| plain(&entry.tenant));
+    let mut value = String::from(if escape { FORMAT } else { FORMAT_PLAIN });
     let mut line = String::new();
     let mut listed = 0;
     for entry in entries {
@@ -59,10 +95,15 @@ pub fn encode(entries: &[UsageEntry], max_bytes: usize) -> (String, usize) {
             Some(level) if level.is_finite() => format!("{}", level.round() as i64),
             _ => "-".to_string(),
         };
+        line.push('\n');
+        if escape {
+            encode_name(&entry.tenant, &mut line);
+        } else {
+            line.push_str(&entry.tenant);
+        }
         let _ = write!(
             line,
-            "\n{} {} {} {} {} {}",
-            entry.tenant,
+            " {} {} {} {} {}",
             entry.requests,
             entry.items,
             level(entry.requests_level),
@@ -78,46 +119,179 @@ pub fn encode(entries: &[UsageEntry], max_bytes: usize) -> (String, usize) {
     (value, listed)
 }
 
-/// Decodes a peer's value; `None` if it is not in a format this version knows, or carries
-/// values no honest replica would send. Peer data is untrusted.
-pub fn decode(value: &str) -> Option<Vec<UsageEntry>> {
+/// Why one entry of a report was skipped. Every reason is a bound on untrusted peer data or
+/// a malformed line; none says anything about the other entries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EntryError {
+    /// Not six space-separated fields.
+    Fields,
+    /// The name is not valid percent-encoding of UTF-8 (format 3), or is empty (format 2).
+    Name,
+    /// A count that is not a whole number from 0 to 2^53.
+    Count,
+    /// A level that is neither `-` nor an integer within ±10^15.
+    Level,
+    /// Past the first 100 000 entries of one report.
+    TooMany,
+}
+
+impl EntryError {
+    pub const ALL: [EntryError; 5] = [
+        EntryError::Fields,
+        EntryError::Name,
+        EntryError::Count,
+        EntryError::Level,
+        EntryError::TooMany,
+    ];
+
+    /// The metric label.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EntryError::Fields => "fields",
+            EntryError::Name => "name",
+            EntryError::Count => "count",
+            EntryError::Level => "level",
+            EntryError::TooMany => "too_many",
+        }
+    }
+
+    fn index(self) -> usize {
+        self as usize
+    }
+}
+
+impl std::fmt::Display for EntryError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            EntryError::Fields => "not six space-separated fields",
+            EntryError::Name => "the name is empty or not percent-encoded UTF-8",
+            EntryError::Count => "a count that is not a whole number from 0 to 2^53",
+            EntryError::Level => "a level that is neither '-' nor an integer within ±10^15",
+            EntryError::TooMany => "more than 100 000 entries in one report",
+        })
+    }
+}
+
+/// A whole report refused: its format line is not one this version reads.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UnknownFormat(pub String);
+
+impl std::fmt::Display for UnknownFormat {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Peer data: quoted, and at most 16 characters of it.
+        let shown: String = self.0.chars().take(16).collect();
+        write!(
+            f,
+            "format line {shown:?} is not one this version reads ({FORMAT_PLAIN} or {FORMAT}): \
+             a peer of another version, or not a weir usage report"
+        )
+    }
+}
+
+/// A decoded report: the entries that could be read, and what was skipped.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Report {
+    pub entries: Vec<UsageEntry>,
+    /// Entries skipped, per reason, indexed as [`EntryError::ALL`].
+    pub skipped: [u64; EntryError::ALL.len()],
+    /// The first skipped entry: its line (1 for the first entry) and why.
+    pub first_skipped: Option<(usize, EntryError)>,
+}
+
+impl Report {
+    pub fn skipped_total(&self) -> u64 {
+        self.skipped.iter().sum()
+    }
+}
+
+/// Decodes a peer's value. Peer data is untrusted: an entry that is malformed or carries
+/// values no honest replica would send is skipped alone; only an unknown format refuses the
+/// whole value.
+pub fn decode(value: &str) -> Result<Report, UnknownFormat> {
     let mut lines = value.split('\n');
-    if lines.next()? != FORMAT {
-        return None;
-    }
-    let mut entries = Vec::new();
-    for line in lines {
-        if entries.len() >= MAX_ENTRIES {
-            return None;
-        }
-        let mut fields = line.split(' ');
-        let tenant = fields.next().filter(|tenant| !tenant.is_empty())?;
-        let count = |field: &str| field.parse::<u64>().ok().filter(|&n| n <= MAX_COUNT);
-        let requests = count(fields.next()?)?;
-        let items = count(fields.next()?)?;
-        let level = |field: &str| -> Option<Option<f64>> {
-            if field == "-" {
-                return Some(None);
-            }
-            let level: f64 = field.parse::<i64>().ok()? as f64;
-            (level.abs() <= MAX_LEVEL).then_some(Some(level))
+    let format = lines.next().unwrap_or_default();
+    let escaped = match format {
+        FORMAT => true,
+        FORMAT_PLAIN => false,
+        other => return Err(UnknownFormat(other.to_string())),
+    };
+    let mut report = Report::default();
+    for (i, line) in lines.enumerate() {
+        let entry = if report.entries.len() >= MAX_ENTRIES {
+            Err(EntryError::TooMany)
+        } else {
+            decode_entry(line, escaped)
         };
-        let requests_level = level(fields.next()?)?;
-        let items_level = level(fields.next()?)?;
-        let in_flight = count(fields.next()?)?;
-        if fields.next().is_some() {
-            return None;
+        match entry {
+            Ok(entry) => report.entries.push(entry),
+            Err(err) => {
+                report.skipped[err.index()] += 1;
+                report.first_skipped.get_or_insert((i + 1, err));
+            }
         }
-        entries.push(UsageEntry {
-            tenant: tenant.to_string(),
-            requests,
-            items,
-            requests_level,
-            items_level,
-            in_flight,
-        });
     }
-    Some(entries)
+    Ok(report)
+}
+
+fn decode_entry(line: &str, escaped: bool) -> Result<UsageEntry, EntryError> {
+    let fields: Vec<&str> = line.splitn(7, ' ').collect();
+    let [name, requests, items, requests_level, items_level, in_flight] = fields[..] else {
+        return Err(EntryError::Fields);
+    };
+    let tenant = if escaped {
+        decode_name(name).ok_or(EntryError::Name)?
+    } else if name.is_empty() {
+        return Err(EntryError::Name);
+    } else {
+        name.to_string()
+    };
+    let count = |field: &str| {
+        field
+            .parse::<u64>()
+            .ok()
+            .filter(|&n| n <= MAX_COUNT)
+            .ok_or(EntryError::Count)
+    };
+    let level = |field: &str| -> Result<Option<f64>, EntryError> {
+        if field == "-" {
+            return Ok(None);
+        }
+        let level = field.parse::<i64>().map_err(|_| EntryError::Level)? as f64;
+        (level.abs() <= MAX_LEVEL)
+            .then_some(Some(level))
+            .ok_or(EntryError::Level)
+    };
+    Ok(UsageEntry {
+        tenant,
+        requests: count(requests)?,
+        items: count(items)?,
+        requests_level: level(requests_level)?,
+        items_level: level(items_level)?,
+        in_flight: count(in_flight)?,
+    })
+}
+
+/// Undoes [`encode_name`]; `None` for a `%` not followed by two hex digits, or bytes that are
+/// not UTF-8. Other bytes are taken as they are, escaped or not.
+fn decode_name(name: &str) -> Option<String> {
+    if !name.contains('%') {
+        return Some(name.to_string());
+    }
+    let mut bytes = Vec::with_capacity(name.len());
+    let mut rest = name.as_bytes();
+    while let Some((&byte, tail)) = rest.split_first() {
+        if byte == b'%' {
+            let hex = tail
+                .get(..2)
+                .filter(|hex| hex.iter().all(u8::is_ascii_hexdigit))?;
+            bytes.push(u8::from_str_radix(std::str::from_utf8(hex).ok()?, 16).ok()?);
+            rest = &tail[2..];
+        } else {
+            bytes.push(byte);
+            rest = tail;
+        }
+    }
+    String::from_utf8(bytes).ok()
 }
 
 /// What the peers report of one tenant, summed over peers (see [`UsageAggregate`]).
@@ -302,10 +476,32 @@ mod tests {
         let (value, listed) = encode(&entries, 1024);
         assert_eq!(value, "2\na 3 12345 - -17 0\nb 0 7 - - 0");
         assert_eq!(listed, 2);
-        let decoded = decode(&value).unwrap();
+        let decoded = decode(&value).unwrap().entries;
         assert_eq!(decoded[0].items_level, Some(-17.0));
         assert_eq!(decoded[1], entries[1]);
-        assert_eq!(decode("2").unwrap(), vec![]);
+        assert_eq!(decode("2").unwrap(), Report::default());
+        assert_eq!(decode("3").unwrap(), Report::default());
+    }
+
+    #[test]
+    fn a_name_format_2_cannot_hold_switches_the_report_to_format_3() {
+        let entries = vec![
+            entry("t/GET%20%2Fs", 1, 2, None),
+            entry("my team", 3, 4, None),
+            entry("", 5, 6, None),
+            entry("line\nbreak\r\t%zz é", 7, 8, None),
+        ];
+        let (value, listed) = encode(&entries, 1024);
+        assert_eq!(listed, 4);
+        assert_eq!(
+            value,
+            "3\nt/GET%2520%252Fs 1 2 - - 0\nmy%20team 3 4 - - 0\n 5 6 - - 0\n\
+             line%0Abreak%0D%09%25zz%20é 7 8 - - 0"
+        );
+        assert_eq!(decode(&value).unwrap().entries, entries);
+        // Format 2 as an older replica writes it still reads, `%` and all.
+        let old = decode("2\nt/GET%20%2Fs 1 2 - - 0").unwrap();
+        assert_eq!(old.entries[0].tenant, "t/GET%20%2Fs");
     }
 
     #[test]
@@ -316,32 +512,78 @@ mod tests {
         let (value, listed) = encode(&entries, 4096);
         assert!(value.len() <= 4096);
         assert!(listed > 100 && listed < 1000);
-        let decoded = decode(&value).unwrap();
+        let decoded = decode(&value).unwrap().entries;
         assert_eq!(decoded.len(), listed);
         assert_eq!(decoded[0].tenant, "tenant-0000");
     }
 
     #[test]
-    fn garbage_is_refused() {
+    fn an_unknown_format_refuses_the_whole_report() {
         for bad in [
             "",
             "1 0 0 0",
-            "2\na 1",
-            "2\na -1 2 - - 0",
-            "2\na 1 2 x - 0",
-            "2\na 1 2 - - 0 extra",
-            "2\na 1 2 - -",
-            "2\n 1 2 - - 0",
-            "2\na 1 2 - 1e300 0",
-            "2\na 1 2 - 99999999999999999 0",
-            "2\na 1 2 - - -3",
-            "2\na NaN 2 - - 0",
-            "2\na 18446744073709551615 2 - - 0",
-            "2\na 1 9007199254740993 - - 0",
-            "2\na 1 2 - - 18446744073709551615",
+            "4\na 1 2 - - 0",
+            "2 \na 1 2 - - 0",
+            "a 1 2 - - 0",
         ] {
-            assert_eq!(decode(bad), None, "{bad:?}");
+            assert!(decode(bad).is_err(), "{bad:?}");
         }
+        let message = decode("9\nx").unwrap_err().to_string();
+        assert!(
+            message.contains("\"9\"") && message.contains("2 or 3"),
+            "{message}"
+        );
+    }
+
+    #[test]
+    fn a_bad_entry_is_skipped_alone_and_counted() {
+        use EntryError::*;
+        for (bad, reason) in [
+            ("a 1", Fields),
+            ("a 1 2 - -", Fields),
+            ("a 1 2 - - 0 extra", Fields),
+            ("my team 1 2 - - 0", Fields),
+            (" 1 2 - - 0", Name),
+            ("a -1 2 - - 0", Count),
+            ("a NaN 2 - - 0", Count),
+            ("a 18446744073709551615 2 - - 0", Count),
+            ("a 1 9007199254740993 - - 0", Count),
+            ("a 1 2 - - -3", Count),
+            ("a 1 2 - - 18446744073709551615", Count),
+            ("a 1 2 x - 0", Level),
+            ("a 1 2 - 1e300 0", Level),
+            ("a 1 2 - 99999999999999999 0", Level),
+        ] {
+            let value = format!("2\ngood 1 1 - - 0\n{bad}\nalso-good 2 2 - - 0");
+            let report = decode(&value).unwrap();
+            let names: Vec<&str> = report.entries.iter().map(|e| e.tenant.as_str()).collect();
+            assert_eq!(names, ["good", "also-good"], "{bad:?}");
+            assert_eq!(report.first_skipped, Some((2, reason)), "{bad:?}");
+            assert_eq!(report.skipped_total(), 1);
+            assert_eq!(report.skipped[reason.index()], 1);
+        }
+        for (bad, reason) in [
+            ("a%2 1 2 - - 0", Name),
+            ("a%g0 1 2 - - 0", Name),
+            ("a%+1 1 2 - - 0", Name),
+            ("%FF 1 2 - - 0", Name),
+            ("a b 1 2 - - 0", Fields),
+        ] {
+            let report = decode(&format!("3\n{bad}\nok 1 1 - - 0")).unwrap();
+            assert_eq!(report.entries.len(), 1, "{bad:?}");
+            assert_eq!(report.first_skipped, Some((1, reason)), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn entries_past_the_bound_are_skipped() {
+        let mut value = String::from("2");
+        for _ in 0..MAX_ENTRIES + 3 {
+            value.push_str("\nt 1 1 - - 0");
+        }
+        let report = decode(&value).unwrap();
+        assert_eq!(report.entries.len(), MAX_ENTRIES);
+        assert_eq!(report.skipped[EntryError::TooMany.index()], 3);
     }
 
     #[test]
@@ -434,6 +676,40 @@ mod tests {
         #[test]
         fn decode_never_panics(value in "\\PC*") {
             let _ = decode(&value);
+        }
+
+        /// Any name round-trips: spaces, newlines, `/`, `%`, control characters, any
+        /// Unicode, the empty string; and the numbers with it.
+        #[test]
+        fn any_name_round_trips(
+            names in prop::collection::vec(
+                prop_oneof![
+                    any::<String>(),
+                    "[ \n\r\t%/{}a-z0-9é\u{0}\u{7f}\u{2028}]{0,12}",
+                    Just(String::new()),
+                ],
+                1..8,
+            ),
+            requests in 0u64..=MAX_COUNT,
+            level in prop::option::of(-1e15f64..1e15),
+            in_flight in 0u64..1000,
+        ) {
+            let entries: Vec<UsageEntry> = names
+                .iter()
+                .map(|name| UsageEntry {
+                    tenant: name.clone(),
+                    requests,
+                    items: requests / 2,
+                    requests_level: level.map(f64::round),
+                    items_level: None,
+                    in_flight,
+                })
+                .collect();
+            let (value, listed) = encode(&entries, usize::MAX);
+            prop_assert_eq!(listed, entries.len());
+            let report = decode(&value).unwrap();
+            prop_assert_eq!(report.skipped_total(), 0);
+            prop_assert_eq!(report.entries, entries);
         }
     }
 }

@@ -101,6 +101,17 @@ fn main() {
         b"2\nt 10 1000 - -5 0\na/GET%20%2Fs 0 7 - - 3",
     );
     write(&dir, "gossip", "state", b"ACTIVE");
+    for (name, report) in [
+        ("plain", &b"2\nt 10 1000 - -5 0\na/GET%20%2Fs 0 7 - - 3"[..]),
+        (
+            "escaped",
+            b"3\nmy%20team 1 2 3 - 0\n 0 0 - - 0\nt/k%25%0A\xc3\xa9 4 5 - - 1",
+        ),
+        ("one-bad", b"2\nmy team 1 2 - - 0\nt 1 2 - - 0\nu 1 x - - 0"),
+        ("old-format", b"1\nt 1 2"),
+    ] {
+        write(&dir, "usage_report", name, report);
+    }
     write(&dir, "admission", "allow", br#"{"tenant":"a","key":"GET /s","cost":2,"limit":{"algorithm":"sliding_window","rate":10,"window":1.5}}"#);
     write(
         &dir,
