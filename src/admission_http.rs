@@ -16,7 +16,9 @@ use runtime_config::{Algorithm, LimitSpec};
 use serde::{Deserialize, Serialize};
 use tonic::Code;
 
-use crate::grpc::{code_and_reason, source_name, DEFAULT_LEASE_TTL};
+use crate::grpc::{
+    check_lease_id, check_names, code_and_reason, source_name, NameError, DEFAULT_LEASE_TTL,
+};
 use crate::server::AppState;
 
 #[derive(Debug, Deserialize)]
@@ -146,6 +148,12 @@ impl From<AdmissionError> for ApiError {
     }
 }
 
+impl From<NameError> for ApiError {
+    fn from(err: NameError) -> Self {
+        ApiError::new(Code::InvalidArgument, err.reason(), err.to_string())
+    }
+}
+
 impl From<JsonRejection> for ApiError {
     fn from(rejection: JsonRejection) -> Self {
         ApiError::new(Code::InvalidArgument, "BAD_JSON", rejection.body_text())
@@ -159,13 +167,7 @@ impl IntoResponse for ApiError {
 }
 
 async fn allow_one(state: &AppState, body: &AllowBody) -> Result<AllowOut, ApiError> {
-    if body.tenant.is_empty() {
-        return Err(ApiError::new(
-            Code::InvalidArgument,
-            "MISSING_FIELD",
-            "tenant is required",
-        ));
-    }
+    check_names(&body.tenant, &body.key)?;
     let cost = u64::try_from(body.cost).map_err(|_| {
         ApiError::new(
             Code::InvalidArgument,
@@ -263,13 +265,7 @@ fn ttl(seconds: Option<f64>) -> Result<Duration, ApiError> {
 }
 
 async fn acquire_one(state: &AppState, body: AcquireBody) -> Result<serde_json::Value, ApiError> {
-    if body.tenant.is_empty() {
-        return Err(ApiError::new(
-            Code::InvalidArgument,
-            "MISSING_FIELD",
-            "tenant is required",
-        ));
-    }
+    check_names(&body.tenant, &body.key)?;
     let client = body.limit.as_ref().map(JsonSpec::spec).transpose()?;
     let acquisition = state
         .limiter
@@ -308,12 +304,15 @@ pub async fn release(
     body: Result<Json<LeaseBody>, JsonRejection>,
 ) -> Response {
     answer(match body {
-        Ok(Json(body)) => state
-            .limiter
-            .release(&body.lease_id)
-            .await
-            .map(|()| serde_json::json!({}))
-            .map_err(ApiError::from),
+        Ok(Json(body)) => match check_lease_id(&body.lease_id) {
+            Ok(()) => state
+                .limiter
+                .release(&body.lease_id)
+                .await
+                .map(|()| serde_json::json!({}))
+                .map_err(ApiError::from),
+            Err(err) => Err(err.into()),
+        },
         Err(rejection) => Err(rejection.into()),
     })
 }
@@ -324,6 +323,7 @@ pub async fn renew(
 ) -> Response {
     let renew = async {
         let Json(body) = body?;
+        check_lease_id(&body.lease_id)?;
         state.limiter.renew(&body.lease_id, ttl(body.ttl)?).await?;
         Ok(serde_json::json!({}))
     };

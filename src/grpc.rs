@@ -11,6 +11,7 @@ use tonic::{Code, Request, Response, Status};
 use tonic_types::{ErrorDetails, StatusExt};
 
 use crate::server::AppState;
+use crate::tenant::{TenantError, MAX_TENANT_ID_LENGTH};
 
 /// The generated types, in their packages' module tree (prost's cross-references need it).
 pub mod proto {
@@ -62,6 +63,77 @@ use proto::weir::admission::v1 as api;
 /// A lease's lifetime when the caller sets none.
 pub const DEFAULT_LEASE_TTL: Duration = Duration::from_secs(30);
 
+/// Longest admission key accepted, in bytes. A key is a name (a route, a client ID), not a
+/// payload; it travels percent-encoded (up to three bytes a byte) in every gossip report and
+/// store key, so a bound keeps one caller from filling a peer's report.
+pub const MAX_KEY_LENGTH: usize = 1024;
+
+/// Longest lease ID accepted, in bytes: room for the longest one weir issues (a `shared`
+/// lease names its tenant and percent-encoded key after a 34-byte prefix).
+pub const MAX_LEASE_ID_LENGTH: usize = 40 + MAX_TENANT_ID_LENGTH + 3 * MAX_KEY_LENGTH;
+
+/// Why a request's tenant, key or lease ID was refused before the engine saw it: each is
+/// `INVALID_ARGUMENT` (400 in JSON). Every door checks with [`check_names`], so a name the
+/// push path refuses is refused here too, and no name can reach gossip or the store that
+/// they cannot carry.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum NameError {
+    #[error("{0} is required")]
+    Missing(&'static str),
+    #[error("{0}")]
+    Tenant(#[from] TenantError),
+    #[error("key is too long: {0} bytes, max {MAX_KEY_LENGTH}")]
+    KeyTooLong(usize),
+    #[error("lease_id is too long: {0} bytes, max {MAX_LEASE_ID_LENGTH}")]
+    LeaseIdTooLong(usize),
+}
+
+impl NameError {
+    /// The stable reason, in `google.rpc.ErrorInfo` and the JSON `reason`.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            NameError::Missing(_) => "MISSING_FIELD",
+            NameError::Tenant(_) => "BAD_TENANT",
+            NameError::KeyTooLong(_) => "KEY_TOO_LONG",
+            NameError::LeaseIdTooLong(_) => "LEASE_ID_TOO_LONG",
+        }
+    }
+}
+
+impl From<NameError> for Status {
+    fn from(err: NameError) -> Status {
+        Status::with_error_details(
+            Code::InvalidArgument,
+            err.to_string(),
+            ErrorDetails::with_error_info(err.reason(), "weir", no_metadata()),
+        )
+    }
+}
+
+/// A tenant ID by the push path's rules (Mimir's: [`crate::tenant::validate`]) and a key
+/// within [`MAX_KEY_LENGTH`]. Keys are otherwise free-form: the engine percent-encodes them.
+pub fn check_names(tenant: &str, key: &str) -> Result<(), NameError> {
+    if tenant.is_empty() {
+        return Err(NameError::Missing("tenant"));
+    }
+    crate::tenant::validate(tenant)?;
+    if key.len() > MAX_KEY_LENGTH {
+        return Err(NameError::KeyTooLong(key.len()));
+    }
+    Ok(())
+}
+
+/// A lease ID given back: present, and no longer than any weir issues.
+pub fn check_lease_id(lease_id: &str) -> Result<(), NameError> {
+    if lease_id.is_empty() {
+        return Err(NameError::Missing("lease_id"));
+    }
+    if lease_id.len() > MAX_LEASE_ID_LENGTH {
+        return Err(NameError::LeaseIdTooLong(lease_id.len()));
+    }
+    Ok(())
+}
+
 /// The gRPC code and stable reason for an engine error.
 pub fn code_and_reason(err: &AdmissionError) -> (Code, &'static str) {
     match err {
@@ -91,14 +163,6 @@ fn status(err: AdmissionError) -> Status {
         code,
         err.to_string(),
         ErrorDetails::with_error_info(reason, "weir", metadata),
-    )
-}
-
-fn missing(field: &str) -> Status {
-    Status::with_error_details(
-        Code::InvalidArgument,
-        format!("{field} is required"),
-        ErrorDetails::with_error_info("MISSING_FIELD", "weir", no_metadata()),
     )
 }
 
@@ -186,9 +250,7 @@ pub struct AdmissionService {
 
 impl AdmissionService {
     async fn allow_one(&self, request: &api::AllowRequest) -> Result<api::AllowResponse, Status> {
-        if request.tenant.is_empty() {
-            return Err(missing("tenant"));
-        }
+        check_names(&request.tenant, &request.key)?;
         let client = request
             .limit
             .as_ref()
@@ -244,9 +306,7 @@ impl api::admission_server::Admission for AdmissionService {
         request: Request<api::AcquireRequest>,
     ) -> Result<Response<api::AcquireResponse>, Status> {
         let request = request.get_ref();
-        if request.tenant.is_empty() {
-            return Err(missing("tenant"));
-        }
+        check_names(&request.tenant, &request.key)?;
         let ttl = from_duration(request.ttl.as_ref()).unwrap_or(DEFAULT_LEASE_TTL);
         let client = request
             .limit
@@ -273,9 +333,7 @@ impl api::admission_server::Admission for AdmissionService {
         &self,
         request: Request<api::ReleaseRequest>,
     ) -> Result<Response<api::ReleaseResponse>, Status> {
-        if request.get_ref().lease_id.is_empty() {
-            return Err(missing("lease_id"));
-        }
+        check_lease_id(&request.get_ref().lease_id)?;
         self.state
             .limiter
             .release(&request.get_ref().lease_id)
@@ -289,9 +347,7 @@ impl api::admission_server::Admission for AdmissionService {
         request: Request<api::RenewRequest>,
     ) -> Result<Response<api::RenewResponse>, Status> {
         let request = request.get_ref();
-        if request.lease_id.is_empty() {
-            return Err(missing("lease_id"));
-        }
+        check_lease_id(&request.lease_id)?;
         let ttl = from_duration(request.ttl.as_ref()).unwrap_or(DEFAULT_LEASE_TTL);
         self.state
             .limiter
@@ -330,6 +386,9 @@ impl rls::rate_limit_service_server::RateLimitService for RateLimitService {
                 ErrorDetails::with_error_info("UNKNOWN_DOMAIN", "weir", no_metadata()),
             ));
         };
+        // The domain's tenant comes from the config, not the request, but it names the tenant
+        // in gossip and store keys like any other: the push path's rules apply.
+        crate::tenant::validate(domain.tenant()).map_err(NameError::Tenant)?;
         let mut overall = RlsCode::Ok;
         let mut statuses = Vec::with_capacity(request.descriptors.len());
         for descriptor in &request.descriptors {
@@ -360,6 +419,8 @@ impl rls::rate_limit_service_server::RateLimitService for RateLimitService {
                 continue;
             };
             let key = format!("envoy:{}:{}", domain.domain, matched.key);
+            // Descriptor values come from the proxied request (a path, an address).
+            check_names(domain.tenant(), &key)?;
             let operator = matched.limit.spec();
             let spec = match client {
                 Some(client)
