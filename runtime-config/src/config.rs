@@ -142,6 +142,11 @@ impl RuntimeConfig {
             })?;
         }
         for (tenant, entry) in file.overrides {
+            // A name no push could carry is a typo, or a tenant that would never get its limits.
+            crate::tenant::validate(&tenant).map_err(|err| ConfigError::Invalid {
+                place: format!("overrides.{tenant:?}"),
+                message: format!("{err}; no push could name this tenant"),
+            })?;
             for (key, spec) in &entry.limits {
                 spec.validate().map_err(|message| ConfigError::Invalid {
                     place: format!("overrides.{tenant}.limits.{key:?}"),
@@ -321,6 +326,25 @@ mod tests {
         );
         let err = parse("distributor_limits:\n  max_inflight: 3\n").unwrap_err();
         assert!(err.to_string().contains("max_inflight"), "{err}");
+    }
+
+    #[test]
+    fn a_tenant_no_push_could_name_is_refused_at_load() {
+        let err = parse("overrides:\n  \"a/b\":\n    ingestion_rate: 5\n").unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "overrides.\"a/b\": tenant ID contains unsupported character '/': allowed are \
+             a-z A-Z 0-9 and ! - _ . * ' ( ); no push could name this tenant"
+        );
+        for tenant in ["\"my team\"", "\".\"", "\"\"", &"x".repeat(151)] {
+            let content = format!("overrides:\n  {tenant}: {{ingestion_rate: 5}}\n");
+            assert!(
+                matches!(parse(&content), Err(ConfigError::Invalid { .. })),
+                "{content}"
+            );
+        }
+        let fine = "overrides:\n  \"team_a.(1)*'!\": {ingestion_rate: 5}\n";
+        assert_eq!(parse(fine).unwrap().overrides.len(), 1);
     }
 
     #[test]

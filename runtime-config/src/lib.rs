@@ -9,6 +9,7 @@
 //!   inheritance from defaults, and rendering (`/runtime_config`, `?mode=diff`).
 //! - [`reload`]: the periodic reloader. It re-parses only when the content hash changes,
 //!   keeps the last good config on error, and publishes through a `watch` channel.
+//! - [`tenant`]: Mimir's tenant-ID rule, shared by the overrides file and weir's push path.
 //! - `mimir_keys`: Mimir's limit keys, accepted (and warned about) but not enforced.
 //!
 //! The example file used by weir's default run is `overrides.yaml` beside this crate.
@@ -19,6 +20,7 @@ pub mod envoy;
 pub mod limits;
 mod mimir_keys;
 pub mod reload;
+pub mod tenant;
 
 pub use admission::{AdmissionConfig, Algorithm, LimitSource, LimitSpec, Unresolved};
 pub use config::{ConfigError, RenderMode, RuntimeConfig};
