@@ -23,6 +23,19 @@ pub enum LogFormat {
     Json,
 }
 
+// `--help` groups the flags under these headings, in the order each first appears below.
+const LISTENERS: &str = "Listeners";
+const TLS: &str = "TLS";
+const UPSTREAM: &str = "Upstream (where admitted pushes go)";
+const OVERRIDES: &str = "Runtime overrides";
+const LOGGING: &str = "Logging";
+const RING: &str = "Ring (gossip)";
+const LIMITS: &str = "Tenant limits (defaults for every tenant) and refusals";
+const STORE: &str = "Shared store (the `shared` strategy)";
+const INSTANCE: &str = "Instance limits (this replica, all tenants together)";
+const HTTP: &str = "HTTP requests";
+const SHUTDOWN: &str = "Shutdown";
+
 /// weir: a Mimir-style remote-write distributor and distributed rate limiter.
 #[derive(Debug, Clone, Parser)]
 #[command(name = "weir", version, about)]
@@ -32,48 +45,49 @@ pub struct Config {
     pub config: Option<PathBuf>,
 
     /// Address for HTTP: push, metrics, readiness, runtime config.
-    #[arg(long, env = "WEIR_HTTP_ADDR", default_value = "127.0.0.1:8080")]
+    #[arg(help_heading = LISTENERS, long, env = "WEIR_HTTP_ADDR", default_value = "127.0.0.1:8080")]
     pub http_addr: SocketAddr,
 
     /// Serve HTTPS on --http-addr with this PEM certificate chain (and --http-tls-key-file):
     /// TLS 1.2 and 1.3, HTTP/2 and HTTP/1.1 by ALPN. Re-read when it changes (checked every
     /// --runtime-config-period), so a renewed certificate needs no restart. Without it, HTTP.
-    #[arg(long, env = "WEIR_HTTP_TLS_CERT_FILE", requires = "http_tls_key_file")]
+    #[arg(help_heading = TLS, long, env = "WEIR_HTTP_TLS_CERT_FILE", requires = "http_tls_key_file")]
     pub http_tls_cert_file: Option<PathBuf>,
 
     /// PEM private key of --http-tls-cert-file.
-    #[arg(long, env = "WEIR_HTTP_TLS_KEY_FILE", requires = "http_tls_cert_file")]
+    #[arg(help_heading = TLS, long, env = "WEIR_HTTP_TLS_KEY_FILE", requires = "http_tls_cert_file")]
     pub http_tls_key_file: Option<PathBuf>,
 
     /// gRPC listen address of the admission API (`weir.admission.v1.Admission`) and Envoy's
     /// rate-limit service; port 0 picks a free port. Advertised in the ring.
-    #[arg(long, env = "WEIR_GRPC_ADDR", default_value = "127.0.0.1:9095")]
+    #[arg(help_heading = LISTENERS, long, env = "WEIR_GRPC_ADDR", default_value = "127.0.0.1:9095")]
     pub grpc_addr: SocketAddr,
 
     /// Remote-write receiver to forward admitted pushes to (e.g.
     /// `http://prometheus:9090/api/v1/write`). Without it, weir runs in sink mode: admitted
     /// pushes are counted and acknowledged, then dropped.
-    #[arg(long, env = "WEIR_UPSTREAM")]
+    #[arg(help_heading = UPSTREAM, long, env = "WEIR_UPSTREAM")]
     pub upstream: Option<String>,
 
     /// Where admitted OTLP exports (`POST /otlp/v1/metrics`) go. Default: the --upstream
     /// host's OTLP path (Mimir's `/api/v1/push` → `/otlp/v1/metrics`; Prometheus'
     /// `/api/v1/write` → `/api/v1/otlp/v1/metrics`).
-    #[arg(long, env = "WEIR_UPSTREAM_OTLP", requires = "upstream")]
+    #[arg(help_heading = UPSTREAM, long, env = "WEIR_UPSTREAM_OTLP", requires = "upstream")]
     pub upstream_otlp: Option<String>,
 
     /// Longest wait for the upstream's answer; the client hears 504 after it.
-    #[arg(long, env = "WEIR_UPSTREAM_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration)]
+    #[arg(help_heading = UPSTREAM, long, env = "WEIR_UPSTREAM_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration)]
     pub upstream_timeout: Duration,
 
     /// PEM CA certificates trusted for an `https://` --upstream, besides the public roots.
     /// Re-read when it changes (checked every --runtime-config-period).
-    #[arg(long, env = "WEIR_UPSTREAM_TLS_CA_FILE")]
+    #[arg(help_heading = TLS, long, env = "WEIR_UPSTREAM_TLS_CA_FILE")]
     pub upstream_tls_ca_file: Option<PathBuf>,
 
     /// PEM client certificate chain presented to the upstream (mutual TLS), with
     /// --upstream-tls-key-file. Re-read when it changes.
     #[arg(
+        help_heading = TLS,
         long,
         env = "WEIR_UPSTREAM_TLS_CERT_FILE",
         requires = "upstream_tls_key_file"
@@ -82,6 +96,7 @@ pub struct Config {
 
     /// PEM private key of --upstream-tls-cert-file.
     #[arg(
+        help_heading = TLS,
         long,
         env = "WEIR_UPSTREAM_TLS_KEY_FILE",
         requires = "upstream_tls_cert_file"
@@ -90,6 +105,7 @@ pub struct Config {
 
     /// The header that carries the tenant to the upstream.
     #[arg(
+        help_heading = UPSTREAM,
         long,
         env = "WEIR_UPSTREAM_TENANT_HEADER",
         default_value = "X-Scope-OrgID"
@@ -99,24 +115,25 @@ pub struct Config {
     /// Runtime overrides file (per-tenant limits, instance limits, admission limits),
     /// reloaded periodically. Without it, weir runs on built-in defaults (the flags below) and
     /// says so; a file that is named and missing is fatal.
-    #[arg(long, env = "WEIR_RUNTIME_CONFIG")]
+    #[arg(help_heading = OVERRIDES, long, env = "WEIR_RUNTIME_CONFIG")]
     pub runtime_config: Option<PathBuf>,
 
     /// How often the runtime overrides file is checked for changes.
-    #[arg(long, env = "WEIR_RUNTIME_CONFIG_PERIOD", default_value = "5s", value_parser = humantime::parse_duration)]
+    #[arg(help_heading = OVERRIDES, long, env = "WEIR_RUNTIME_CONFIG_PERIOD", default_value = "5s", value_parser = humantime::parse_duration)]
     pub runtime_config_period: Duration,
 
     /// Log format.
-    #[arg(long, env = "WEIR_LOG_FORMAT", value_enum, default_value = "text")]
+    #[arg(help_heading = LOGGING, long, env = "WEIR_LOG_FORMAT", value_enum, default_value = "text")]
     pub log_format: LogFormat,
 
     /// Log filter, in `tracing` EnvFilter syntax (e.g. `info`, `weir=debug`).
-    #[arg(long, env = "WEIR_LOG_LEVEL", default_value = "info")]
+    #[arg(help_heading = LOGGING, long, env = "WEIR_LOG_LEVEL", default_value = "info")]
     pub log_level: String,
 
     /// This replica's name in the ring [default: <hostname>-<random>, unique per process
     /// start].
     #[arg(
+        help_heading = RING,
         long,
         env = "WEIR_NODE_ID",
         default_value = "",
@@ -125,46 +142,48 @@ pub struct Config {
     pub node_id: String,
 
     /// UDP address for gossip; port 0 picks a free port.
-    #[arg(long, env = "WEIR_GOSSIP_ADDR", default_value = "127.0.0.1:7946")]
+    #[arg(help_heading = RING, long, env = "WEIR_GOSSIP_ADDR", default_value = "127.0.0.1:7946")]
     pub gossip_addr: SocketAddr,
 
     /// Address peers send gossip to (default: --gossip-addr). Required when --gossip-addr
     /// binds every interface (0.0.0.0).
-    #[arg(long, env = "WEIR_GOSSIP_ADVERTISE_ADDR")]
+    #[arg(help_heading = RING, long, env = "WEIR_GOSSIP_ADVERTISE_ADDR")]
     pub gossip_advertise_addr: Option<SocketAddr>,
 
     /// Seeds to join through, `host:port` of other replicas' gossip, comma-separated. A host
     /// name may resolve to many addresses (a Kubernetes headless Service:
     /// `weir-gossip.weir.svc:7946`); every address is a seed, and names are resolved again
     /// every --join-refresh-interval.
-    #[arg(long, env = "WEIR_JOIN", value_delimiter = ',')]
+    #[arg(help_heading = RING, long, env = "WEIR_JOIN", value_delimiter = ',')]
     pub join: Vec<String>,
 
     /// How often the --join host names are resolved again, so replicas that came up since
     /// (a scaled Deployment, a healed partition) become seeds.
-    #[arg(long, env = "WEIR_JOIN_REFRESH_INTERVAL", default_value = "10s", value_parser = humantime::parse_duration)]
+    #[arg(help_heading = RING, long, env = "WEIR_JOIN_REFRESH_INTERVAL", default_value = "10s", value_parser = humantime::parse_duration)]
     pub join_refresh_interval: Duration,
 
     /// Replicas gossip only with replicas of the same cluster id.
-    #[arg(long, env = "WEIR_CLUSTER_ID", default_value = "weir")]
+    #[arg(help_heading = RING, long, env = "WEIR_CLUSTER_ID", default_value = "weir")]
     pub cluster_id: String,
 
     /// Time between gossip rounds.
-    #[arg(long, env = "WEIR_GOSSIP_INTERVAL", default_value = "200ms", value_parser = humantime::parse_duration)]
+    #[arg(help_heading = RING, long, env = "WEIR_GOSSIP_INTERVAL", default_value = "200ms", value_parser = humantime::parse_duration)]
     pub gossip_interval: Duration,
 
     /// Failure detector: a peer is dead once its heartbeat is this many mean intervals late.
-    #[arg(long, env = "WEIR_RING_PHI_THRESHOLD", default_value_t = 12.0)]
+    #[arg(help_heading = RING, long, env = "WEIR_RING_PHI_THRESHOLD", default_value_t = 12.0)]
     pub ring_phi_threshold: f64,
 
     /// How long a dead peer is remembered before it is forgotten.
-    #[arg(long, env = "WEIR_RING_DEAD_NODE_GRACE_PERIOD", default_value = "1m", value_parser = humantime::parse_duration)]
+    #[arg(help_heading = RING, long, env = "WEIR_RING_DEAD_NODE_GRACE_PERIOD", default_value = "1m", value_parser = humantime::parse_duration)]
     pub ring_dead_node_grace_period: Duration,
 
     /// Shared secrets that authenticate every gossip datagram (HMAC-SHA256), comma-separated:
-    /// the first signs, any verifies, so keys rotate with two rolling restarts (`new,old`,
-    /// then `new`). Each at least 16 bytes. Without one, gossip is unauthenticated.
+    /// the first signs, any verifies. Rotate with three rolling restarts: `old,new` (all
+    /// accept new), then `new,old` (all sign with new), then `new`. Each at least 16 bytes.
+    /// Without one, gossip is unauthenticated.
     #[arg(
+        help_heading = RING,
         long,
         env = "WEIR_GOSSIP_SECRET",
         value_delimiter = ',',
@@ -175,6 +194,7 @@ pub struct Config {
     /// A file of gossip secrets, one per line (the first signs); blank lines and `#` comments
     /// are skipped. Keeps the secret out of the process list.
     #[arg(
+        help_heading = RING,
         long,
         env = "WEIR_GOSSIP_SECRET_FILE",
         conflicts_with = "gossip_secret"
@@ -183,167 +203,170 @@ pub struct Config {
 
     /// Most live members counted, this replica included; more are ignored (logged once and
     /// shown in `weir_ring_ignored_members`), so gossip cannot divide every limit by thousands.
-    #[arg(long, env = "WEIR_RING_MAX_MEMBERS", default_value_t = 1000)]
+    #[arg(help_heading = RING, long, env = "WEIR_RING_MAX_MEMBERS", default_value_t = 1000)]
     pub ring_max_members: usize,
 
     /// /ready waits for the seeds to be seen, or this long (the first replica has no peers).
-    #[arg(long, env = "WEIR_RING_JOIN_TIMEOUT", default_value = "5s", value_parser = humantime::parse_duration)]
+    #[arg(help_heading = RING, long, env = "WEIR_RING_JOIN_TIMEOUT", default_value = "5s", value_parser = humantime::parse_duration)]
     pub ring_join_timeout: Duration,
 
-    /// Default per-tenant ingestion rate, fleet-wide: samples + histograms + exemplars +
-    /// metadata per second. 0 rejects all ingestion.
-    #[arg(long, env = "WEIR_INGESTION_RATE", default_value_t = 10_000.0)]
+    /// Default per-tenant ingestion rate, fleet-wide, in items/s (an item is a sample, a
+    /// histogram, an exemplar or a metadata entry). 0 rejects all ingestion.
+    #[arg(help_heading = LIMITS, long, env = "WEIR_INGESTION_RATE", default_value_t = 10_000.0)]
     pub ingestion_rate: f64,
 
-    /// Default per-tenant ingestion burst size (bucket capacity, in samples).
-    #[arg(long, env = "WEIR_INGESTION_BURST_SIZE", default_value_t = 200_000)]
+    /// Default per-tenant ingestion burst size: the bucket's capacity, in items (samples +
+    /// histograms + exemplars + metadata). A push with more items can never pass.
+    #[arg(help_heading = LIMITS, long, env = "WEIR_INGESTION_BURST_SIZE", default_value_t = 200_000)]
     pub ingestion_burst_size: u64,
 
     /// Default per-tenant push request rate, fleet-wide, in requests/s. 0 means unlimited.
-    #[arg(long, env = "WEIR_REQUEST_RATE", default_value_t = 0.0)]
+    #[arg(help_heading = LIMITS, long, env = "WEIR_REQUEST_RATE", default_value_t = 0.0)]
     pub request_rate: f64,
 
     /// Default per-tenant request burst size; must be ≥ 1 when the request rate is > 0.
-    #[arg(long, env = "WEIR_REQUEST_BURST_SIZE", default_value_t = 0)]
+    #[arg(help_heading = LIMITS, long, env = "WEIR_REQUEST_BURST_SIZE", default_value_t = 0)]
     pub request_burst_size: u64,
 
     /// Default strategy for turning a fleet-wide limit into a local one: `weighted` (every
     /// replica keeps a view of one fleet bucket over gossip), `divided` (rate ÷ healthy
     /// replicas, Mimir's) or `shared` (an authoritative bucket in Redis; needs --store-url).
-    #[arg(long, env = "WEIR_RATE_LIMIT_STRATEGY", default_value = "weighted", value_parser = parse_strategy)]
+    #[arg(help_heading = LIMITS, long, env = "WEIR_RATE_LIMIT_STRATEGY", default_value = "weighted", value_parser = parse_strategy)]
     pub rate_limit_strategy: RateLimitStrategy,
 
     /// Default for `shared` tenants while the store is down or slow: `open` (fall back to
     /// `weighted`) or `closed` (refuse with 503).
-    #[arg(long, env = "WEIR_ON_STORE_FAILURE", default_value = "open", value_parser = parse_policy)]
+    #[arg(help_heading = STORE, long, env = "WEIR_ON_STORE_FAILURE", default_value = "open", value_parser = parse_policy)]
     pub on_store_failure: StoreFailurePolicy,
 
     /// The shared store for `shared` tenants: `redis://` or `rediss://` URLs, comma-separated;
     /// several (or one cluster node) mean a Redis Cluster. Not needed otherwise.
-    #[arg(long, env = "WEIR_STORE_URL", value_delimiter = ',')]
+    #[arg(help_heading = STORE, long, env = "WEIR_STORE_URL", value_delimiter = ',')]
     pub store_url: Vec<String>,
 
     /// Longest wait for one store call; past it the call counts as failed and the tenant's
     /// failure policy decides.
-    #[arg(long, env = "WEIR_STORE_TIMEOUT", default_value = "50ms", value_parser = humantime::parse_duration)]
+    #[arg(help_heading = STORE, long, env = "WEIR_STORE_TIMEOUT", default_value = "50ms", value_parser = humantime::parse_duration)]
     pub store_timeout: Duration,
 
     /// Longest wait to connect to the store (at start-up, and on each reconnect).
-    #[arg(long, env = "WEIR_STORE_CONNECT_TIMEOUT", default_value = "1s", value_parser = humantime::parse_duration)]
+    #[arg(help_heading = STORE, long, env = "WEIR_STORE_CONNECT_TIMEOUT", default_value = "1s", value_parser = humantime::parse_duration)]
     pub store_connect_timeout: Duration,
 
     /// A lease covers this replica's demand for a tenant over this long.
-    #[arg(long, env = "WEIR_STORE_LEASE_WINDOW", default_value = "250ms", value_parser = humantime::parse_duration)]
+    #[arg(help_heading = STORE, long, env = "WEIR_STORE_LEASE_WINDOW", default_value = "250ms", value_parser = humantime::parse_duration)]
     pub store_lease_window: Duration,
 
     /// Leased tokens unspent after this long go back to the store.
-    #[arg(long, env = "WEIR_STORE_LEASE_TTL", default_value = "500ms", value_parser = humantime::parse_duration)]
+    #[arg(help_heading = STORE, long, env = "WEIR_STORE_LEASE_TTL", default_value = "500ms", value_parser = humantime::parse_duration)]
     pub store_lease_ttl: Duration,
 
     /// Most store calls per second for one tenant's limit from this replica; past it, the
     /// tenant's leases grow instead of its calls multiplying.
-    #[arg(long, env = "WEIR_STORE_CALLS_PER_TENANT", default_value_t = 50.0)]
+    #[arg(help_heading = STORE, long, env = "WEIR_STORE_CALLS_PER_TENANT", default_value_t = 50.0)]
     pub store_calls_per_tenant: f64,
 
     /// The store's circuit breaker opens after this many failed calls in a row.
-    #[arg(long, env = "WEIR_STORE_BREAKER_FAILURES", default_value_t = 5)]
+    #[arg(help_heading = STORE, long, env = "WEIR_STORE_BREAKER_FAILURES", default_value_t = 5)]
     pub store_breaker_failures: u32,
 
     /// How long the breaker stays open before one call probes the store.
-    #[arg(long, env = "WEIR_STORE_BREAKER_OPEN_FOR", default_value = "500ms", value_parser = humantime::parse_duration)]
+    #[arg(help_heading = STORE, long, env = "WEIR_STORE_BREAKER_OPEN_FOR", default_value = "500ms", value_parser = humantime::parse_duration)]
     pub store_breaker_open_for: Duration,
 
     /// Push requests handled at once by this replica; 0 = off.
-    #[arg(long, env = "WEIR_MAX_INFLIGHT_PUSH_REQUESTS", default_value_t = 2000)]
+    #[arg(help_heading = INSTANCE, long, env = "WEIR_MAX_INFLIGHT_PUSH_REQUESTS", default_value_t = 2000)]
     pub max_inflight_push_requests: u64,
 
     /// Sum of Content-Length of the push requests handled at once by this replica; 0 = off.
     #[arg(
+        help_heading = INSTANCE,
         long,
         env = "WEIR_MAX_INFLIGHT_PUSH_REQUESTS_BYTES",
         default_value_t = 0
     )]
     pub max_inflight_push_requests_bytes: u64,
 
-    /// Samples/s this replica admits (EWMA over 1 s ticks); 0 = off.
-    #[arg(long, env = "WEIR_MAX_INGESTION_RATE", default_value_t = 0.0)]
+    /// Items/s (samples + histograms + exemplars + metadata) this replica admits, as an EWMA
+    /// over 1 s ticks; 0 = off.
+    #[arg(help_heading = INSTANCE, long, env = "WEIR_MAX_INGESTION_RATE", default_value_t = 0.0)]
     pub max_ingestion_rate: f64,
 
     /// Most tenants this replica tracks at once; beyond it, new tenants get 429 until idle
     /// ones are evicted. Bounds memory (about 1.5 KiB per active tenant, its metric series
     /// included). 0 = off.
-    #[arg(long, env = "WEIR_MAX_TENANTS", default_value_t = 100_000)]
+    #[arg(help_heading = INSTANCE, long, env = "WEIR_MAX_TENANTS", default_value_t = 100_000)]
     pub max_tenants: usize,
 
     /// Largest push body, in bytes, compressed and decompressed alike (Mimir's default, 100 MiB).
-    #[arg(long, env = "WEIR_MAX_REQUEST_BODY_SIZE", default_value_t = 100 << 20)]
+    #[arg(help_heading = HTTP, long, env = "WEIR_MAX_REQUEST_BODY_SIZE", default_value_t = 100 << 20)]
     pub max_request_body_size: u64,
 
     /// A client has this long to send a request's headers; an idle keep-alive connection is
     /// closed after it too (slowloris protection).
-    #[arg(long, env = "WEIR_HTTP_HEADER_READ_TIMEOUT", default_value = "30s", value_parser = humantime::parse_duration)]
+    #[arg(help_heading = HTTP, long, env = "WEIR_HTTP_HEADER_READ_TIMEOUT", default_value = "30s", value_parser = humantime::parse_duration)]
     pub http_header_read_timeout: Duration,
 
     /// The most a request's headers may take, in bytes (at least 8 KiB).
-    #[arg(long, env = "WEIR_HTTP_MAX_HEADER_BYTES", default_value_t = 1 << 20)]
+    #[arg(help_heading = HTTP, long, env = "WEIR_HTTP_MAX_HEADER_BYTES", default_value_t = 1 << 20)]
     pub http_max_header_bytes: usize,
 
     /// HTTP connections open at once; past it a new connection is closed at once. 0 = no cap.
-    #[arg(long, env = "WEIR_HTTP_MAX_CONNECTIONS", default_value_t = 10_000)]
+    #[arg(help_heading = HTTP, long, env = "WEIR_HTTP_MAX_CONNECTIONS", default_value_t = 10_000)]
     pub http_max_connections: usize,
 
     /// HTTP/2: requests (streams) one connection may have in flight at once; more wait in the
     /// client. At least 1.
-    #[arg(long, env = "WEIR_HTTP2_MAX_CONCURRENT_STREAMS", default_value_t = 256)]
+    #[arg(help_heading = HTTP, long, env = "WEIR_HTTP2_MAX_CONCURRENT_STREAMS", default_value_t = 256)]
     pub http2_max_concurrent_streams: u32,
 
     /// Threads serving HTTP connections, each with its own runtime; a new connection goes to
     /// the one with the fewest open. 0 = one per core.
-    #[arg(long, env = "WEIR_HTTP_WORKERS", default_value_t = 0)]
+    #[arg(help_heading = HTTP, long, env = "WEIR_HTTP_WORKERS", default_value_t = 0)]
     pub http_workers: usize,
 
     /// Longest time to receive a push body: reading it to admit it, or draining it after a
     /// refusal so the client sees the answer. A slower body is cut off (408, or the
     /// connection closed after the refusal).
-    #[arg(long, env = "WEIR_BODY_READ_TIMEOUT", default_value = "30s", value_parser = humantime::parse_duration)]
+    #[arg(help_heading = HTTP, long, env = "WEIR_BODY_READ_TIMEOUT", default_value = "30s", value_parser = humantime::parse_duration)]
     pub body_read_timeout: Duration,
 
     /// Single-tenant mode: requests without an X-Scope-OrgID header belong to this tenant.
     /// Off by default (such requests get 401).
-    #[arg(long, env = "WEIR_NO_AUTH_TENANT")]
+    #[arg(help_heading = HTTP, long, env = "WEIR_NO_AUTH_TENANT")]
     pub no_auth_tenant: Option<String>,
 
     /// How a refusal sets Retry-After: `truthful`, the whole seconds until the request could
     /// pass (no header under a second, or for in-flight caps); or `backoff`, Mimir's
     /// jittered exponential backoff on every 429 and 5xx (the two flags below).
-    #[arg(long, env = "WEIR_RETRY_AFTER", value_enum, default_value_t = RetryAfterMode::Truthful)]
+    #[arg(help_heading = LIMITS, long, env = "WEIR_RETRY_AFTER", value_enum, default_value_t = RetryAfterMode::Truthful)]
     pub retry_after: RetryAfterMode,
 
     /// A push whose tenant limit would let it pass within this long is held until then and
     /// admitted, instead of refused (as nginx's limit_req with `delay`); 0 refuses at once.
-    #[arg(long, env = "WEIR_MAX_ADMISSION_DELAY", default_value = "1s", value_parser = humantime::parse_duration)]
+    #[arg(help_heading = LIMITS, long, env = "WEIR_MAX_ADMISSION_DELAY", default_value = "1s", value_parser = humantime::parse_duration)]
     pub max_admission_delay: Duration,
 
     /// `--retry-after backoff`: smallest Retry-After (≥ 1s).
-    #[arg(long, env = "WEIR_RETRY_AFTER_MIN_BACKOFF", default_value = "6s", value_parser = humantime::parse_duration)]
+    #[arg(help_heading = LIMITS, long, env = "WEIR_RETRY_AFTER_MIN_BACKOFF", default_value = "6s", value_parser = humantime::parse_duration)]
     pub retry_after_min_backoff: Duration,
 
     /// `--retry-after backoff`: largest Retry-After.
-    #[arg(long, env = "WEIR_RETRY_AFTER_MAX_BACKOFF", default_value = "96s", value_parser = humantime::parse_duration)]
+    #[arg(help_heading = LIMITS, long, env = "WEIR_RETRY_AFTER_MAX_BACKOFF", default_value = "96s", value_parser = humantime::parse_duration)]
     pub retry_after_max_backoff: Duration,
 
     /// A tenant's limiter state and metric series are dropped after this long without
     /// requests (and never before its buckets would be full again).
-    #[arg(long, env = "WEIR_TENANT_IDLE_TIMEOUT", default_value = "10m", value_parser = humantime::parse_duration)]
+    #[arg(help_heading = LIMITS, long, env = "WEIR_TENANT_IDLE_TIMEOUT", default_value = "10m", value_parser = humantime::parse_duration)]
     pub tenant_idle_timeout: Duration,
 
     /// On SIGTERM, how long /ready answers 503 while still serving, so the balancer can
     /// stop sending before connections are refused.
-    #[arg(long, env = "WEIR_SHUTDOWN_DELAY", default_value = "0s", value_parser = humantime::parse_duration)]
+    #[arg(help_heading = SHUTDOWN, long, env = "WEIR_SHUTDOWN_DELAY", default_value = "0s", value_parser = humantime::parse_duration)]
     pub shutdown_delay: Duration,
 
     /// On SIGTERM, how long in-flight requests may take to finish before the process exits.
-    #[arg(long, env = "WEIR_SHUTDOWN_DRAIN_TIMEOUT", default_value = "30s", value_parser = humantime::parse_duration)]
+    #[arg(help_heading = SHUTDOWN, long, env = "WEIR_SHUTDOWN_DRAIN_TIMEOUT", default_value = "30s", value_parser = humantime::parse_duration)]
     pub shutdown_drain_timeout: Duration,
 }
 
@@ -651,6 +674,47 @@ mod tests {
         assert_eq!(config.runtime_config_period, Duration::from_secs(1));
         assert_eq!(config.no_auth_tenant.as_deref(), Some("solo"));
         assert_eq!(config.ingestion_burst_size, 200_000, "the default stays");
+    }
+
+    #[test]
+    fn help_groups_every_flag_under_a_heading() {
+        let mut command = Config::command();
+        command.build();
+        let mut ungrouped: Vec<String> = command
+            .get_arguments()
+            .filter(|arg| arg.get_help_heading().is_none())
+            .map(|arg| arg.get_id().to_string())
+            .collect();
+        ungrouped.sort();
+        assert_eq!(ungrouped, ["config", "help", "version"]);
+        let help = command.render_help().to_string();
+        for heading in [
+            LISTENERS, TLS, UPSTREAM, OVERRIDES, LOGGING, RING, LIMITS, STORE, INSTANCE, HTTP,
+            SHUTDOWN,
+        ] {
+            assert!(
+                help.contains(&format!("{heading}:")),
+                "{heading} missing:\n{help}"
+            );
+        }
+        let help_of = |id: &str| {
+            let arg = command.get_arguments().find(|arg| arg.get_id() == id);
+            arg.and_then(|arg| arg.get_long_help().or(arg.get_help()))
+                .map(|help| help.to_string())
+                .unwrap_or_default()
+        };
+        // The burst is counted in items, as the README and the 429 bodies say.
+        for id in [
+            "ingestion_rate",
+            "ingestion_burst_size",
+            "max_ingestion_rate",
+        ] {
+            assert!(
+                help_of(id).to_lowercase().contains("items"),
+                "{id}: {}",
+                help_of(id)
+            );
+        }
     }
 
     #[test]

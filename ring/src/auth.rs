@@ -4,8 +4,11 @@
 //! `LEAVING`: nothing it sends is read.
 //!
 //! Keys rotate without downtime, as memberlist's do: a replica sends with its first key and
-//! accepts any of its keys. To rotate, give every replica `new,old` in a rolling restart (it
-//! still reads `old`), then `new` alone.
+//! accepts any of its keys. To rotate, roll out `old,new` (everyone still signs with `old`
+//! and now also reads `new`), then `new,old` (everyone signs with `new`, still reads `old`),
+//! then `new` alone. Each rolling restart only mixes neighbouring steps, which read each
+//! other; going straight to `new,old` would leave replicas on `old` alone that cannot read
+//! the restarted ones, and split the ring.
 //!
 //! The tag authenticates; it does not encrypt, and it does not stop a replay of a captured
 //! datagram. Chitchat's state only moves forward (versions and heartbeats grow), so a replay
@@ -219,6 +222,35 @@ mod tests {
         assert_eq!(old.open(&frame), None);
         assert_eq!(old.open(&frame[..10]), None);
         assert_eq!(old.open(b""), None);
+    }
+
+    /// During each rolling restart of the documented rotation, replicas on the step before and
+    /// the step after gossip together, both ways; skipping the first step splits the ring.
+    #[test]
+    fn rotation_old_new_then_new_old_then_new_never_splits_the_ring() {
+        const OLD: &str = "old-secret-0123456789";
+        const NEW: &str = "new-secret-0123456789";
+        let keys = |secrets: &[&str]| GossipKeys::new(secrets).unwrap();
+        let read_each_other = |a: &GossipKeys, b: &GossipKeys| {
+            let mut frame = Vec::new();
+            a.seal(b"ping", &mut frame);
+            let b_reads_a = b.open(&frame).is_some();
+            b.seal(b"pong", &mut frame);
+            b_reads_a && a.open(&frame).is_some()
+        };
+        let steps = [
+            keys(&[OLD]),
+            keys(&[OLD, NEW]),
+            keys(&[NEW, OLD]),
+            keys(&[NEW]),
+        ];
+        for (step, pair) in steps.windows(2).enumerate() {
+            assert!(read_each_other(&pair[0], &pair[1]), "restart {step} splits");
+        }
+        assert!(
+            !read_each_other(&keys(&[OLD]), &keys(&[NEW, OLD])),
+            "`new,old` straight after `old` would be safe, so the first step is not needed"
+        );
     }
 
     #[test]
