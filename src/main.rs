@@ -1,5 +1,6 @@
 //! The `weir` binary: parse flags, set up logging, bind, and hand over to `server::run`.
 
+use std::io::IsTerminal;
 use std::process::ExitCode;
 
 use anyhow::Context;
@@ -81,8 +82,10 @@ fn init_logging(config: &Config) {
         );
         EnvFilter::new("info")
     });
+    // Colour only for a person at a terminal: a log file or a collector gets plain text.
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(std::io::stderr().is_terminal())
         .with_writer(std::io::stderr);
     match config.log_format {
         LogFormat::Text => builder.init(),

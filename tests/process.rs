@@ -97,6 +97,7 @@ async fn embedded_defaults_run_in_sink_mode() {
     assert!(stderr.contains("SINK MODE"), "{stderr}");
     assert!(stderr.contains("no --runtime-config"), "{stderr}");
     assert!(stderr.contains("(built-in defaults)"), "{stderr}");
+    assert!(!stderr.contains('\u{1b}'), "colour codes in a piped log: {stderr:?}");
 }
 
 #[test]
