@@ -369,6 +369,8 @@ fn instance_message(limit: InstanceLimit, value: f64) -> String {
 fn decode_message(err: &DecodeError) -> String {
     match err {
         DecodeError::TooLarge { .. } => format!("{err} (--max-request-body-size)"),
+        // Already says "invalid OTLP metrics request": an OTLP export is not remote-write.
+        DecodeError::Otlp(_) => err.to_string(),
         _ => format!("invalid remote-write request: {err}"),
     }
 }

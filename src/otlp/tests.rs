@@ -196,6 +196,20 @@ fn bad_bodies_are_clear_errors() {
     assert!(matches!(err, DecodeError::TooLarge { .. }), "{err}");
 }
 
+/// The client hears that its OTLP export is invalid, not a remote-write request.
+#[test]
+fn a_refused_export_is_called_otlp() {
+    for (body, format) in [(&b"{"[..], json()), (&b"\xff\xff"[..], protobuf())] {
+        let err = decode(body, 1 << 20, format).unwrap_err();
+        let message = crate::rejection::PushError::Decode(err).to_string();
+        assert!(
+            message.starts_with("invalid OTLP metrics request: "),
+            "{message}"
+        );
+        assert!(!message.contains("remote-write"), "{message}");
+    }
+}
+
 #[test]
 fn headers_choose_the_encoding_or_415() {
     let parse = |content_type: &str, encoding: Option<&str>| {

@@ -66,7 +66,8 @@ impl Format {
             let encoding = String::from_utf8_lossy(encoding);
             if !encoding.trim().eq_ignore_ascii_case("snappy") {
                 return Err(UnsupportedMedia(format!(
-                    "unsupported Content-Encoding {:?}: remote-write bodies must be                      snappy-compressed (block format)",
+                    "unsupported Content-Encoding {:?}: remote-write bodies must be \
+                     snappy-compressed (block format)",
                     encoding.trim()
                 )));
             }
@@ -91,7 +92,9 @@ impl Format {
                 "prometheus.WriteRequest" => Ok(Format::V1),
                 "io.prometheus.write.v2.Request" => Ok(Format::V2),
                 other => Err(UnsupportedMedia(format!(
-                    "unsupported remote-write message proto={other:?}: weir accepts                      prometheus.WriteRequest (remote-write 1.0) and                      io.prometheus.write.v2.Request (2.0)"
+                    "unsupported remote-write message proto={other:?}: weir accepts \
+                     prometheus.WriteRequest (remote-write 1.0) and \
+                     io.prometheus.write.v2.Request (2.0)"
                 ))),
             };
         }
@@ -587,6 +590,20 @@ mod tests {
         .0
         .contains("io.prometheus.write.v3.Request"));
         assert!(format(None, Some("gzip")).unwrap_err().0.contains("gzip"));
+        // One line of prose each, without the source's indentation in it.
+        assert_eq!(
+            format(None, Some("gzip")).unwrap_err().0,
+            "unsupported Content-Encoding \"gzip\": remote-write bodies must be \
+             snappy-compressed (block format)"
+        );
+        let v3 = format(Some("application/x-protobuf;proto=v3"), None)
+            .unwrap_err()
+            .0;
+        assert_eq!(
+            v3,
+            "unsupported remote-write message proto=\"v3\": weir accepts \
+             prometheus.WriteRequest (remote-write 1.0) and io.prometheus.write.v2.Request (2.0)"
+        );
     }
 
     #[test]
