@@ -32,12 +32,12 @@ struct RingStatus {
     tenants: Vec<TenantLimitsView>,
 }
 
-/// Rates are per second; `null` for a local rate means unlimited.
+/// Rates are per second; `null` means unlimited (a `request_rate` of 0 in the overrides).
 #[derive(Serialize)]
 struct TenantLimitsView {
     tenant: String,
     strategy: &'static str,
-    request_rate: f64,
+    request_rate: Option<f64>,
     request_burst_size: u64,
     local_request_rate: Option<f64>,
     ingestion_rate: f64,
@@ -66,7 +66,9 @@ impl From<TenantView> for TenantLimitsView {
     fn from(view: TenantView) -> Self {
         TenantLimitsView {
             strategy: view.limits.rate_limit_strategy.as_str(),
-            request_rate: view.limits.request_rate,
+            // 0 is unlimited for the request rate (Mimir's meaning), unlike the ingestion
+            // rate, where 0 refuses everything.
+            request_rate: Some(view.limits.request_rate).filter(|&rate| rate > 0.0),
             request_burst_size: view.limits.request_burst_size,
             local_request_rate: local_rate(view.local.request),
             ingestion_rate: view.limits.ingestion_rate,
@@ -160,11 +162,9 @@ fn render_html(status: &RingStatus) -> String {
             "<tr><td>{}</td><td>{}</td><td>{} / {}</td><td>{}</td><td>{} / {}</td><td>{}</td><td>{}</td><td>{} / {}</td></tr>",
             escape(&tenant.tenant),
             tenant.strategy,
-            if tenant.request_rate == 0.0 {
-                "unlimited".to_string()
-            } else {
-                tenant.request_rate.to_string()
-            },
+            tenant
+                .request_rate
+                .map_or("unlimited".to_string(), |rate| rate.to_string()),
             rate(tenant.local_request_rate),
             tenant.request_burst_size,
             tenant.ingestion_rate,
@@ -187,4 +187,42 @@ fn escape(text: &str) -> String {
         .replace('>', "&gt;")
         .replace('"', "&quot;")
         .replace('\'', "&#39;")
+}
+
+#[cfg(test)]
+mod tests {
+    use engine::LocalLimits;
+    use runtime_config::Defaults;
+
+    use super::*;
+
+    #[test]
+    fn an_unlimited_request_rate_is_null_in_json() {
+        let view = |request_rate| {
+            let mut limits = Defaults::default().tenant;
+            limits.request_rate = request_rate;
+            limits.request_burst_size = 10;
+            let view = TenantView {
+                tenant: "t".into(),
+                limits,
+                local: LocalLimits {
+                    request: LocalLimit::Unlimited,
+                    ingestion: LocalLimit::Deny,
+                },
+                fleet_level: (None, None),
+                admitted_here: (0, 0),
+                admitted_by_peers: (0, 0),
+                settling: false,
+            };
+            serde_json::to_value(TenantLimitsView::from(view)).unwrap()
+        };
+        let unlimited = view(0.0);
+        assert_eq!(
+            unlimited["request_rate"],
+            serde_json::Value::Null,
+            "{unlimited}"
+        );
+        assert_eq!(unlimited["local_request_rate"], serde_json::Value::Null);
+        assert_eq!(view(5.0)["request_rate"], 5.0);
+    }
 }
