@@ -120,6 +120,7 @@ pub struct Metrics {
     pub ingestion_rate: Gauge,
     pub instance_limits: GaugeVec,
     pub push_duration: HistogramVec,
+    pub admission_delay: Histogram,
     pub tracked_tenants: IntGauge,
     pub runtime_alive_tasks: IntGauge,
     pub sink_requests: IntCounter,
@@ -396,6 +397,17 @@ impl Metrics {
                 &["status_code"],
             )
             .expect("valid"),
+            admission_delay: Histogram::with_opts(
+                HistogramOpts::new(
+                    "weir_distributor_admission_delay_seconds",
+                    "How long pushes that were held for their tenant's limit waited before \
+                     they were admitted (--max-admission-delay).",
+                )
+                .buckets(vec![
+                    0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
+                ]),
+            )
+            .expect("valid"),
             runtime_alive_tasks: IntGauge::new(
                 "weir_runtime_alive_tasks",
                 "Tasks alive in this replica's async runtime (as Go's go_goroutines): flat under \
@@ -538,6 +550,7 @@ impl Metrics {
             Box::new(metrics.ingestion_rate.clone()),
             Box::new(metrics.instance_limits.clone()),
             Box::new(metrics.push_duration.clone()),
+            Box::new(metrics.admission_delay.clone()),
             Box::new(metrics.tracked_tenants.clone()),
             Box::new(metrics.runtime_alive_tasks.clone()),
             Box::new(metrics.sink_requests.clone()),

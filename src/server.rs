@@ -24,7 +24,7 @@ use engine::{EngineClock, Limiter, Shared, COARSE_CLOCK_TICK};
 
 use crate::instance::{InstanceLimiter, INGESTION_RATE_TICK};
 use crate::metrics::{InstanceLimit, Metrics, StoreSeries, TenantSeries};
-use crate::rejection::RetryBackoff;
+use crate::rejection::RetryAfter;
 use crate::store::ConnectingStore;
 use crate::upstream::Upstream;
 
@@ -35,7 +35,7 @@ pub struct AppState {
     pub limiter: Limiter<TenantSeries>,
     pub instance: Arc<InstanceLimiter>,
     pub metrics: Arc<Metrics>,
-    pub backoff: RetryBackoff,
+    pub retry_after: RetryAfter,
     /// Where admitted pushes go; `None` is sink mode.
     pub upstream: Option<Upstream>,
     /// The shared store for `shared` tenants, when `--store-url` is set.
@@ -171,7 +171,7 @@ pub async fn run_with_clock(
     let state = Arc::new(AppState {
         upstream,
         store,
-        backoff: config.retry_backoff(),
+        retry_after: config.retry_after_policy(),
         limiter,
         instance,
         metrics,
@@ -545,6 +545,7 @@ fn spawn_membership_applier(
                 state.limiter.set_healthy_replicas(healthy);
                 state.metrics.ring_healthy_replicas.set(healthy as i64);
             }
+            state.limiter.set_rank(membership.rank());
             if !Arc::ptr_eq(&membership.peer_usage, &peer_usage) {
                 peer_usage = Arc::clone(&membership.peer_usage);
                 let totals: engine::PeerUsage = peer_usage

@@ -92,6 +92,16 @@ pub struct Membership {
 }
 
 impl Membership {
+    /// This replica's place (0-based) among the healthy replicas in node-id order, itself
+    /// counted even while leaving: which share of a fleet-wide in-flight cap it holds.
+    pub fn rank(&self) -> usize {
+        self.members
+            .iter()
+            .filter(|member| member.state == MemberState::Active || member.is_self)
+            .position(|member| member.is_self)
+            .unwrap_or(0)
+    }
+
     /// A replica alone: what a consumer sees before gossip reports anything.
     pub fn alone() -> Self {
         Membership {
@@ -189,6 +199,36 @@ mod tests {
             ["a", "b", "c", "d"]
         );
         assert_eq!(membership.count_by_state()["LEAVING"], 1);
+    }
+
+    #[test]
+    fn rank_is_the_place_among_the_healthy_in_node_order() {
+        let ranks = |self_id: &str, self_state| {
+            let members = ["a", "b", "c", "d"]
+                .iter()
+                .zip([
+                    MemberState::Active,
+                    MemberState::Leaving,
+                    MemberState::Active,
+                    MemberState::Active,
+                ])
+                .enumerate()
+                .map(|(port, (id, state))| {
+                    let is_self = *id == self_id;
+                    let state = if is_self { self_state } else { state };
+                    member(id, port as u16, state, is_self)
+                })
+                .collect();
+            let membership = Membership::from_members(members, true);
+            (membership.rank(), membership.healthy)
+        };
+        // b is leaving: the healthy are a, c, d.
+        assert_eq!(ranks("a", MemberState::Active), (0, 3));
+        assert_eq!(ranks("c", MemberState::Active), (1, 3));
+        assert_eq!(ranks("d", MemberState::Active), (2, 3));
+        // A leaving replica counts itself, in its place.
+        assert_eq!(ranks("b", MemberState::Leaving), (1, 4));
+        assert_eq!(Membership::alone().rank(), 0);
     }
 
     #[test]
