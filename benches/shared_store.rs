@@ -97,6 +97,7 @@ fn shared_store(c: &mut Criterion) {
         tenant: "raw",
         kind: LimitKind::Ingestion,
         shard: 0,
+        shards: 1,
         key: None,
     };
     group.bench_function("one_evalsha_per_decision", |b| {

@@ -7,7 +7,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use arc_swap::ArcSwapOption;
-use engine::store::{Acquired, BucketKey, Grant, Store, StoreError, StoreFuture, StoredMeter};
+use engine::store::{
+    Acquired, BucketKey, Grant, KeyName, Store, StoreError, StoreFuture, StoredMeter,
+};
 use engine::{Decision, Rate};
 use redis_store::{RedisConfig, RedisStore};
 
@@ -106,7 +108,7 @@ impl Store for ConnectingStore {
 
     fn meter<'a>(
         &'a self,
-        key: &'a str,
+        key: KeyName<'a>,
         meter: StoredMeter,
         cost: u64,
     ) -> StoreFuture<'a, Decision> {
@@ -118,7 +120,7 @@ impl Store for ConnectingStore {
 
     fn acquire<'a>(
         &'a self,
-        key: &'a str,
+        key: KeyName<'a>,
         lease: &'a str,
         max: u64,
         ttl: Duration,
@@ -129,14 +131,19 @@ impl Store for ConnectingStore {
         }
     }
 
-    fn release<'a>(&'a self, key: &'a str, lease: &'a str) -> StoreFuture<'a, bool> {
+    fn release<'a>(&'a self, key: KeyName<'a>, lease: &'a str) -> StoreFuture<'a, bool> {
         match self.connected.load_full() {
             Some(redis) => Box::pin(async move { redis.release(key, lease).await }),
             None => Box::pin(std::future::ready(Err(not_connected()))),
         }
     }
 
-    fn renew<'a>(&'a self, key: &'a str, lease: &'a str, ttl: Duration) -> StoreFuture<'a, bool> {
+    fn renew<'a>(
+        &'a self,
+        key: KeyName<'a>,
+        lease: &'a str,
+        ttl: Duration,
+    ) -> StoreFuture<'a, bool> {
         match self.connected.load_full() {
             Some(redis) => Box::pin(async move { redis.renew(key, lease, ttl).await }),
             None => Box::pin(std::future::ready(Err(not_connected()))),

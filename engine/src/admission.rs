@@ -25,10 +25,11 @@ use governor::clock::Clock;
 use runtime_config::{Algorithm, LimitSource, LimitSpec, RateLimitStrategy, Unresolved};
 
 use crate::algorithms::{Decision, Meter};
-use crate::limiter::{LimitKind, Limiter, TenantHooks};
-use crate::maths::{slot_share, Rate};
+use crate::limiter::{Limiter, TenantHooks};
+use crate::maths::slot_share;
 use crate::shared::{self, Lease, SharedOutcome, SharedRequest};
-use crate::store::{admission_key, StoredMeter};
+use crate::store::{KeyName, StoredMeter};
+use crate::types::{LimitKind, Outcome, Rate};
 
 /// Why an admission call cannot be answered with a decision. Each maps to a gRPC status.
 #[derive(Debug, Clone, PartialEq)]
@@ -336,8 +337,8 @@ impl<H: TenantHooks, C: Clock + Clone> Limiter<H, C> {
                         reset_after: Duration::ZERO,
                         delay: Duration::ZERO,
                     })),
-                    SharedOutcome::Refused(crate::maths::Outcome::TooLarge) => Ok(None),
-                    SharedOutcome::Refused(crate::maths::Outcome::Denied { wait, available }) => {
+                    SharedOutcome::Refused(Outcome::TooLarge) => Ok(None),
+                    SharedOutcome::Refused(Outcome::Denied { wait, available }) => {
                         Ok(Some(Decision {
                             allowed: false,
                             remaining: available,
@@ -346,30 +347,27 @@ impl<H: TenantHooks, C: Clock + Clone> Limiter<H, C> {
                             delay: Duration::ZERO,
                         }))
                     }
-                    SharedOutcome::Refused(crate::maths::Outcome::Allowed) => {
+                    SharedOutcome::Refused(Outcome::Allowed) => {
                         unreachable!("a refusal is never Allowed")
                     }
                     SharedOutcome::StoreFailed => self.store_failed(state, cost, now).map(Some),
                 }
             }
             Algorithm::SlidingWindow | Algorithm::LeakyBucket => {
-                let (what, meter) = match spec.algorithm {
-                    Algorithm::SlidingWindow => (
-                        'w',
-                        StoredMeter::SlidingWindow {
-                            limit: spec.per_window(),
-                            window: spec.window,
-                        },
-                    ),
-                    _ => (
-                        'l',
-                        StoredMeter::LeakyBucket {
-                            rate: spec.rate,
-                            capacity: spec.burst.max(1),
-                        },
-                    ),
+                let meter = match spec.algorithm {
+                    Algorithm::SlidingWindow => StoredMeter::SlidingWindow {
+                        limit: spec.per_window(),
+                        window: spec.window,
+                    },
+                    _ => StoredMeter::LeakyBucket {
+                        rate: spec.rate,
+                        capacity: spec.burst.max(1),
+                    },
                 };
-                let key = admission_key(&entry.tenant, &entry.key, what);
+                let key = KeyName {
+                    tenant: &entry.tenant,
+                    key: &entry.key,
+                };
                 if shared.permit(now) == crate::breaker::Permit::Refused {
                     return self.store_failed(state, cost, now).map(Some);
                 }
@@ -377,7 +375,7 @@ impl<H: TenantHooks, C: Clock + Clone> Limiter<H, C> {
                     .call(
                         "meter",
                         || self.now_nanos(),
-                        shared.store.meter(&key, meter, cost),
+                        shared.store.meter(key, meter, cost),
                     )
                     .await
                 {
@@ -466,7 +464,10 @@ impl<H: TenantHooks, C: Clock + Clone> Limiter<H, C> {
         let name: Arc<str> = entry_name(&entry.tenant, &entry.key).into();
         if state.strategy == RateLimitStrategy::Shared {
             let lease = format!("S{id:032x}/{name}");
-            let store_key = admission_key(&entry.tenant, &entry.key, 'c');
+            let store_key = KeyName {
+                tenant: &entry.tenant,
+                key: &entry.key,
+            };
             let Some(shared) = self.shared() else {
                 return Err(AdmissionError::StoreUnavailable);
             };
@@ -478,7 +479,7 @@ impl<H: TenantHooks, C: Clock + Clone> Limiter<H, C> {
                         || self.now_nanos(),
                         shared
                             .store
-                            .acquire(&store_key, &lease, spec.max_concurrent, ttl),
+                            .acquire(store_key, &lease, spec.max_concurrent, ttl),
                     )
                     .await;
                 if let Ok(acquired) = acquired {
@@ -564,7 +565,7 @@ impl<H: TenantHooks, C: Clock + Clone> Limiter<H, C> {
         if let Some(rest) = lease_id.strip_prefix('S') {
             let (_, name) = rest.split_once('/').ok_or_else(unknown)?;
             let (tenant, key) = name.split_once('/').ok_or_else(unknown)?;
-            let store_key = admission_key(tenant, key, 'c');
+            let store_key = KeyName { tenant, key };
             let shared = self.shared().ok_or(AdmissionError::StoreUnavailable)?;
             let outcome = match renew {
                 None => {
@@ -572,7 +573,7 @@ impl<H: TenantHooks, C: Clock + Clone> Limiter<H, C> {
                         .call(
                             "release",
                             || self.now_nanos(),
-                            shared.store.release(&store_key, lease_id),
+                            shared.store.release(store_key, lease_id),
                         )
                         .await
                 }
@@ -581,7 +582,7 @@ impl<H: TenantHooks, C: Clock + Clone> Limiter<H, C> {
                         .call(
                             "renew",
                             || self.now_nanos(),
-                            shared.store.renew(&store_key, lease_id, ttl),
+                            shared.store.renew(store_key, lease_id, ttl),
                         )
                         .await
                 }

@@ -15,7 +15,7 @@ use std::time::Duration;
 use runtime_config::{Algorithm, LimitSpec};
 
 use crate::fleet::FleetBucket;
-use crate::maths::{Outcome, Rate};
+use crate::types::{Outcome, Rate};
 
 /// What a meter says about one request.
 #[derive(Debug, Clone, Copy, PartialEq)]

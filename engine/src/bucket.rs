@@ -14,7 +14,7 @@ use governor::middleware::NoOpMiddleware;
 use governor::state::{InMemoryState, NotKeyed};
 use governor::{Quota, RateLimiter};
 
-use crate::maths::{Outcome, Rate};
+use crate::types::{Outcome, Rate};
 
 pub struct Bucket<C: Clock> {
     limiter: RateLimiter<NotKeyed, InMemoryState, C, NoOpMiddleware<C::Instant>>,

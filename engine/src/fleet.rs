@@ -21,7 +21,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use crate::maths::{Outcome, Rate};
+use crate::types::{Outcome, Rate};
 
 /// A lock-free view of a fleet-wide bucket. Time is passed in (nanoseconds on the engine's
 /// clock), so the maths is tested without sleeping.

@@ -3,6 +3,8 @@
 //! config, the healthy replica count and the peers' usage, and asks it "may this proceed?".
 //!
 //! # Layout
+//! - [`types`]: the vocabulary (limit kinds, bucket shapes, outcomes, rejections), importing
+//!   nothing of the engine.
 //! - [`maths`]: pure limit maths: how a fleet-wide limit becomes what one replica enforces
 //!   (`divided`, `weighted`), and the settling share of a tenant new to the fleet.
 //! - [`bucket`]: a governor bucket with a fair hand-over of tokens when its shape changes
@@ -32,14 +34,16 @@ pub mod limiter;
 pub mod maths;
 pub mod shared;
 pub mod store;
+pub mod types;
 
 pub use admission::{encode_key, Acquisition, AdmissionError, Allowed};
 pub use algorithms::Decision;
 pub use clock::EngineClock;
 pub use limiter::{
-    LimitKind, Limiter, NoHooks, PeerTotals, PeerUsage, Rejection, RejectionCause, Tenant,
-    TenantHooks, TenantView, TooManyTenants, UsageReport, COARSE_CLOCK_TICK,
+    Limiter, NoHooks, PeerTotals, PeerUsage, Tenant, TenantHooks, TenantView, TooManyTenants,
+    UsageReport, COARSE_CLOCK_TICK,
 };
-pub use maths::{LocalLimit, LocalLimits, Outcome, Rate};
+pub use maths::{LocalLimit, LocalLimits};
 pub use shared::{Shared, SharedConfig, StoreObserver};
-pub use store::{BucketKey, Grant, MemoryStore, Store, StoreError};
+pub use store::{BucketKey, Grant, KeyName, MemoryStore, Store, StoreError};
+pub use types::{LimitKind, Outcome, Rate, Rejection, RejectionCause};

@@ -23,11 +23,10 @@ use runtime_config::{RuntimeConfig, StoreFailurePolicy, TenantLimits};
 use crate::bucket::{nanos_between, Bucket};
 use crate::clock::EngineClock;
 use crate::fleet::FleetBucket;
-use crate::maths::{
-    local_limits, settling_budget, shard_rate, LocalLimit, LocalLimits, Outcome, Rate,
-};
+use crate::maths::{local_limits, settling_budget, shard_rate, LocalLimit, LocalLimits};
 use crate::shared::{self, Lease, Shared, SharedOutcome, SharedRequest};
 use crate::store::BucketKey;
+use crate::types::{LimitKind, Outcome, Rate, Rejection, RejectionCause};
 
 /// Seconds over which the peers' admission rate is smoothed.
 const PEER_RATE_SMOOTHING: f64 = 1.0;
@@ -36,53 +35,6 @@ const CONTENTION_MEMORY: u64 = 1_000_000_000;
 
 /// How often the embedding service calls [`Limiter::tick`].
 pub const COARSE_CLOCK_TICK: Duration = Duration::from_secs(1);
-
-/// Which of a tenant's limits a check is against.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum LimitKind {
-    /// One token per push request, checked before the body is read.
-    Request,
-    /// One token per sample, histogram, exemplar and metadata entry.
-    Ingestion,
-}
-
-impl LimitKind {
-    fn index(self) -> usize {
-        match self {
-            LimitKind::Request => 0,
-            LimitKind::Ingestion => 1,
-        }
-    }
-}
-
-/// Why a check failed, with the fleet-wide numbers the refusal names.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Rejection {
-    pub kind: LimitKind,
-    pub cause: RejectionCause,
-    /// The tenant's fleet-wide rate for this limit, as configured.
-    pub limit: f64,
-    /// The tenant's burst for this limit, as configured.
-    pub burst: u64,
-    /// The rate this replica enforces (the fleet rate under `weighted`).
-    pub local_limit: f64,
-    /// What the request asked for.
-    pub cost: u64,
-    /// Whole tokens left in the bucket this request was checked against.
-    pub remaining: u64,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub enum RejectionCause {
-    /// Over the rate; the cost could pass after `wait`.
-    RateLimited { wait: Duration },
-    /// The cost exceeds the burst: it can never pass.
-    LargerThanBurst,
-    /// The limit is 0: nothing passes.
-    Blocked,
-    /// `shared` with `on_store_failure: closed`: the store could not answer in time.
-    StoreUnavailable,
-}
 
 /// What the engine tells its embedder about tenants (metrics, mostly). All methods but
 /// `create` have empty defaults.
@@ -647,8 +599,7 @@ impl<H: TenantHooks, C: Clock + Clone> Limiter<H, C> {
                     continue;
                 };
                 let shards = state.limits.store_shards.max(1);
-                let shard = crate::store::shard_tag(&tenant.name, lease.home_shard(shards), shards);
-                let key = BucketKey::push(&tenant.name, kind, shard);
+                let key = BucketKey::push(&tenant.name, kind, lease.home_shard(shards), shards);
                 shared::give_back(
                     shared,
                     lease,

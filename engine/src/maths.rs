@@ -5,25 +5,7 @@ use std::time::Duration;
 
 use runtime_config::{RateLimitStrategy, TenantLimits};
 
-/// A token bucket's shape: refill rate and capacity.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Rate {
-    pub per_second: f64,
-    pub burst: u64,
-}
-
-/// The outcome of one check against a bucket.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub enum Outcome {
-    Allowed,
-    /// Not now: `wait` until the cost could pass; `available` whole tokens are there now.
-    Denied {
-        wait: Duration,
-        available: u64,
-    },
-    /// The cost is larger than the bucket's capacity: it can never pass.
-    TooLarge,
-}
+pub use crate::types::{Outcome, Rate};
 
 /// This replica's share of a fleet-wide cap of `max` slots held at once, split over
 /// `replicas` by the replica's `rank` among them (its place in the ring's order): ⌊max ÷ N⌋,

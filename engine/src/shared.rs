@@ -30,9 +30,8 @@ use runtime_config::StoreFailurePolicy;
 
 use crate::breaker::{Breaker, BreakerConfig, BreakerState, Permit};
 use crate::fleet::FleetBucket;
-use crate::limiter::LimitKind;
-use crate::maths::{Outcome, Rate};
 use crate::store::{BucketKey, Grant, Store, StoreError};
+use crate::types::{LimitKind, Outcome, Rate};
 
 /// How leases behave; flags of the embedding service.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -336,7 +335,8 @@ pub(crate) async fn decide(
         let key = BucketKey {
             tenant: request.tenant,
             kind: request.kind,
-            shard: crate::store::shard_tag(request.tenant, shard, request.shards),
+            shard,
+            shards: request.shards.max(1),
             key: request.key,
         };
         let grant: Grant = match shared

@@ -15,96 +15,42 @@ use governor::clock::Clock;
 
 use crate::algorithms::{Decision, LeakyBucket, SlidingWindow};
 use crate::bucket::nanos_between;
-use crate::limiter::LimitKind;
-use crate::maths::Rate;
+use crate::types::{LimitKind, Rate};
 
 /// Which bucket: a tenant's request or ingestion limit, and (with `store_shards`) which of
-/// its sub-buckets; or, for the admission API, one of the tenant's keys.
+/// its `shards` sub-buckets; or, for the admission API, one of the tenant's keys. How a store
+/// names it is the store's business (the Redis store's names and hash tags are in
+/// `weir-redis-store`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct BucketKey<'a> {
     pub tenant: &'a str,
     pub kind: LimitKind,
+    /// Which sub-bucket, `0..shards`.
     pub shard: u32,
+    pub shards: u32,
     /// An admission API key (percent-encoded: no spaces or braces), instead of a push limit.
     pub key: Option<&'a str>,
 }
 
 impl<'a> BucketKey<'a> {
-    /// A push limit's bucket.
-    pub fn push(tenant: &'a str, kind: LimitKind, shard: u32) -> BucketKey<'a> {
+    /// A push limit's bucket: sub-bucket `shard` of `shards`.
+    pub fn push(tenant: &'a str, kind: LimitKind, shard: u32, shards: u32) -> BucketKey<'a> {
         BucketKey {
             tenant,
             kind,
             shard,
+            shards: shards.max(1),
             key: None,
         }
     }
-
-    /// The key as the Redis store names it: `weir:{tenant}:i`, with the hash tag around the
-    /// tenant (and the tag number `shard`, when there are several: see [`shard_tag`]) so one
-    /// script touches one slot; an admission key's token bucket is `weir:{tenant}:k:<key>:t`.
-    pub fn redis_key(&self) -> String {
-        if let Some(key) = self.key {
-            return admission_key(self.tenant, key, 't');
-        }
-        let kind = match self.kind {
-            LimitKind::Request => 'r',
-            LimitKind::Ingestion => 'i',
-        };
-        if self.shard == 0 {
-            format!("weir:{{{}}}:{kind}", self.tenant)
-        } else {
-            format!("weir:{{{}#{}}}:{kind}", self.tenant, self.shard)
-        }
-    }
 }
 
-/// The tag number of sub-bucket `shard` of `shards` (see [`BucketKey::redis_key`]): the first
-/// `j` whose hash tag (`tenant` for 0, `tenant#j` after) falls in the `shard`-th of `shards`
-/// equal parts of Redis Cluster's 16 384 slots. A cluster's masters own contiguous slot
-/// ranges, so a tenant's sub-buckets land on different masters, not wherever the hash puts
-/// them. One sub-bucket is the plain `{tenant}` tag.
-pub fn shard_tag(tenant: &str, shard: u32, shards: u32) -> u32 {
-    let shards = shards.max(1);
-    if shards == 1 {
-        return 0;
-    }
-    let shard = shard % shards;
-    let wanted = |slot: u32| slot * shards / 16_384 == shard;
-    let mut tag = String::with_capacity(tenant.len() + 6);
-    for j in 0..100_000u32 {
-        tag.clear();
-        tag.push_str(tenant);
-        if j > 0 {
-            let _ = std::fmt::Write::write_fmt(&mut tag, format_args!("#{j}"));
-        }
-        if wanted(cluster_slot(tag.as_bytes())) {
-            return j;
-        }
-    }
-    shard // unreachable in practice: the slots of `tenant#j` are spread evenly
-}
-
-/// Redis Cluster's hash slot of a hash tag: CRC16 (XMODEM) mod 16 384.
-pub fn cluster_slot(tag: &[u8]) -> u32 {
-    let mut crc: u16 = 0;
-    for &byte in tag {
-        crc ^= (byte as u16) << 8;
-        for _ in 0..8 {
-            crc = if crc & 0x8000 != 0 {
-                (crc << 1) ^ 0x1021
-            } else {
-                crc << 1
-            };
-        }
-    }
-    u32::from(crc) % 16_384
-}
-
-/// An admission key's store key: `weir:{tenant}:k:<key>:<what>`, where `what` is `t` (token
-/// bucket), `w` (sliding window), `l` (leaky bucket) or `c` (in-flight leases).
-pub fn admission_key(tenant: &str, key: &str, what: char) -> String {
-    format!("weir:{{{tenant}}}:k:{key}:{what}")
+/// One of a tenant's admission API keys in the store (the key percent-encoded), for its
+/// sliding window, leaky bucket or in-flight leases; the operation says which.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct KeyName<'a> {
+    pub tenant: &'a str,
+    pub key: &'a str,
 }
 
 /// A per-key meter the store runs atomically (the admission API under `shared`).
@@ -175,7 +121,7 @@ pub trait Store: Send + Sync + 'static {
     /// Checks and counts `cost` on a sliding window or leaky bucket at `key`.
     fn meter<'a>(
         &'a self,
-        key: &'a str,
+        key: KeyName<'a>,
         meter: StoredMeter,
         cost: u64,
     ) -> StoreFuture<'a, Decision>;
@@ -184,17 +130,22 @@ pub trait Store: Send + Sync + 'static {
     /// held (expired ones do not count).
     fn acquire<'a>(
         &'a self,
-        key: &'a str,
+        key: KeyName<'a>,
         lease: &'a str,
         max: u64,
         ttl: Duration,
     ) -> StoreFuture<'a, Acquired>;
 
     /// Gives a slot back; false if the lease was unknown, released or expired.
-    fn release<'a>(&'a self, key: &'a str, lease: &'a str) -> StoreFuture<'a, bool>;
+    fn release<'a>(&'a self, key: KeyName<'a>, lease: &'a str) -> StoreFuture<'a, bool>;
 
     /// Moves a held lease's deadline to `ttl` from now; false if unknown or expired.
-    fn renew<'a>(&'a self, key: &'a str, lease: &'a str, ttl: Duration) -> StoreFuture<'a, bool>;
+    fn renew<'a>(
+        &'a self,
+        key: KeyName<'a>,
+        lease: &'a str,
+        ttl: Duration,
+    ) -> StoreFuture<'a, bool>;
 }
 
 /// A bucket as the store keeps it: tokens, and when they were last refilled (microseconds on
@@ -296,11 +247,16 @@ impl<C: Clock> MemoryStore<C> {
     pub fn tokens(&self, key: BucketKey<'_>, rate: Rate) -> f64 {
         let buckets = self.buckets.lock().unwrap_or_else(|e| e.into_inner());
         refilled(
-            buckets.get(&key.redis_key()).copied(),
+            buckets.get(&memory_name(&key)).copied(),
             self.now_micros(),
             rate,
         )
     }
+}
+
+/// The in-memory store's name for a bucket or key: any unique text does.
+fn memory_name(key: &impl std::fmt::Debug) -> String {
+    format!("{key:?}")
 }
 
 impl<C: Clock + Send + Sync + 'static> Store for MemoryStore<C>
@@ -316,7 +272,7 @@ where
     ) -> StoreFuture<'a, Grant> {
         let now = self.now_micros();
         let mut buckets = self.buckets.lock().unwrap_or_else(|e| e.into_inner());
-        let name = key.redis_key();
+        let name = memory_name(&key);
         let (state, grant) = take(buckets.get(&name).copied(), now, rate, want, min);
         buckets.insert(name, state);
         Box::pin(std::future::ready(Ok(grant)))
@@ -325,7 +281,7 @@ where
     fn give_back<'a>(&'a self, key: BucketKey<'a>, rate: Rate, tokens: u64) -> StoreFuture<'a, ()> {
         let now = self.now_micros();
         let mut buckets = self.buckets.lock().unwrap_or_else(|e| e.into_inner());
-        let name = key.redis_key();
+        let name = memory_name(&key);
         let state = give_back(buckets.get(&name).copied(), now, rate, tokens);
         buckets.insert(name, state);
         Box::pin(std::future::ready(Ok(())))
@@ -333,7 +289,7 @@ where
 
     fn meter<'a>(
         &'a self,
-        key: &'a str,
+        key: KeyName<'a>,
         meter: StoredMeter,
         cost: u64,
     ) -> StoreFuture<'a, Decision> {
@@ -342,14 +298,14 @@ where
             StoredMeter::SlidingWindow { limit, window } => {
                 let mut windows = self.windows.lock().unwrap_or_else(|e| e.into_inner());
                 let meter = windows
-                    .entry(key.to_string())
+                    .entry(memory_name(&key))
                     .or_insert_with(|| SlidingWindow::new(limit, window, now));
                 meter.check(cost, now)
             }
             StoredMeter::LeakyBucket { rate, capacity } => {
                 let mut leaky = self.leaky.lock().unwrap_or_else(|e| e.into_inner());
                 let meter = leaky
-                    .entry(key.to_string())
+                    .entry(memory_name(&key))
                     .or_insert_with(|| LeakyBucket::new(rate, capacity, now));
                 meter.check(cost, now)
             }
@@ -361,14 +317,14 @@ where
 
     fn acquire<'a>(
         &'a self,
-        key: &'a str,
+        key: KeyName<'a>,
         lease: &'a str,
         max: u64,
         ttl: Duration,
     ) -> StoreFuture<'a, Acquired> {
         let now = self.now_micros() * 1000;
         let mut leases = self.leases.lock().unwrap_or_else(|e| e.into_inner());
-        let held = leases.entry(key.to_string()).or_default();
+        let held = leases.entry(memory_name(&key)).or_default();
         held.retain(|_, deadline| *deadline > now);
         let acquired = if (held.len() as u64) < max {
             held.insert(lease.to_string(), now + ttl.as_nanos() as u64);
@@ -388,18 +344,23 @@ where
         Box::pin(std::future::ready(Ok(acquired)))
     }
 
-    fn release<'a>(&'a self, key: &'a str, lease: &'a str) -> StoreFuture<'a, bool> {
+    fn release<'a>(&'a self, key: KeyName<'a>, lease: &'a str) -> StoreFuture<'a, bool> {
         let now = self.now_micros() * 1000;
         let mut leases = self.leases.lock().unwrap_or_else(|e| e.into_inner());
-        let held = leases.entry(key.to_string()).or_default();
+        let held = leases.entry(memory_name(&key)).or_default();
         held.retain(|_, deadline| *deadline > now);
         Box::pin(std::future::ready(Ok(held.remove(lease).is_some())))
     }
 
-    fn renew<'a>(&'a self, key: &'a str, lease: &'a str, ttl: Duration) -> StoreFuture<'a, bool> {
+    fn renew<'a>(
+        &'a self,
+        key: KeyName<'a>,
+        lease: &'a str,
+        ttl: Duration,
+    ) -> StoreFuture<'a, bool> {
         let now = self.now_micros() * 1000;
         let mut leases = self.leases.lock().unwrap_or_else(|e| e.into_inner());
-        let held = leases.entry(key.to_string()).or_default();
+        let held = leases.entry(memory_name(&key)).or_default();
         held.retain(|_, deadline| *deadline > now);
         let renewed = match held.get_mut(lease) {
             Some(deadline) => {
@@ -416,33 +377,6 @@ where
 mod tests {
     use super::*;
 
-    #[test]
-    fn the_cluster_slot_is_redis_crc16() {
-        // CRC-16/XMODEM's check value (0x31C3), and the slot Redis documents for "foo".
-        assert_eq!(cluster_slot(b"123456789"), 0x31C3);
-        assert_eq!(cluster_slot(b"foo"), 12182);
-    }
-
-    #[test]
-    fn sub_buckets_are_tagged_into_separate_parts_of_the_slot_space() {
-        for tenant in ["a", "team-b", "tenant-with-a-long-name-42"] {
-            assert_eq!(shard_tag(tenant, 0, 1), 0, "one bucket keeps the plain tag");
-            for shards in [2u32, 3, 5, 8] {
-                let parts: std::collections::BTreeSet<u32> = (0..shards)
-                    .map(|shard| {
-                        let j = shard_tag(tenant, shard, shards);
-                        let tag = if j == 0 {
-                            tenant.to_string()
-                        } else {
-                            format!("{tenant}#{j}")
-                        };
-                        cluster_slot(tag.as_bytes()) * shards / 16_384
-                    })
-                    .collect();
-                assert_eq!(parts.len(), shards as usize, "{tenant} over {shards}");
-            }
-        }
-    }
     use proptest::prelude::*;
 
     const RATE: Rate = Rate {

@@ -413,7 +413,8 @@ mod shared_tests {
     use crate::algorithms::Decision;
     use crate::shared::{Shared, SharedConfig, StoreObserver};
     use crate::store::{
-        Acquired, BucketKey, Grant, MemoryStore, Store, StoreError, StoreFuture, StoredMeter,
+        Acquired, BucketKey, Grant, KeyName, MemoryStore, Store, StoreError, StoreFuture,
+        StoredMeter,
     };
     use std::sync::atomic::AtomicU64;
 
@@ -450,7 +451,7 @@ mod shared_tests {
         }
         fn meter<'a>(
             &'a self,
-            key: &'a str,
+            key: KeyName<'a>,
             meter: StoredMeter,
             cost: u64,
         ) -> StoreFuture<'a, Decision> {
@@ -458,19 +459,19 @@ mod shared_tests {
         }
         fn acquire<'a>(
             &'a self,
-            key: &'a str,
+            key: KeyName<'a>,
             lease: &'a str,
             max: u64,
             ttl: Duration,
         ) -> StoreFuture<'a, Acquired> {
             self.inner.acquire(key, lease, max, ttl)
         }
-        fn release<'a>(&'a self, key: &'a str, lease: &'a str) -> StoreFuture<'a, bool> {
+        fn release<'a>(&'a self, key: KeyName<'a>, lease: &'a str) -> StoreFuture<'a, bool> {
             self.inner.release(key, lease)
         }
         fn renew<'a>(
             &'a self,
-            key: &'a str,
+            key: KeyName<'a>,
             lease: &'a str,
             ttl: Duration,
         ) -> StoreFuture<'a, bool> {
@@ -626,6 +627,7 @@ mod shared_tests {
             tenant: "s",
             kind: LimitKind::Ingestion,
             shard: 0,
+            shards: 1,
             key: None,
         };
         let rate = Rate {

@@ -11,17 +11,22 @@
 //!
 //! Keys carry a hash tag (`weir:{tenant}:i`), so all of a tenant's keys share a slot and one
 //! script can touch them; `store_shards` gives sub-buckets their own tags
-//! (`weir:{tenant#k}:i`) so a hot tenant's load lands on several masters.
+//! (`weir:{tenant#k}:i`) so a hot tenant's load lands on several masters. The names are in
+//! [`keys`]: the engine asks for buckets and keys by what they are, not by name.
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use engine::store::{Acquired, BucketKey, Grant, Store, StoreError, StoreFuture, StoredMeter};
+use engine::store::{
+    Acquired, BucketKey, Grant, KeyName, Store, StoreError, StoreFuture, StoredMeter,
+};
 use engine::{Decision, Rate};
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClientBuilder;
 use redis::cluster_async::ClusterConnection;
 use redis::{Client, Script};
+
+pub mod keys;
 
 /// Where the store is and how to talk to it.
 #[derive(Debug, Clone)]
@@ -178,7 +183,7 @@ impl Store for RedisStore {
         Box::pin(async move {
             let mut invocation = self.scripts.take.prepare_invoke();
             invocation
-                .key(key.redis_key())
+                .key(keys::bucket(&key))
                 .arg(rate.per_second)
                 .arg(rate.burst)
                 .arg(want)
@@ -196,7 +201,7 @@ impl Store for RedisStore {
         Box::pin(async move {
             let mut invocation = self.scripts.give_back.prepare_invoke();
             invocation
-                .key(key.redis_key())
+                .key(keys::bucket(&key))
                 .arg(rate.per_second)
                 .arg(rate.burst)
                 .arg(tokens);
@@ -207,7 +212,7 @@ impl Store for RedisStore {
 
     fn meter<'a>(
         &'a self,
-        key: &'a str,
+        key: KeyName<'a>,
         meter: StoredMeter,
         cost: u64,
     ) -> StoreFuture<'a, Decision> {
@@ -216,7 +221,7 @@ impl Store for RedisStore {
                 StoredMeter::SlidingWindow { limit, window } => {
                     let mut invocation = self.scripts.sliding_window.prepare_invoke();
                     invocation
-                        .key(key)
+                        .key(keys::admission(&key, 'w'))
                         .arg(limit)
                         .arg(window.as_micros() as u64)
                         .arg(cost);
@@ -224,7 +229,11 @@ impl Store for RedisStore {
                 }
                 StoredMeter::LeakyBucket { rate, capacity } => {
                     let mut invocation = self.scripts.leaky_bucket.prepare_invoke();
-                    invocation.key(key).arg(rate).arg(capacity).arg(cost);
+                    invocation
+                        .key(keys::admission(&key, 'l'))
+                        .arg(rate)
+                        .arg(capacity)
+                        .arg(cost);
                     invocation
                 }
             };
@@ -247,7 +256,7 @@ impl Store for RedisStore {
 
     fn acquire<'a>(
         &'a self,
-        key: &'a str,
+        key: KeyName<'a>,
         lease: &'a str,
         max: u64,
         ttl: Duration,
@@ -255,7 +264,7 @@ impl Store for RedisStore {
         Box::pin(async move {
             let mut invocation = self.scripts.acquire.prepare_invoke();
             invocation
-                .key(key)
+                .key(keys::admission(&key, 'c'))
                 .arg(lease)
                 .arg(max)
                 .arg(ttl.as_millis() as u64);
@@ -269,19 +278,27 @@ impl Store for RedisStore {
         })
     }
 
-    fn release<'a>(&'a self, key: &'a str, lease: &'a str) -> StoreFuture<'a, bool> {
+    fn release<'a>(&'a self, key: KeyName<'a>, lease: &'a str) -> StoreFuture<'a, bool> {
         Box::pin(async move {
             let mut invocation = self.scripts.release.prepare_invoke();
-            invocation.key(key).arg(lease);
+            invocation.key(keys::admission(&key, 'c')).arg(lease);
             let released: u64 = self.invoke(invocation).await?;
             Ok(released == 1)
         })
     }
 
-    fn renew<'a>(&'a self, key: &'a str, lease: &'a str, ttl: Duration) -> StoreFuture<'a, bool> {
+    fn renew<'a>(
+        &'a self,
+        key: KeyName<'a>,
+        lease: &'a str,
+        ttl: Duration,
+    ) -> StoreFuture<'a, bool> {
         Box::pin(async move {
             let mut invocation = self.scripts.renew.prepare_invoke();
-            invocation.key(key).arg(lease).arg(ttl.as_millis() as u64);
+            invocation
+                .key(keys::admission(&key, 'c'))
+                .arg(lease)
+                .arg(ttl.as_millis() as u64);
             let renewed: u64 = self.invoke(invocation).await?;
             Ok(renewed == 1)
         })

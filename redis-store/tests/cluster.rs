@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use engine::store::{BucketKey, Store};
 use engine::{LimitKind, Rate};
 use redis_server::RedisCluster;
-use redis_store::{RedisConfig, RedisStore};
+use redis_store::{keys, RedisConfig, RedisStore};
 
 fn config(urls: Vec<String>) -> RedisConfig {
     RedisConfig {
@@ -23,8 +23,9 @@ fn config(urls: Vec<String>) -> RedisConfig {
     }
 }
 
+/// Sub-bucket `shard` of a tenant's three.
 fn key(tenant: &str, shard: u32) -> BucketKey<'_> {
-    BucketKey::push(tenant, LimitKind::Ingestion, shard)
+    BucketKey::push(tenant, LimitKind::Ingestion, shard, 3)
 }
 
 const STILL: Rate = Rate {
@@ -67,11 +68,10 @@ async fn sub_buckets_spread_over_masters_and_migrating_slots_are_followed() {
 
     // Any tenant's three sub-buckets land on three different masters: their tags are picked
     // in three thirds of the slot space, which the masters own in contiguous ranges.
-    let tag = |tenant: &str, shard: u32| engine::store::shard_tag(tenant, shard, 3);
     for i in 0..20 {
         let tenant = format!("tenant-{i}");
         let owners: BTreeSet<u16> = (0..3)
-            .map(|shard| owner(&cluster, &key(&tenant, tag(&tenant, shard)).redis_key()).1)
+            .map(|shard| owner(&cluster, &keys::bucket(&key(&tenant, shard))).1)
             .collect();
         assert_eq!(owners.len(), 3, "{tenant}'s sub-buckets share a master");
     }
@@ -79,7 +79,7 @@ async fn sub_buckets_spread_over_masters_and_migrating_slots_are_followed() {
     for shard in 0..3 {
         assert_eq!(
             store
-                .take(key(&tenant, tag(&tenant, shard)), STILL, 10, 1)
+                .take(key(&tenant, shard), STILL, 10, 1)
                 .await
                 .unwrap()
                 .granted,
@@ -88,7 +88,7 @@ async fn sub_buckets_spread_over_masters_and_migrating_slots_are_followed() {
     }
     // Each master ran the script: the load of one tenant is on three masters.
     let masters: BTreeSet<u16> = (0..3)
-        .map(|shard| owner(&cluster, &key(&tenant, tag(&tenant, shard)).redis_key()).1)
+        .map(|shard| owner(&cluster, &keys::bucket(&key(&tenant, shard))).1)
         .collect();
     assert_eq!(masters.len(), 3);
     for port in &masters {
@@ -105,10 +105,9 @@ async fn sub_buckets_spread_over_masters_and_migrating_slots_are_followed() {
 
     // Move the slot of one bucket to another master while takes run against it: every
     // take is answered (MOVED and ASK are followed), and no token is spent twice.
-    let moving_tag = tag(&tenant, 0);
-    let moving = key(&tenant, moving_tag).redis_key();
+    let moving = keys::bucket(&key(&tenant, 0));
     let (_, from_port) = owner(&cluster, &moving);
-    let (to_id, _) = owner(&cluster, &key(&tenant, tag(&tenant, 1)).redis_key());
+    let (to_id, _) = owner(&cluster, &keys::bucket(&key(&tenant, 1)));
     let slot = cluster.nodes[0].cli(&["CLUSTER", "KEYSLOT", &moving]);
     let running = Arc::new(AtomicBool::new(true));
     let granted = Arc::new(AtomicU64::new(10));
@@ -123,7 +122,7 @@ async fn sub_buckets_spread_over_masters_and_migrating_slots_are_followed() {
         );
         tokio::spawn(async move {
             while running.load(Ordering::Relaxed) {
-                match store.take(key(&tenant, moving_tag), STILL, 1, 1).await {
+                match store.take(key(&tenant, 0), STILL, 1, 1).await {
                     Ok(grant) => {
                         granted.fetch_add(grant.granted, Ordering::Relaxed);
                     }
@@ -150,7 +149,7 @@ async fn sub_buckets_spread_over_masters_and_migrating_slots_are_followed() {
     assert_ne!(owner(&cluster, &moving).1, from_port, "the slot moved");
     // The bucket kept its count across the move: what is left is what was not granted.
     let left = store
-        .take(key(&tenant, moving_tag), STILL, 0, 0)
+        .take(key(&tenant, 0), STILL, 0, 0)
         .await
         .unwrap()
         .remaining;
@@ -222,7 +221,7 @@ async fn a_master_failover_is_survived() {
     let store = RedisStore::connect(&config(cluster.urls())).await.unwrap();
     let bucket = key("failover", 0);
     assert_eq!(store.take(bucket, STILL, 5, 1).await.unwrap().granted, 5);
-    let (_, port) = owner(&cluster, &bucket.redis_key());
+    let (_, port) = owner(&cluster, &keys::bucket(&bucket));
     let index = cluster
         .nodes
         .iter()

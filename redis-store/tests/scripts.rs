@@ -8,7 +8,7 @@ mod redis_server;
 use std::sync::Arc;
 use std::time::Duration;
 
-use engine::store::{self, BucketKey, Store};
+use engine::store::{self, BucketKey, KeyName, Store};
 use engine::{LimitKind, Rate};
 use proptest::prelude::*;
 use redis_server::RedisServer;
@@ -23,7 +23,7 @@ fn config(urls: Vec<String>) -> RedisConfig {
 }
 
 fn key(tenant: &str) -> BucketKey<'_> {
-    BucketKey::push(tenant, LimitKind::Ingestion, 0)
+    BucketKey::push(tenant, LimitKind::Ingestion, 0, 1)
 }
 
 /// Slow enough that the refill during a test is far below one token.
@@ -171,7 +171,10 @@ async fn leases_are_counted_released_renewed_and_expire() {
     let store = RedisStore::connect(&config(vec![server.url()]))
         .await
         .unwrap();
-    let key = "weir:{t}:k:slots:c";
+    let key = KeyName {
+        tenant: "t",
+        key: "slots",
+    };
     let long = Duration::from_secs(60);
     for (i, lease) in ["a", "b"].iter().enumerate() {
         let acquired = store.acquire(key, lease, 2, long).await.unwrap();
@@ -204,7 +207,10 @@ async fn leases_are_counted_released_renewed_and_expire() {
         .renew(key, "b", Duration::from_secs(600))
         .await
         .unwrap());
-    let ttl: i64 = server.cli(&["PTTL", key]).parse().unwrap();
+    let ttl: i64 = server
+        .cli(&["PTTL", &redis_store::keys::admission(&key, 'c')])
+        .parse()
+        .unwrap();
     assert!(
         ttl > 590_000,
         "the key lives as long as its last lease: {ttl} ms"
@@ -225,7 +231,15 @@ async fn concurrent_acquires_never_exceed_max() {
         tasks.push(tokio::spawn(async move {
             let lease = format!("lease-{i}");
             store
-                .acquire("weir:{t}:k:race:c", &lease, 37, Duration::from_secs(60))
+                .acquire(
+                    KeyName {
+                        tenant: "t",
+                        key: "race",
+                    },
+                    &lease,
+                    37,
+                    Duration::from_secs(60),
+                )
                 .await
                 .unwrap()
                 .granted
@@ -253,13 +267,30 @@ async fn the_sliding_window_refreshes_as_it_slides() {
     let mut allowed = 0;
     for _ in 0..8 {
         allowed += store
-            .meter("weir:{t}:k:w:w", meter, 1)
+            .meter(
+                KeyName {
+                    tenant: "t",
+                    key: "w",
+                },
+                meter,
+                1,
+            )
             .await
             .unwrap()
             .allowed as u32;
     }
     assert_eq!(allowed, 5);
-    let refused = store.meter("weir:{t}:k:w:w", meter, 1).await.unwrap();
+    let refused = store
+        .meter(
+            KeyName {
+                tenant: "t",
+                key: "w",
+            },
+            meter,
+            1,
+        )
+        .await
+        .unwrap();
     assert!(!refused.allowed);
     assert!(
         refused.retry_after > Duration::ZERO && refused.retry_after <= Duration::from_millis(360)
@@ -269,7 +300,14 @@ async fn the_sliding_window_refreshes_as_it_slides() {
     let mut allowed = 0;
     for _ in 0..8 {
         allowed += store
-            .meter("weir:{t}:k:w:w", meter, 1)
+            .meter(
+                KeyName {
+                    tenant: "t",
+                    key: "w",
+                },
+                meter,
+                1,
+            )
             .await
             .unwrap()
             .allowed as u32;
@@ -298,7 +336,7 @@ proptest! {
             let leaky = LeakyBucket::new(0.001, limit, 0);
             for cost in costs {
                 let meter = store::StoredMeter::SlidingWindow { limit: limit as f64, window: hour };
-                let script = store.meter(&format!("weir:{{w{id}}}:k:x:w"), meter, cost).await;
+                let script = store.meter(KeyName { tenant: &format!("w{id}"), key: "x" }, meter, cost).await;
                 match window.check(cost, 0) {
                     Ok(twin) => {
                         let script = script.unwrap();
@@ -308,7 +346,7 @@ proptest! {
                     Err(_) => prop_assert!(script.is_err() || !script.unwrap().allowed),
                 }
                 let meter = store::StoredMeter::LeakyBucket { rate: 0.001, capacity: limit };
-                let script = store.meter(&format!("weir:{{l{id}}}:k:x:l"), meter, cost).await;
+                let script = store.meter(KeyName { tenant: &format!("l{id}"), key: "x" }, meter, cost).await;
                 match leaky.check(cost, 0) {
                     Ok(twin) => {
                         let script = script.unwrap();

@@ -1,0 +1,71 @@
+//! The engine's vocabulary: the words every layer above uses, with no behaviour of their own
+//! beyond naming. Nothing here imports another module of the engine.
+
+use std::time::Duration;
+
+/// A token bucket's shape: refill rate and capacity.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Rate {
+    pub per_second: f64,
+    pub burst: u64,
+}
+
+/// The outcome of one check against a bucket.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Outcome {
+    Allowed,
+    /// Not now: `wait` until the cost could pass; `available` whole tokens are there now.
+    Denied {
+        wait: Duration,
+        available: u64,
+    },
+    /// The cost is larger than the bucket's capacity: it can never pass.
+    TooLarge,
+}
+
+/// Which of a tenant's limits a check is against.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum LimitKind {
+    /// One token per push request, checked before the body is read.
+    Request,
+    /// One token per sample, histogram, exemplar and metadata entry.
+    Ingestion,
+}
+
+impl LimitKind {
+    pub(crate) fn index(self) -> usize {
+        match self {
+            LimitKind::Request => 0,
+            LimitKind::Ingestion => 1,
+        }
+    }
+}
+
+/// Why a check failed, with the fleet-wide numbers the refusal names.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Rejection {
+    pub kind: LimitKind,
+    pub cause: RejectionCause,
+    /// The tenant's fleet-wide rate for this limit, as configured.
+    pub limit: f64,
+    /// The tenant's burst for this limit, as configured.
+    pub burst: u64,
+    /// The rate this replica enforces (the fleet rate under `weighted`).
+    pub local_limit: f64,
+    /// What the request asked for.
+    pub cost: u64,
+    /// Whole tokens left in the bucket this request was checked against.
+    pub remaining: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum RejectionCause {
+    /// Over the rate; the cost could pass after `wait`.
+    RateLimited { wait: Duration },
+    /// The cost exceeds the burst: it can never pass.
+    LargerThanBurst,
+    /// The limit is 0: nothing passes.
+    Blocked,
+    /// `shared` with `on_store_failure: closed`: the store could not answer in time.
+    StoreUnavailable,
+}
