@@ -81,12 +81,32 @@ async fn edited_overrides_take_effect_within_one_period_and_bad_edits_are_harmle
         "the hash names what is in force"
     );
 
-    // Not even YAML, or two documents: the same.
+    // Not even YAML, or two documents: the same. The metric already reads 0 from the last
+    // bad edit, so each is preceded by the good file again: the metric going back to 1 and
+    // then to 0 shows that this very file was read and refused.
     for bad in ["overrides: [", "overrides: {}\n---\noverrides: {}\n"] {
+        std::fs::write(&weir.overrides, FAST).unwrap();
+        assert!(
+            weir.eventually(PERIOD * 3, || async {
+                weir.metric(reload_ok).await == Some(1.0)
+            })
+            .await,
+            "the good file was not reloaded"
+        );
         std::fs::write(&weir.overrides, bad).unwrap();
-        tokio::time::sleep(PERIOD * 2).await;
-        assert_eq!(weir.metric(reload_ok).await, Some(0.0));
+        assert!(
+            weir.eventually(PERIOD * 3, || async {
+                weir.metric(reload_ok).await == Some(0.0)
+            })
+            .await,
+            "{bad:?} was not refused"
+        );
         assert!(runtime_config_diff(&weir).await.contains("1000"));
+        assert_eq!(
+            weir.metric(&good_hash).await,
+            Some(1.0),
+            "{bad:?}: the hash names what is in force"
+        );
     }
 
     // Fixed: back to 1, new config in force.

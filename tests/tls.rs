@@ -77,9 +77,13 @@ impl Drop for Running {
 }
 
 fn spawn(args: &[&str]) -> (Running, SocketAddr) {
+    spawn_logging_to(args, Stdio::null())
+}
+
+fn spawn_logging_to(args: &[&str], stderr: impl Into<Stdio>) -> (Running, SocketAddr) {
     let mut child = weir(args)
         .stdout(Stdio::piped())
-        .stderr(Stdio::null())
+        .stderr(stderr)
         .spawn()
         .unwrap();
     let addr = listening_addr(&mut child);
@@ -87,13 +91,57 @@ fn spawn(args: &[&str]) -> (Running, SocketAddr) {
 }
 
 fn https_server(dir: &Path, authority: &Authority) -> (Running, SocketAddr) {
+    https_server_logging_to(dir, authority, Stdio::null())
+}
+
+/// As [`https_server`], its log (stderr) going to `log`.
+fn https_server_logging_to(
+    dir: &Path,
+    authority: &Authority,
+    log: impl Into<Stdio>,
+) -> (Running, SocketAddr) {
     let (cert, key) = authority.issue(dir);
-    spawn(&[
-        "--http-tls-cert-file",
-        cert.to_str().unwrap(),
-        "--http-tls-key-file",
-        key.to_str().unwrap(),
-    ])
+    spawn_logging_to(
+        &[
+            "--http-tls-cert-file",
+            cert.to_str().unwrap(),
+            "--http-tls-key-file",
+            key.to_str().unwrap(),
+        ],
+        log,
+    )
+}
+
+/// The DER of the first certificate in the PEM file at `path`.
+fn certificate_in(path: &Path) -> Vec<u8> {
+    use rustls::pki_types::pem::PemObject;
+    rustls::pki_types::CertificateDer::from_pem_file(path)
+        .unwrap()
+        .to_vec()
+}
+
+/// The leaf certificate (DER) that a new TLS handshake with `addr` is given, checked against
+/// `ca` alone.
+async fn served_certificate(addr: SocketAddr, ca: &str) -> Vec<u8> {
+    use rustls::pki_types::{pem::PemObject, CertificateDer, ServerName};
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in CertificateDer::pem_slice_iter(ca.as_bytes()) {
+        roots.add(cert.unwrap()).unwrap();
+    }
+    let config = rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    let connector = tokio_rustls::TlsConnector::from(std::sync::Arc::new(config));
+    let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let tls = connector
+        .connect(ServerName::IpAddress(addr.ip().into()), tcp)
+        .await
+        .unwrap();
+    tls.get_ref().1.peer_certificates().unwrap()[0].to_vec()
 }
 
 /// A client that trusts only `ca`; each client opens its own connections.
@@ -128,8 +176,10 @@ async fn metric(client: &reqwest::Client, url: &str, name: &str) -> f64 {
 #[tokio::test]
 async fn https_serves_pushes_and_a_renewed_certificate_without_a_restart() {
     let dir = tempfile::tempdir().unwrap();
+    let log_path = dir.path().join("weir.log");
+    let log = std::fs::File::create(&log_path).unwrap();
     let first = Authority::new("first CA");
-    let (_weir, addr) = https_server(dir.path(), &first);
+    let (_weir, addr) = https_server_logging_to(dir.path(), &first, log);
     let url = format!("https://{addr}");
 
     let status = push(&client(&first.pem()), &url).await.unwrap();
@@ -151,7 +201,8 @@ async fn https_serves_pushes_and_a_renewed_certificate_without_a_restart() {
 
     // Renewed by another CA: new connections get the new certificate, no restart.
     let second = Authority::new("second CA");
-    second.issue(dir.path());
+    let (renewed, _) = second.issue(dir.path());
+    let renewed = certificate_in(&renewed);
     let deadline = Instant::now() + Duration::from_secs(10);
     while push(&client(&second.pem()), &url).await.is_err() {
         assert!(
@@ -164,10 +215,34 @@ async fn https_serves_pushes_and_a_renewed_certificate_without_a_restart() {
         push(&client(&first.pem()), &url).await.is_err(),
         "the old certificate is still served"
     );
+    assert!(
+        served_certificate(addr, &second.pem()).await == renewed,
+        "the certificate served is not the renewed one"
+    );
 
-    // A broken renewal: the last good certificate stays in force.
+    // A broken renewal: the last good certificate stays in force. A new refusal in the log
+    // shows the broken file was read (the renewal above may have logged one already, if a
+    // check fell between its key and its certificate); only then is what is served checked.
+    let refusals = || {
+        std::fs::read_to_string(&log_path)
+            .unwrap()
+            .matches("the new HTTPS certificate does not load")
+            .count()
+    };
+    let refused_before = refusals();
     write_atomically(&dir.path().join("cert.pem"), "not a certificate\n");
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while refusals() == refused_before {
+        assert!(
+            Instant::now() < deadline,
+            "the broken certificate was not read: no new refusal in the log"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(
+        served_certificate(addr, &second.pem()).await == renewed,
+        "after a broken renewal, the certificate served is not the last good one"
+    );
     let status = push(&client(&second.pem()), &url).await.unwrap();
     assert!(status.is_success(), "{status}");
 }
