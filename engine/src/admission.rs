@@ -25,7 +25,7 @@ use governor::clock::Clock;
 use runtime_config::{Algorithm, LimitSource, LimitSpec, RateLimitStrategy, Unresolved};
 
 use crate::algorithms::{Decision, Meter};
-use crate::limiter::{Limiter, TenantHooks};
+use crate::core::Core;
 use crate::maths::slot_share;
 use crate::shared::{self, Lease, SharedOutcome, SharedRequest};
 use crate::store::{KeyName, StoredMeter};
@@ -115,7 +115,7 @@ pub struct Acquisition {
     pub retry_after: Duration,
 }
 
-/// The admission entries of one replica, part of the [`Limiter`].
+/// The admission entries of one replica.
 #[derive(Default)]
 pub(crate) struct Entries {
     map: papaya::HashMap<Box<str>, Arc<Entry>, foldhash::fast::RandomState>,
@@ -198,11 +198,34 @@ thread_local! {
     static ENTRY_NAME: std::cell::RefCell<String> = std::cell::RefCell::new(String::with_capacity(128));
 }
 
-impl<H: TenantHooks, C: Clock + Clone> Limiter<H, C> {
+/// The admission front-end: this replica's entries, read with the engine's [`Core`] (the
+/// clock, the inputs in force, the ring place and the store).
+pub(crate) struct Keys<'a, C: Clock> {
+    core: &'a Core<C>,
+    entries: &'a Entries,
+}
+
+impl<C: Clock> std::ops::Deref for Keys<'_, C> {
+    type Target = Core<C>;
+
+    fn deref(&self) -> &Core<C> {
+        self.core
+    }
+}
+
+impl<'a, C: Clock + Clone> Keys<'a, C> {
+    pub(crate) fn new(core: &'a Core<C>, entries: &'a Entries) -> Self {
+        Keys { core, entries }
+    }
+
+    fn admission(&self) -> &Entries {
+        self.entries
+    }
+
     /// Decides `cost` for `tenant`'s `key`, under the limit in force (see
     /// [`runtime_config::AdmissionConfig::resolve`]). May wait on the shared store, never
     /// longer than its timeout.
-    pub async fn allow(
+    pub(crate) async fn allow(
         &self,
         tenant: &str,
         key: &str,
@@ -215,7 +238,7 @@ impl<H: TenantHooks, C: Clock + Clone> Limiter<H, C> {
 
     /// Decides `cost` for `tenant`'s `key` under a limit the caller resolved itself (Envoy's
     /// descriptors, from `envoy_domains`), under the tenant's strategy.
-    pub async fn allow_with_limit(
+    pub(crate) async fn allow_with_limit(
         &self,
         tenant: &str,
         key: &str,
@@ -409,7 +432,7 @@ impl<H: TenantHooks, C: Clock + Clone> Limiter<H, C> {
     }
 
     /// Takes one in-flight slot of `tenant`'s `key` for `ttl`.
-    pub async fn acquire(
+    pub(crate) async fn acquire(
         &self,
         tenant: &str,
         key: &str,
@@ -426,7 +449,7 @@ impl<H: TenantHooks, C: Clock + Clone> Limiter<H, C> {
     /// Takes one of `tenant`'s `max` pushes in flight, fleet-wide under the tenant's strategy
     /// (`max_inflight_push_requests`), for at most `ttl`. Release it with
     /// [`Limiter::release_local`] (a `L…` lease) or [`Limiter::release`].
-    pub async fn acquire_push(
+    pub(crate) async fn acquire_push(
         &self,
         tenant: &str,
         max: u64,
@@ -551,12 +574,12 @@ impl<H: TenantHooks, C: Clock + Clone> Limiter<H, C> {
     }
 
     /// Gives a slot back.
-    pub async fn release(&self, lease_id: &str) -> Result<(), AdmissionError> {
+    pub(crate) async fn release(&self, lease_id: &str) -> Result<(), AdmissionError> {
         self.finish(lease_id, None).await
     }
 
     /// Moves a held lease's deadline to `ttl` from now.
-    pub async fn renew(&self, lease_id: &str, ttl: Duration) -> Result<(), AdmissionError> {
+    pub(crate) async fn renew(&self, lease_id: &str, ttl: Duration) -> Result<(), AdmissionError> {
         self.finish(lease_id, Some(ttl)).await
     }
 
@@ -597,7 +620,7 @@ impl<H: TenantHooks, C: Clock + Clone> Limiter<H, C> {
     }
 
     /// Releases a replica-local (`L…`) lease without waiting: for guards that release on drop.
-    pub fn release_local(&self, lease_id: &str) -> Result<(), AdmissionError> {
+    pub(crate) fn release_local(&self, lease_id: &str) -> Result<(), AdmissionError> {
         self.finish_local(lease_id, None)
     }
 
@@ -641,7 +664,7 @@ impl<H: TenantHooks, C: Clock + Clone> Limiter<H, C> {
 
     /// Frees replica-local leases past their deadline (their holders crashed or forgot).
     /// Returns how many.
-    pub fn expire_leases(&self) -> usize {
+    pub(crate) fn expire_leases(&self) -> usize {
         let now = self.now_nanos();
         let mut expired = Vec::new();
         self.admission()

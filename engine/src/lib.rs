@@ -29,6 +29,7 @@ pub mod algorithms;
 pub mod breaker;
 pub mod bucket;
 pub mod clock;
+mod core;
 pub mod fleet;
 pub mod limiter;
 pub mod maths;

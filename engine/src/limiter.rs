@@ -12,16 +12,18 @@
 //! peers' counts are charged as they arrive ([`Limiter::apply_peer_usage`]).
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use arc_swap::{ArcSwap, Guard};
 use governor::clock::Clock;
-use runtime_config::{RuntimeConfig, StoreFailurePolicy, TenantLimits};
+use runtime_config::{LimitSpec, RuntimeConfig, StoreFailurePolicy, TenantLimits};
 
-use crate::bucket::{nanos_between, Bucket};
+use crate::admission::{Acquisition, AdmissionError, Allowed, Entries, Keys};
+use crate::bucket::Bucket;
 use crate::clock::EngineClock;
+use crate::core::{Core, Inputs};
 use crate::fleet::FleetBucket;
 use crate::maths::{local_limits, settling_budget, shard_rate, LocalLimit, LocalLimits};
 use crate::shared::{self, Lease, Shared, SharedOutcome, SharedRequest};
@@ -104,13 +106,6 @@ pub struct UsageReport {
     pub items_level: Option<f64>,
     /// Admission keys: leases held on this replica now.
     pub in_flight: u64,
-}
-
-/// The inputs of the limit maths, replaced as a whole when any of them changes.
-struct Inputs {
-    config: Arc<RuntimeConfig>,
-    healthy_replicas: usize,
-    generation: u64,
 }
 
 /// One tenant's state on this replica.
@@ -201,38 +196,20 @@ type TenantMap<D, C> = papaya::HashMap<Box<str>, Arc<Tenant<D, C>>, foldhash::fa
 
 pub struct Limiter<H: TenantHooks = NoHooks, C: Clock = EngineClock> {
     tenants: TenantMap<H::Data, C>,
-    inputs: ArcSwap<Inputs>,
-    /// `inputs.generation`, readable with one atomic load on the decision path.
-    generation: AtomicU64,
-    /// Serializes writers of `inputs` so generations are unique.
-    inputs_writer: Mutex<()>,
-    /// `inputs.healthy_replicas`, for the settling budget.
-    healthy: AtomicUsize,
-    /// This replica's place among the healthy replicas in the ring's order, for its share
-    /// of fleet-wide in-flight caps.
-    rank: AtomicUsize,
+    /// The clock, the inputs in force, the ring place and the store, shared with the
+    /// admission front-end.
+    core: Core<C>,
     /// The peers' usage as last applied, for tenants new to this replica.
     peers: ArcSwap<PeerUsage>,
     /// When `peers` was applied (engine nanoseconds), to refill the levels it reports.
     peers_at: AtomicU64,
-    /// Nanoseconds since `start`, refreshed by [`Limiter::tick`]: a coarse clock for
-    /// `last_seen`, so marking a tenant active costs no clock read.
-    coarse_now: AtomicU64,
-    clock: C,
-    start: C::Instant,
     idle_timeout: Duration,
     /// Most tenants tracked at once; 0 = no cap.
     max_tenants: usize,
     /// How long a tenant new to the whole fleet is held to the even share.
     settling: Duration,
-    /// Nanoseconds the peers' usage is back-dated by (see [`Limiter::apply_peer_usage`]).
-    backdate_nanos: AtomicU64,
-    /// The store behind `shared` tenants, if one is configured.
-    shared: Option<Arc<Shared>>,
     /// The admission API's keys and leases.
-    admission: crate::admission::Entries,
-    /// This replica's name, in lease ids.
-    node_id: String,
+    admission: Entries,
     hooks: H,
 }
 
@@ -251,86 +228,111 @@ impl<H: TenantHooks, C: Clock + Clone> Limiter<H, C> {
                 .resize_mode(papaya::ResizeMode::Blocking)
                 .hasher(foldhash::fast::RandomState::default())
                 .build(),
-            inputs: ArcSwap::from_pointee(Inputs {
-                config,
-                healthy_replicas: 1,
-                generation: 0,
-            }),
-            generation: AtomicU64::new(0),
-            inputs_writer: Mutex::new(()),
-            healthy: AtomicUsize::new(1),
-            rank: AtomicUsize::new(0),
+            core: Core::new(config, clock),
             peers: ArcSwap::from_pointee(PeerUsage::new()),
             peers_at: AtomicU64::new(0),
-            coarse_now: AtomicU64::new(0),
-            start: clock.now(),
-            clock,
             idle_timeout,
             max_tenants: 0,
             settling: Duration::from_secs(1),
-            backdate_nanos: AtomicU64::new(0),
-            shared: None,
             admission: Default::default(),
-            node_id: "local".to_string(),
             hooks,
         }
     }
 
     /// This replica's name (in the ring), which replica-local lease ids carry.
     pub fn with_node_id(mut self, node_id: impl Into<String>) -> Self {
-        self.node_id = node_id.into();
+        self.core.node_id = node_id.into();
         self
-    }
-
-    pub(crate) fn node_id(&self) -> &str {
-        &self.node_id
-    }
-
-    pub(crate) fn admission(&self) -> &crate::admission::Entries {
-        &self.admission
-    }
-
-    pub(crate) fn now_nanos(&self) -> u64 {
-        self.now()
-    }
-
-    pub(crate) fn config(&self) -> Arc<RuntimeConfig> {
-        Arc::clone(&self.inputs.load().config)
     }
 
     /// The runtime config in force.
     pub fn runtime_config(&self) -> Arc<RuntimeConfig> {
-        self.config()
+        self.core.config()
     }
 
-    /// About how long ago a peer's reported admissions happened when its report arrives.
-    pub(crate) fn backdate(&self) -> u64 {
-        self.backdate_nanos.load(Ordering::Relaxed)
+    /// The admission front-end, over this replica's keys.
+    fn keys(&self) -> Keys<'_, C> {
+        Keys::new(&self.core, &self.admission)
     }
 
-    /// The generation of the inputs (config, healthy count) in force.
-    pub(crate) fn generation(&self) -> u64 {
-        self.generation.load(Ordering::Acquire)
+    /// The admission API: decides `cost` for `tenant`'s `key` under the limit in force (see
+    /// [`runtime_config::AdmissionConfig::resolve`]). May wait on the shared store, never
+    /// longer than its timeout.
+    pub async fn allow(
+        &self,
+        tenant: &str,
+        key: &str,
+        cost: u64,
+        client: Option<LimitSpec>,
+    ) -> Result<Allowed, AdmissionError> {
+        self.keys().allow(tenant, key, cost, client).await
     }
 
-    /// The clock as last ticked (about a second old at most): for marking things used.
-    pub(crate) fn coarse_nanos(&self) -> u64 {
-        self.coarse_now.load(Ordering::Relaxed)
+    /// Decides `cost` for `tenant`'s `key` under a limit the caller resolved itself (Envoy's
+    /// descriptors, from `envoy_domains`), under the tenant's strategy.
+    pub async fn allow_with_limit(
+        &self,
+        tenant: &str,
+        key: &str,
+        cost: u64,
+        spec: LimitSpec,
+    ) -> Result<Allowed, AdmissionError> {
+        self.keys().allow_with_limit(tenant, key, cost, spec).await
     }
 
-    pub(crate) fn healthy_replicas(&self) -> usize {
-        self.healthy.load(Ordering::Relaxed)
+    /// Takes one in-flight slot of `tenant`'s `key` for `ttl`.
+    pub async fn acquire(
+        &self,
+        tenant: &str,
+        key: &str,
+        client: Option<LimitSpec>,
+        ttl: Duration,
+    ) -> Result<Acquisition, AdmissionError> {
+        self.keys().acquire(tenant, key, client, ttl).await
+    }
+
+    /// Takes one of `tenant`'s `max` pushes in flight, fleet-wide under the tenant's strategy
+    /// (`max_inflight_push_requests`), for at most `ttl`. Release it with
+    /// [`Limiter::release_local`] (a `L…` lease) or [`Limiter::release`].
+    pub async fn acquire_push(
+        &self,
+        tenant: &str,
+        max: u64,
+        ttl: Duration,
+    ) -> Result<Acquisition, AdmissionError> {
+        self.keys().acquire_push(tenant, max, ttl).await
+    }
+
+    /// Gives a slot back.
+    pub async fn release(&self, lease_id: &str) -> Result<(), AdmissionError> {
+        self.keys().release(lease_id).await
+    }
+
+    /// Moves a held lease's deadline to `ttl` from now.
+    pub async fn renew(&self, lease_id: &str, ttl: Duration) -> Result<(), AdmissionError> {
+        self.keys().renew(lease_id, ttl).await
+    }
+
+    /// Releases a replica-local (`L…`) lease without waiting: for guards that release on drop.
+    pub fn release_local(&self, lease_id: &str) -> Result<(), AdmissionError> {
+        self.keys().release_local(lease_id)
+    }
+
+    /// Frees replica-local leases past their deadline (their holders crashed or forgot).
+    /// Returns how many.
+    pub fn expire_leases(&self) -> usize {
+        self.keys().expire_leases()
     }
 
     /// The store behind `shared` tenants. Without one, a `shared` tenant's decisions follow
     /// its failure policy, as if the store were down.
     pub fn with_shared(mut self, shared: Arc<Shared>) -> Self {
-        self.shared = Some(shared);
+        self.core.shared = Some(shared);
         self
     }
 
     pub fn shared(&self) -> Option<&Arc<Shared>> {
-        self.shared.as_ref()
+        self.core.shared()
     }
 
     /// Caps how many tenants are tracked at once: beyond it, new tenants are refused until
@@ -348,13 +350,13 @@ impl<H: TenantHooks, C: Clock + Clone> Limiter<H, C> {
     }
 
     fn now(&self) -> u64 {
-        nanos_between(self.start, self.clock.now())
+        self.core.now_nanos()
     }
 
     /// The tenant's state, created on first sight (unless the replica tracks too many
     /// tenants already). Marks the tenant as active now.
     pub fn tenant(&self, name: &str) -> Result<Arc<Tenant<H::Data, C>>, TooManyTenants> {
-        let coarse = self.coarse_now.load(Ordering::Relaxed);
+        let coarse = self.core.coarse_nanos();
         let tenants = self.tenants.pin();
         let tenant = match tenants.get(name) {
             Some(tenant) => tenant,
@@ -380,7 +382,7 @@ impl<H: TenantHooks, C: Clock + Clone> Limiter<H, C> {
 
     fn new_tenant(&self, name: &str) -> Arc<Tenant<H::Data, C>> {
         let now = self.now();
-        let inputs = self.inputs.load();
+        let inputs = self.core.inputs.load();
         let limits = *inputs.config.tenant_limits(name);
         let local = local_limits(&limits, inputs.healthy_replicas);
         // A tenant the peers already report is known to the fleet: start from what they
@@ -392,7 +394,7 @@ impl<H: TenantHooks, C: Clock + Clone> Limiter<H, C> {
         let since_report = now.saturating_sub(self.peers_at.load(Ordering::Acquire));
         let fresh = |kind: LimitKind, limit: LocalLimit| match limit {
             LocalLimit::Unlimited | LocalLimit::Deny => KindBucket::None,
-            LocalLimit::Divided(rate) => KindBucket::Divided(Bucket::new(rate, &self.clock)),
+            LocalLimit::Divided(rate) => KindBucket::Divided(Bucket::new(rate, self.core.clock())),
             LocalLimit::Fleet(rate) | LocalLimit::Shared(rate) => {
                 let level = reported
                     .and_then(|totals| totals.level(kind))
@@ -419,7 +421,7 @@ impl<H: TenantHooks, C: Clock + Clone> Limiter<H, C> {
             name: name.into(),
             state: ArcSwap::from_pointee(state),
             rebuild: Mutex::new(()),
-            last_seen: AtomicU64::new(self.coarse_now.load(Ordering::Relaxed)),
+            last_seen: AtomicU64::new(self.core.coarse_nanos()),
             usage: Default::default(),
             settling_until: if reported.is_some() {
                 0
@@ -529,7 +531,7 @@ impl<H: TenantHooks, C: Clock + Clone> Limiter<H, C> {
             remaining,
         };
         let policy = state.limits.on_store_failure;
-        let outcome = match &self.shared {
+        let outcome = match &self.core.shared {
             Some(shared) => {
                 let shards = state.limits.store_shards.max(1);
                 let lease = tenant.leases[kind.index()]
@@ -541,7 +543,7 @@ impl<H: TenantHooks, C: Clock + Clone> Limiter<H, C> {
                     cost,
                     shard_rate: shard_rate(fleet.rate(), shards),
                     shards,
-                    replicas: self.healthy_replicas(),
+                    replicas: self.core.healthy_replicas(),
                 };
                 shared::decide(shared, lease, request, || self.now()).await
             }
@@ -565,7 +567,7 @@ impl<H: TenantHooks, C: Clock + Clone> Limiter<H, C> {
                         Err(rejection(RejectionCause::StoreUnavailable, 0))
                     }
                 };
-                if let Some(shared) = &self.shared {
+                if let Some(shared) = &self.core.shared {
                     shared.observer.policy_decision(policy, result.is_ok());
                 }
                 result
@@ -576,7 +578,7 @@ impl<H: TenantHooks, C: Clock + Clone> Limiter<H, C> {
     /// Gives leased tokens back to the store: expired ones and what demand no longer needs,
     /// or all of them (`all`, on shutdown; and for tenants no longer `shared`).
     pub async fn return_leases(&self, all: bool) {
-        let Some(shared) = &self.shared else {
+        let Some(shared) = &self.core.shared else {
             return;
         };
         let tenants: Vec<Arc<Tenant<H::Data, C>>> = self
@@ -626,7 +628,7 @@ impl<H: TenantHooks, C: Clock + Clone> Limiter<H, C> {
         let settling = now < tenant.settling_until;
         if settling {
             let rate = fleet.rate();
-            let healthy = self.healthy.load(Ordering::Relaxed);
+            let healthy = self.core.healthy_replicas();
             let elapsed = Duration::from_nanos(now - tenant.settling_from);
             let budget = settling_budget(rate, healthy, elapsed);
             let reserved =
@@ -659,7 +661,7 @@ impl<H: TenantHooks, C: Clock + Clone> Limiter<H, C> {
         let refused_at = usage.refused_at.load(Ordering::Relaxed);
         let contended = refused_at != 0 && now.saturating_sub(refused_at) < CONTENTION_MEMORY;
         let unreported = now.saturating_sub(self.peers_at.load(Ordering::Acquire))
-            + self.backdate_nanos.load(Ordering::Relaxed);
+            + self.core.backdate_nanos.load(Ordering::Relaxed);
         // No report for a second: the peers have admitted nothing since (they publish every
         // change), and a stale rate must not hold tokens back.
         let reserve = if contended && unreported < CONTENTION_MEMORY {
@@ -687,7 +689,7 @@ impl<H: TenantHooks, C: Clock + Clone> Limiter<H, C> {
     /// The tenant's buckets for the current inputs, rebuilt first if the inputs moved on
     /// (only for a tenant created while new inputs were being put in force).
     fn current(&self, tenant: &Tenant<H::Data, C>) -> Guard<Arc<TenantState<C>>> {
-        let generation = self.generation.load(Ordering::Acquire);
+        let generation = self.core.generation();
         let state = tenant.state.load();
         if state.generation.load(Ordering::Acquire) == generation {
             return state;
@@ -700,7 +702,7 @@ impl<H: TenantHooks, C: Clock + Clone> Limiter<H, C> {
     /// Rebuilds the tenant's buckets for the current inputs, carrying tokens over.
     fn rebuild(&self, tenant: &Tenant<H::Data, C>) {
         let _rebuilding = tenant.rebuild.lock().unwrap_or_else(|e| e.into_inner());
-        let inputs = self.inputs.load();
+        let inputs = self.core.inputs.load();
         let state = tenant.state.load();
         if state.generation.load(Ordering::Acquire) == inputs.generation {
             return; // another thread rebuilt it while this one waited
@@ -725,13 +727,17 @@ impl<H: TenantHooks, C: Clock + Clone> Limiter<H, C> {
                 (_, LocalLimit::Fleet(rate)) => KindBucket::Fleet(view(rate)),
                 (_, LocalLimit::Shared(rate)) => KindBucket::Shared(view(rate)),
                 (KindBucket::None, LocalLimit::Divided(rate)) => {
-                    KindBucket::Divided(Bucket::new(rate, &self.clock))
+                    KindBucket::Divided(Bucket::new(rate, self.core.clock()))
                 }
                 (KindBucket::Divided(old), LocalLimit::Divided(rate)) => {
                     KindBucket::Divided(old.carry_over(rate))
                 }
                 (KindBucket::Fleet(old) | KindBucket::Shared(old), LocalLimit::Divided(rate)) => {
-                    KindBucket::Divided(Bucket::with_tokens(rate, old.level(now), &self.clock))
+                    KindBucket::Divided(Bucket::with_tokens(
+                        rate,
+                        old.level(now),
+                        self.core.clock(),
+                    ))
                 }
             }
         };
@@ -756,7 +762,7 @@ impl<H: TenantHooks, C: Clock + Clone> Limiter<H, C> {
     /// Tells the limiter how many healthy replicas share each tenant's limit.
     pub fn set_healthy_replicas(&self, healthy_replicas: usize) {
         let healthy_replicas = healthy_replicas.max(1);
-        if self.inputs.load().healthy_replicas == healthy_replicas {
+        if self.core.inputs.load().healthy_replicas == healthy_replicas {
             return;
         }
         self.update_inputs(|inputs| (Arc::clone(&inputs.config), healthy_replicas));
@@ -765,25 +771,11 @@ impl<H: TenantHooks, C: Clock + Clone> Limiter<H, C> {
     /// Tells the limiter its place (0-based) among the healthy replicas in the ring's order:
     /// which share of a fleet-wide in-flight cap it holds.
     pub fn set_rank(&self, rank: usize) {
-        self.rank.store(rank, Ordering::Relaxed);
-    }
-
-    pub(crate) fn rank(&self) -> usize {
-        self.rank.load(Ordering::Relaxed)
+        self.core.set_rank(rank);
     }
 
     fn update_inputs(&self, next: impl FnOnce(&Inputs) -> (Arc<RuntimeConfig>, usize)) {
-        let _writer = self.inputs_writer.lock().unwrap_or_else(|e| e.into_inner());
-        let current = self.inputs.load_full();
-        let (config, healthy_replicas) = next(&current);
-        let generation = current.generation + 1;
-        self.inputs.store(Arc::new(Inputs {
-            config,
-            healthy_replicas,
-            generation,
-        }));
-        self.healthy.store(healthy_replicas, Ordering::Relaxed);
-        self.generation.store(generation, Ordering::Release);
+        self.core.update_inputs(next);
         // In force from now, for idle tenants too: their tokens accrue under the new limits
         // from this moment.
         for tenant in self.tenants.pin().values() {
@@ -803,7 +795,8 @@ impl<H: TenantHooks, C: Clock + Clone> Limiter<H, C> {
         let tenants = self.tenants.pin();
         for (name, totals) in usage.iter() {
             if name.contains('/') {
-                self.apply_admission_usage(name, totals.items, totals.in_flight, at, now);
+                self.keys()
+                    .apply_admission_usage(name, totals.items, totals.in_flight, at, now);
                 continue;
             }
             let Some(tenant) = tenants.get(name.as_str()) else {
@@ -827,7 +820,8 @@ impl<H: TenantHooks, C: Clock + Clone> Limiter<H, C> {
         }
         self.peers.store(usage);
         self.peers_at.store(now, Ordering::Release);
-        self.backdate_nanos
+        self.core
+            .backdate_nanos
             .store(backdate.as_nanos() as u64, Ordering::Relaxed);
     }
 
@@ -871,7 +865,7 @@ impl<H: TenantHooks, C: Clock + Clone> Limiter<H, C> {
             .collect();
         // Admission keys: their admitted cost as items, and the leases held here; a key
         // whose holders changed counts as news.
-        reports.extend(self.admission_reports().into_iter().map(
+        reports.extend(self.keys().admission_reports().into_iter().map(
             |(name, items, in_flight, unpublished)| {
                 (
                     unpublished + in_flight,
@@ -893,11 +887,11 @@ impl<H: TenantHooks, C: Clock + Clone> Limiter<H, C> {
 
     /// Records that these reports — (tenant, requests, items, in flight) — were sent.
     pub fn mark_listed<'a>(&self, sent: impl IntoIterator<Item = (&'a str, u64, u64, u64)>) {
-        let coarse = self.coarse_now.load(Ordering::Relaxed);
+        let coarse = self.core.coarse_nanos();
         let tenants = self.tenants.pin();
         for (name, requests, items, in_flight) in sent {
             if name.contains('/') {
-                self.mark_admission_listed(name, items, in_flight);
+                self.keys().mark_admission_listed(name, items, in_flight);
                 continue;
             }
             if let Some(tenant) = tenants.get(name) {
@@ -916,7 +910,7 @@ impl<H: TenantHooks, C: Clock + Clone> Limiter<H, C> {
     /// buckets to be full again, so eviction never changes a decision (and admission keys
     /// idle as long that hold no lease). Returns how many tenants were dropped.
     pub fn evict_idle(&self) -> usize {
-        self.evict_admission(self.idle_timeout);
+        self.keys().evict_admission(self.idle_timeout);
         let coarse = self.tick();
         let now = self.now();
         let tenants = self.tenants.pin();
@@ -992,9 +986,7 @@ impl<H: TenantHooks, C: Clock + Clone> Limiter<H, C> {
 
     /// Refreshes the coarse clock; call every [`COARSE_CLOCK_TICK`]. Returns its new value.
     pub fn tick(&self) -> u64 {
-        let now = self.now();
-        self.coarse_now.store(now, Ordering::Relaxed);
-        now
+        self.core.tick()
     }
 }
 

@@ -1,0 +1,140 @@
+//! What every front-end of the engine shares: the clock, the inputs of the limit maths (the
+//! runtime config and the healthy replica count, replaced as a whole under one generation
+//! number), this replica's place in the ring, and the store behind `shared`. The push
+//! front-end ([`crate::limiter`]) and the admission front-end ([`crate::admission`]) each keep
+//! their own registry and read these through one [`Core`].
+
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+use arc_swap::ArcSwap;
+use governor::clock::Clock;
+use runtime_config::RuntimeConfig;
+
+use crate::bucket::nanos_between;
+use crate::clock::EngineClock;
+use crate::shared::Shared;
+
+/// The inputs of the limit maths, replaced as a whole when any of them changes.
+pub(crate) struct Inputs {
+    pub(crate) config: Arc<RuntimeConfig>,
+    pub(crate) healthy_replicas: usize,
+    pub(crate) generation: u64,
+}
+
+pub(crate) struct Core<C: Clock = EngineClock> {
+    pub(crate) inputs: ArcSwap<Inputs>,
+    /// `inputs.generation`, readable with one atomic load on the decision path.
+    generation: AtomicU64,
+    /// Serializes writers of `inputs` so generations are unique.
+    inputs_writer: Mutex<()>,
+    /// `inputs.healthy_replicas`, readable with one atomic load.
+    healthy: AtomicUsize,
+    /// This replica's place among the healthy replicas in the ring's order, for its share
+    /// of fleet-wide in-flight caps.
+    rank: AtomicUsize,
+    /// Nanoseconds since `start`, refreshed by `tick`: a coarse clock for marking things
+    /// used, so that costs no clock read.
+    coarse_now: AtomicU64,
+    clock: C,
+    start: C::Instant,
+    /// Nanoseconds the peers' usage is back-dated by.
+    pub(crate) backdate_nanos: AtomicU64,
+    /// The store behind `shared` limits, if one is configured.
+    pub(crate) shared: Option<Arc<Shared>>,
+    /// This replica's name, in lease ids.
+    pub(crate) node_id: String,
+}
+
+impl<C: Clock> Core<C> {
+    pub(crate) fn new(config: Arc<RuntimeConfig>, clock: C) -> Self {
+        Core {
+            inputs: ArcSwap::from_pointee(Inputs {
+                config,
+                healthy_replicas: 1,
+                generation: 0,
+            }),
+            generation: AtomicU64::new(0),
+            inputs_writer: Mutex::new(()),
+            healthy: AtomicUsize::new(1),
+            rank: AtomicUsize::new(0),
+            coarse_now: AtomicU64::new(0),
+            start: clock.now(),
+            clock,
+            backdate_nanos: AtomicU64::new(0),
+            shared: None,
+            node_id: "local".to_string(),
+        }
+    }
+
+    /// Nanoseconds on the engine clock.
+    pub(crate) fn now_nanos(&self) -> u64 {
+        nanos_between(self.start, self.clock.now())
+    }
+
+    pub(crate) fn clock(&self) -> &C {
+        &self.clock
+    }
+
+    /// Reads the clock and keeps it as the coarse clock; returns it.
+    pub(crate) fn tick(&self) -> u64 {
+        let now = self.now_nanos();
+        self.coarse_now.store(now, Ordering::Relaxed);
+        now
+    }
+
+    /// The clock as last ticked (about a second old at most): for marking things used.
+    pub(crate) fn coarse_nanos(&self) -> u64 {
+        self.coarse_now.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn config(&self) -> Arc<RuntimeConfig> {
+        Arc::clone(&self.inputs.load().config)
+    }
+
+    /// The generation of the inputs (config, healthy count) in force.
+    pub(crate) fn generation(&self) -> u64 {
+        self.generation.load(Ordering::Acquire)
+    }
+
+    pub(crate) fn healthy_replicas(&self) -> usize {
+        self.healthy.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn rank(&self) -> usize {
+        self.rank.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn set_rank(&self, rank: usize) {
+        self.rank.store(rank, Ordering::Relaxed);
+    }
+
+    /// About how long ago a peer's reported admissions happened when its report arrives.
+    pub(crate) fn backdate(&self) -> u64 {
+        self.backdate_nanos.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn shared(&self) -> Option<&Arc<Shared>> {
+        self.shared.as_ref()
+    }
+
+    pub(crate) fn node_id(&self) -> &str {
+        &self.node_id
+    }
+
+    /// Puts new inputs in force under the next generation; `next` gets the current ones.
+    /// Returns once readers see them: the caller then rebuilds what it keeps.
+    pub(crate) fn update_inputs(&self, next: impl FnOnce(&Inputs) -> (Arc<RuntimeConfig>, usize)) {
+        let _writer = self.inputs_writer.lock().unwrap_or_else(|e| e.into_inner());
+        let current = self.inputs.load_full();
+        let (config, healthy_replicas) = next(&current);
+        let generation = current.generation + 1;
+        self.inputs.store(Arc::new(Inputs {
+            config,
+            healthy_replicas,
+            generation,
+        }));
+        self.healthy.store(healthy_replicas, Ordering::Relaxed);
+        self.generation.store(generation, Ordering::Release);
+    }
+}
