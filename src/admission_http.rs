@@ -16,7 +16,7 @@ use runtime_config::{Algorithm, LimitSpec};
 use serde::{Deserialize, Serialize};
 use tonic::Code;
 
-use crate::grpc::{
+use crate::admission_common::{
     check_lease_id, check_names, code_and_reason, source_name, NameError, DEFAULT_LEASE_TTL,
 };
 use crate::server::AppState;

@@ -6,12 +6,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use engine::{AdmissionError, Allowed};
-use runtime_config::{Algorithm, LimitSource, LimitSpec};
+use runtime_config::{Algorithm, LimitSpec};
 use tonic::{Code, Request, Response, Status};
 use tonic_types::{ErrorDetails, StatusExt};
 
+use crate::admission_common::{
+    check_lease_id, check_names, code_and_reason, source_name, NameError, DEFAULT_LEASE_TTL,
+};
 use crate::server::AppState;
-use crate::tenant::{TenantError, MAX_TENANT_ID_LENGTH};
 
 /// The generated types, in their packages' module tree (prost's cross-references need it).
 pub mod proto {
@@ -60,46 +62,6 @@ pub mod proto {
 use proto::envoy::service::ratelimit::v3 as rls;
 use proto::weir::admission::v1 as api;
 
-/// A lease's lifetime when the caller sets none.
-pub const DEFAULT_LEASE_TTL: Duration = Duration::from_secs(30);
-
-/// Longest admission key accepted, in bytes. A key is a name (a route, a client ID), not a
-/// payload; it travels percent-encoded (up to three bytes a byte) in every gossip report and
-/// store key, so a bound keeps one caller from filling a peer's report.
-pub const MAX_KEY_LENGTH: usize = 1024;
-
-/// Longest lease ID accepted, in bytes: room for the longest one weir issues (a `shared`
-/// lease names its tenant and percent-encoded key after a 34-byte prefix).
-pub const MAX_LEASE_ID_LENGTH: usize = 40 + MAX_TENANT_ID_LENGTH + 3 * MAX_KEY_LENGTH;
-
-/// Why a request's tenant, key or lease ID was refused before the engine saw it: each is
-/// `INVALID_ARGUMENT` (400 in JSON). Every door checks with [`check_names`], so a name the
-/// push path refuses is refused here too, and no name can reach gossip or the store that
-/// they cannot carry.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum NameError {
-    #[error("{0} is required")]
-    Missing(&'static str),
-    #[error("{0}")]
-    Tenant(#[from] TenantError),
-    #[error("key is too long: {0} bytes, max {MAX_KEY_LENGTH}")]
-    KeyTooLong(usize),
-    #[error("lease_id is too long: {0} bytes, max {MAX_LEASE_ID_LENGTH}")]
-    LeaseIdTooLong(usize),
-}
-
-impl NameError {
-    /// The stable reason, in `google.rpc.ErrorInfo` and the JSON `reason`.
-    pub fn reason(&self) -> &'static str {
-        match self {
-            NameError::Missing(_) => "MISSING_FIELD",
-            NameError::Tenant(_) => "BAD_TENANT",
-            NameError::KeyTooLong(_) => "KEY_TOO_LONG",
-            NameError::LeaseIdTooLong(_) => "LEASE_ID_TOO_LONG",
-        }
-    }
-}
-
 impl From<NameError> for Status {
     fn from(err: NameError) -> Status {
         Status::with_error_details(
@@ -107,48 +69,6 @@ impl From<NameError> for Status {
             err.to_string(),
             ErrorDetails::with_error_info(err.reason(), "weir", no_metadata()),
         )
-    }
-}
-
-/// A tenant ID by the push path's rules (Mimir's: [`crate::tenant::validate`]) and a key
-/// within [`MAX_KEY_LENGTH`]. Keys are otherwise free-form: the engine percent-encodes them.
-pub fn check_names(tenant: &str, key: &str) -> Result<(), NameError> {
-    if tenant.is_empty() {
-        return Err(NameError::Missing("tenant"));
-    }
-    crate::tenant::validate(tenant)?;
-    if key.len() > MAX_KEY_LENGTH {
-        return Err(NameError::KeyTooLong(key.len()));
-    }
-    Ok(())
-}
-
-/// A lease ID given back: present, and no longer than any weir issues.
-pub fn check_lease_id(lease_id: &str) -> Result<(), NameError> {
-    if lease_id.is_empty() {
-        return Err(NameError::Missing("lease_id"));
-    }
-    if lease_id.len() > MAX_LEASE_ID_LENGTH {
-        return Err(NameError::LeaseIdTooLong(lease_id.len()));
-    }
-    Ok(())
-}
-
-/// The gRPC code and stable reason for an engine error.
-pub fn code_and_reason(err: &AdmissionError) -> (Code, &'static str) {
-    match err {
-        AdmissionError::UnknownTenant(_) => (Code::NotFound, "UNKNOWN_TENANT"),
-        AdmissionError::UnknownKey(..) => (Code::NotFound, "UNKNOWN_KEY"),
-        AdmissionError::NoLimit(..) => (Code::NotFound, "NO_LIMIT"),
-        AdmissionError::UnknownLease(_) => (Code::NotFound, "UNKNOWN_LEASE"),
-        AdmissionError::BadSpec(_) => (Code::InvalidArgument, "BAD_SPEC"),
-        AdmissionError::BadCost(reason) if reason.starts_with("cost must") => {
-            (Code::InvalidArgument, "BAD_COST")
-        }
-        AdmissionError::BadCost(_) => (Code::OutOfRange, "COST_OVER_LIMIT"),
-        AdmissionError::NotConcurrent(_) => (Code::FailedPrecondition, "NOT_CONCURRENT"),
-        AdmissionError::WrongReplica { .. } => (Code::FailedPrecondition, "WRONG_REPLICA"),
-        AdmissionError::StoreUnavailable => (Code::Unavailable, "STORE_UNAVAILABLE"),
     }
 }
 
@@ -221,14 +141,6 @@ pub fn spec_to_proto(spec: &LimitSpec) -> api::LimitSpec {
         burst: spec.burst,
         window: Some(duration(spec.window)),
         max_concurrent: spec.max_concurrent,
-    }
-}
-
-pub fn source_name(source: LimitSource) -> &'static str {
-    match source {
-        LimitSource::Key => "key",
-        LimitSource::Client => "client",
-        LimitSource::Default => "default",
     }
 }
 

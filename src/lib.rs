@@ -17,6 +17,8 @@
 //! - [`ring_page`]: `GET /ring`, members and effective limits, HTML or JSON.
 //! - [`grpc`]: the admission API (`weir.admission.v1.Admission`) and Envoy's rate-limit
 //!   service on `--grpc-addr`; [`admission_http`] is its HTTP/JSON twin. Thin adapters.
+//! - [`admission_common`]: what both admission doors share (name checks, lease TTL, error
+//!   codes and reasons), below them both.
 //! - [`fuzzing`]: the properties the fuzz targets (`fuzz/`) check, replayed in `cargo test`.
 //! - [`tls`]: optional TLS for the HTTP listener and the upstream client, with certificate
 //!   reload.
@@ -28,6 +30,7 @@
 //!
 //! The runtime overrides file is the `runtime-config` crate's business.
 
+pub mod admission_common;
 pub mod admission_http;
 pub mod config;
 pub mod fuzzing;
