@@ -19,7 +19,7 @@ use tonic::Code;
 use crate::admission_common::{
     check_lease_id, check_names, code_and_reason, source_name, NameError, DEFAULT_LEASE_TTL,
 };
-use crate::server::AppState;
+use crate::state::AppState;
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]

@@ -13,7 +13,7 @@ use tonic_types::{ErrorDetails, StatusExt};
 use crate::admission_common::{
     check_lease_id, check_names, code_and_reason, source_name, NameError, DEFAULT_LEASE_TTL,
 };
-use crate::server::AppState;
+use crate::state::AppState;
 
 /// The generated types, in their packages' module tree (prost's cross-references need it).
 pub mod proto {

@@ -4,6 +4,8 @@
 //! - [`config`]: every setting as a clap flag, a `WEIR_…` env var and a `--config` YAML key.
 //! - [`server`]: `run(config, listener, shutdown)`: the HTTP routes, the background tasks
 //!   (config reload, EWMA tick, idle-tenant eviction) and graceful shutdown.
+//! - [`state`]: `AppState`, what every handler shares (config, limiter, metrics, upstream,
+//!   store, the runtime config and membership in force), built by `server`.
 //! - [`http_serve`]: the HTTP listener with its bounds (header timeout, header size,
 //!   connections).
 //! - [`push`]: the push path, in order: instance limits → tenant → request rate → decode →
@@ -44,6 +46,7 @@ pub mod rejection;
 pub mod remote_write;
 pub mod ring_page;
 pub mod server;
+pub mod state;
 pub mod store;
 pub mod tenant;
 pub mod tls;

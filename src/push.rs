@@ -20,7 +20,7 @@ use crate::metrics::InstanceLimit;
 use crate::otlp::OtlpFormat;
 use crate::rejection::PushError;
 use crate::remote_write::{self, Format, WriteCounts, Written};
-use crate::server::AppState;
+use crate::state::AppState;
 use crate::tenant::{self, TENANT_HEADER};
 use engine::LimitKind;
 

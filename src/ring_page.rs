@@ -13,7 +13,7 @@ use serde::{Deserialize, Serialize};
 
 use engine::{LocalLimit, TenantView};
 
-use crate::server::AppState;
+use crate::state::AppState;
 
 #[derive(Deserialize)]
 pub struct RingQuery {

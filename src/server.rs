@@ -24,28 +24,9 @@ use engine::{EngineClock, Limiter, Shared, COARSE_CLOCK_TICK};
 
 use crate::instance::{InstanceLimiter, INGESTION_RATE_TICK};
 use crate::metrics::{InstanceLimit, Metrics, StoreSeries, TenantSeries};
-use crate::rejection::RetryAfter;
+use crate::state::AppState;
 use crate::store::ConnectingStore;
 use crate::upstream::Upstream;
-
-/// What every request handler shares. Lives in one `Arc`: cloning the router never copies
-/// limiter state.
-pub struct AppState {
-    pub config: Config,
-    pub limiter: Limiter<TenantSeries>,
-    pub instance: Arc<InstanceLimiter>,
-    pub metrics: Arc<Metrics>,
-    pub retry_after: RetryAfter,
-    /// Where admitted pushes go; `None` is sink mode.
-    pub upstream: Option<Upstream>,
-    /// The shared store for `shared` tenants, when `--store-url` is set.
-    pub store: Option<Arc<ConnectingStore>>,
-    runtime_config: watch::Receiver<Arc<RuntimeConfig>>,
-    pub(crate) membership: watch::Receiver<Arc<Membership>>,
-    draining: AtomicBool,
-    /// Where the admission API's gRPC service listens.
-    pub grpc_addr: std::net::SocketAddr,
-}
 
 /// Runs one replica on `listener` until `shutdown` resolves, then drains and returns.
 /// A bad runtime config at start-up is an error here, before anything is served.
