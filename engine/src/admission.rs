@@ -29,6 +29,7 @@ use crate::core::Core;
 use crate::maths::slot_share;
 use crate::shared::{self, Lease, SharedOutcome, SharedRequest};
 use crate::store::{KeyName, StoredMeter};
+use crate::strategy::on_store_failure;
 use crate::types::{LimitKind, Outcome, Rate};
 
 /// Why an admission call cannot be answered with a decision. Each maps to a gRPC status.
@@ -417,18 +418,18 @@ impl<'a, C: Clock + Clone> Keys<'a, C> {
         cost: u64,
         now: u64,
     ) -> Result<Decision, AdmissionError> {
-        let result = match state.policy {
-            runtime_config::StoreFailurePolicy::Open => state
-                .meter
-                .check(cost, now)
-                .map_err(|_| AdmissionError::BadCost(format!("cost {cost} is too large"))),
-            runtime_config::StoreFailurePolicy::Closed => Err(AdmissionError::StoreUnavailable),
-        };
-        if let Some(shared) = self.shared() {
-            let admitted = matches!(result, Ok(Decision { allowed: true, .. }));
-            shared.observer.policy_decision(state.policy, admitted);
-        }
-        result
+        on_store_failure(
+            state.policy,
+            self.shared().map(|shared| &**shared),
+            || {
+                state
+                    .meter
+                    .check(cost, now)
+                    .map_err(|_| AdmissionError::BadCost(format!("cost {cost} is too large")))
+            },
+            || Err(AdmissionError::StoreUnavailable),
+            |result| matches!(result, Ok(Decision { allowed: true, .. })),
+        )
     }
 
     /// Takes one in-flight slot of `tenant`'s `key` for `ttl`.
@@ -491,11 +492,11 @@ impl<'a, C: Clock + Clone> Keys<'a, C> {
                 tenant: &entry.tenant,
                 key: &entry.key,
             };
-            let Some(shared) = self.shared() else {
-                return Err(AdmissionError::StoreUnavailable);
-            };
             let now = self.now_nanos();
-            if shared.permit(now) != crate::breaker::Permit::Refused {
+            let shared = self.shared().map(|shared| &**shared);
+            if let Some(shared) =
+                shared.filter(|shared| shared.permit(now) != crate::breaker::Permit::Refused)
+            {
                 let acquired = shared
                     .call(
                         "acquire",
@@ -515,11 +516,27 @@ impl<'a, C: Clock + Clone> Keys<'a, C> {
                     });
                 }
             }
-            if state.policy == runtime_config::StoreFailurePolicy::Closed {
-                return Err(AdmissionError::StoreUnavailable);
-            }
-            // open: the local cap decides for the outage.
+            return on_store_failure(
+                state.policy,
+                shared,
+                || Ok(self.take_local_slot(entry, state, spec, ttl, id, name)),
+                || Err(AdmissionError::StoreUnavailable),
+                |result| matches!(result, Ok(Acquisition { granted: true, .. })),
+            );
         }
+        Ok(self.take_local_slot(entry, state, spec, ttl, id, name))
+    }
+
+    /// A slot of this replica's share of the cap.
+    fn take_local_slot(
+        &self,
+        entry: &Entry,
+        state: &EntryState,
+        spec: LimitSpec,
+        ttl: Duration,
+        id: u128,
+        name: Arc<str>,
+    ) -> Acquisition {
         // Gossip cannot hold a fleet-wide count of short holds: shares of the published
         // counts, which the peers see a round late, let 50-57 pushes in flight for a cap of
         // 30 with holds of 0.3-0.5 s. So outside the store every replica holds a fixed share,
@@ -539,15 +556,15 @@ impl<'a, C: Clock + Clone> Keys<'a, C> {
                     .lock()
                     .unwrap_or_else(|e| e.into_inner())
                     .insert(id, (name, deadline));
-                Ok(Acquisition {
+                Acquisition {
                     granted: true,
                     lease_id: Some(format!("L{id:032x}@{}", self.node_id())),
                     in_flight: (held + 1).saturating_add(peers),
                     limit: spec,
                     retry_after: Duration::ZERO,
-                })
+                }
             }
-            Err(held) => Ok(Acquisition {
+            Err(held) => Acquisition {
                 granted: false,
                 lease_id: None,
                 in_flight: held.saturating_add(peers),
@@ -555,7 +572,7 @@ impl<'a, C: Clock + Clone> Keys<'a, C> {
                 retry_after: self
                     .earliest_deadline(&name)
                     .map_or(ACQUIRE_RETRY_HINT, |until| until.min(ACQUIRE_RETRY_HINT)),
-            }),
+            },
         }
     }
 

@@ -35,6 +35,7 @@ pub mod limiter;
 pub mod maths;
 pub mod shared;
 pub mod store;
+mod strategy;
 pub mod types;
 
 pub use admission::{encode_key, Acquisition, AdmissionError, Allowed};

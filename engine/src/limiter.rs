@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use arc_swap::{ArcSwap, Guard};
 use governor::clock::Clock;
-use runtime_config::{LimitSpec, RuntimeConfig, StoreFailurePolicy, TenantLimits};
+use runtime_config::{LimitSpec, RuntimeConfig, TenantLimits};
 
 use crate::admission::{Acquisition, AdmissionError, Allowed, Entries, Keys};
 use crate::bucket::Bucket;
@@ -28,6 +28,7 @@ use crate::fleet::FleetBucket;
 use crate::maths::{local_limits, settling_budget, shard_rate, LocalLimit, LocalLimits};
 use crate::shared::{self, Lease, Shared, SharedOutcome, SharedRequest};
 use crate::store::BucketKey;
+use crate::strategy::on_store_failure;
 use crate::types::{LimitKind, Outcome, Rate, Rejection, RejectionCause};
 
 /// Seconds over which the peers' admission rate is smoothed.
@@ -452,26 +453,10 @@ impl<H: TenantHooks, C: Clock + Clone> Limiter<H, C> {
         cost: u64,
     ) -> Result<(), Rejection> {
         let state = self.current(tenant);
-        let (local, limit, burst) = match kind {
-            LimitKind::Request => (
-                state.local.request,
-                state.limits.request_rate,
-                state.limits.request_burst_size,
-            ),
-            LimitKind::Ingestion => (
-                state.local.ingestion,
-                state.limits.ingestion_rate,
-                state.limits.ingestion_burst_size,
-            ),
-        };
-        let rejection = |cause, remaining| Rejection {
-            kind,
-            cause,
-            limit,
-            burst,
-            local_limit: local.per_second(),
-            cost,
-            remaining,
+        let rejection = rejection_for(&state, kind, cost);
+        let local = match kind {
+            LimitKind::Request => state.local.request,
+            LimitKind::Ingestion => state.local.ingestion,
         };
         let outcome = match &state.buckets[kind.index()] {
             KindBucket::None if local == LocalLimit::Unlimited => return Ok(()),
@@ -480,12 +465,15 @@ impl<H: TenantHooks, C: Clock + Clone> Limiter<H, C> {
             KindBucket::Fleet(fleet) => self.check_fleet(tenant, kind, fleet, cost),
             // The synchronous path cannot wait on the store: it decides as the failure
             // policy would. The push path and the admission API use [`Limiter::admit`].
-            KindBucket::Shared(fleet) => match state.limits.on_store_failure {
-                StoreFailurePolicy::Open => self.check_fleet(tenant, kind, fleet, cost),
-                StoreFailurePolicy::Closed => {
-                    return Err(rejection(RejectionCause::StoreUnavailable, 0))
-                }
-            },
+            KindBucket::Shared(fleet) => {
+                return on_store_failure(
+                    state.limits.on_store_failure,
+                    None,
+                    || outcome_to_result(self.check_fleet(tenant, kind, fleet, cost), &rejection),
+                    || Err(rejection(RejectionCause::StoreUnavailable, 0)),
+                    Result::is_ok,
+                )
+            }
         };
         outcome_to_result(outcome, rejection)
     }
@@ -509,27 +497,7 @@ impl<H: TenantHooks, C: Clock + Clone> Limiter<H, C> {
         let KindBucket::Shared(fleet) = &state.buckets[kind.index()] else {
             unreachable!("checked above")
         };
-        let (local, limit, burst) = match kind {
-            LimitKind::Request => (
-                state.local.request,
-                state.limits.request_rate,
-                state.limits.request_burst_size,
-            ),
-            LimitKind::Ingestion => (
-                state.local.ingestion,
-                state.limits.ingestion_rate,
-                state.limits.ingestion_burst_size,
-            ),
-        };
-        let rejection = |cause, remaining| Rejection {
-            kind,
-            cause,
-            limit,
-            burst,
-            local_limit: local.per_second(),
-            cost,
-            remaining,
-        };
+        let rejection = rejection_for(&state, kind, cost);
         let policy = state.limits.on_store_failure;
         let outcome = match &self.core.shared {
             Some(shared) => {
@@ -558,20 +526,13 @@ impl<H: TenantHooks, C: Clock + Clone> Limiter<H, C> {
                 Ok(())
             }
             SharedOutcome::Refused(outcome) => outcome_to_result(outcome, rejection),
-            SharedOutcome::StoreFailed => {
-                let result = match policy {
-                    StoreFailurePolicy::Open => {
-                        outcome_to_result(self.check_fleet(tenant, kind, fleet, cost), rejection)
-                    }
-                    StoreFailurePolicy::Closed => {
-                        Err(rejection(RejectionCause::StoreUnavailable, 0))
-                    }
-                };
-                if let Some(shared) = &self.core.shared {
-                    shared.observer.policy_decision(policy, result.is_ok());
-                }
-                result
-            }
+            SharedOutcome::StoreFailed => on_store_failure(
+                policy,
+                self.core.shared().map(|shared| &**shared),
+                || outcome_to_result(self.check_fleet(tenant, kind, fleet, cost), &rejection),
+                || Err(rejection(RejectionCause::StoreUnavailable, 0)),
+                Result::is_ok,
+            ),
         }
     }
 
@@ -987,6 +948,35 @@ impl<H: TenantHooks, C: Clock + Clone> Limiter<H, C> {
     /// Refreshes the coarse clock; call every [`COARSE_CLOCK_TICK`]. Returns its new value.
     pub fn tick(&self) -> u64 {
         self.core.tick()
+    }
+}
+
+/// The refusal of `cost` against the tenant's `kind` limit, for a cause and what remains.
+fn rejection_for<C: Clock>(
+    state: &TenantState<C>,
+    kind: LimitKind,
+    cost: u64,
+) -> impl Fn(RejectionCause, u64) -> Rejection {
+    let (local, limit, burst) = match kind {
+        LimitKind::Request => (
+            state.local.request,
+            state.limits.request_rate,
+            state.limits.request_burst_size,
+        ),
+        LimitKind::Ingestion => (
+            state.local.ingestion,
+            state.limits.ingestion_rate,
+            state.limits.ingestion_burst_size,
+        ),
+    };
+    move |cause, remaining| Rejection {
+        kind,
+        cause,
+        limit,
+        burst,
+        local_limit: local.per_second(),
+        cost,
+        remaining,
     }
 }
 
