@@ -5,8 +5,11 @@
 //! resets connections. Each run checks its own bounds and prints them; the script's exit
 //! status is the verdict.
 //!
-//! Namespaces need root (and iproute2); without them only the upstream run is made, and the
-//! test says so.
+//! Namespaces need root (and iproute2). Without them, under CI (`CI` set) the test fails with
+//! the reason, since CI runs as root; elsewhere only the upstream run is made, and the test
+//! says so on the terminal, past cargo's capture (`common::cannot_run_here`).
+
+mod common;
 
 use std::process::Command;
 
@@ -28,7 +31,10 @@ fn partition_stop_restart_and_upstream_faults_stay_within_their_bounds() {
     if can_make_namespaces() {
         runs.splice(0..0, ["partition", "stop", "restart"]);
     } else {
-        eprintln!("not root or no `ip netns`: the namespace runs are skipped, upstream only");
+        common::cannot_run_here(
+            "chaos: the partition, stop and restart runs",
+            "not root, or no `ip netns`",
+        );
     }
     let status = Command::new("python3")
         .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/chaos"))

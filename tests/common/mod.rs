@@ -279,3 +279,35 @@ pub async fn metric_at(client: &reqwest::Client, base: &str, series: &str) -> Op
         (name == series).then(|| value.parse().unwrap())
     })
 }
+
+/// Polls `check` every 25 ms until it holds; panics naming `what` once `timeout` has passed.
+/// What a test waits on before a check, instead of a fixed sleep.
+pub async fn wait_until<F, Fut>(what: &str, timeout: Duration, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = Instant::now() + timeout;
+    while !check().await {
+        assert!(
+            Instant::now() < deadline,
+            "timed out after {timeout:?} waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+}
+
+/// For a test (or part of one) that cannot run on this machine, for want of root, `unshare`
+/// or `ip netns`. Under CI (`CI` set, as CI services set it; weir's CI runs as root) that
+/// fails the test with the reason. Elsewhere the test goes on without that part and says so
+/// straight to stderr, which cargo does not capture and hide as it does `eprintln!`.
+pub fn cannot_run_here(part: &str, reason: &str) {
+    let ci = std::env::var("CI").is_ok_and(|value| !matches!(value.as_str(), "" | "0" | "false"));
+    assert!(!ci, "CI must run {part}, and it cannot run here: {reason}");
+    use std::io::Write;
+    let _ = writeln!(
+        std::io::stderr(),
+        "\n*** SKIPPED {part}: {reason}. Nothing of it was checked; as root it runs, and with \
+         CI set this fails. ***\n"
+    );
+}
