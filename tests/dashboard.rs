@@ -202,21 +202,30 @@ async fn every_dashboard_query_returns_data_from_real_replicas() {
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    // A few more scrapes after the last push.
-    tokio::time::sleep(Duration::from_secs(3)).await;
-
-    let mut empty = Vec::new();
-    for (panel, expr) in dashboard_queries() {
-        let answer = query(&prometheus, &expr).await;
-        assert_eq!(answer["status"], "success", "{panel}: {expr}: {answer}");
-        if answer["data"]["result"]
-            .as_array()
-            .is_none_or(Vec::is_empty)
-        {
-            empty.push(format!("{panel}: {expr}"));
+    // Until every query has data (a scrape or two after the last push), or 30 s.
+    let queries = dashboard_queries();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let mut empty = Vec::new();
+        for (panel, expr) in &queries {
+            let answer = query(&prometheus, expr).await;
+            assert_eq!(answer["status"], "success", "{panel}: {expr}: {answer}");
+            if answer["data"]["result"]
+                .as_array()
+                .is_none_or(Vec::is_empty)
+            {
+                empty.push(format!("{panel}: {expr}"));
+            }
         }
+        if empty.is_empty() {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "queries with no data after 30 s: {empty:#?}"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
     }
-    assert!(empty.is_empty(), "queries with no data: {empty:#?}");
     for (alert, expr) in alert_expressions() {
         let answer = query(&prometheus, &expr).await;
         assert_eq!(answer["status"], "success", "{alert}: {expr}: {answer}");

@@ -286,7 +286,21 @@ async fn prometheus_through_nginx_and_weir_into_prometheus() {
         },
     )
     .await;
-    tokio::time::sleep(Duration::from_secs(5)).await;
+    // B catches up with what weir admitted (the pushes weir is forwarding land).
+    eventually(
+        "B holding nine tenths of what weir admitted",
+        Duration::from_secs(30),
+        || async {
+            let admitted = fleet_metric(&replicas, "weir_distributor_received_samples_total").await;
+            let in_b = metric(
+                &format!("http://{b_addr}"),
+                "prometheus_tsdb_head_samples_appended_total",
+            )
+            .await;
+            in_b >= 0.9 * admitted
+        },
+    )
+    .await;
     // Read weir, then B, then weir again: weir counts a push as admitted before it forwards
     // it, so B can never be ahead of the second reading.
     let admitted_before = fleet_metric(&replicas, "weir_distributor_received_samples_total").await;

@@ -150,9 +150,13 @@ async fn an_http2_connection_gets_at_most_the_configured_streams() {
     let tcp = tokio::net::TcpStream::connect(weir.addr).await.unwrap();
     let (client, connection) = h2::client::handshake(tcp).await.unwrap();
     tokio::spawn(connection);
-    // Let the server's SETTINGS (max concurrent streams 4) arrive before opening streams.
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    // The server's SETTINGS (max concurrent streams 4) in force before streams are opened.
     let mut client = client.ready().await.unwrap();
+    common::wait_until("the server's SETTINGS", Duration::from_secs(5), || {
+        let streams = client.current_max_send_streams();
+        async move { streams == 4 }
+    })
+    .await;
     let push = || {
         http::Request::post(format!("http://{}/api/v1/push", weir.addr))
             .header("X-Scope-OrgID", "h2")
@@ -169,12 +173,13 @@ async fn an_http2_connection_gets_at_most_the_configured_streams() {
             client = client.ready().await.unwrap();
         }
     }
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    assert_eq!(
-        weir.metric("weir_distributor_inflight_push_requests").await,
-        Some(4.0),
-        "the server handles exactly four at once"
-    );
+    // The server handles four at once (that it lets no fifth in is checked below).
+    common::wait_until(
+        "exactly four pushes in flight",
+        Duration::from_secs(5),
+        || async { weir.metric("weir_distributor_inflight_push_requests").await == Some(4.0) },
+    )
+    .await;
     // Ending the fifth's body does not get it answered while the four hold the streams...
     let (fifth, mut fifth_body) = open.pop().unwrap();
     fifth_body.send_data(bytes::Bytes::new(), true).unwrap();

@@ -66,7 +66,7 @@ async fn wait_exit(mut child: Child, within: Duration) -> std::process::ExitStat
 #[tokio::test]
 async fn embedded_defaults_run_in_sink_mode() {
     let elsewhere = tempfile::tempdir().unwrap();
-    let output = weir()
+    let mut output = weir()
         .current_dir(elsewhere.path())
         .args([
             "--http-addr",
@@ -80,24 +80,33 @@ async fn embedded_defaults_run_in_sink_mode() {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let pid = output.id();
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    Command::new("kill")
-        .args(["-TERM", &pid.to_string()])
-        .status()
-        .unwrap();
+    // Up and ready (every start-up line said) before it is stopped.
+    let mut stdout = std::io::BufReader::new(output.stdout.take().unwrap());
+    let mut first_line = String::new();
+    std::io::BufRead::read_line(&mut stdout, &mut first_line).unwrap();
+    let addr = first_line
+        .strip_prefix("weir listening on http://")
+        .and_then(|rest| rest.split_whitespace().next())
+        .unwrap_or_else(|| panic!("{first_line:?}"))
+        .to_string();
+    common::wait_until("/ready to answer 200", Duration::from_secs(10), || async {
+        reqwest::get(format!("http://{addr}/ready"))
+            .await
+            .is_ok_and(|response| response.status() == 200)
+    })
+    .await;
+    sigterm(&output);
     let output = output.wait_with_output().unwrap();
     assert!(output.status.success(), "{output:?}");
-    let stdout = String::from_utf8_lossy(&output.stdout);
     let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(
-        stdout.starts_with("weir listening on http://127.0.0.1:"),
-        "{stdout}"
-    );
+    assert!(addr.starts_with("127.0.0.1:"), "{first_line}");
     assert!(stderr.contains("SINK MODE"), "{stderr}");
     assert!(stderr.contains("no --runtime-config"), "{stderr}");
     assert!(stderr.contains("(built-in defaults)"), "{stderr}");
-    assert!(!stderr.contains('\u{1b}'), "colour codes in a piped log: {stderr:?}");
+    assert!(
+        !stderr.contains('\u{1b}'),
+        "colour codes in a piped log: {stderr:?}"
+    );
 }
 
 #[test]
@@ -177,12 +186,13 @@ async fn sigterm_drains_in_flight_requests_and_exits_zero() {
     in_flight.send(&body[..1]).await; // stalls mid-body
 
     sigterm(&child);
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    assert_eq!(
-        ready(client.clone()).await,
-        Some(503),
-        "not ready while draining"
-    );
+    // Not ready while draining: well within the 1 s delay, so the checks below fall in it.
+    common::wait_until(
+        "/ready to answer 503 while draining",
+        Duration::from_millis(500),
+        || async { ready(client.clone()).await == Some(503) },
+    )
+    .await;
     // A new connection during the delay is served (a regression: the accept loop was not
     // polled while the replica left the ring and waited out the delay).
     assert_eq!(
@@ -213,7 +223,21 @@ async fn drain_timeout_bounds_shutdown() {
     let (child, addr) = spawn(&["--shutdown-drain-timeout", "500ms"]);
     let mut stuck = RawRequest::start_push(addr, "t", 100).await;
     stuck.send(b"x").await;
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    let client = reqwest::Client::new();
+    common::wait_until(
+        "the stuck push to be in flight",
+        Duration::from_secs(5),
+        || async {
+            common::metric_at(
+                &client,
+                &format!("http://{addr}"),
+                "weir_distributor_inflight_push_requests",
+            )
+            .await
+                == Some(1.0)
+        },
+    )
+    .await;
     let started = Instant::now();
     sigterm(&child);
     let status = wait_exit(child, Duration::from_secs(10)).await;

@@ -84,13 +84,25 @@ async fn converge_crash_join_and_leave() {
 #[tokio::test]
 async fn replica_is_not_ready_until_it_has_seen_its_seeds() {
     let seed_addr = free_gossip_addr([127, 0, 0, 6]);
+    // The seed's port, held by the test until the seed starts: the late replica's gossip
+    // arriving there shows it has tried its seed, so its answer to /ready is then worth
+    // checking.
+    let seed_port = tokio::net::UdpSocket::bind(seed_addr).await.unwrap();
+    let late_gossip = free_gossip_addr([127, 0, 0, 7]);
     let late = spawn(
-        free_gossip_addr([127, 0, 0, 7]),
+        late_gossip,
         &[seed_addr],
         "readiness",
         &["--ring-join-timeout", "60s"],
     );
-    tokio::time::sleep(Duration::from_millis(800)).await;
+    let mut datagram = [0u8; 65536];
+    let (_, from) =
+        tokio::time::timeout(Duration::from_secs(10), seed_port.recv_from(&mut datagram))
+            .await
+            .expect("the late replica never gossiped to its seed")
+            .unwrap();
+    assert_eq!(from, late_gossip);
+    drop(seed_port);
     assert_eq!(late.ready().await, Some(503), "its seed is not up yet");
     let seed = spawn(
         seed_addr,
