@@ -10,8 +10,9 @@ use std::time::Duration;
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use engine::{EngineClock, LimitKind, Limiter};
 use runtime_config::{Defaults, RuntimeConfig};
+use weir::format::{self, Format};
 use weir::metrics::{Metrics, TenantSeries};
-use weir::remote_write::{self, prompb::WriteRequest, v2_proto, Format};
+use weir::remote_write::{self, prompb::WriteRequest, v2_proto};
 
 fn limiter(extra_tenants: usize) -> Limiter<TenantSeries> {
     let config = RuntimeConfig::parse(
@@ -111,7 +112,7 @@ fn scan(c: &mut Criterion) {
         let raw = snap::raw::Decoder::new().decompress_vec(&body).unwrap();
         group.throughput(Throughput::Elements(series as u64));
         group.bench_with_input(BenchmarkId::new("snappy+scan", series), &body, |b, body| {
-            b.iter(|| remote_write::decode(black_box(body), 100 << 20, Format::V1).unwrap())
+            b.iter(|| format::decode(black_box(body), 100 << 20, Format::V1).unwrap())
         });
         group.bench_with_input(BenchmarkId::new("scan_only", series), &raw, |b, raw| {
             b.iter(|| remote_write::scan(black_box(raw)).unwrap())
@@ -143,7 +144,7 @@ fn scan_v2(c: &mut Criterion) {
         let body = request.encode_snappy();
         group.throughput(Throughput::Elements(series as u64));
         group.bench_with_input(BenchmarkId::new("snappy+scan", series), &body, |b, body| {
-            b.iter(|| remote_write::decode(black_box(body), 100 << 20, Format::V2).unwrap())
+            b.iter(|| format::decode(black_box(body), 100 << 20, Format::V2).unwrap())
         });
         group.bench_with_input(
             BenchmarkId::new("snappy+prost_decode", series),

@@ -24,7 +24,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use prost::encoding::{decode_key, skip_field, DecodeContext};
 use prost::Message;
 
-use crate::remote_write::{self, prompb, v2_proto, Format, WriteCounts};
+use crate::counts::{DecodeError, WriteCounts};
+use crate::format::{self, Format};
+use crate::remote_write::{self, prompb, v2_proto};
 
 /// The most one allocation may take while a property runs on one input. Inputs are at most
 /// 1 MiB (AFL's cap) and every decoder works within weir's limits (1 MiB decompressed in
@@ -240,11 +242,11 @@ fn top_level_tags(mut data: &[u8]) -> impl Iterator<Item = u32> + '_ {
 pub fn snappy(data: &[u8]) {
     const LIMIT: usize = 1 << 20;
     for format in [Format::V1, Format::V2] {
-        let result = remote_write::decode(data, LIMIT, format);
+        let result = format::decode(data, LIMIT, format);
         if let Ok(size) = snap::raw::decompress_len(data) {
             if size > LIMIT {
                 assert!(
-                    matches!(result, Err(remote_write::DecodeError::TooLarge { .. })),
+                    matches!(result, Err(DecodeError::TooLarge { .. })),
                     "{size} bytes decompressed passed a limit of {LIMIT}"
                 );
             }

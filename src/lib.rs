@@ -13,7 +13,12 @@
 //! - [`instance`]: per-process limits (in-flight requests and bytes, ingestion-rate EWMA).
 //! - [`upstream`]: forwarding admitted pushes, bytes unchanged, to a remote-write receiver.
 //! - [`tenant`]: tenant IDs from `X-Scope-OrgID`, with Mimir's validation.
-//! - [`remote_write`]: snappy + zero-copy protobuf scan of remote-write 1.0 bodies.
+//! - [`format`]: which decoder reads a push (remote-write 1.0, 2.0 or OTLP), from its headers,
+//!   and the one `decode` that dispatches to it. Above the decoders.
+//! - [`remote_write`]: snappy + zero-copy protobuf scans of remote-write 1.0 and 2.0 bodies.
+//! - [`otlp`]: OTLP/HTTP metrics bodies (protobuf or JSON, gzip), counted as Mimir charges them.
+//! - [`counts`]: what every decoder reports (`WriteCounts`, `DecodeError`, `UnsupportedMedia`).
+//!   Below the decoders.
 //! - [`rejection`]: typed errors and their one mapping to status codes, headers and bodies.
 //! - [`metrics`]: every metric family, defined in one place.
 //! - [`ring_page`]: `GET /ring`, members and effective limits, HTML or JSON.
@@ -35,6 +40,8 @@
 pub mod admission_common;
 pub mod admission_http;
 pub mod config;
+pub mod counts;
+pub mod format;
 pub mod fuzzing;
 pub mod grpc;
 pub mod http_serve;

@@ -16,10 +16,12 @@ use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use http_body_util::{BodyExt, LengthLimitError, Limited};
 
+use crate::counts::{DecodeError, UnsupportedMedia, WriteCounts};
+use crate::format::{self, Format};
 use crate::metrics::InstanceLimit;
 use crate::otlp::OtlpFormat;
 use crate::rejection::PushError;
-use crate::remote_write::{self, Format, WriteCounts, Written};
+use crate::remote_write::Written;
 use crate::state::AppState;
 use crate::tenant::{self, TENANT_HEADER};
 use engine::LimitKind;
@@ -59,7 +61,7 @@ pub async fn push_otlp(State(state): State<Arc<AppState>>, request: Request) -> 
 async fn handle(
     state: Arc<AppState>,
     request: Request,
-    format: Result<Format, remote_write::UnsupportedMedia>,
+    format: Result<Format, UnsupportedMedia>,
     otlp: Option<OtlpFormat>,
 ) -> Response {
     let started = Instant::now();
@@ -144,7 +146,7 @@ async fn admit(
     state: &Arc<AppState>,
     parts: &Parts,
     body: &mut Option<Body>,
-    format: &Result<Format, remote_write::UnsupportedMedia>,
+    format: &Result<Format, UnsupportedMedia>,
 ) -> Result<Written, PushError> {
     let content_length = parts
         .headers
@@ -386,18 +388,14 @@ async fn drain(mut body: Body, limit: usize, timeout: std::time::Duration) {
     let _ = tokio::time::timeout(timeout, read).await;
 }
 
-async fn decode(
-    body: Bytes,
-    max_size: usize,
-    format: Format,
-) -> Result<WriteCounts, remote_write::DecodeError> {
+async fn decode(body: Bytes, max_size: usize, format: Format) -> Result<WriteCounts, DecodeError> {
     if body.len() <= INLINE_DECODE_BYTES {
-        return remote_write::decode(&body, max_size, format);
+        return format::decode(&body, max_size, format);
     }
-    tokio::task::spawn_blocking(move || remote_write::decode(&body, max_size, format))
+    tokio::task::spawn_blocking(move || format::decode(&body, max_size, format))
         .await
         .unwrap_or_else(|join_error| {
-            Err(remote_write::DecodeError::Protobuf(format!(
+            Err(DecodeError::Protobuf(format!(
                 "decoding failed: {join_error}"
             )))
         })

@@ -18,8 +18,8 @@ use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use rand::Rng;
 
+use crate::counts::{DecodeError, UnsupportedMedia};
 use crate::metrics::{DiscardReason, InstanceLimit};
-use crate::remote_write::DecodeError;
 use crate::tenant::TenantError;
 use engine::{LimitKind, Rejection, RejectionCause};
 
@@ -42,7 +42,7 @@ pub enum PushError {
     #[error("{0}")]
     Upstream(#[from] crate::upstream::ForwardError),
     #[error("{0}")]
-    UnsupportedMedia(#[from] crate::remote_write::UnsupportedMedia),
+    UnsupportedMedia(#[from] UnsupportedMedia),
     #[error(
         "the write request has been rejected because the tenant has {in_flight} push requests \
          in flight across the fleet, at its limit of {limit} \

@@ -14,8 +14,9 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
 
+use crate::format::Format;
 use crate::metrics::Metrics;
-use crate::remote_write::{Format, Written};
+use crate::remote_write::Written;
 use crate::tls::{ClientFiles, ClientTls};
 
 /// hyper's pooled client, without reqwest's layers (redirects, retries, proxies, default

@@ -8,8 +8,9 @@ use std::time::Duration;
 
 use engine::{EngineClock, LimitKind, Limiter};
 use runtime_config::{Defaults, RuntimeConfig};
+use weir::format::{self, Format};
 use weir::metrics::{Metrics, TenantSeries};
-use weir::remote_write::{self, prompb::WriteRequest, Format};
+use weir::remote_write::prompb::WriteRequest;
 
 struct CountingAllocator;
 
@@ -92,13 +93,11 @@ fn decisions_allocate_nothing_in_steady_state() {
 #[test]
 fn body_scan_allocates_nothing_in_steady_state() {
     let body = WriteRequest::synthetic(500, 7, 1).encode_snappy();
-    remote_write::decode(&body, 1 << 20, Format::V1).unwrap(); // sizes the reused buffer
+    format::decode(&body, 1 << 20, Format::V1).unwrap(); // sizes the reused buffer
     let allocations = allocations_during(|| {
         for _ in 0..100 {
             assert_eq!(
-                remote_write::decode(&body, 1 << 20, Format::V1)
-                    .unwrap()
-                    .samples,
+                format::decode(&body, 1 << 20, Format::V1).unwrap().samples,
                 500
             );
         }
@@ -132,10 +131,10 @@ fn remote_write_2_0_scan_allocates_nothing_in_steady_state() {
         timeseries,
     }
     .encode_snappy();
-    remote_write::decode(&body, 1 << 20, Format::V2).unwrap(); // sizes the reused buffers
+    format::decode(&body, 1 << 20, Format::V2).unwrap(); // sizes the reused buffers
     let allocations = allocations_during(|| {
         for _ in 0..100 {
-            let counts = remote_write::decode(&body, 1 << 20, Format::V2).unwrap();
+            let counts = format::decode(&body, 1 << 20, Format::V2).unwrap();
             assert_eq!((counts.samples, counts.metadata), (500, 1));
         }
     });

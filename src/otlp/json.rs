@@ -6,7 +6,7 @@
 use serde_json::{Map, Value};
 
 use super::proto::{common, metrics, resource, ExportMetricsServiceRequest};
-use crate::remote_write::DecodeError;
+use crate::counts::DecodeError;
 
 pub fn decode(raw: &[u8]) -> Result<ExportMetricsServiceRequest, DecodeError> {
     let value: Value = serde_json::from_slice(raw)

@@ -29,7 +29,7 @@ use std::io::Read;
 
 use prost::Message;
 
-use crate::remote_write::{DecodeError, UnsupportedMedia, WriteCounts};
+use crate::counts::{DecodeError, UnsupportedMedia, WriteCounts};
 use proto::metrics::{metric::Data, AggregationTemporality, Metric, ResourceMetrics};
 
 /// How an OTLP body is encoded, from its headers.

@@ -1,4 +1,4 @@
-//! Remote-write bodies: the format from the headers, snappy raw-block decompression, and a
+//! Remote-write bodies: snappy raw-block decompression and a
 //! zero-copy protobuf scan of 1.0 (`prometheus.WriteRequest`, here) and 2.0
 //! (`io.prometheus.write.v2.Request`, [`v2`]).
 //!
@@ -16,91 +16,14 @@
 pub mod prompb;
 pub mod v2;
 pub mod v2_proto;
+mod wire;
 
 use std::cell::RefCell;
 
-use prost::encoding::{decode_key, decode_varint, skip_field, DecodeContext, WireType};
+use prost::encoding::{decode_key, skip_field, DecodeContext, WireType};
 
-/// What one request carries, for the ingestion-rate cost and the metrics.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct WriteCounts {
-    pub series: u64,
-    pub samples: u64,
-    pub histograms: u64,
-    pub exemplars: u64,
-    pub metadata: u64,
-}
-
-impl WriteCounts {
-    /// The ingestion-rate cost, as Mimir counts it: samples + histograms + exemplars + metadata.
-    pub fn cost(&self) -> u64 {
-        self.samples + self.histograms + self.exemplars + self.metadata
-    }
-}
-
-/// The protobuf message a push carries, from its `Content-Type`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Format {
-    /// `prometheus.WriteRequest`: `application/x-protobuf` with no `proto=` or
-    /// `proto=prometheus.WriteRequest`, and (as Mimir does) a missing or other media type.
-    V1,
-    /// `application/x-protobuf;proto=io.prometheus.write.v2.Request`.
-    V2,
-    /// An OTLP metrics export (`POST /otlp/v1/metrics`), protobuf or JSON.
-    Otlp(crate::otlp::OtlpFormat),
-}
-
-/// A `Content-Type` or `Content-Encoding` weir cannot read: answered 415, as the
-/// remote-write 2.0 specification requires.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{0}")]
-pub struct UnsupportedMedia(pub String);
-
-impl Format {
-    /// The format from the push's headers.
-    pub fn from_headers(
-        content_type: Option<&[u8]>,
-        content_encoding: Option<&[u8]>,
-    ) -> Result<Format, UnsupportedMedia> {
-        if let Some(encoding) = content_encoding {
-            let encoding = String::from_utf8_lossy(encoding);
-            if !encoding.trim().eq_ignore_ascii_case("snappy") {
-                return Err(UnsupportedMedia(format!(
-                    "unsupported Content-Encoding {:?}: remote-write bodies must be \
-                     snappy-compressed (block format)",
-                    encoding.trim()
-                )));
-            }
-        }
-        let Some(content_type) = content_type else {
-            return Ok(Format::V1);
-        };
-        let content_type = String::from_utf8_lossy(content_type);
-        let mut parts = content_type.split(';');
-        let media_type = parts.next().unwrap_or("").trim();
-        if !media_type.eq_ignore_ascii_case("application/x-protobuf") {
-            return Ok(Format::V1);
-        }
-        for parameter in parts {
-            let Some((name, value)) = parameter.split_once('=') else {
-                continue;
-            };
-            if !name.trim().eq_ignore_ascii_case("proto") {
-                continue;
-            }
-            return match value.trim().trim_matches('"') {
-                "prometheus.WriteRequest" => Ok(Format::V1),
-                "io.prometheus.write.v2.Request" => Ok(Format::V2),
-                other => Err(UnsupportedMedia(format!(
-                    "unsupported remote-write message proto={other:?}: weir accepts \
-                     prometheus.WriteRequest (remote-write 1.0) and \
-                     io.prometheus.write.v2.Request (2.0)"
-                ))),
-            };
-        }
-        Ok(Format::V1)
-    }
-}
+use crate::counts::{DecodeError, WriteCounts};
+use wire::{check, check_sample, field, is_utf8};
 
 /// What a remote-write 2.0 receiver reports it wrote, in the `X-Prometheus-Remote-Write-*-Written`
 /// response headers (required by the 2.0 specification, on success and failure alike).
@@ -156,19 +79,6 @@ impl Written {
     }
 }
 
-/// Why a body was refused. Each message is meant for the client that sent it.
-#[derive(Debug, thiserror::Error, PartialEq)]
-pub enum DecodeError {
-    #[error("decompressed body is {size} bytes, over the limit of {limit} bytes")]
-    TooLarge { size: usize, limit: usize },
-    #[error("invalid snappy block: {0}")]
-    Snappy(String),
-    #[error("invalid protobuf WriteRequest: {0}")]
-    Protobuf(String),
-    #[error("invalid OTLP metrics request: {0}")]
-    Otlp(String),
-}
-
 /// Buffers above this size are not kept between requests, so one huge request does not pin
 /// its memory to a worker thread forever.
 const RETAINED_BUFFER_BYTES: usize = 4 << 20;
@@ -179,12 +89,13 @@ thread_local! {
     static DECOMPRESSED: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
 }
 
-/// Decompresses a snappy raw block of at most `max_size` decompressed bytes and scans it as
-/// `format`.
-pub fn decode(body: &[u8], max_size: usize, format: Format) -> Result<WriteCounts, DecodeError> {
-    if let Format::Otlp(otlp) = format {
-        return crate::otlp::decode(body, max_size, otlp);
-    }
+/// Decompresses a snappy raw block of at most `max_size` decompressed bytes and scans it with
+/// `scan` ([`scan`] for 1.0, [`v2::scan`] for 2.0; [`crate::format::decode`] picks).
+pub fn decode(
+    body: &[u8],
+    max_size: usize,
+    scan: fn(&[u8]) -> Result<WriteCounts, DecodeError>,
+) -> Result<WriteCounts, DecodeError> {
     let size =
         snap::raw::decompress_len(body).map_err(|err| DecodeError::Snappy(err.to_string()))?;
     if size > max_size {
@@ -199,10 +110,7 @@ pub fn decode(body: &[u8], max_size: usize, format: Format) -> Result<WriteCount
         let result = snap::raw::Decoder::new()
             .decompress(body, &mut buffer)
             .map_err(|err| DecodeError::Snappy(err.to_string()))
-            .and_then(|written| match format {
-                Format::V2 => v2::scan(&buffer[..written]),
-                _ => scan(&buffer[..written]),
-            });
+            .and_then(|written| scan(&buffer[..written]));
         if buffer.capacity() > RETAINED_BUFFER_BYTES {
             *buffer = Vec::new();
         }
@@ -300,98 +208,6 @@ fn check_label(mut buf: &[u8]) -> Result<(), String> {
     Ok(())
 }
 
-/// Checks a `Sample` (1.0 and 2.0 alike: `double value = 1; int64 timestamp = 2;`) by prost's
-/// rules, as `check::<Sample>` would, without its generic merge loop: samples are most of a
-/// request, and this is the scan's inner loop. Each known field must have its wire type (and
-/// its 8 bytes, or a well-formed varint); other fields are skipped as prost skips them.
-/// `fuzz`'s differential target and the property tests hold the two to the same answers.
-pub(super) fn check_sample(mut buf: &[u8]) -> Result<(), String> {
-    while !buf.is_empty() {
-        let (tag, wire_type) = decode_key(&mut buf).map_err(|e| e.to_string())?;
-        match tag {
-            1 => {
-                if wire_type != WireType::SixtyFourBit {
-                    return Err(format!(
-                        "Sample.value has wire type {wire_type:?}, expected SixtyFourBit"
-                    ));
-                }
-                if buf.len() < 8 {
-                    return Err("Sample.value: buffer underflow".to_string());
-                }
-                buf = &buf[8..];
-            }
-            2 => {
-                if wire_type != WireType::Varint {
-                    return Err(format!(
-                        "Sample.timestamp has wire type {wire_type:?}, expected Varint"
-                    ));
-                }
-                decode_varint(&mut buf).map_err(|e| format!("Sample.timestamp: {e}"))?;
-            }
-            _ => skip_field(wire_type, tag, &mut buf, DecodeContext::default())
-                .map_err(|e| e.to_string())?,
-        }
-    }
-    Ok(())
-}
-
-/// Checks a sample, histogram, exemplar or metadata message by decoding it with the
-/// protocol's own types: each known field must have its wire type and, for strings, valid
-/// UTF-8, exactly as a full decode requires. (A sample decodes without allocating; the rarer
-/// histograms, exemplars and metadata may allocate.) Only series and labels, the bulk of a
-/// request, are walked by hand.
-pub(super) fn check<M: prost::Message + Default>(buf: &[u8]) -> Result<(), String> {
-    M::decode(buf).map(drop).map_err(|err| err.to_string())
-}
-
-/// Whether `bytes` are valid UTF-8. Label names and most values are ASCII, which a word at a
-/// time checks faster than the general validator does for strings this short.
-#[inline]
-pub(super) fn is_utf8(bytes: &[u8]) -> bool {
-    bytes.is_ascii() || std::str::from_utf8(bytes).is_ok()
-}
-
-/// A length-delimited field's bytes, after checking its wire type and length. On the scan's
-/// inner loop: the error messages are built out of line.
-#[inline(always)]
-pub(super) fn field<'a>(
-    buf: &mut &'a [u8],
-    wire_type: WireType,
-    name: &str,
-) -> Result<&'a [u8], String> {
-    if wire_type != WireType::LengthDelimited {
-        return Err(wrong_wire_type(name, wire_type));
-    }
-    let len = match decode_varint(buf) {
-        Ok(len) => len,
-        Err(err) => return Err(format_field_error(name, &err)),
-    };
-    if len > buf.len() as u64 {
-        return Err(too_short(name, len, buf.len()));
-    }
-    let (bytes, rest) = buf.split_at(len as usize);
-    *buf = rest;
-    Ok(bytes)
-}
-
-#[cold]
-#[inline(never)]
-fn wrong_wire_type(name: &str, wire_type: WireType) -> String {
-    format!("field `{name}` has wire type {wire_type:?}, expected LengthDelimited")
-}
-
-#[cold]
-#[inline(never)]
-fn format_field_error(name: &str, err: &prost::DecodeError) -> String {
-    format!("field `{name}`: {err}")
-}
-
-#[cold]
-#[inline(never)]
-fn too_short(name: &str, len: u64, remaining: usize) -> String {
-    format!("field `{name}` claims {len} bytes but only {remaining} remain")
-}
-
 fn key(buf: &mut &[u8], message: &str) -> Result<(u32, WireType), DecodeError> {
     decode_key(buf).map_err(|e| DecodeError::Protobuf(format!("{message}: {e}")))
 }
@@ -413,6 +229,7 @@ fn skip(buf: &mut &[u8], wire_type: WireType, tag: u32, message: &str) -> Result
 mod tests {
     use super::prompb::*;
     use super::*;
+    use crate::format::{decode, Format};
     use proptest::prelude::*;
 
     fn label() -> impl Strategy<Value = Label> {
@@ -554,56 +371,6 @@ mod tests {
         // timeseries with the wrong wire type
         let err = scan(&[0x08, 0x01]).unwrap_err().to_string();
         assert!(err.contains("wire type Varint"), "{err}");
-    }
-
-    #[test]
-    fn format_follows_the_content_type_as_the_2_0_specification_says() {
-        let format = |content_type: Option<&str>, encoding: Option<&str>| {
-            Format::from_headers(content_type.map(str::as_bytes), encoding.map(str::as_bytes))
-        };
-        assert_eq!(format(None, None), Ok(Format::V1));
-        assert_eq!(
-            format(Some("application/x-protobuf"), Some("snappy")),
-            Ok(Format::V1)
-        );
-        assert_eq!(
-            format(
-                Some("application/x-protobuf;proto=prometheus.WriteRequest"),
-                None
-            ),
-            Ok(Format::V1)
-        );
-        assert_eq!(
-            format(
-                Some("Application/X-Protobuf; proto=\"io.prometheus.write.v2.Request\""),
-                Some("SNAPPY")
-            ),
-            Ok(Format::V2)
-        );
-        // Mimir reads other media types as 1.0; so does weir (the scan then decides).
-        assert_eq!(format(Some("text/plain"), None), Ok(Format::V1));
-        assert!(format(
-            Some("application/x-protobuf;proto=io.prometheus.write.v3.Request"),
-            None
-        )
-        .unwrap_err()
-        .0
-        .contains("io.prometheus.write.v3.Request"));
-        assert!(format(None, Some("gzip")).unwrap_err().0.contains("gzip"));
-        // One line of prose each, without the source's indentation in it.
-        assert_eq!(
-            format(None, Some("gzip")).unwrap_err().0,
-            "unsupported Content-Encoding \"gzip\": remote-write bodies must be \
-             snappy-compressed (block format)"
-        );
-        let v3 = format(Some("application/x-protobuf;proto=v3"), None)
-            .unwrap_err()
-            .0;
-        assert_eq!(
-            v3,
-            "unsupported remote-write message proto=\"v3\": weir accepts \
-             prometheus.WriteRequest (remote-write 1.0) and io.prometheus.write.v2.Request (2.0)"
-        );
     }
 
     #[test]

@@ -5,6 +5,8 @@
 //! oracle in tests, as the baseline in the scan benchmark, and to encode the load generator's
 //! requests.
 
+use crate::counts::WriteCounts;
+
 #[derive(Clone, PartialEq, prost::Message)]
 pub struct WriteRequest {
     #[prost(message, repeated, tag = "1")]
@@ -165,8 +167,8 @@ impl WriteRequest {
     }
 
     /// What the scanner should count for this request.
-    pub fn counts(&self) -> super::WriteCounts {
-        super::WriteCounts {
+    pub fn counts(&self) -> WriteCounts {
+        WriteCounts {
             series: self.timeseries.len() as u64,
             samples: self.timeseries.iter().map(|s| s.samples.len() as u64).sum(),
             histograms: self

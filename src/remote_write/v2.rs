@@ -19,7 +19,8 @@ use std::hash::{BuildHasher, Hasher};
 use prost::encoding::{decode_key, decode_varint, skip_field, DecodeContext, WireType};
 
 use super::v2_proto;
-use super::{check, field, DecodeError, WriteCounts};
+use super::wire::{check, check_sample, field, is_utf8};
+use crate::counts::{DecodeError, WriteCounts};
 
 /// Buffers above this many entries are not kept between requests.
 const RETAINED_ENTRIES: usize = 1 << 16;
@@ -78,7 +79,7 @@ fn scan_with(
             }
             4 => {
                 let symbol = field(&mut buf, wire_type, "symbols").map_err(error)?;
-                if !super::is_utf8(symbol) {
+                if !is_utf8(symbol) {
                     return Err(error(format!(
                         "symbols[{}] is not valid UTF-8",
                         symbols.len()
@@ -157,7 +158,7 @@ fn scan_series<'a>(
         match tag {
             1 => labels.read(&mut buf, wire_type, symbols, "labels_refs")?,
             2 => {
-                super::check_sample(field(&mut buf, wire_type, "samples")?)
+                check_sample(field(&mut buf, wire_type, "samples")?)
                     .map_err(|reason| format!("samples[{samples}]: {reason}"))?;
                 samples += 1;
             }
