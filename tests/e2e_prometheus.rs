@@ -146,6 +146,14 @@ async fn fleet_metric(replicas: &[Replica], name: &str) -> f64 {
     total
 }
 
+fn sha256_hex(bytes: &[u8]) -> String {
+    use sha2::Digest;
+    sha2::Sha256::digest(bytes)
+        .iter()
+        .map(|byte| format!("{byte:02x}"))
+        .collect()
+}
+
 /// The result vector of an instant query, or empty.
 async fn query(prometheus: SocketAddr, promql: &str) -> Vec<serde_json::Value> {
     let url = format!("http://{prometheus}/api/v1/query");
@@ -337,7 +345,16 @@ async fn prometheus_through_nginx_and_weir_into_prometheus() {
 
     // 3. B stopped: weir answers 5xx, A retries; B back: the series continue.
     std::fs::write(&overrides, &generous).unwrap();
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    let generous_in_force = format!(
+        "weir_runtime_config_hash{{sha256=\"{}\"}}",
+        sha256_hex(generous.as_bytes())
+    );
+    eventually(
+        "every replica to reload the generous overrides",
+        Duration::from_secs(10),
+        || async { fleet_metric(&replicas, &generous_in_force).await == replicas.len() as f64 },
+    )
+    .await;
     let retried_before = metric(&a, "prometheus_remote_storage_samples_retried_total").await;
     drop(backend.take()); // SIGKILL: the backend vanishes
     eventually(
