@@ -16,9 +16,12 @@
 //!   accepted re-encodes to the same entries.
 //! - [`admission`]: the admission API's JSON and protobuf requests, and client limit specs.
 //!
-//! No input may make one allocation over [`MAX_ALLOCATION`] ([`CappedAllocator`]).
+//! No input may make one allocation over [`MAX_ALLOCATION`] (`CappedAllocator`, with the
+//! `fuzzing` feature: the fuzz targets and the corpus replay install it).
 
+#[cfg(feature = "fuzzing")]
 use std::alloc::{GlobalAlloc, Layout, System};
+#[cfg(feature = "fuzzing")]
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use prost::encoding::{decode_key, skip_field, DecodeContext};
@@ -35,12 +38,15 @@ pub const MAX_ALLOCATION: usize = 64 << 20;
 
 /// The system allocator, keeping the largest allocation seen. With `abort` set (the fuzz
 /// targets), an allocation over [`MAX_ALLOCATION`] aborts, which the fuzzer records as a
-/// crash; the corpus replay in `cargo test` reads [`CappedAllocator::largest`] instead.
+/// crash; the corpus replay in `cargo test` reads [`CappedAllocator::largest`] instead. Only with
+/// the `fuzzing` feature, so the library does not ship an unsafe allocator it never uses.
+#[cfg(feature = "fuzzing")]
 pub struct CappedAllocator {
     pub abort: bool,
     largest: AtomicUsize,
 }
 
+#[cfg(feature = "fuzzing")]
 impl CappedAllocator {
     pub const fn new(abort: bool) -> Self {
         CappedAllocator {
@@ -63,6 +69,7 @@ impl CappedAllocator {
 }
 
 // SAFETY: every call is passed on to `System` unchanged; only sizes are read.
+#[cfg(feature = "fuzzing")]
 unsafe impl GlobalAlloc for CappedAllocator {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
         self.note(layout.size());

@@ -115,9 +115,9 @@ pub struct Upstream {
     workers: usize,
     tls: ClientTls,
     tls_files: ClientFiles,
-    url: reqwest::Url,
+    url: url::Url,
     /// Where OTLP exports go (`--upstream-otlp`).
-    otlp_url: reqwest::Url,
+    otlp_url: url::Url,
     /// The two URLs again, as hyper takes them.
     uri: Uri,
     otlp_uri: Uri,
@@ -134,14 +134,14 @@ impl Upstream {
         tls: ClientTls,
         workers: usize,
     ) -> anyhow::Result<Self> {
-        let url = reqwest::Url::parse(url)
+        let url = url::Url::parse(url)
             .map_err(|err| anyhow::anyhow!("--upstream {url:?} is not a URL: {err}"))?;
         anyhow::ensure!(
             matches!(url.scheme(), "http" | "https"),
             "--upstream must be an http:// or https:// URL, got {url}"
         );
         let otlp_url = match otlp_url {
-            Some(otlp) => reqwest::Url::parse(otlp)
+            Some(otlp) => url::Url::parse(otlp)
                 .map_err(|err| anyhow::anyhow!("--upstream-otlp {otlp:?} is not a URL: {err}"))?,
             None => default_otlp_url(&url),
         };
@@ -153,7 +153,7 @@ impl Upstream {
             anyhow::anyhow!("--upstream-tenant-header {tenant_header:?} is not a header name")
         })?;
         let clients = build_clients(workers, timeout, &tls)?;
-        let as_uri = |url: &reqwest::Url| {
+        let as_uri = |url: &url::Url| {
             url.as_str()
                 .parse::<Uri>()
                 .map_err(|err| anyhow::anyhow!("{url} is not a URL hyper takes: {err}"))
@@ -190,11 +190,11 @@ impl Upstream {
         }
     }
 
-    pub fn url(&self) -> &reqwest::Url {
+    pub fn url(&self) -> &url::Url {
         &self.url
     }
 
-    pub fn otlp_url(&self) -> &reqwest::Url {
+    pub fn otlp_url(&self) -> &url::Url {
         &self.otlp_url
     }
 
@@ -319,7 +319,7 @@ fn transport_error(err: &dyn std::error::Error) -> ForwardError {
 /// `--upstream-otlp`'s default, from `--upstream`: Mimir's `/api/v1/push` → `/otlp/v1/metrics`;
 /// Prometheus' `/api/v1/write` → `/api/v1/otlp/v1/metrics`; any other path → `/otlp/v1/metrics`
 /// on the same host.
-pub fn default_otlp_url(upstream: &reqwest::Url) -> reqwest::Url {
+pub fn default_otlp_url(upstream: &url::Url) -> url::Url {
     let mut url = upstream.clone();
     let path = upstream.path();
     let otlp = match path.strip_suffix("/api/v1/write") {

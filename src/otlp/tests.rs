@@ -254,7 +254,7 @@ fn error_bodies_are_rpc_statuses_in_the_request_encoding() {
 #[test]
 fn the_default_otlp_upstream_follows_the_receiver() {
     let otlp = |upstream: &str| {
-        crate::upstream::default_otlp_url(&reqwest::Url::parse(upstream).unwrap()).to_string()
+        crate::upstream::default_otlp_url(&url::Url::parse(upstream).unwrap()).to_string()
     };
     assert_eq!(
         otlp("http://mimir:8080/api/v1/push"),
