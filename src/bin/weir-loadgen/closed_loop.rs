@@ -649,7 +649,35 @@ fn lags(run: &Run, now: Instant) -> Vec<Duration> {
         .collect()
 }
 
-pub async fn run(plan: Plan) -> anyhow::Result<()> {
+/// Runs the senders, writes the report to `--output` and prints a summary; fails, saying
+/// why, when no request was answered.
+pub async fn run_and_report(plan: Plan) -> anyhow::Result<()> {
+    let report = run(&plan).await?;
+    std::fs::write(&plan.output, serde_json::to_string(&report)?)?;
+    print_summary(&report);
+    eprintln!("report written to {}", plan.output);
+    let answered: u64 = report
+        .total
+        .status
+        .iter()
+        .filter(|(status, _)| status.parse::<u16>().is_ok())
+        .map(|(_, count)| count)
+        .sum();
+    match report.first_error {
+        Some(error) if answered == 0 => {
+            anyhow::bail!("no request was answered; the first failed with: {error}")
+        }
+        Some(error) => eprintln!("some requests failed; the first with: {error}"),
+        None if answered == 0 => anyhow::bail!(
+            "no request was sent: no shard filled a batch (--max-samples-per-send) or reached \
+             --batch-send-deadline within --duration"
+        ),
+        None => {}
+    }
+    Ok(())
+}
+
+async fn run(plan: &Plan) -> anyhow::Result<Report> {
     plan.validate()?;
     let sender = plan.sender.clone();
     let shards_per_tenant = sender.shards;
@@ -805,8 +833,8 @@ pub async fn run(plan: Plan) -> anyhow::Result<()> {
         eprintln!();
     }
 
-    let report = build_report(
-        &plan,
+    let mut report = build_report(
+        plan,
         &run,
         &series,
         Ends {
@@ -818,26 +846,8 @@ pub async fn run(plan: Plan) -> anyhow::Result<()> {
             drained_seconds: stopped_at.saturating_duration_since(end).as_secs_f64(),
         },
     );
-    std::fs::write(&plan.output, serde_json::to_string(&report)?)?;
-    print_summary(&report);
-    eprintln!("report written to {}", plan.output);
-    let first_error = run.first_error.lock().unwrap().clone();
-    let answered: u64 = report
-        .total
-        .status
-        .iter()
-        .filter(|(status, _)| status.parse::<u16>().is_ok())
-        .map(|(_, count)| count)
-        .sum();
-    match first_error {
-        Some(error) if answered == 0 => {
-            anyhow::bail!("no request was answered; the first failed with: {error}")
-        }
-        Some(error) => eprintln!("some requests failed; the first with: {error}"),
-        None if answered == 0 => anyhow::bail!("no request was sent"),
-        None => {}
-    }
-    Ok(())
+    report.first_error = run.first_error.lock().unwrap().clone();
+    Ok(report)
 }
 
 fn unsent(run: &Run) -> Vec<u64> {
@@ -966,6 +976,8 @@ struct Report {
     timeline: Vec<Second>,
     per_second_columns: [&'static str; 6],
     per_tenant: Vec<TenantReport>,
+    /// The first transport error, with its causes.
+    first_error: Option<String>,
 }
 
 fn ratio(part: u64, whole: u64) -> Option<f64> {
@@ -1123,6 +1135,7 @@ fn build_report(plan: &Plan, run: &Run, series: &[u64], ends: Ends) -> Report {
             .collect(),
         per_second_columns: COLUMNS,
         per_tenant,
+        first_error: None,
     }
 }
 
@@ -1156,6 +1169,118 @@ fn print_summary(report: &Report) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// When each request arrived, and its `Retry-Attempt`.
+    type Arrivals = Arc<Mutex<Vec<(Instant, Option<String>)>>>;
+
+    /// A push endpoint that refuses the first request with `Retry-After: 1` and admits the
+    /// rest.
+    async fn refuse_once() -> (String, Arrivals) {
+        use axum::http::{HeaderMap, StatusCode};
+        let seen: Arrivals = Arc::default();
+        let log = Arc::clone(&seen);
+        let app = axum::Router::new().route(
+            "/api/v1/push",
+            axum::routing::post(move |headers: HeaderMap| {
+                let log = Arc::clone(&log);
+                async move {
+                    let attempt = headers
+                        .get("retry-attempt")
+                        .map(|v| v.to_str().unwrap().to_string());
+                    let mut log = log.lock().unwrap();
+                    log.push((Instant::now(), attempt));
+                    if log.len() == 1 {
+                        (StatusCode::TOO_MANY_REQUESTS, [("retry-after", "1")])
+                    } else {
+                        (StatusCode::OK, [("retry-after", "0")])
+                    }
+                }
+            }),
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+        (url, seen)
+    }
+
+    /// One tenant scraping 100 series once (a 1 s run), one shard, batches of 100.
+    fn one_batch(url: &str, retry_after: RetryAfter) -> Plan {
+        Plan {
+            sender: ClosedLoopArgs {
+                shards: 1,
+                capacity: 1000,
+                max_samples_per_send: 100,
+                min_backoff: Duration::from_millis(30),
+                max_backoff: Duration::from_secs(5),
+                retry_after,
+                drop_on_http_429: false,
+                scrape_interval: Duration::from_secs(1),
+                scrape_targets: 1,
+                scrape_phase: Phase::Aligned,
+                series_per_tenant: None,
+                drain: Duration::from_secs(5),
+                warm_up: Duration::ZERO,
+            },
+            batch_send_deadline: Duration::from_secs(5),
+            targets: vec![url.to_string()],
+            urls: vec![format!("{url}/api/v1/push")],
+            split: vec![1.0],
+            later: Vec::new(),
+            route: Route::RoundRobin,
+            failover: false,
+            tenants: vec!["t".into()],
+            rates: vec![100.0],
+            duration: Duration::from_secs(1),
+            timeout: Duration::from_secs(5),
+            seed: 1,
+            output: String::new(),
+            quiet: true,
+        }
+    }
+
+    #[tokio::test]
+    async fn a_refused_batch_is_sent_again_after_retry_after() {
+        let (url, seen) = refuse_once().await;
+        let report = run(&one_batch(&url, RetryAfter::Honour)).await.unwrap();
+        let seen = seen.lock().unwrap().clone();
+        assert_eq!(seen.len(), 2, "{seen:?}");
+        let gap = seen[1].0 - seen[0].0;
+        assert!(gap >= Duration::from_secs(1), "{gap:?}");
+        assert_eq!(
+            (seen[0].1.as_deref(), seen[1].1.as_deref()),
+            (None, Some("1"))
+        );
+        let total = &report.total;
+        assert_eq!(total.produced_samples, 100);
+        assert_eq!(total.delivered_samples, 100);
+        assert_eq!(
+            (total.attempts, total.retries, total.refused_samples),
+            (2, 1, 100)
+        );
+        assert_eq!(total.refused_per_arrivals, Some(0.5));
+        // The sample waited for the retry: it was at least a second old when production
+        // ended, and nothing was left after the drain.
+        assert!(
+            total.lag_final_seconds >= 0.9,
+            "{}",
+            total.lag_final_seconds
+        );
+        assert_eq!(total.unsent_after_drain_samples, 0);
+    }
+
+    #[tokio::test]
+    async fn ignoring_retry_after_retries_after_the_senders_own_backoff() {
+        let (url, seen) = refuse_once().await;
+        let report = run(&one_batch(&url, RetryAfter::Ignore)).await.unwrap();
+        let seen = seen.lock().unwrap().clone();
+        assert_eq!(seen.len(), 2, "{seen:?}");
+        let gap = seen[1].0 - seen[0].0;
+        assert!(
+            (Duration::from_millis(30)..Duration::from_millis(500)).contains(&gap),
+            "{gap:?}"
+        );
+        assert_eq!(report.total.delivered_samples, 100);
+    }
 
     #[test]
     fn retry_after_is_honoured_then_doubled_as_prometheus_does() {

@@ -526,7 +526,7 @@ async fn main() -> anyhow::Result<()> {
             ),
             _ => anyhow::bail!("give --samples-per-second or --series-per-tenant"),
         };
-        return closed_loop::run(closed_loop::Plan {
+        return closed_loop::run_and_report(closed_loop::Plan {
             sender: args.closed.clone(),
             batch_send_deadline: args.batch_send_deadline,
             targets: args.targets.clone(),
