@@ -1,4 +1,5 @@
-//! weir: a Mimir-style remote-write distributor and distributed rate limiter.
+//! weir: a Mimir-style distributor for Prometheus remote-write (1.0 and 2.0) and OTLP/HTTP
+//! metrics, and a distributed rate limiter.
 //!
 //! # Layout
 //! - [`config`]: every setting as a clap flag, a `WEIR_…` env var and a `--config` YAML key.
@@ -8,10 +9,12 @@
 //!   store, the runtime config and membership in force), built by `server`.
 //! - [`http_serve`]: the HTTP listener with its bounds (header timeout, header size,
 //!   connections).
-//! - [`push`]: the push path, in order: instance limits → tenant → request rate → decode →
-//!   ingestion rate → forward (or sink).
+//! - [`push`]: the push path (remote-write and OTLP), in order: instance limits → tenant →
+//!   format → tenant pushes in flight → request rate → decode → ingestion rate → forward (or
+//!   sink).
 //! - [`instance`]: per-process limits (in-flight requests and bytes, ingestion-rate EWMA).
-//! - [`upstream`]: forwarding admitted pushes, bytes unchanged, to a remote-write receiver.
+//! - [`upstream`]: forwarding admitted pushes, bytes unchanged, to a remote-write receiver
+//!   (OTLP exports to its OTLP path).
 //! - [`tenant`]: tenant IDs from `X-Scope-OrgID`, with Mimir's validation.
 //! - [`format`]: which decoder reads a push (remote-write 1.0, 2.0 or OTLP), from its headers,
 //!   and the one `decode` that dispatches to it. Above the decoders.
