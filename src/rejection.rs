@@ -463,7 +463,7 @@ mod tests {
         };
         let mut answer = |err: PushError, policy| err.retry_after(&headers, policy, &mut rng);
         assert_eq!(answer(rate_limited(300), &truthful), None);
-        assert_eq!(answer(rate_limited(3_000), &truthful), Some(3));
+        assert_eq!(answer(rate_limited(2_500), &truthful), Some(3));
         assert_eq!(answer(inflight(), &truthful), None);
         assert!((6..=9).contains(&answer(rate_limited(300), &backoff).unwrap()));
         assert!((6..=9).contains(&answer(inflight(), &backoff).unwrap()));

@@ -56,7 +56,10 @@ async fn a_shared_limit_is_held_in_redis() {
     // 100 items at 1 000/s are a tenth of a second away (plus a lease window): no
     // Retry-After, which would claim a whole second at least; RateLimit says t=0.
     assert!(!response.headers().contains_key("retry-after"));
-    let state = response.headers()["ratelimit"].to_str().unwrap().to_string();
+    let state = response.headers()["ratelimit"]
+        .to_str()
+        .unwrap()
+        .to_string();
     assert!(state.ends_with(";t=0"), "{state}");
     // The bucket is in Redis, under the tenant's hash tag, with an expiry.
     let ttl: i64 = redis.cli(&["PTTL", "weir:{closed}:i"]).parse().unwrap();
