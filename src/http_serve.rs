@@ -19,7 +19,7 @@
 //! with the fewest open. A request, its forward upstream (each worker has its own pool, see
 //! [`current_worker`]) and its answer then run on one thread, with no hand-off between
 //! threads: on the multi-threaded runtime the idle worker was woken to steal about twice a
-//! request, which cost about a fifth of weir's CPU at moderate load (README, "CPU per
+//! request, which cost about a fifth of weir's CPU at moderate load (docs/performance.md, "CPU per
 //! sample").
 
 use std::cell::Cell;

@@ -10,7 +10,7 @@ use weir::config::{Config, LogFormat};
 /// mimalloc, not the system allocator: with 10 000 tenants under load, glibc's malloc held
 /// about 3× the live heap (427 MB of RSS for 151 MB of heap, measured with heaptrack), as
 /// each tenant's long-lived metric series sit between the short-lived buffers of requests and
-/// scrapes. See the README's soak figures.
+/// scrapes. See the soak figures in docs/reliability.md.
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 

@@ -5,14 +5,17 @@
 //!   the peers' admissions as gossip reports them (the same usage key as the push limits).
 //!   `shared`: the token bucket through leases from the store, sliding windows and leaky
 //!   buckets by one atomic script per decision.
-//! - **In flight.** `divided`: ⌈max ÷ N⌉ per replica. `weighted`: this replica's holders plus
-//!   the peers' (gossiped) must stay within max. `shared`: a sorted set of leases in the store,
-//!   scored by deadline. Every lease has a TTL: a holder that crashes frees its slot then.
+//! - **In flight.** `divided` and `weighted`: a fixed share per replica by its rank in the
+//!   ring ([`crate::maths::slot_share`]), the shares summing to max. `shared`: a sorted set of
+//!   leases in the store, scored by deadline. Every lease has a TTL: a holder that crashes frees its slot then.
 //!   A lease id names where the lease lives: `L<id>@<node>` on a replica, `S<id>/<name>` in
 //!   the store (any replica can release it).
 //!
 //! Keys are percent-encoded into entry names, `tenant/key`, so they travel safely in gossip
-//! and store keys (tenant IDs hold no `/`).
+//! and store keys (tenant IDs hold no `/`: every door and the overrides file refuse one).
+//!
+//! This front-end keeps its own entries and reads the clock, the inputs in force and the
+//! store through [`crate::core::Core`]; it imports nothing of the push front-end.
 
 use std::collections::HashMap;
 use std::fmt::Write;

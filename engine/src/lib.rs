@@ -15,14 +15,21 @@
 //!   put in force at once; usage reports for gossip; idle eviction.
 //! - [`store`]: the shared store's interface (`Store`), the bucket algorithm it runs
 //!   atomically (the pure twin of the Redis script), and an in-memory store.
-//! - [`shared`]: `shared` tenants: leases from the store, single-flight renewal, returns,
-//!   the failure policy.
+//! - [`shared`]: `shared` tenants: leases from the store, single-flight renewal, returns.
 //! - [`breaker`]: the store's circuit breaker, a state machine with time as an input.
 //! - [`algorithms`]: token bucket, sliding window, leaky bucket: meters with the clock passed
 //!   in, chargeable with what peers spent.
 //! - [`admission`]: the admission API's engine: `allow`, `acquire`, `release`, `renew` for any
 //!   tenant and key, under the tenant's strategy.
 //! - [`clock`]: the real clock, or one a test moves by hand.
+//! - `core`: what both front-ends share: the clock, the inputs in force under one
+//!   generation, the ring rank, the store.
+//! - `strategy`: the failure policy of `shared` limits (`on_store_failure`), in one place.
+//!
+//! Layers import only the ones below: `types` → `clock` → the pure maths and meters → `store`
+//! → `shared` → `strategy` → `core` → the front-ends (`admission`, then `limiter`, which holds
+//! the public [`Limiter`] API and the gossip of both). `scripts/check-cycles` fails CI on any
+//! import cycle.
 
 pub mod admission;
 pub mod algorithms;
