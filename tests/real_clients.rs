@@ -1,0 +1,799 @@
+//! Real remote-write clients at a tenant's limit (issue 18), measured end to end.
+//!
+//! Debian's Prometheus 2.42 (agent mode) or vmagent 1.79 scrapes a synthetic target served by
+//! this process every second and remote-writes through nginx (round robin, `keepalive 16`) to
+//! three weir replicas in one ring, on the default strategy, where the tenant has
+//! `ingestion_rate: 10000` and `ingestion_burst_size: 10000`: B = L, the hard case, one
+//! second's worth of burst. The configs are in `tests/real_clients/`.
+//!
+//! The figures come from weir's own per-tenant counters, summed over the replicas, and the
+//! clients' own metrics; the client, the tenant and the fleet are fresh, so every counter
+//! starts at zero:
+//!
+//! - **delivered**: samples weir admitted ÷ samples the client scraped. At 0.9 L the target
+//!   goes quiet at the end of the run and the client gets up to 10 s (the lag bar) to drain.
+//! - **refused**: refused pushes ÷ every push of the tenant.
+//! - **lag**: Prometheus' newest scraped timestamp − its highest sent timestamp, at the end of
+//!   the run. vmagent exports no sent timestamp; its lag is its backlog (scraped − admitted)
+//!   in seconds of scraping.
+//! - **admitted ÷ L**: weir's admitted rate over a window after a warm-up (at 2 L).
+//!
+//! Targets: at 0.9 L, ≥ 99 % delivered, ≤ 1 % of pushes refused, lag ≤ 10 s; at 2 L, weir
+//! admits 0.95–1.02 L while the client falls behind. Each test prints one `real-clients:` line
+//! with its figures; `scripts/real-clients` runs the same for longer
+//! (`WEIR_REAL_CLIENTS_SECONDS`, the measured window) and prints them as a table.
+//!
+//! `WEIR_BIN=<path>` runs another build of weir (a before-and-after), and
+//! `WEIR_REAL_CLIENTS_VMAGENT_ROWS` sets vmagent's `-remoteWrite.maxRowsPerBlock` (default
+//! 10 000, as vmagent's own: at 2 L every block is then as large as the burst).
+//!
+//! Under `CI` a missing client program fails the test; elsewhere the test is skipped with a
+//! message. `./scripts/test` installs `prometheus`, `victoria-metrics` (vmagent) and `nginx`.
+
+mod common;
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::body::Bytes;
+use axum::extract::State;
+use common::fleet::{free_gossip_addr, spawn_joining, until_healthy, Replica};
+
+const CONFIGS: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/real_clients");
+
+/// The tenant's fleet-wide `ingestion_rate`, samples/s.
+const LIMIT: f64 = 10_000.0;
+/// The tenant nginx names when the client sends none (Prometheus 2.42, see nginx.conf).
+const TENANT: &str = "real-clients";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn prometheus_at_0_9_l_delivers_everything() {
+    under_the_limit(Client::Prometheus, 21).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn prometheus_at_2_l_is_held_to_the_limit() {
+    over_the_limit(Client::Prometheus, 24, 1).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn vmagent_at_0_9_l_delivers_everything() {
+    under_the_limit(Client::Vmagent, 27).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn vmagent_at_2_l_is_held_to_the_limit() {
+    over_the_limit(Client::Vmagent, 30, 1).await;
+}
+
+/// A wide burst (B = 20 L) at 2 L: the burst lasts 20 s, so the warm-up is longer; for
+/// `scripts/real-clients`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "longer than a minute; run by scripts/real-clients"]
+async fn prometheus_at_2_l_with_a_wide_burst_is_held_to_the_limit() {
+    over_the_limit(Client::Prometheus, 33, 20).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "longer than a minute; run by scripts/real-clients"]
+async fn vmagent_at_2_l_with_a_wide_burst_is_held_to_the_limit() {
+    over_the_limit(Client::Vmagent, 36, 20).await;
+}
+
+/// 9 000 series a second: every sample scraped reaches weir, promptly, without refusals.
+async fn under_the_limit(client: Client, first_ip: u8) {
+    let scenario = Scenario {
+        client,
+        series: 9_000,
+        burst_in_seconds: 1,
+        warm_up: Duration::ZERO,
+        window: window(30),
+        drain: true,
+        first_ip,
+    };
+    let Some(figures) = scenario.run().await else {
+        return;
+    };
+    assert!(
+        figures.scrapes_ok(),
+        "the client did not scrape every second: {figures}"
+    );
+    assert!(
+        figures.delivered() <= 1.001,
+        "weir admitted more than the client scraped: the counts are wrong: {figures}"
+    );
+    assert!(
+        figures.delivered() >= 0.99,
+        "{client:?} at 0.9 L: {:.1} % of the samples scraped were delivered (want ≥ 99 %): {figures}",
+        100.0 * figures.delivered()
+    );
+    assert!(
+        figures.refused() <= 0.01,
+        "{client:?} at 0.9 L: {:.1} % of pushes were refused (want ≤ 1 %): {figures}",
+        100.0 * figures.refused()
+    );
+    assert!(
+        figures.lag() <= 10.0,
+        "{client:?} at 0.9 L: {:.1} s behind at the end (want ≤ 10 s): {figures}",
+        figures.lag()
+    );
+}
+
+/// 20 000 series a second: weir admits the limit, no less and no more; the client falls
+/// behind, which is right.
+async fn over_the_limit(client: Client, first_ip: u8, burst_in_seconds: u64) {
+    // A burst wider than a second drains at 2 L − L = L, so in `burst_in_seconds` seconds;
+    // the warm-up outlasts it.
+    let warm_up = Duration::from_secs_f64(10.0 + 1.2 * (burst_in_seconds - 1) as f64);
+    let scenario = Scenario {
+        client,
+        series: 20_000,
+        burst_in_seconds,
+        warm_up,
+        window: window(30),
+        drain: false,
+        first_ip,
+    };
+    let Some(figures) = scenario.run().await else {
+        return;
+    };
+    assert!(
+        figures.scrapes_ok(),
+        "the client did not scrape every second: {figures}"
+    );
+    let admitted = figures.admitted_over_limit();
+    assert!(
+        (0.95..=1.02).contains(&admitted),
+        "{client:?} at 2 L (B = {burst_in_seconds} L): weir admitted {admitted:.3} L over the \
+         window (want 0.95–1.02 L): {figures}"
+    );
+}
+
+/// The measured window: `default_seconds`, or `WEIR_REAL_CLIENTS_SECONDS` (scripts/real-clients).
+fn window(default_seconds: u64) -> Duration {
+    let seconds = std::env::var("WEIR_REAL_CLIENTS_SECONDS")
+        .ok()
+        .and_then(|value| value.parse().ok())
+        .unwrap_or(default_seconds);
+    Duration::from_secs(seconds)
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Client {
+    Prometheus,
+    Vmagent,
+}
+
+impl Client {
+    /// The most samples one push carries: `max_samples_per_send` in prometheus.yml, or
+    /// vmagent's `-remoteWrite.maxRowsPerBlock`.
+    fn batch(self) -> u64 {
+        match self {
+            Client::Prometheus => 2_000,
+            Client::Vmagent => std::env::var("WEIR_REAL_CLIENTS_VMAGENT_ROWS")
+                .ok()
+                .and_then(|value| value.parse().ok())
+                .unwrap_or(10_000),
+        }
+    }
+
+    fn program(self) -> &'static str {
+        match self {
+            Client::Prometheus => "prometheus",
+            Client::Vmagent => "vmagent",
+        }
+    }
+}
+
+struct Scenario {
+    client: Client,
+    /// Series the target serves, one sample each per scrape (every second).
+    series: usize,
+    /// `ingestion_burst_size` in seconds of `LIMIT`.
+    burst_in_seconds: u64,
+    /// From weir's first admitted sample to the start of the window.
+    warm_up: Duration,
+    window: Duration,
+    /// Quiet the target after the window and give the client up to 10 s to catch up.
+    drain: bool,
+    /// The replicas run on 127.0.0.{first_ip, +1, +2}.
+    first_ip: u8,
+}
+
+/// The counters of one moment: weir's (summed over the fleet) and the client's.
+#[derive(Clone, Copy, Debug, Default)]
+struct Reading {
+    at: Option<Instant>,
+    /// Samples the client scraped (its own count: the target's series and the ones the
+    /// client adds per scrape, `up` and the like, and staleness markers).
+    scraped: f64,
+    admitted: f64,
+    pushes: f64,
+    refused: f64,
+    /// Prometheus only: newest scraped timestamp − highest sent timestamp, seconds.
+    client_lag: Option<f64>,
+}
+
+/// What a scenario measured.
+struct Figures {
+    client: Client,
+    series: usize,
+    burst_in_seconds: u64,
+    /// Scrapes the target served during the run, and the run's length.
+    target_scrapes: u64,
+    run: Duration,
+    window_start: Reading,
+    window_end: Reading,
+    /// After the drain, when there was one.
+    last: Reading,
+    /// The Retry-After of each 429, as nginx passed it on (`None`: the 429 had none).
+    retry_after: Vec<Option<u64>>,
+    /// Pushes nginx sent to a second replica after an error with the first (which may have
+    /// admitted it already).
+    nginx_resent: usize,
+    /// vmagent only: the waits before resending it logged.
+    client_retry_delays: Vec<String>,
+}
+
+impl Figures {
+    fn delivered(&self) -> f64 {
+        self.last.admitted / self.last.scraped.max(1.0)
+    }
+
+    fn refused(&self) -> f64 {
+        self.last.refused / self.last.pushes.max(1.0)
+    }
+
+    /// Backlog in seconds of scraping, at the end of the window.
+    fn backlog(&self) -> f64 {
+        let end = &self.window_end;
+        ((end.scraped - end.admitted) / self.series as f64).max(0.0)
+    }
+
+    /// The client's lag at the end of the window: its own for Prometheus, the backlog for
+    /// vmagent.
+    fn lag(&self) -> f64 {
+        self.window_end.client_lag.unwrap_or_else(|| self.backlog())
+    }
+
+    fn admitted_over_limit(&self) -> f64 {
+        let (start, end) = (&self.window_start, &self.window_end);
+        let seconds = end.at.unwrap().duration_since(start.at.unwrap());
+        (end.admitted - start.admitted) / seconds.as_secs_f64() / LIMIT
+    }
+
+    /// The target was scraped about once a second (a test of the set-up itself).
+    fn scrapes_ok(&self) -> bool {
+        self.target_scrapes as f64 >= 0.8 * self.run.as_secs_f64()
+    }
+}
+
+impl std::fmt::Display for Figures {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // "none×3,2×5": how many 429s said each Retry-After.
+        let mut retry_after = std::collections::BTreeMap::<Option<u64>, usize>::new();
+        for value in &self.retry_after {
+            *retry_after.entry(*value).or_default() += 1;
+        }
+        let retry_after: Vec<String> = retry_after
+            .iter()
+            .map(|(value, count)| match value {
+                Some(seconds) => format!("{seconds}s×{count}"),
+                None => format!("none×{count}"),
+            })
+            .collect();
+        let mut delays = self.client_retry_delays.clone();
+        delays.sort_by(|a, b| {
+            a.parse::<f64>()
+                .ok()
+                .partial_cmp(&b.parse::<f64>().ok())
+                .unwrap()
+        });
+        delays.dedup();
+        write!(
+            f,
+            "real-clients: client={} batch={} offered={:.2}L burst={}L window={:.0}s delivered={:.4} \
+             refused={:.4} lag={:.1}s backlog={:.1}s admitted_over_L={:.3} scraped={} \
+             admitted={} pushes={} refused_pushes={} target_scrapes={} run={:.0}s \
+             refusals_retry_after={} client_retry_delays={} nginx_resent={}",
+            self.client.program(),
+            self.client.batch(),
+            self.series as f64 / LIMIT,
+            self.burst_in_seconds,
+            self.window_end
+                .at
+                .unwrap()
+                .duration_since(self.window_start.at.unwrap())
+                .as_secs_f64(),
+            self.delivered(),
+            self.refused(),
+            self.lag(),
+            self.backlog(),
+            self.admitted_over_limit(),
+            self.last.scraped,
+            self.last.admitted,
+            self.last.pushes,
+            self.last.refused,
+            self.target_scrapes,
+            self.run.as_secs_f64(),
+            if retry_after.is_empty() {
+                "-".into()
+            } else {
+                retry_after.join(",")
+            },
+            if delays.is_empty() {
+                "-".into()
+            } else {
+                delays.join(",")
+            },
+            self.nginx_resent,
+        )
+    }
+}
+
+impl Scenario {
+    /// Runs the scenario; `None` when a program is missing outside CI.
+    async fn run(&self) -> Option<Figures> {
+        let client_program = require(self.client.program())?;
+        let nginx_program = require("nginx")?;
+        let started = Instant::now();
+        let dir = tempfile::tempdir().unwrap();
+        let _logs = DumpLogsOnFailure(dir.path().to_path_buf());
+
+        // Three replicas in one ring, on the default strategy, B = burst_in_seconds × L.
+        let overrides = dir.path().join("overrides.yaml");
+        std::fs::write(
+            &overrides,
+            format!(
+                "overrides:\n  {TENANT}:\n    ingestion_rate: {LIMIT}\n    \
+                 ingestion_burst_size: {}\n",
+                LIMIT as u64 * self.burst_in_seconds
+            ),
+        )
+        .unwrap();
+        let weir_flags = ["--runtime-config", overrides.to_str().unwrap()];
+        let gossip: Vec<SocketAddr> = (0..3)
+            .map(|i| free_gossip_addr([127, 0, 0, self.first_ip + i]))
+            .collect();
+        let cluster = format!("real-clients-{}", self.first_ip);
+        let join = gossip
+            .iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>()
+            .join(",");
+        let replicas: Vec<Replica> = gossip
+            .iter()
+            .map(|addr| {
+                spawn_joining(
+                    Command::new(weir_binary()),
+                    *addr,
+                    &join,
+                    &cluster,
+                    &weir_flags,
+                )
+            })
+            .collect();
+        until_healthy(
+            &replicas.iter().collect::<Vec<_>>(),
+            3,
+            Duration::from_secs(20),
+        )
+        .await;
+
+        let target = Target::serve(self.series).await;
+
+        let nginx_addr = free_tcp();
+        let nginx_dir = dir.path().join("nginx");
+        std::fs::create_dir_all(&nginx_dir).unwrap();
+        let nginx_config = config(
+            "nginx.conf",
+            &[
+                ("127.0.0.1:9009", nginx_addr.to_string()),
+                ("127.0.0.1:8081", replicas[0].http.to_string()),
+                ("127.0.0.1:8082", replicas[1].http.to_string()),
+                ("127.0.0.1:8083", replicas[2].http.to_string()),
+            ],
+        );
+        let nginx_config = if is_root() {
+            format!("user root;\n{nginx_config}")
+        } else {
+            nginx_config
+        };
+        std::fs::write(nginx_dir.join("nginx.conf"), nginx_config).unwrap();
+        let _nginx = Process::spawn(
+            Command::new(nginx_program)
+                .arg("-p")
+                .arg(&nginx_dir)
+                .arg("-c")
+                .arg(nginx_dir.join("nginx.conf")),
+            &dir.path().join("nginx.stderr"),
+        );
+
+        let push_url = format!("http://{nginx_addr}/api/v1/push");
+        let client_addr = free_tcp();
+        let _client = match self.client {
+            Client::Prometheus => {
+                let path = dir.path().join("prometheus.yml");
+                let text = config(
+                    "prometheus.yml",
+                    &[
+                        ("127.0.0.1:9100", target.addr.to_string()),
+                        ("127.0.0.1:9009", nginx_addr.to_string()),
+                    ],
+                );
+                let batch = format!("max_samples_per_send: {}", self.client.batch());
+                assert!(
+                    text.contains(&batch),
+                    "prometheus.yml no longer has {batch}"
+                );
+                std::fs::write(&path, text).unwrap();
+                Process::spawn(
+                    Command::new(client_program)
+                        .arg("--enable-feature=agent")
+                        .arg(format!("--config.file={}", path.display()))
+                        .arg(format!(
+                            "--storage.agent.path={}",
+                            dir.path().join("agent").display()
+                        ))
+                        .arg(format!("--web.listen-address={client_addr}")),
+                    &dir.path().join("client.log"),
+                )
+            }
+            Client::Vmagent => {
+                let path = dir.path().join("vmagent.yml");
+                let text = config(
+                    "vmagent.yml",
+                    &[("127.0.0.1:9100", target.addr.to_string())],
+                );
+                std::fs::write(&path, text).unwrap();
+                Process::spawn(
+                    Command::new(client_program)
+                        .arg(format!("-promscrape.config={}", path.display()))
+                        .arg(format!("-remoteWrite.url={push_url}"))
+                        .arg(format!("-remoteWrite.headers=X-Scope-OrgID:{TENANT}"))
+                        .arg(format!(
+                            "-remoteWrite.tmpDataPath={}",
+                            dir.path().join("vmagent-queue").display()
+                        ))
+                        .arg(format!("-httpListenAddr={client_addr}"))
+                        // No burst of staleness markers when the target goes quiet: the
+                        // drain carries only what the run scraped.
+                        .arg("-promscrape.noStaleMarkers")
+                        .arg(format!(
+                            "-remoteWrite.maxRowsPerBlock={}",
+                            self.client.batch()
+                        )),
+                    &dir.path().join("client.log"),
+                )
+            }
+        };
+        let client_base = format!("http://{client_addr}");
+
+        // The run starts with weir's first admitted sample (Prometheus first reads its fresh
+        // WAL, which takes a few seconds).
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let run_start = loop {
+            let reading = self.read(&client_base, &replicas).await;
+            if reading.admitted > 0.0 {
+                break reading;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "nothing admitted within 30 s of starting {}: {reading:?}",
+                self.client.program()
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        };
+        let scrapes_at_start = target.scrapes();
+        tokio::time::sleep(self.warm_up).await;
+        let window_start = self.read(&client_base, &replicas).await;
+        tokio::time::sleep(self.window).await;
+        let window_end = self.read(&client_base, &replicas).await;
+        let target_scrapes = target.scrapes() - scrapes_at_start;
+        let run = window_end.at.unwrap() - run_start.at.unwrap();
+
+        let last = if self.drain {
+            // Quiet: only what the client adds per scrape (and, once, staleness markers for
+            // the vanished series) is scraped from now on. Wait until the client has caught
+            // up, or 10 s.
+            target.quiet();
+            let deadline = Instant::now() + Duration::from_secs(10);
+            loop {
+                let reading = self.read(&client_base, &replicas).await;
+                // A few samples (`up` and the like) wait for the next batch.
+                if reading.admitted >= reading.scraped - 100.0 || Instant::now() > deadline {
+                    break reading;
+                }
+                tokio::time::sleep(Duration::from_millis(250)).await;
+            }
+        } else {
+            window_end
+        };
+
+        let figures = Figures {
+            client: self.client,
+            series: self.series,
+            burst_in_seconds: self.burst_in_seconds,
+            target_scrapes,
+            run,
+            window_start,
+            window_end,
+            last,
+            retry_after: retry_after_values(&nginx_dir.join("access.log")),
+            nginx_resent: resent_pushes(&nginx_dir.join("access.log")),
+            client_retry_delays: client_retry_delays(&dir.path().join("client.log")),
+        };
+        println!("{figures}");
+        eprintln!(
+            "{} took {:.0} s of wall time",
+            self.client.program(),
+            started.elapsed().as_secs_f64()
+        );
+        Some(figures)
+    }
+
+    async fn read(&self, client_base: &str, replicas: &[Replica]) -> Reading {
+        let tenant = [("user", TENANT)];
+        let mut reading = Reading::default();
+        for replica in replicas {
+            let page = metrics_page(&format!("http://{}", replica.http)).await;
+            reading.admitted += sum(&page, "weir_distributor_received_samples_total", &tenant);
+            reading.pushes += sum(&page, "weir_distributor_requests_in_total", &tenant);
+            reading.refused += sum(&page, "weir_discarded_requests_total", &tenant);
+        }
+        let page = metrics_page(client_base).await;
+        match self.client {
+            Client::Prometheus => {
+                reading.scraped = sum(&page, "prometheus_agent_samples_appended_total", &[]);
+                let newest = sum(
+                    &page,
+                    "prometheus_remote_storage_highest_timestamp_in_seconds",
+                    &[],
+                );
+                let sent = sum(
+                    &page,
+                    "prometheus_remote_storage_queue_highest_sent_timestamp_seconds",
+                    &[],
+                );
+                reading.client_lag = Some((newest - sent).max(0.0));
+            }
+            Client::Vmagent => {
+                reading.scraped = sum(
+                    &page,
+                    "vmagent_remotewrite_global_rows_pushed_before_relabel_total",
+                    &[],
+                );
+            }
+        }
+        reading.at = Some(Instant::now());
+        reading
+    }
+}
+
+/// The synthetic scrape target: `series` lines `synthetic{i="…"} 1`, or none once quiet.
+struct Target {
+    addr: SocketAddr,
+    state: Arc<TargetState>,
+    server: tokio::task::JoinHandle<()>,
+}
+
+struct TargetState {
+    body: Bytes,
+    quiet: AtomicBool,
+    scrapes: AtomicU64,
+}
+
+impl Target {
+    async fn serve(series: usize) -> Target {
+        let mut body = String::with_capacity(series * 24);
+        for i in 0..series {
+            body.push_str(&format!("synthetic{{i=\"{i}\"}} 1\n"));
+        }
+        let state = Arc::new(TargetState {
+            body: Bytes::from(body),
+            quiet: AtomicBool::new(false),
+            scrapes: AtomicU64::new(0),
+        });
+        let router = axum::Router::new()
+            .route("/metrics", axum::routing::get(scrape))
+            .with_state(state.clone());
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let server = tokio::spawn(async move {
+            axum::serve(listener, router).await.unwrap();
+        });
+        Target {
+            addr,
+            state,
+            server,
+        }
+    }
+
+    fn scrapes(&self) -> u64 {
+        self.state.scrapes.load(Ordering::Relaxed)
+    }
+
+    fn quiet(&self) {
+        self.state.quiet.store(true, Ordering::Relaxed);
+    }
+}
+
+impl Drop for Target {
+    fn drop(&mut self) {
+        self.server.abort();
+    }
+}
+
+async fn scrape(
+    State(state): State<Arc<TargetState>>,
+) -> ([(&'static str, &'static str); 1], Bytes) {
+    state.scrapes.fetch_add(1, Ordering::Relaxed);
+    let body = if state.quiet.load(Ordering::Relaxed) {
+        Bytes::new()
+    } else {
+        state.body.clone()
+    };
+    ([("content-type", "text/plain; version=0.0.4")], body)
+}
+
+/// A child process stopped when the test ends, however it ends: SIGTERM (nginx's master then
+/// stops its workers), SIGKILL if it lingers past 5 s (Prometheus may try to flush its queue).
+struct Process(Child);
+
+impl Process {
+    fn spawn(command: &mut Command, log: &Path) -> Process {
+        let log = std::fs::File::create(log).unwrap();
+        Process(command.stdout(Stdio::null()).stderr(log).spawn().unwrap())
+    }
+}
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        let _ = Command::new("kill")
+            .args(["-TERM", &self.0.id().to_string()])
+            .status();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.0.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Prints the programs' logs if the test fails, since they say why.
+struct DumpLogsOnFailure(PathBuf);
+
+impl Drop for DumpLogsOnFailure {
+    fn drop(&mut self) {
+        if !std::thread::panicking() {
+            return;
+        }
+        for name in ["client.log", "nginx.stderr", "nginx/error.log"] {
+            let text = std::fs::read_to_string(self.0.join(name)).unwrap_or_default();
+            let tail: Vec<&str> = text.lines().rev().take(10).collect();
+            eprintln!("--- {name} (last lines)");
+            for line in tail.iter().rev() {
+                eprintln!("{line}");
+            }
+        }
+    }
+}
+
+/// The weir under test: this build's, or `WEIR_BIN` (another build, for a before-and-after).
+fn weir_binary() -> PathBuf {
+    std::env::var_os("WEIR_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_weir")))
+}
+
+/// The program's path; a missing one fails the test under CI and skips it elsewhere.
+fn require(program: &str) -> Option<PathBuf> {
+    for dir in ["/usr/bin", "/usr/sbin", "/usr/local/bin", "/usr/local/sbin"] {
+        let path = Path::new(dir).join(program);
+        if path.exists() {
+            return Some(path);
+        }
+    }
+    let message = format!("`{program}` is not installed: run ./scripts/test, which installs it");
+    if std::env::var_os("CI").is_some() {
+        panic!("{message}");
+    }
+    eprintln!("skipped: {message}");
+    None
+}
+
+fn free_tcp() -> SocketAddr {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+}
+
+fn is_root() -> bool {
+    Command::new("id")
+        .arg("-u")
+        .output()
+        .map(|output| String::from_utf8_lossy(&output.stdout).trim() == "0")
+        .unwrap_or(false)
+}
+
+/// A config from `tests/real_clients/` with its example addresses replaced.
+fn config(name: &str, replacements: &[(&str, String)]) -> String {
+    let mut text = std::fs::read_to_string(Path::new(CONFIGS).join(name)).unwrap();
+    for (from, to) in replacements {
+        assert!(text.contains(from), "{name} no longer mentions {from}");
+        text = text.replace(from, to);
+    }
+    text
+}
+
+async fn metrics_page(base: &str) -> String {
+    let Ok(response) = reqwest::get(format!("{base}/metrics")).await else {
+        return String::new();
+    };
+    response.text().await.unwrap_or_default()
+}
+
+/// The sum of the series of family `name` that carry every label in `labels`.
+fn sum(page: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
+    page.lines()
+        .filter(|line| !line.starts_with('#'))
+        .filter_map(|line| {
+            let (series, value) = line.rsplit_once(' ')?;
+            let rest = series.strip_prefix(name)?;
+            let matches = (rest.is_empty() || rest.starts_with('{'))
+                && labels.iter().all(|(label, value)| {
+                    [
+                        format!("{{{label}=\"{value}\""),
+                        format!(",{label}=\"{value}\""),
+                        format!(" {label}=\"{value}\""),
+                    ]
+                    .iter()
+                    .any(|needle| rest.contains(needle.as_str()))
+                });
+            matches.then(|| value.parse::<f64>().ok()).flatten()
+        })
+        .sum()
+}
+
+/// The Retry-After of every 429 in nginx's access log
+/// (`<status> retry_after=<value, or "-"> upstreams=<addresses>`).
+fn retry_after_values(access_log: &Path) -> Vec<Option<u64>> {
+    std::fs::read_to_string(access_log)
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|line| line.strip_prefix("429 retry_after="))
+        .map(|rest| rest.split_whitespace().next()?.parse().ok())
+        .collect()
+}
+
+/// Pushes nginx tried on more than one replica (`upstreams=a, b`).
+fn resent_pushes(access_log: &Path) -> usize {
+    std::fs::read_to_string(access_log)
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|line| line.split_once("upstreams="))
+        .filter(|(_, upstreams)| upstreams.contains(','))
+        .count()
+}
+
+/// vmagent logs how long it waits before resending a refused block: "re-sending the block in
+/// 2.000 seconds".
+fn client_retry_delays(log: &Path) -> Vec<String> {
+    std::fs::read_to_string(log)
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|line| {
+            let rest = line.split_once("re-sending the block in ")?.1;
+            Some(rest.split_whitespace().next()?.to_string())
+        })
+        .collect()
+}
