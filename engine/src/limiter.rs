@@ -627,8 +627,13 @@ impl<H: TenantHooks, C: Clock + Clone> Limiter<H, C> {
         // change), and a stale rate must not hold tokens back.
         let reserve = if contended && unreported < CONTENTION_MEMORY {
             let peer_rate = f64::from_bits(usage.peer_rate.load(Ordering::Relaxed));
-            // Never so much that nothing could pass.
-            (peer_rate * unreported as f64 / 1e9).min(fleet.rate().burst as f64 / 2.0)
+            // Never so much that this request could not pass even from a full bucket: a
+            // request near the burst (vmagent's blocks of 10 000 rows against B = 10 000)
+            // would otherwise wait for a level above the burst, which never comes.
+            let burst = fleet.rate().burst;
+            (peer_rate * unreported as f64 / 1e9)
+                .min(burst as f64 / 2.0)
+                .min(burst.saturating_sub(cost) as f64)
         } else {
             0.0
         };

@@ -244,6 +244,26 @@ fn peer_admissions_are_charged_and_the_view_waits_out_the_debt() {
     assert_eq!(limiter.tenant_views()[0].fleet_level.1, Some(0.0));
 }
 
+/// While a tenant is contended, the view leaves what the peers have likely spent unreported;
+/// never so much that a request as large as the burst could not pass from a full bucket
+/// (vmagent sends blocks of 10 000 rows, as large as a burst of 10 000).
+#[test]
+fn a_request_of_the_whole_burst_passes_from_a_full_bucket_while_contended() {
+    let (limiter, clock) = limiter(WEIGHTED);
+    limiter.set_healthy_replicas(3);
+    limiter.apply_peer_usage(peers("w", 0, None), Duration::ZERO);
+    assert_eq!(check(&limiter, "w", 1), Ok(()));
+    clock.advance(Duration::from_millis(500));
+    // The peers spend 50 in half a second: a rate of about 100/s.
+    limiter.apply_peer_usage(peers("w", 50, None), Duration::ZERO);
+    assert!(check(&limiter, "w", 100).is_err(), "50 left: contended now");
+    clock.advance(Duration::from_millis(600)); // full again
+    limiter.apply_peer_usage(peers("w", 50, None), Duration::ZERO);
+    clock.advance(Duration::from_millis(100));
+    assert_eq!(limiter.tenant_views()[0].fleet_level.1, Some(100.0), "full");
+    assert_eq!(check(&limiter, "w", 100), Ok(()));
+}
+
 #[test]
 fn a_backdated_report_counts_the_refill_since() {
     let (limiter, clock) = limiter(WEIGHTED);
