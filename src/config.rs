@@ -344,7 +344,8 @@ pub struct Config {
 
     /// A push whose tenant limit would let it pass within this long is held until then and
     /// admitted, instead of refused (as nginx's limit_req with `delay`); 0 refuses at once.
-    #[arg(help_heading = LIMITS, long, env = "WEIR_MAX_ADMISSION_DELAY", default_value = "1s", value_parser = humantime::parse_duration)]
+    /// Keep it well under the senders' timeouts (Prometheus 30s, vmagent 1m).
+    #[arg(help_heading = LIMITS, long, env = "WEIR_MAX_ADMISSION_DELAY", default_value = "3s", value_parser = humantime::parse_duration)]
     pub max_admission_delay: Duration,
 
     /// `--retry-after backoff`: smallest Retry-After (≥ 1s).

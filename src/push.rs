@@ -249,13 +249,12 @@ async fn admit(
     Ok(written)
 }
 
-/// Takes `cost` tokens of the tenant's `kind` limit. A push refused for a wait it could
-/// finish within `--max-admission-delay` (counted from the first check) is held: it sleeps
-/// the wait and is checked again, as often as that stays true. So a sender just over the
-/// limit for a moment gets a late answer instead of a refusal, and a refusal always means a
-/// wait of more than the delay, which its `Retry-After` states. Checks, not reservations:
-/// held pushes that wake together compete for the refill, and the limit holds however they
-/// are ordered.
+/// Takes `cost` tokens of the tenant's `kind` limit. A push that would pass within
+/// `--max-admission-delay` is held until then instead of refused. Under `weighted` its
+/// tokens are reserved at once (the fleet view queues reservations in order of arrival, at
+/// most the delay's refill ahead), and it waits for them; under the other strategies it
+/// sleeps the wait and is checked again, as often as the wait still ends within the delay.
+/// So a refusal always means a wait longer than the delay, which its `Retry-After` states.
 async fn admit_held(
     state: &AppState,
     tenant: &engine::Tenant<<crate::metrics::TenantSeries as engine::TenantHooks>::Data>,
@@ -266,9 +265,13 @@ async fn admit_held(
     let started = tokio::time::Instant::now();
     let mut held = false;
     loop {
-        let result = state.limiter.admit(tenant, kind, cost).await;
-        let rejection = match result {
-            Ok(()) => {
+        let left = max.saturating_sub(started.elapsed());
+        let rejection = match state.limiter.admit_within(tenant, kind, cost, left).await {
+            Ok(wait) => {
+                if !wait.is_zero() {
+                    held = true;
+                    tokio::time::sleep(wait).await;
+                }
                 if held {
                     state
                         .metrics

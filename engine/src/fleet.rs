@@ -75,8 +75,26 @@ impl FleetBucket {
     /// Takes `cost` tokens if the bucket holds them at `now` with `reserve` tokens to spare
     /// (what the peers have likely spent but not reported yet).
     pub fn check_leaving(&self, cost: u64, reserve: f64, now: u64) -> Outcome {
+        match self.reserve_within(cost, reserve, 0, now) {
+            Ok(_) => Outcome::Allowed,
+            Err(outcome) => outcome,
+        }
+    }
+
+    /// As [`FleetBucket::check_leaving`], and also takes `cost` tokens that will be there
+    /// within `max_delay` nanoseconds: a reservation. Returns how long the caller must wait
+    /// before the tokens it took are there (zero if they are now); refuses, with the wait,
+    /// what would take longer. Reservations queue in order of arrival, and the bucket is
+    /// never promised more than `max_delay` of refill ahead.
+    pub fn reserve_within(
+        &self,
+        cost: u64,
+        reserve: f64,
+        max_delay: u64,
+        now: u64,
+    ) -> Result<Duration, Outcome> {
         if cost > self.rate.burst {
-            return Outcome::TooLarge;
+            return Err(Outcome::TooLarge);
         }
         let tolerance = (self.rate.burst as f64 - reserve.max(0.0)) * self.period;
         let charge = nanos(cost as f64 * self.period);
@@ -84,13 +102,13 @@ impl FleetBucket {
         loop {
             let next = full_at.max(now).saturating_add(charge);
             let ahead = (next - now) as f64;
-            if ahead > tolerance + 0.5 {
+            if ahead > tolerance + max_delay as f64 + 0.5 {
                 let level =
                     self.rate.burst as f64 - full_at.saturating_sub(now) as f64 / self.period;
-                return Outcome::Denied {
+                return Err(Outcome::Denied {
                     wait: Duration::from_nanos(nanos(ahead - tolerance)),
                     available: level.max(0.0).floor() as u64,
-                };
+                });
             }
             match self.full_at.compare_exchange_weak(
                 full_at,
@@ -98,7 +116,7 @@ impl FleetBucket {
                 Ordering::AcqRel,
                 Ordering::Acquire,
             ) {
-                Ok(_) => return Outcome::Allowed,
+                Ok(_) => return Ok(Duration::from_nanos(nanos(ahead - tolerance))),
                 Err(current) => full_at = current,
             }
         }

@@ -452,6 +452,21 @@ impl<H: TenantHooks, C: Clock + Clone> Limiter<H, C> {
         kind: LimitKind,
         cost: u64,
     ) -> Result<(), Rejection> {
+        self.check_within(tenant, kind, cost, Duration::ZERO)
+            .map(|_| ())
+    }
+
+    /// As [`Limiter::check`], and under `weighted` also takes tokens that will be there
+    /// within `max_delay`: a reservation, which the caller honours by waiting the returned
+    /// delay before it proceeds. Other strategies answer at once (a zero delay).
+    pub fn check_within(
+        &self,
+        tenant: &Tenant<H::Data, C>,
+        kind: LimitKind,
+        cost: u64,
+        max_delay: Duration,
+    ) -> Result<Duration, Rejection> {
+        let max_delay = max_delay.as_nanos().min(u64::MAX as u128) as u64;
         let state = self.current(tenant);
         let rejection = rejection_for(&state, kind, cost);
         let local = match kind {
@@ -459,23 +474,30 @@ impl<H: TenantHooks, C: Clock + Clone> Limiter<H, C> {
             LimitKind::Ingestion => state.local.ingestion,
         };
         let outcome = match &state.buckets[kind.index()] {
-            KindBucket::None if local == LocalLimit::Unlimited => return Ok(()),
+            KindBucket::None if local == LocalLimit::Unlimited => return Ok(Duration::ZERO),
             KindBucket::None => return Err(rejection(RejectionCause::Blocked, 0)),
             KindBucket::Divided(bucket) => bucket.check(cost),
-            KindBucket::Fleet(fleet) => self.check_fleet(tenant, kind, fleet, cost),
+            KindBucket::Fleet(fleet) => {
+                return self
+                    .check_fleet(tenant, kind, fleet, cost, max_delay)
+                    .or_else(|outcome| {
+                        outcome_to_result(outcome, &rejection).map(|_| Duration::ZERO)
+                    })
+            }
             // The synchronous path cannot wait on the store: it decides as the failure
             // policy would. The push path and the admission API use [`Limiter::admit`].
             KindBucket::Shared(fleet) => {
                 return on_store_failure(
                     state.limits.on_store_failure,
                     None,
-                    || outcome_to_result(self.check_fleet(tenant, kind, fleet, cost), &rejection),
+                    || self.fleet_now(tenant, kind, fleet, cost, &rejection),
                     || Err(rejection(RejectionCause::StoreUnavailable, 0)),
                     Result::is_ok,
                 )
+                .map(|_| Duration::ZERO)
             }
         };
-        outcome_to_result(outcome, rejection)
+        outcome_to_result(outcome, rejection).map(|_| Duration::ZERO)
     }
 
     /// Takes `cost` tokens of the tenant's `kind` limit, or says why not: like
@@ -487,10 +509,24 @@ impl<H: TenantHooks, C: Clock + Clone> Limiter<H, C> {
         kind: LimitKind,
         cost: u64,
     ) -> Result<(), Rejection> {
+        self.admit_within(tenant, kind, cost, Duration::ZERO)
+            .await
+            .map(|_| ())
+    }
+
+    /// As [`Limiter::admit`], with [`Limiter::check_within`]'s reservations under `weighted`:
+    /// returns how long the caller must wait before it proceeds.
+    pub async fn admit_within(
+        &self,
+        tenant: &Tenant<H::Data, C>,
+        kind: LimitKind,
+        cost: u64,
+        max_delay: Duration,
+    ) -> Result<Duration, Rejection> {
         let state = self.current(tenant);
         if !matches!(state.buckets[kind.index()], KindBucket::Shared(_)) {
             drop(state);
-            return self.check(tenant, kind, cost);
+            return self.check_within(tenant, kind, cost, max_delay);
         }
         // Owned: the state is held across the store call.
         let state = Guard::into_inner(state);
@@ -523,16 +559,19 @@ impl<H: TenantHooks, C: Clock + Clone> Limiter<H, C> {
                 // Kept current for the day the store fails, and for the peers' views.
                 fleet.charge(cost, self.now());
                 usage.admitted.fetch_add(cost, Ordering::Relaxed);
-                Ok(())
+                Ok(Duration::ZERO)
             }
-            SharedOutcome::Refused(outcome) => outcome_to_result(outcome, rejection),
+            SharedOutcome::Refused(outcome) => {
+                outcome_to_result(outcome, rejection).map(|_| Duration::ZERO)
+            }
             SharedOutcome::StoreFailed => on_store_failure(
                 policy,
                 self.core.shared().map(|shared| &**shared),
-                || outcome_to_result(self.check_fleet(tenant, kind, fleet, cost), &rejection),
+                || self.fleet_now(tenant, kind, fleet, cost, &rejection),
                 || Err(rejection(RejectionCause::StoreUnavailable, 0)),
                 Result::is_ok,
-            ),
+            )
+            .map(|_| Duration::ZERO),
         }
     }
 
@@ -576,42 +615,68 @@ impl<H: TenantHooks, C: Clock + Clone> Limiter<H, C> {
         }
     }
 
+    /// The fleet view decides at once (no reservation ahead): `shared`'s open fallback.
+    fn fleet_now(
+        &self,
+        tenant: &Tenant<H::Data, C>,
+        kind: LimitKind,
+        fleet: &FleetBucket,
+        cost: u64,
+        rejection: &impl Fn(RejectionCause, u64) -> Rejection,
+    ) -> Result<(), Rejection> {
+        match self.check_fleet(tenant, kind, fleet, cost, 0) {
+            Ok(_) => Ok(()),
+            Err(outcome) => outcome_to_result(outcome, rejection),
+        }
+    }
+
     /// `weighted`: the fleet view decides; while the tenant settles, its even share too.
+    /// Tokens that will be there within `max_delay` nanoseconds are reserved: the answer is
+    /// how long to wait for them.
     fn check_fleet(
         &self,
         tenant: &Tenant<H::Data, C>,
         kind: LimitKind,
         fleet: &FleetBucket,
         cost: u64,
-    ) -> Outcome {
+        max_delay: u64,
+    ) -> Result<Duration, Outcome> {
         let now = self.now();
         let usage = &tenant.usage[kind.index()];
         let settling = now < tenant.settling_until;
+        let mut settling_wait = Duration::ZERO;
         if settling {
             let rate = fleet.rate();
             let healthy = self.core.healthy_replicas();
             let elapsed = Duration::from_nanos(now - tenant.settling_from);
             let budget = settling_budget(rate, healthy, elapsed);
+            // What the share will have grown to when the wait allowed is over.
+            let ahead = settling_budget(rate, healthy, elapsed + Duration::from_nanos(max_delay));
             let reserved =
                 usage
                     .settling_spent
                     .fetch_update(Ordering::AcqRel, Ordering::Acquire, |spent| {
                         // One request always fits, so a share smaller than a request never
                         // refuses it outright.
-                        (spent == 0 || (spent + cost) as f64 <= budget).then_some(spent + cost)
+                        (spent == 0 || (spent + cost) as f64 <= ahead).then_some(spent + cost)
                     });
-            if let Err(spent) = reserved {
-                if cost > rate.burst {
-                    return Outcome::TooLarge;
-                }
+            let share_wait = |spent: u64| {
                 let missing = (spent + cost) as f64 - budget;
                 let wait = missing * healthy.max(1) as f64 / rate.per_second;
-                // The fleet view may need longer than the share: the answer is the later.
-                let wait = Duration::from_secs_f64(wait.clamp(0.0, 1e9)).max(fleet.wait(cost, now));
-                return Outcome::Denied {
-                    wait,
-                    available: (budget - spent as f64).max(0.0) as u64,
-                };
+                Duration::from_secs_f64(wait.clamp(0.0, 1e9))
+            };
+            match reserved {
+                Ok(spent) => settling_wait = share_wait(spent),
+                Err(spent) => {
+                    if cost > rate.burst {
+                        return Err(Outcome::TooLarge);
+                    }
+                    // The fleet view may need longer than the share: the answer is the later.
+                    return Err(Outcome::Denied {
+                        wait: share_wait(spent).max(fleet.wait(cost, now)),
+                        available: (budget - spent as f64).max(0.0) as u64,
+                    });
+                }
             }
         }
         // While the tenant is contended here (refused within the last second), leave in the
@@ -637,19 +702,24 @@ impl<H: TenantHooks, C: Clock + Clone> Limiter<H, C> {
         } else {
             0.0
         };
-        let outcome = fleet.check_leaving(cost, reserve, now);
-        match outcome {
-            Outcome::Allowed => {
+        let remaining = max_delay.saturating_sub(settling_wait.as_nanos() as u64);
+        match fleet.reserve_within(cost, reserve, remaining, now) {
+            Ok(wait) => {
                 usage.admitted.fetch_add(cost, Ordering::Relaxed);
+                if !wait.is_zero() {
+                    // Waiting for the refill: others are after it too.
+                    usage.refused_at.store(now + 1, Ordering::Relaxed);
+                }
+                Ok(wait.max(settling_wait))
             }
-            Outcome::Denied { .. } | Outcome::TooLarge => {
+            Err(outcome) => {
                 usage.refused_at.store(now + 1, Ordering::Relaxed);
                 if settling {
                     usage.settling_spent.fetch_sub(cost, Ordering::AcqRel);
                 }
+                Err(outcome)
             }
         }
-        outcome
     }
 
     /// The tenant's buckets for the current inputs, rebuilt first if the inputs moved on
