@@ -32,7 +32,7 @@ use crate::core::Core;
 use crate::maths::slot_share;
 use crate::shared::{self, Lease, SharedOutcome, SharedRequest};
 use crate::store::{KeyName, StoredMeter};
-use crate::strategy::on_store_failure;
+use crate::strategy::{on_store_failure, Kept};
 use crate::types::{LimitKind, Outcome, Rate};
 
 /// Why an admission call cannot be answered with a decision. Each maps to a gRPC status.
@@ -156,10 +156,10 @@ struct EntryState {
     spec: LimitSpec,
     /// Where `spec` came from; a client's spec is never reused without the client sending it.
     source: LimitSource,
-    strategy: RateLimitStrategy,
     healthy: usize,
     policy: runtime_config::StoreFailurePolicy,
-    meter: Meter,
+    /// The key's meter under the tenant's strategy.
+    meter: Kept<Meter, Meter>,
     /// The limiter's inputs (config, healthy count) this state was checked against: while
     /// they are unchanged, a decision skips resolving the limit.
     generation: AtomicU64,
@@ -279,13 +279,7 @@ impl<'a, C: Clock + Clone> Keys<'a, C> {
         if spec.rate == 0.0 {
             // Only an in-flight cap: every rate question passes.
             return Ok(Allowed {
-                decision: Decision {
-                    allowed: true,
-                    remaining: u64::MAX,
-                    retry_after: Duration::ZERO,
-                    reset_after: Duration::ZERO,
-                    delay: Duration::ZERO,
-                },
+                decision: unmetered(),
                 limit: spec,
                 source,
             });
@@ -305,16 +299,16 @@ impl<'a, C: Clock + Clone> Keys<'a, C> {
             ))
         };
         let now = self.now_nanos();
-        let decision = match state.strategy {
-            RateLimitStrategy::Shared => self
+        let decision = match &state.meter {
+            Kept::Shared(_) => self
                 .allow_shared(entry, state, cost, now)
                 .await?
                 .ok_or_else(too_large)?,
-            RateLimitStrategy::Weighted => state
-                .meter
+            Kept::Weighted(meter) => meter
                 .check_reserving(cost, now, self.unreported(entry, now))
                 .map_err(|_| too_large())?,
-            RateLimitStrategy::Divided => state.meter.check(cost, now).map_err(|_| too_large())?,
+            Kept::Divided(meter) => meter.check(cost, now).map_err(|_| too_large())?,
+            Kept::None => unmetered(),
         };
         if decision.allowed {
             entry.admitted.fetch_add(cost, Ordering::Relaxed);
@@ -424,11 +418,11 @@ impl<'a, C: Clock + Clone> Keys<'a, C> {
         on_store_failure(
             state.policy,
             self.shared().map(|shared| &**shared),
-            || {
-                state
-                    .meter
+            || match state.meter.meter() {
+                Some(meter) => meter
                     .check(cost, now)
-                    .map_err(|_| AdmissionError::BadCost(format!("cost {cost} is too large")))
+                    .map_err(|_| AdmissionError::BadCost(format!("cost {cost} is too large"))),
+                None => Ok(unmetered()),
             },
             || Err(AdmissionError::StoreUnavailable),
             |result| matches!(result, Ok(Decision { allowed: true, .. })),
@@ -489,7 +483,7 @@ impl<'a, C: Clock + Clone> Keys<'a, C> {
         let ttl = ttl.clamp(Duration::from_millis(1), Duration::from_secs(24 * 3600));
         let id: u128 = rand_id();
         let name: Arc<str> = entry_name(&entry.tenant, &entry.key).into();
-        if state.strategy == RateLimitStrategy::Shared {
+        if state.meter.is_shared() {
             let lease = format!("S{id:032x}/{name}");
             let store_key = KeyName {
                 tenant: &entry.tenant,
@@ -785,10 +779,9 @@ impl<'a, C: Clock + Clone> Keys<'a, C> {
                 state: ArcSwap::from_pointee(EntryState {
                     spec,
                     source,
-                    strategy,
                     healthy,
                     policy: limits.on_store_failure,
-                    meter: Meter::new(&spec, share(strategy, healthy), now),
+                    meter: Kept::of(strategy, Meter::new(&spec, share(strategy, healthy), now)),
                     generation: AtomicU64::new(generation),
                 }),
                 admitted: AtomicU64::new(0),
@@ -808,17 +801,22 @@ impl<'a, C: Clock + Clone> Keys<'a, C> {
         let mut state = entry.state.load_full();
         if state.spec != spec
             || state.source != source
-            || state.strategy != strategy
+            || state.meter.strategy() != Some(strategy)
             || state.healthy != healthy
             || state.policy != limits.on_store_failure
         {
             let next = Arc::new(EntryState {
                 spec,
                 source,
-                strategy,
                 healthy,
                 policy: limits.on_store_failure,
-                meter: carry(&state.meter, &spec, share(strategy, healthy), now),
+                meter: Kept::of(
+                    strategy,
+                    match state.meter.meter() {
+                        Some(old) => carry(old, &spec, share(strategy, healthy), now),
+                        None => Meter::new(&spec, share(strategy, healthy), now),
+                    },
+                ),
                 generation: AtomicU64::new(generation),
             });
             entry.state.store(Arc::clone(&next));
@@ -848,8 +846,8 @@ impl<'a, C: Clock + Clone> Keys<'a, C> {
         let spent = admitted.saturating_sub(applied);
         if spent > 0 {
             let state = entry.state.load();
-            if state.strategy == RateLimitStrategy::Weighted {
-                state.meter.charge(spent, at, now);
+            if let Kept::Weighted(meter) = &state.meter {
+                meter.charge(spent, at, now);
             }
         }
         // The peers' admission rate, smoothed over about a second, for the sliding window's
@@ -915,6 +913,17 @@ impl<'a, C: Clock + Clone> Keys<'a, C> {
                 <= idle.as_nanos() as u64;
             used || entry.in_flight.load(Ordering::Relaxed) > 0
         });
+    }
+}
+
+/// The answer where nothing meters the rate: allowed, with no end to what remains.
+fn unmetered() -> Decision {
+    Decision {
+        allowed: true,
+        remaining: u64::MAX,
+        retry_after: Duration::ZERO,
+        reset_after: Duration::ZERO,
+        delay: Duration::ZERO,
     }
 }
 

@@ -28,7 +28,7 @@ use crate::fleet::FleetBucket;
 use crate::maths::{local_limits, settling_budget, shard_rate, LocalLimit, LocalLimits};
 use crate::shared::{self, Lease, Shared, SharedOutcome, SharedRequest};
 use crate::store::BucketKey;
-use crate::strategy::on_store_failure;
+use crate::strategy::{on_store_failure, Kept};
 use crate::types::{LimitKind, Outcome, Rate, Rejection, RejectionCause};
 
 /// Seconds over which the peers' admission rate is smoothed.
@@ -154,24 +154,9 @@ struct TenantState<C: Clock> {
     buckets: [KindBucket<C>; 2],
 }
 
-enum KindBucket<C: Clock> {
-    None,
-    Divided(Bucket<C>),
-    Fleet(FleetBucket),
-    /// `shared`: the lease decides; the fleet view is kept current (own admissions, peers'
-    /// over gossip) for `on_store_failure: open`.
-    Shared(FleetBucket),
-}
-
-impl<C: Clock> KindBucket<C> {
-    /// The fleet view, under `weighted` and `shared`.
-    fn fleet(&self) -> Option<&FleetBucket> {
-        match self {
-            KindBucket::Fleet(fleet) | KindBucket::Shared(fleet) => Some(fleet),
-            KindBucket::None | KindBucket::Divided(_) => None,
-        }
-    }
-}
+/// A push limit under its tenant's strategy: a governor bucket (`divided`) or a view of the
+/// fleet-wide bucket (`weighted`, `shared`).
+type KindBucket<C> = Kept<Bucket<C>, FleetBucket>;
 
 /// A tenant's limits as this replica enforces them, for status pages.
 #[derive(Debug, Clone, PartialEq)]
@@ -394,8 +379,8 @@ impl<H: TenantHooks, C: Clock + Clone> Limiter<H, C> {
         let reported = peers.get(name).copied();
         let since_report = now.saturating_sub(self.peers_at.load(Ordering::Acquire));
         let fresh = |kind: LimitKind, limit: LocalLimit| match limit {
-            LocalLimit::Unlimited | LocalLimit::Deny => KindBucket::None,
-            LocalLimit::Divided(rate) => KindBucket::Divided(Bucket::new(rate, self.core.clock())),
+            LocalLimit::Unlimited | LocalLimit::Deny => Kept::None,
+            LocalLimit::Divided(rate) => Kept::Divided(Bucket::new(rate, self.core.clock())),
             LocalLimit::Fleet(rate) | LocalLimit::Shared(rate) => {
                 let level = reported
                     .and_then(|totals| totals.level(kind))
@@ -404,8 +389,8 @@ impl<H: TenantHooks, C: Clock + Clone> Limiter<H, C> {
                     });
                 let view = FleetBucket::with_level(rate, level, now);
                 match limit {
-                    LocalLimit::Shared(_) => KindBucket::Shared(view),
-                    _ => KindBucket::Fleet(view),
+                    LocalLimit::Shared(_) => Kept::Shared(view),
+                    _ => Kept::Weighted(view),
                 }
             }
         };
@@ -474,10 +459,10 @@ impl<H: TenantHooks, C: Clock + Clone> Limiter<H, C> {
             LimitKind::Ingestion => state.local.ingestion,
         };
         let outcome = match &state.buckets[kind.index()] {
-            KindBucket::None if local == LocalLimit::Unlimited => return Ok(Duration::ZERO),
-            KindBucket::None => return Err(rejection(RejectionCause::Blocked, 0)),
-            KindBucket::Divided(bucket) => bucket.check(cost),
-            KindBucket::Fleet(fleet) => {
+            Kept::None if local == LocalLimit::Unlimited => return Ok(Duration::ZERO),
+            Kept::None => return Err(rejection(RejectionCause::Blocked, 0)),
+            Kept::Divided(bucket) => bucket.check(cost),
+            Kept::Weighted(fleet) => {
                 return self
                     .check_fleet(tenant, kind, fleet, cost, max_delay)
                     .or_else(|outcome| {
@@ -486,7 +471,7 @@ impl<H: TenantHooks, C: Clock + Clone> Limiter<H, C> {
             }
             // The synchronous path cannot wait on the store: it decides as the failure
             // policy would. The push path and the admission API use [`Limiter::admit`].
-            KindBucket::Shared(fleet) => {
+            Kept::Shared(fleet) => {
                 return on_store_failure(
                     state.limits.on_store_failure,
                     None,
@@ -524,13 +509,13 @@ impl<H: TenantHooks, C: Clock + Clone> Limiter<H, C> {
         max_delay: Duration,
     ) -> Result<Duration, Rejection> {
         let state = self.current(tenant);
-        if !matches!(state.buckets[kind.index()], KindBucket::Shared(_)) {
+        if !matches!(state.buckets[kind.index()], Kept::Shared(_)) {
             drop(state);
             return self.check_within(tenant, kind, cost, max_delay);
         }
         // Owned: the state is held across the store call.
         let state = Guard::into_inner(state);
-        let KindBucket::Shared(fleet) = &state.buckets[kind.index()] else {
+        let Kept::Shared(fleet) = &state.buckets[kind.index()] else {
             unreachable!("checked above")
         };
         let rejection = rejection_for(&state, kind, cost);
@@ -594,8 +579,8 @@ impl<H: TenantHooks, C: Clock + Clone> Limiter<H, C> {
                 let Some(lease) = tenant.leases[kind.index()].get() else {
                     continue;
                 };
-                let still_shared = matches!(state.buckets[kind.index()], KindBucket::Shared(_));
-                let Some(rate) = state.buckets[kind.index()].fleet().map(FleetBucket::rate) else {
+                let still_shared = matches!(state.buckets[kind.index()], Kept::Shared(_));
+                let Some(rate) = state.buckets[kind.index()].view().map(FleetBucket::rate) else {
                     // No longer a bucket with a shape to return into: the tokens lapse.
                     lease.surplus(&shared.config, true, self.now());
                     continue;
@@ -752,28 +737,22 @@ impl<H: TenantHooks, C: Clock + Clone> Limiter<H, C> {
         let now = self.now();
         let carry = |old: &KindBucket<C>, limit: LocalLimit| {
             let view = |rate: Rate| match old {
-                KindBucket::None => FleetBucket::full(rate, now),
-                KindBucket::Divided(old) => {
-                    FleetBucket::with_level(rate, old.drain_available(), now)
-                }
-                KindBucket::Fleet(old) | KindBucket::Shared(old) => old.reshaped(rate, now),
+                Kept::None => FleetBucket::full(rate, now),
+                Kept::Divided(old) => FleetBucket::with_level(rate, old.drain_available(), now),
+                Kept::Weighted(old) | Kept::Shared(old) => old.reshaped(rate, now),
             };
             match (old, limit) {
-                (_, LocalLimit::Unlimited | LocalLimit::Deny) => KindBucket::None,
-                (_, LocalLimit::Fleet(rate)) => KindBucket::Fleet(view(rate)),
-                (_, LocalLimit::Shared(rate)) => KindBucket::Shared(view(rate)),
-                (KindBucket::None, LocalLimit::Divided(rate)) => {
-                    KindBucket::Divided(Bucket::new(rate, self.core.clock()))
+                (_, LocalLimit::Unlimited | LocalLimit::Deny) => Kept::None,
+                (_, LocalLimit::Fleet(rate)) => Kept::Weighted(view(rate)),
+                (_, LocalLimit::Shared(rate)) => Kept::Shared(view(rate)),
+                (Kept::None, LocalLimit::Divided(rate)) => {
+                    Kept::Divided(Bucket::new(rate, self.core.clock()))
                 }
-                (KindBucket::Divided(old), LocalLimit::Divided(rate)) => {
-                    KindBucket::Divided(old.carry_over(rate))
+                (Kept::Divided(old), LocalLimit::Divided(rate)) => {
+                    Kept::Divided(old.carry_over(rate))
                 }
-                (KindBucket::Fleet(old) | KindBucket::Shared(old), LocalLimit::Divided(rate)) => {
-                    KindBucket::Divided(Bucket::with_tokens(
-                        rate,
-                        old.level(now),
-                        self.core.clock(),
-                    ))
+                (Kept::Weighted(old) | Kept::Shared(old), LocalLimit::Divided(rate)) => {
+                    Kept::Divided(Bucket::with_tokens(rate, old.level(now), self.core.clock()))
                 }
             }
         };
@@ -844,7 +823,7 @@ impl<H: TenantHooks, C: Clock + Clone> Limiter<H, C> {
                 let kind_usage = &tenant.usage[kind.index()];
                 let applied = kind_usage.peers_applied.fetch_max(total, Ordering::AcqRel);
                 let spent = total.saturating_sub(applied);
-                if let (true, Some(fleet)) = (spent > 0, state.buckets[kind.index()].fleet()) {
+                if let (true, Some(fleet)) = (spent > 0, state.buckets[kind.index()].view()) {
                     fleet.charge(spent, at);
                 }
                 let rate = f64::from_bits(kind_usage.peer_rate.load(Ordering::Relaxed));
@@ -882,7 +861,7 @@ impl<H: TenantHooks, C: Clock + Clone> Limiter<H, C> {
                 let unpublished = (requests - request.published.load(Ordering::Relaxed))
                     + (items - ingestion.published.load(Ordering::Relaxed));
                 let level = |bucket: &KindBucket<C>| {
-                    let fleet = bucket.fleet()?;
+                    let fleet = bucket.view()?;
                     Some(fleet.level(now)).filter(|level| *level < fleet.rate().burst as f64)
                 };
                 Some((
@@ -959,7 +938,7 @@ impl<H: TenantHooks, C: Clock + Clone> Limiter<H, C> {
             let refill = Duration::from_secs_f64(state.local.refill_seconds().min(1e9));
             // A fleet view in debt (peers spent more) is not full whatever the idle time, and
             // leased tokens go back to the store before the tenant goes.
-            let full = state.buckets.iter().all(|bucket| match bucket.fleet() {
+            let full = state.buckets.iter().all(|bucket| match bucket.view() {
                 Some(fleet) => fleet.level(now) >= fleet.rate().burst as f64,
                 None => true,
             }) && tenant
@@ -988,7 +967,7 @@ impl<H: TenantHooks, C: Clock + Clone> Limiter<H, C> {
             .iter()
             .map(|(name, tenant)| {
                 let state = tenant.state.load();
-                let level = |bucket: &KindBucket<C>| bucket.fleet().map(|fleet| fleet.level(now));
+                let level = |bucket: &KindBucket<C>| bucket.view().map(|fleet| fleet.level(now));
                 let totals = peers.get(name.as_ref()).copied().unwrap_or_default();
                 TenantView {
                     tenant: name.to_string(),
