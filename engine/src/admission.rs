@@ -14,6 +14,11 @@
 //! Keys are percent-encoded into entry names, `tenant/key`, so they travel safely in gossip
 //! and store keys (tenant IDs hold no `/`: every door and the overrides file refuse one).
 //!
+//! Why one file of about nine hundred lines: it is the admission front-end, one map of
+//! entries and what is done to them (decide under each algorithm and strategy, take and give
+//! back in-flight slots, gossip, evict), over the same per-entry atomics; the meters are in
+//! `algorithms`, the leases in `shared`, the failure policy in `strategy`.
+//!
 //! This front-end keeps its own entries and reads the clock, the inputs in force and the
 //! store through [`crate::core::Core`]; it imports nothing of the push front-end.
 

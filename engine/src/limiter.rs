@@ -10,6 +10,14 @@
 //! Under `weighted`, a tenant's buckets are views of fleet-wide buckets ([`crate::fleet`]):
 //! this replica's admissions are counted for gossip ([`Limiter::usage_reports`]), and the
 //! peers' counts are charged as they arrive ([`Limiter::apply_peer_usage`]).
+//!
+//! Why one file of about a thousand lines: it is the push front-end, one map of tenants and
+//! the four things done to it (decide, put new inputs in force, gossip, evict). Each of those
+//! reads and writes the same per-tenant atomics, and the orderings between them (a tenant
+//! created while inputs change, a report charged while a decision runs) are easiest to check
+//! side by side. The pure maths is below it (`maths`, `fleet`, `bucket`), the failure policy
+//! in `strategy`, and the admission front-end in `admission`; `Limiter`'s admission methods
+//! only delegate.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
