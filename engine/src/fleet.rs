@@ -116,6 +116,8 @@ impl FleetBucket {
                 Ordering::AcqRel,
                 Ordering::Acquire,
             ) {
+                // The common case, tokens there now, needs no rounding.
+                Ok(_) if ahead <= tolerance => return Ok(Duration::ZERO),
                 Ok(_) => return Ok(Duration::from_nanos(nanos(ahead - tolerance))),
                 Err(current) => full_at = current,
             }
