@@ -635,6 +635,17 @@ impl<H: TenantHooks, C: Clock + Clone> Limiter<H, C> {
         max_delay: u64,
     ) -> Result<Duration, Outcome> {
         let now = self.now();
+        // Tokens ahead are promised only by a view that has heard from its peers within the
+        // last second. A replica that was stopped, cut off or is new would otherwise reserve
+        // up to the delay's refill on top of the burst its stale view shows, before gossip
+        // tells it what the others spent (a SIGSTOPped replica resumed at 1.37 L where the
+        // bound is 1.28). Without it the caller waits and checks again instead.
+        let heard = now.saturating_sub(self.peers_at.load(Ordering::Acquire)) < CONTENTION_MEMORY;
+        let max_delay = if self.core.healthy_replicas() > 1 && !heard {
+            0
+        } else {
+            max_delay
+        };
         let usage = &tenant.usage[kind.index()];
         let settling = now < tenant.settling_until;
         let mut settling_wait = Duration::ZERO;
