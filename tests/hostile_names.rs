@@ -83,6 +83,10 @@ async fn fleet(dir: &std::path::Path) -> Vec<Replica> {
         "100ms",
         "--rate-limit-strategy",
         "weighted",
+        // What each replica was charged is read from refusals at once: a held push would
+        // wait out the refill and pass (tests/http_api.rs covers holding).
+        "--max-admission-delay",
+        "0s",
     ];
     let replicas: Vec<_> = gossip
         .iter()

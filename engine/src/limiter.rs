@@ -670,6 +670,8 @@ impl<H: TenantHooks, C: Clock + Clone> Limiter<H, C> {
                 Duration::from_secs_f64(wait.clamp(0.0, 1e9))
             };
             match reserved {
+                // The first request fits at once, however large (see above).
+                Ok(0) => {}
                 Ok(spent) => settling_wait = share_wait(spent),
                 Err(spent) => {
                     if cost > rate.burst {

@@ -275,6 +275,30 @@ fn a_backdated_report_counts_the_refill_since() {
     assert_eq!(limiter.tenant_views()[0].fleet_level.1, Some(100.0));
 }
 
+/// A held push reserves from the settling share too, and waits for it; but the first request
+/// of a tenant new to the fleet fits at once, however much larger than the share it is.
+#[test]
+fn settling_reservations_wait_for_the_share_and_the_first_request_waits_for_nothing() {
+    let (limiter, _clock) = limiter(WEIGHTED);
+    limiter.set_healthy_replicas(4);
+    let tenant = limiter.tenant("w").unwrap();
+    let within =
+        |cost| limiter.check_within(&tenant, LimitKind::Ingestion, cost, Duration::from_secs(3));
+    // 90 against a share of 25: the first request fits, and is not told to wait 2.6 s.
+    assert_eq!(within(90), Ok(Duration::ZERO));
+    // The next one waits until the share has grown to 100 at 25/s: 3 s, the most allowed.
+    let wait = within(10).unwrap();
+    assert!(
+        (Duration::from_millis(2_999)..=Duration::from_millis(3_000)).contains(&wait),
+        "{wait:?}"
+    );
+    // And one more would wait longer than that: refused, saying how long.
+    assert!(matches!(
+        within(1).unwrap_err().cause,
+        RejectionCause::RateLimited { wait } if wait > Duration::from_secs(3)
+    ));
+}
+
 #[test]
 fn a_tenant_new_to_the_fleet_settles_at_the_even_share() {
     let (limiter, clock) = limiter(WEIGHTED);
