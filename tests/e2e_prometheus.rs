@@ -10,52 +10,13 @@ mod common;
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use common::fleet::{free_gossip_addr, spawn, until_healthy, Replica};
+use common::processes::{DumpLogsOnFailure, Process};
 
 const EXAMPLES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/e2e");
-
-/// A child process stopped when the test ends, however it ends: SIGTERM (nginx's master
-/// then stops its workers; SIGKILL would orphan them), SIGKILL if it lingers.
-struct Process(Child);
-
-impl Drop for Process {
-    fn drop(&mut self) {
-        let _ = Command::new("kill")
-            .args(["-TERM", &self.0.id().to_string()])
-            .status();
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while Instant::now() < deadline {
-            if let Ok(Some(_)) = self.0.try_wait() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-/// Prints the programs' logs if the test fails, since they say why.
-struct DumpLogsOnFailure(PathBuf);
-
-impl Drop for DumpLogsOnFailure {
-    fn drop(&mut self) {
-        if !std::thread::panicking() {
-            return;
-        }
-        for name in ["a.log", "b.log", "nginx.stderr", "nginx/error.log"] {
-            let text = std::fs::read_to_string(self.0.join(name)).unwrap_or_default();
-            let tail: Vec<&str> = text.lines().rev().take(15).collect();
-            eprintln!("--- {name} (last lines)");
-            for line in tail.iter().rev() {
-                eprintln!("{line}");
-            }
-        }
-    }
-}
 
 fn require(tool: &str) -> PathBuf {
     for dir in ["/usr/bin", "/usr/sbin", "/usr/local/bin", "/usr/local/sbin"] {
@@ -182,7 +143,11 @@ fn now_seconds() -> f64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn prometheus_through_nginx_and_weir_into_prometheus() {
     let dir = tempfile::tempdir().unwrap();
-    let _logs = DumpLogsOnFailure(dir.path().to_path_buf());
+    let _logs = DumpLogsOnFailure {
+        dir: dir.path().to_path_buf(),
+        files: &["a.log", "b.log", "nginx.stderr", "nginx/error.log"],
+        lines: 15,
+    };
     let (a_addr, b_addr, nginx_addr) = (free_tcp(), free_tcp(), free_tcp());
 
     // Prometheus B, the backend.

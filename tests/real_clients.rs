@@ -34,7 +34,7 @@ mod common;
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -42,6 +42,7 @@ use std::time::{Duration, Instant};
 use axum::body::Bytes;
 use axum::extract::State;
 use common::fleet::{free_gossip_addr, spawn_joining, until_healthy, Replica};
+use common::processes::{DumpLogsOnFailure, Process};
 
 const CONFIGS: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/real_clients");
 
@@ -342,7 +343,11 @@ impl Scenario {
         let nginx_program = require("nginx")?;
         let started = Instant::now();
         let dir = tempfile::tempdir().unwrap();
-        let _logs = DumpLogsOnFailure(dir.path().to_path_buf());
+        let _logs = DumpLogsOnFailure {
+            dir: dir.path().to_path_buf(),
+            files: &["client.log", "nginx.stderr", "nginx/error.log"],
+            lines: 10,
+        };
 
         // Three replicas in one ring, on the default strategy, B = burst_in_seconds × L.
         let overrides = dir.path().join("overrides.yaml");
@@ -404,7 +409,7 @@ impl Scenario {
             nginx_config
         };
         std::fs::write(nginx_dir.join("nginx.conf"), nginx_config).unwrap();
-        let _nginx = Process::spawn(
+        let _nginx = spawn_logged(
             Command::new(nginx_program)
                 .arg("-p")
                 .arg(&nginx_dir)
@@ -431,7 +436,7 @@ impl Scenario {
                     "prometheus.yml no longer has {batch}"
                 );
                 std::fs::write(&path, text).unwrap();
-                Process::spawn(
+                spawn_logged(
                     Command::new(client_program)
                         .arg("--enable-feature=agent")
                         .arg(format!("--config.file={}", path.display()))
@@ -450,7 +455,7 @@ impl Scenario {
                     &[("127.0.0.1:9100", target.addr.to_string())],
                 );
                 std::fs::write(&path, text).unwrap();
-                Process::spawn(
+                spawn_logged(
                     Command::new(client_program)
                         .arg(format!("-promscrape.config={}", path.display()))
                         .arg(format!("-remoteWrite.url={push_url}"))
@@ -640,51 +645,11 @@ async fn scrape(
     ([("content-type", "text/plain; version=0.0.4")], body)
 }
 
-/// A child process stopped when the test ends, however it ends: SIGTERM (nginx's master then
-/// stops its workers), SIGKILL if it lingers past 5 s (Prometheus may try to flush its queue).
-struct Process(Child);
-
-impl Process {
-    fn spawn(command: &mut Command, log: &Path) -> Process {
-        let log = std::fs::File::create(log).unwrap();
-        Process(command.stdout(Stdio::null()).stderr(log).spawn().unwrap())
-    }
-}
-
-impl Drop for Process {
-    fn drop(&mut self) {
-        let _ = Command::new("kill")
-            .args(["-TERM", &self.0.id().to_string()])
-            .status();
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while Instant::now() < deadline {
-            if let Ok(Some(_)) = self.0.try_wait() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-/// Prints the programs' logs if the test fails, since they say why.
-struct DumpLogsOnFailure(PathBuf);
-
-impl Drop for DumpLogsOnFailure {
-    fn drop(&mut self) {
-        if !std::thread::panicking() {
-            return;
-        }
-        for name in ["client.log", "nginx.stderr", "nginx/error.log"] {
-            let text = std::fs::read_to_string(self.0.join(name)).unwrap_or_default();
-            let tail: Vec<&str> = text.lines().rev().take(10).collect();
-            eprintln!("--- {name} (last lines)");
-            for line in tail.iter().rev() {
-                eprintln!("{line}");
-            }
-        }
-    }
+/// Starts `command` with its stderr in `log`; stopped when the test ends, however it ends
+/// (SIGKILL if it lingers past 5 s: Prometheus may try to flush its queue).
+fn spawn_logged(command: &mut Command, log: &Path) -> Process {
+    let log = std::fs::File::create(log).unwrap();
+    Process(command.stdout(Stdio::null()).stderr(log).spawn().unwrap())
 }
 
 /// The weir under test: this build's, or `WEIR_BIN` (another build, for a before-and-after).
