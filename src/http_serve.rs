@@ -120,7 +120,11 @@ pub async fn serve(
         let tls = tls.clone();
         let worker = workers.pick();
         let guard = ConnectionGuard::new(slot, counters.open.clone(), &worker.connections);
+        // Shutdown waits for every watcher: this one is dropped after the guard (locals drop in
+        // reverse order), so a stopped server has counted its connections closed.
+        let hold = graceful.watcher();
         worker.handle.spawn(async move {
+            let _hold = hold;
             let _guard = guard;
             let stream = match TcpStream::from_std(stream) {
                 Ok(stream) => stream,
