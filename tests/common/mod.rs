@@ -44,12 +44,25 @@ impl Default for Options {
     }
 }
 
+/// A configuration for tests: the defaults, with HTTP, gRPC and gossip on ephemeral ports
+/// and the overrides file given.
+pub fn test_config(runtime_config: &std::path::Path) -> Config {
+    let mut config = Config::load_from(["weir"]).expect("defaults are valid");
+    config.http_addr = "127.0.0.1:0".parse().unwrap();
+    config.gossip_addr = "127.0.0.1:0".parse().unwrap();
+    config.grpc_addr = "127.0.0.1:0".parse().unwrap();
+    config.runtime_config = Some(runtime_config.to_path_buf());
+    // Tests of the limits see each refusal at once; holding has tests of its own.
+    config.max_admission_delay = Duration::ZERO;
+    config
+}
+
 impl Weir {
     pub async fn start(options: Options) -> Weir {
         let dir = tempfile::tempdir().unwrap();
         let overrides = dir.path().join("overrides.yaml");
         std::fs::write(&overrides, &options.overrides).unwrap();
-        let mut config = Config::for_test(&overrides);
+        let mut config = test_config(&overrides);
         (options.configure)(&mut config);
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
