@@ -193,7 +193,7 @@ async fn admit(
     // 5. Tenant request rate: one token per request, still before the body is read, so a
     //    tenant over its request rate costs no decompression. Here and at 7, a push that
     //    would pass within --max-admission-delay is held until then instead of refused.
-    admit_held(state, &tenant, LimitKind::Request, 1)
+    let request_taken = admit_held(state, &tenant, LimitKind::Request, 1)
         .await
         .map_err(|rejection| discard(PushError::RateLimited(rejection), 0))?;
 
@@ -220,31 +220,40 @@ async fn admit(
 
     // 7. Tenant ingestion rate: the cost is every item the request carries.
     let cost = counts.cost();
-    admit_held(state, &tenant, LimitKind::Ingestion, cost)
+    let ingestion_taken = admit_held(state, &tenant, LimitKind::Ingestion, cost)
         .await
         .map_err(|rejection| discard(PushError::RateLimited(rejection), cost))?;
 
-    // 8. Admitted: count it, then forward the client's bytes unchanged, or in sink mode just
-    //    acknowledge. The in-flight guard is still held: the upstream wait counts.
+    // 8. Admitted: forward the client's bytes unchanged, or in sink mode just acknowledge.
+    //    The in-flight guard is still held: the upstream wait counts.
     state.instance.record_admitted(cost);
-    tenant.data.received_requests.inc();
-    tenant
-        .data
-        .received_samples
-        .inc_by(counts.samples + counts.histograms);
-    tenant.data.received_exemplars.inc_by(counts.exemplars);
-    tenant.data.received_metadata.inc_by(counts.metadata);
     let written = match &state.upstream {
         // The receiver's own account of what it wrote, when it gives one, is the truth.
-        Some(upstream) => upstream
+        Some(upstream) => match upstream
             .forward(tenant_name, format, &parts.headers, body, &state.metrics)
-            .await?
-            .unwrap_or_else(|| Written::of(&counts)),
+            .await
+        {
+            Ok(written) => written.unwrap_or_else(|| Written::of(&counts)),
+            Err(err) => {
+                // 9. Nothing reached the backend: the tokens go back, so the client's retry
+                //    is charged once, and an outage of the backend does not use up the
+                //    tenant's limit.
+                if err.wrote_nothing() {
+                    state.limiter.refund(&tenant, request_taken);
+                    state.limiter.refund(&tenant, ingestion_taken);
+                    state.metrics.refunded_requests.inc();
+                } else {
+                    tenant.data.count_received(&counts);
+                }
+                return Err(err.into());
+            }
+        },
         None => {
             state.metrics.sink_requests.inc();
             Written::of(&counts)
         }
     };
+    tenant.data.count_received(&counts);
     drop(inflight);
     Ok(written)
 }
@@ -260,17 +269,17 @@ async fn admit_held(
     tenant: &engine::Tenant<<crate::metrics::TenantSeries as engine::TenantHooks>::Data>,
     kind: LimitKind,
     cost: u64,
-) -> Result<(), engine::Rejection> {
+) -> Result<engine::Taken, engine::Rejection> {
     let max = state.config.max_admission_delay;
     let started = tokio::time::Instant::now();
     let mut held = false;
     loop {
         let left = max.saturating_sub(started.elapsed());
         let rejection = match state.limiter.admit_within(tenant, kind, cost, left).await {
-            Ok(wait) => {
-                if !wait.is_zero() {
+            Ok(admitted) => {
+                if !admitted.wait.is_zero() {
                     held = true;
-                    tokio::time::sleep(wait).await;
+                    tokio::time::sleep(admitted.wait).await;
                 }
                 if held {
                     state
@@ -278,7 +287,7 @@ async fn admit_held(
                         .admission_delay
                         .observe(started.elapsed().as_secs_f64());
                 }
-                return Ok(());
+                return Ok(admitted.taken);
             }
             Err(rejection) => rejection,
         };

@@ -97,6 +97,20 @@ impl ForwardError {
         }
     }
 
+    /// The receiver wrote nothing and the client should send the push again: it failed
+    /// (5xx), was unreachable, did not answer in time, or said 429. Such a push is not
+    /// charged (see `push.rs`). A timeout may hide a write that happened: that data is then
+    /// written twice and charged once. Any other 4xx refuses the data itself, which stays
+    /// charged.
+    pub fn wrote_nothing(&self) -> bool {
+        match self {
+            ForwardError::Rejected { status, .. } => *status == StatusCode::TOO_MANY_REQUESTS,
+            ForwardError::Failed { .. }
+            | ForwardError::Timeout(_)
+            | ForwardError::Unreachable(_) => true,
+        }
+    }
+
     fn class(&self) -> &'static str {
         match self {
             ForwardError::Rejected { .. } => "4xx",

@@ -7,6 +7,7 @@
 //! had, no more.
 
 use std::num::NonZeroU32;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use governor::clock::{Clock, Reference};
@@ -20,6 +21,13 @@ pub struct Bucket<C: Clock> {
     limiter: RateLimiter<NotKeyed, InMemoryState, C, NoOpMiddleware<C::Instant>>,
     rate: Rate,
     clock: C,
+    /// Tokens given back ([`Bucket::refund`]): governor cannot take tokens back, so they are
+    /// kept beside it and spent when governor has too few.
+    credit: AtomicU64,
+    /// Until then (nanoseconds after `origin`) the credit is good: a bucket fills from empty
+    /// in burst ÷ rate, after which a token given back would have overflowed.
+    credit_until: AtomicU64,
+    origin: C::Instant,
 }
 
 impl<C: Clock + Clone> Bucket<C> {
@@ -29,6 +37,9 @@ impl<C: Clock + Clone> Bucket<C> {
             limiter: RateLimiter::direct_with_clock(quota(rate), clock.clone()),
             rate,
             clock: clock.clone(),
+            credit: AtomicU64::new(0),
+            credit_until: AtomicU64::new(0),
+            origin: clock.now(),
         }
     }
 
@@ -60,6 +71,7 @@ impl<C: Clock + Clone> Bucket<C> {
         let cost = NonZeroU32::new(cost as u32).expect("1 ≤ cost ≤ u32::MAX");
         match self.limiter.check_n(cost) {
             Ok(Ok(())) => Outcome::Allowed,
+            Ok(Err(_)) if self.spend_credit(u64::from(cost.get())) => Outcome::Allowed,
             Ok(Err(not_until)) => {
                 let wait = not_until.wait_time_from(self.clock.now());
                 // The wait is the time the missing tokens take to arrive.
@@ -71,6 +83,42 @@ impl<C: Clock + Clone> Bucket<C> {
             }
             Err(_) => Outcome::TooLarge,
         }
+    }
+
+    /// Gives back `cost` tokens taken by [`Bucket::check`] for work that did not happen. They
+    /// are spent when governor's bucket has too few, within the time the bucket takes to
+    /// fill (after that they would have overflowed), and never more than a burst of them.
+    pub fn refund(&self, cost: u64) {
+        let now = nanos_between(self.origin, self.clock.now());
+        let fill = (self.rate.burst as f64 / self.rate.per_second * 1e9).min(u64::MAX as f64);
+        let until = self
+            .credit_until
+            .swap(now.saturating_add(fill as u64), Ordering::AcqRel);
+        let burst = self.rate.burst;
+        let _ = self
+            .credit
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |credit| {
+                // Credit from an earlier refund that has lapsed is gone.
+                let credit = if until < now { 0 } else { credit };
+                Some((credit + cost).min(burst))
+            });
+    }
+
+    /// Takes `cost` from the credit if it is good and holds that many.
+    fn spend_credit(&self, cost: u64) -> bool {
+        if self.credit.load(Ordering::Acquire) < cost {
+            return false;
+        }
+        let now = nanos_between(self.origin, self.clock.now());
+        if now > self.credit_until.load(Ordering::Acquire) {
+            self.credit.store(0, Ordering::Release);
+            return false;
+        }
+        self.credit
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |credit| {
+                credit.checked_sub(cost)
+            })
+            .is_ok()
     }
 
     /// How many tokens the bucket holds, found by asking for a full burst: if that passes the
@@ -141,6 +189,29 @@ mod tests {
         // After 300 ms the bucket is full again, and never fuller.
         clock.advance(Duration::from_secs(10));
         assert_eq!(bucket.check(3), Outcome::Allowed);
+        assert!(matches!(bucket.check(1), Outcome::Denied { .. }));
+    }
+
+    #[test]
+    fn a_refund_is_spent_once_and_lapses_when_the_bucket_would_be_full() {
+        // 10 tokens/s, burst 5: empty after five.
+        let (bucket, clock) = bucket(10.0, 5);
+        assert_eq!(bucket.check(5), Outcome::Allowed);
+        assert!(matches!(bucket.check(3), Outcome::Denied { .. }));
+        // Three given back: a check of three passes once, not twice.
+        bucket.refund(3);
+        assert_eq!(bucket.check(3), Outcome::Allowed);
+        assert!(matches!(bucket.check(1), Outcome::Denied { .. }));
+        // Never more than a burst of credit.
+        bucket.refund(4);
+        bucket.refund(4);
+        assert_eq!(bucket.check(5), Outcome::Allowed);
+        assert!(matches!(bucket.check(1), Outcome::Denied { .. }));
+        // Given back, then unused for longer than the bucket takes to fill (0.5 s): the
+        // bucket is full, and holds no more than its burst.
+        bucket.refund(5);
+        clock.advance(Duration::from_millis(600));
+        assert_eq!(bucket.check(5), Outcome::Allowed);
         assert!(matches!(bucket.check(1), Outcome::Denied { .. }));
     }
 

@@ -55,4 +55,4 @@ pub use limiter::{
 pub use maths::{LocalLimit, LocalLimits};
 pub use shared::{Shared, SharedConfig, StoreObserver};
 pub use store::{BucketKey, Grant, KeyName, MemoryStore, Store, StoreError};
-pub use types::{LimitKind, Outcome, Rate, Rejection, RejectionCause};
+pub use types::{Admitted, LimitKind, Outcome, Rate, Rejection, RejectionCause, Taken};

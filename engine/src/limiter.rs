@@ -37,7 +37,9 @@ use crate::maths::{local_limits, settling_budget, shard_rate, LocalLimit, LocalL
 use crate::shared::{self, Lease, Shared, SharedOutcome, SharedRequest};
 use crate::store::BucketKey;
 use crate::strategy::{on_store_failure, Kept};
-use crate::types::{LimitKind, Outcome, Rate, Rejection, RejectionCause};
+use crate::types::{
+    Admitted, LimitKind, Outcome, Rate, Rejection, RejectionCause, Taken, TakenFrom,
+};
 
 /// Seconds over which the peers' admission rate is smoothed.
 const PEER_RATE_SMOOTHING: f64 = 1.0;
@@ -459,6 +461,18 @@ impl<H: TenantHooks, C: Clock + Clone> Limiter<H, C> {
         cost: u64,
         max_delay: Duration,
     ) -> Result<Duration, Rejection> {
+        self.check_taking(tenant, kind, cost, max_delay)
+            .map(|admitted| admitted.wait)
+    }
+
+    /// [`Limiter::check_within`], saying what was taken and from where.
+    fn check_taking(
+        &self,
+        tenant: &Tenant<H::Data, C>,
+        kind: LimitKind,
+        cost: u64,
+        max_delay: Duration,
+    ) -> Result<Admitted, Rejection> {
         let max_delay = max_delay.as_nanos().min(u64::MAX as u128) as u64;
         let state = self.current(tenant);
         let rejection = rejection_for(&state, kind, cost);
@@ -466,31 +480,35 @@ impl<H: TenantHooks, C: Clock + Clone> Limiter<H, C> {
             LimitKind::Request => state.local.request,
             LimitKind::Ingestion => state.local.ingestion,
         };
-        let outcome = match &state.buckets[kind.index()] {
-            Kept::None if local == LocalLimit::Unlimited => return Ok(Duration::ZERO),
-            Kept::None => return Err(rejection(RejectionCause::Blocked, 0)),
-            Kept::Divided(bucket) => bucket.check(cost),
-            Kept::Weighted(fleet) => {
-                return self
-                    .check_fleet(tenant, kind, fleet, cost, max_delay)
-                    .or_else(|outcome| {
-                        outcome_to_result(outcome, &rejection).map(|_| Duration::ZERO)
-                    })
-            }
+        let at_once = |from| Admitted {
+            wait: Duration::ZERO,
+            taken: Taken::new(kind, cost, from),
+        };
+        match &state.buckets[kind.index()] {
+            Kept::None if local == LocalLimit::Unlimited => Ok(at_once(TakenFrom::Nothing)),
+            Kept::None => Err(rejection(RejectionCause::Blocked, 0)),
+            Kept::Divided(bucket) => outcome_to_result(bucket.check(cost), rejection)
+                .map(|_| at_once(TakenFrom::Divided)),
+            Kept::Weighted(fleet) => match self.check_fleet(tenant, kind, fleet, cost, max_delay) {
+                Ok(wait) => Ok(Admitted {
+                    wait,
+                    taken: Taken::new(kind, cost, TakenFrom::View),
+                }),
+                Err(outcome) => {
+                    outcome_to_result(outcome, &rejection).map(|_| at_once(TakenFrom::View))
+                }
+            },
             // The synchronous path cannot wait on the store: it decides as the failure
             // policy would. The push path and the admission API use [`Limiter::admit`].
-            Kept::Shared(fleet) => {
-                return on_store_failure(
-                    state.limits.on_store_failure,
-                    None,
-                    || self.fleet_now(tenant, kind, fleet, cost, &rejection),
-                    || Err(rejection(RejectionCause::StoreUnavailable, 0)),
-                    Result::is_ok,
-                )
-                .map(|_| Duration::ZERO)
-            }
-        };
-        outcome_to_result(outcome, rejection).map(|_| Duration::ZERO)
+            Kept::Shared(fleet) => on_store_failure(
+                state.limits.on_store_failure,
+                None,
+                || self.fleet_now(tenant, kind, fleet, cost, &rejection),
+                || Err(rejection(RejectionCause::StoreUnavailable, 0)),
+                Result::is_ok,
+            )
+            .map(|_| at_once(TakenFrom::View)),
+        }
     }
 
     /// Takes `cost` tokens of the tenant's `kind` limit, or says why not: like
@@ -508,19 +526,24 @@ impl<H: TenantHooks, C: Clock + Clone> Limiter<H, C> {
     }
 
     /// As [`Limiter::admit`], with [`Limiter::check_within`]'s reservations under `weighted`:
-    /// returns how long the caller must wait before it proceeds.
+    /// says how long the caller must wait before it proceeds, and what it took (for
+    /// [`Limiter::refund`]).
     pub async fn admit_within(
         &self,
         tenant: &Tenant<H::Data, C>,
         kind: LimitKind,
         cost: u64,
         max_delay: Duration,
-    ) -> Result<Duration, Rejection> {
+    ) -> Result<Admitted, Rejection> {
         let state = self.current(tenant);
         if !matches!(state.buckets[kind.index()], Kept::Shared(_)) {
             drop(state);
-            return self.check_within(tenant, kind, cost, max_delay);
+            return self.check_taking(tenant, kind, cost, max_delay);
         }
+        let at_once = |from| Admitted {
+            wait: Duration::ZERO,
+            taken: Taken::new(kind, cost, from),
+        };
         // Owned: the state is held across the store call.
         let state = Guard::into_inner(state);
         let Kept::Shared(fleet) = &state.buckets[kind.index()] else {
@@ -552,10 +575,10 @@ impl<H: TenantHooks, C: Clock + Clone> Limiter<H, C> {
                 // Kept current for the day the store fails, and for the peers' views.
                 fleet.charge(cost, self.now());
                 usage.admitted.fetch_add(cost, Ordering::Relaxed);
-                Ok(Duration::ZERO)
+                Ok(at_once(TakenFrom::Lease))
             }
             SharedOutcome::Refused(outcome) => {
-                outcome_to_result(outcome, rejection).map(|_| Duration::ZERO)
+                outcome_to_result(outcome, rejection).map(|_| at_once(TakenFrom::Lease))
             }
             SharedOutcome::StoreFailed => on_store_failure(
                 policy,
@@ -564,7 +587,49 @@ impl<H: TenantHooks, C: Clock + Clone> Limiter<H, C> {
                 || Err(rejection(RejectionCause::StoreUnavailable, 0)),
                 Result::is_ok,
             )
-            .map(|_| Duration::ZERO),
+            .map(|_| at_once(TakenFrom::View)),
+        }
+    }
+
+    /// Gives back what an admission took, when the work it paid for did not happen (a
+    /// forward that failed): the tokens return to the meter they came from, so the client's
+    /// retry is charged once. Under `weighted` and `shared` the replica's admitted count,
+    /// which gossip carries, goes down too, so the peers' views do not charge the tokens
+    /// (they charge only what a count adds beyond the highest they have seen). If the
+    /// tenant's strategy changed in between, the tokens lapse.
+    pub fn refund(&self, tenant: &Tenant<H::Data, C>, taken: Taken) {
+        if taken.cost == 0 {
+            return;
+        }
+        let state = self.current(tenant);
+        let usage = &tenant.usage[taken.kind.index()];
+        let uncount = |fleet: &FleetBucket| {
+            fleet.refund(taken.cost);
+            let _ = usage
+                .admitted
+                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |admitted| {
+                    Some(admitted.saturating_sub(taken.cost))
+                });
+        };
+        match (taken.from, &state.buckets[taken.kind.index()]) {
+            (TakenFrom::Divided, Kept::Divided(bucket)) => bucket.refund(taken.cost),
+            (TakenFrom::View, Kept::Weighted(fleet) | Kept::Shared(fleet)) => {
+                uncount(fleet);
+                if self.now() < tenant.settling_until {
+                    let _ = usage.settling_spent.fetch_update(
+                        Ordering::AcqRel,
+                        Ordering::Acquire,
+                        |spent| Some(spent.saturating_sub(taken.cost)),
+                    );
+                }
+            }
+            (TakenFrom::Lease, Kept::Shared(fleet)) => {
+                uncount(fleet);
+                if let Some(lease) = tenant.leases[taken.kind.index()].get() {
+                    lease.refund(taken.cost);
+                }
+            }
+            _ => {}
         }
     }
 
@@ -879,8 +944,10 @@ impl<H: TenantHooks, C: Clock + Clone> Limiter<H, C> {
                 if requests == 0 && items == 0 {
                     return None;
                 }
-                let unpublished = (requests - request.published.load(Ordering::Relaxed))
-                    + (items - ingestion.published.load(Ordering::Relaxed));
+                // A refund can take a count below what was published.
+                let unpublished = requests
+                    .saturating_sub(request.published.load(Ordering::Relaxed))
+                    + items.saturating_sub(ingestion.published.load(Ordering::Relaxed));
                 let level = |bucket: &KindBucket<C>| {
                     let fleet = bucket.view()?;
                     Some(fleet.level(now)).filter(|level| *level < fleet.rate().burst as f64)

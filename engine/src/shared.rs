@@ -153,6 +153,8 @@ impl Shared {
 pub struct Lease {
     /// Tokens leased and not yet spent.
     tokens: AtomicU64,
+    /// Tokens given back for work that did not happen, for the store ([`Lease::refund`]).
+    refunded: AtomicU64,
     /// Engine nanoseconds after which the tokens held are not spent but given back.
     expires_at: AtomicU64,
     /// After the store said the bucket is empty: no call before this (engine nanoseconds).
@@ -188,6 +190,7 @@ impl Lease {
         };
         Lease {
             tokens: AtomicU64::new(0),
+            refunded: AtomicU64::new(0),
             expires_at: AtomicU64::new(0),
             not_before: AtomicU64::new(0),
             offered: AtomicU64::new(0),
@@ -212,6 +215,15 @@ impl Lease {
             .is_ok()
     }
 
+    /// Gives back tokens taken for work that did not happen. They go back to the store with
+    /// the next surplus ([`Lease::surplus`], every lease window), not into the lease: the
+    /// store's bucket is capped at its burst, and tokens kept here would not be (a lease
+    /// whose every take was refunded through a 10 s upstream outage came out of it beside a
+    /// full store bucket, and the fleet admitted 4 pushes over B + L·t).
+    pub(crate) fn refund(&self, cost: u64) {
+        self.refunded.fetch_add(cost, Ordering::AcqRel);
+    }
+
     /// The sub-bucket this replica draws from now.
     pub(crate) fn home_shard(&self, shards: u32) -> u32 {
         self.shard.load(Ordering::Relaxed) % shards.max(1)
@@ -225,16 +237,19 @@ impl Lease {
     /// The tokens to give back now: all if `all` or expired, else what exceeds twice the
     /// current lease size (demand fell).
     pub(crate) fn surplus(&self, config: &SharedConfig, all: bool, now: u64) -> u64 {
+        let refunded = self.refunded.swap(0, Ordering::AcqRel);
         let expired = now > self.expires_at.load(Ordering::Acquire);
         if all || expired {
-            return self.tokens.swap(0, Ordering::AcqRel);
+            return refunded + self.tokens.swap(0, Ordering::AcqRel);
         }
         let keep = 2 * self.lease_size(config, 0, u64::MAX, now);
-        self.tokens
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |tokens| {
-                (tokens > keep).then_some(keep)
-            })
-            .map_or(0, |before| before - keep)
+        refunded
+            + self
+                .tokens
+                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |tokens| {
+                    (tokens > keep).then_some(keep)
+                })
+                .map_or(0, |before| before - keep)
     }
 
     /// The lease to ask for: demand over the lease window (widened by the call quota), at

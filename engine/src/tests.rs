@@ -225,6 +225,52 @@ fn weighted_alone_is_the_fleet_bucket() {
     );
 }
 
+/// A refund puts the tokens back in the meter they came from, once; under `weighted` the
+/// count gossip carries goes down with it, and a peer that saw the higher count charges
+/// nothing for the tokens given back.
+#[tokio::test]
+async fn a_refund_gives_the_tokens_back_to_their_meter() {
+    // weighted: 100 taken, 60 given back: 60 pass again, not 61.
+    let (weighted, _clock) = limiter(WEIGHTED);
+    let tenant = weighted.tenant("w").unwrap();
+    let taken = weighted
+        .admit_within(&tenant, LimitKind::Ingestion, 100, Duration::ZERO)
+        .await
+        .unwrap()
+        .taken;
+    assert_eq!(weighted.usage_reports()[0].items, 100);
+    weighted.refund(&tenant, Taken { cost: 60, ..taken });
+    assert_eq!(weighted.usage_reports()[0].items, 40);
+    assert_eq!(check(&weighted, "w", 60), Ok(()));
+    assert!(check(&weighted, "w", 1).is_err());
+
+    // A peer that applied the count of 100 charges only what goes beyond it: the 40 still
+    // counted and the 60 spent again make 100, nothing new.
+    let (peer, _peer_clock) = limiter(WEIGHTED);
+    peer.tenant("w").unwrap();
+    peer.apply_peer_usage(peers("w", 0, None), Duration::ZERO);
+    peer.apply_peer_usage(peers("w", 100, None), Duration::ZERO);
+    peer.apply_peer_usage(
+        peers("w", weighted.usage_reports()[0].items, None),
+        Duration::ZERO,
+    );
+    assert_eq!(peer.tenant_views()[0].fleet_level.1, Some(0.0));
+
+    // divided: the governor bucket cannot take tokens back; the credit beside it is spent
+    // once.
+    let (divided, _clock) = limiter(TEN_PER_SECOND);
+    let tenant = divided.tenant("t").unwrap();
+    let taken = divided
+        .admit_within(&tenant, LimitKind::Ingestion, 10, Duration::ZERO)
+        .await
+        .unwrap()
+        .taken;
+    assert!(check(&divided, "t", 1).is_err());
+    divided.refund(&tenant, taken);
+    assert_eq!(check(&divided, "t", 10), Ok(()));
+    assert!(check(&divided, "t", 1).is_err());
+}
+
 #[test]
 fn peer_admissions_are_charged_and_the_view_waits_out_the_debt() {
     let (limiter, clock) = limiter(WEIGHTED);

@@ -69,3 +69,40 @@ pub enum RejectionCause {
     /// `shared` with `on_store_failure: closed`: the store could not answer in time.
     StoreUnavailable,
 }
+
+/// What an admission took, and from which meter, so that it can be given back
+/// ([`crate::Limiter::refund`]) when the work it paid for did not happen: a push whose
+/// forward failed is charged once, on the retry that succeeds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Taken {
+    pub kind: LimitKind,
+    pub cost: u64,
+    pub(crate) from: TakenFrom,
+}
+
+/// The meter an admission took its tokens from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum TakenFrom {
+    /// Unlimited: nothing was taken.
+    Nothing,
+    /// `divided`: the replica's governor bucket.
+    Divided,
+    /// `weighted` (or `shared`'s open fallback): the replica's view of the fleet bucket.
+    View,
+    /// `shared`: the lease of store tokens (and the view kept beside it).
+    Lease,
+}
+
+impl Taken {
+    pub(crate) fn new(kind: LimitKind, cost: u64, from: TakenFrom) -> Taken {
+        Taken { kind, cost, from }
+    }
+}
+
+/// An admission: how long the caller must wait before it proceeds (a reservation under
+/// `weighted`), and what it took.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Admitted {
+    pub wait: Duration,
+    pub taken: Taken,
+}

@@ -1,116 +1,15 @@
-//! Every metric family weir exports, defined in one place and shaped after Mimir's
-//! (`cortex_distributor_*`, `cortex_discarded_*`).
-//!
-//! Cardinality: families labelled `user` have one series per *active* tenant (per reason
-//! where labelled so). A tenant's series live in its limiter state and go when that state is
-//! evicted after `--tenant-idle-timeout`, so random tenant IDs cannot grow them without bound.
-//!
-//! The per-tenant series are not `prometheus` crate series: those cost about 6.8 KB per
-//! tenant (a label map, a hash and a `Desc` per series). They are plain atomics in
-//! [`TenantMetrics`], kept with the tenant's limiter state, and written straight into the
-//! text exposition at scrape time ([`Metrics::render`]), under the same names and labels.
+//! The registry: every family that is not per tenant, and the scrape, which writes the
+//! registry's families and then the per-tenant ones.
 
 use std::fmt::Write as _;
-use std::sync::atomic::{AtomicU64, Ordering};
 
 use prometheus::{
     Gauge, GaugeVec, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
     IntGaugeVec, Opts, Registry,
 };
 
-/// Why a tenant's request or samples were discarded (`reason` label).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum DiscardReason {
-    /// Tenant ingestion rate (Mimir's `rate_limited`).
-    RateLimited,
-    /// Tenant request rate.
-    RequestRateLimited,
-    /// One request carried more than the ingestion burst: it can never pass.
-    IngestionBurstExceeded,
-    /// The body was over `--max-request-body-size`, compressed or not.
-    RequestBodyTooLarge,
-    /// The body was not valid snappy or not a valid `WriteRequest`.
-    InvalidRequestBody,
-    /// The tenant had `max_inflight_push_requests` pushes in flight, fleet-wide.
-    TooManyInflightPushRequests,
-}
-
-impl DiscardReason {
-    pub const ALL: [DiscardReason; 6] = [
-        DiscardReason::RateLimited,
-        DiscardReason::RequestRateLimited,
-        DiscardReason::IngestionBurstExceeded,
-        DiscardReason::RequestBodyTooLarge,
-        DiscardReason::InvalidRequestBody,
-        DiscardReason::TooManyInflightPushRequests,
-    ];
-
-    /// The reasons decided once the body is decoded, so with a known sample count.
-    pub const COUNTS_SAMPLES: [DiscardReason; 2] = [
-        DiscardReason::RateLimited,
-        DiscardReason::IngestionBurstExceeded,
-    ];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            DiscardReason::RateLimited => "rate_limited",
-            DiscardReason::RequestRateLimited => "request_rate_limited",
-            DiscardReason::IngestionBurstExceeded => "ingestion_burst_exceeded",
-            DiscardReason::RequestBodyTooLarge => "request_body_too_large",
-            DiscardReason::InvalidRequestBody => "invalid_request_body",
-            DiscardReason::TooManyInflightPushRequests => "too_many_inflight_push_requests",
-        }
-    }
-}
-
-/// Why this replica refused a request for all tenants (`reason` label); Mimir's values.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum InstanceLimit {
-    MaxInflightPushRequests,
-    MaxInflightPushRequestsBytes,
-    MaxIngestionRate,
-    /// Tenants with limiter state on this replica (`--max-tenants`); only new tenants are refused.
-    MaxTenants,
-}
-
-impl InstanceLimit {
-    pub const ALL: [InstanceLimit; 4] = [
-        InstanceLimit::MaxInflightPushRequests,
-        InstanceLimit::MaxInflightPushRequestsBytes,
-        InstanceLimit::MaxIngestionRate,
-        InstanceLimit::MaxTenants,
-    ];
-
-    /// The key in `distributor_limits:` and the `limit` label of `weir_distributor_instance_limits`.
-    pub fn key(self) -> &'static str {
-        match self {
-            InstanceLimit::MaxInflightPushRequests => "max_inflight_push_requests",
-            InstanceLimit::MaxInflightPushRequestsBytes => "max_inflight_push_requests_bytes",
-            InstanceLimit::MaxIngestionRate => "max_ingestion_rate",
-            InstanceLimit::MaxTenants => "max_tenants",
-        }
-    }
-
-    /// Where an operator raises this limit.
-    pub fn setting(self) -> String {
-        match self {
-            InstanceLimit::MaxTenants => "the --max-tenants flag".to_string(),
-            _ => format!("distributor_limits.{} in the runtime overrides", self.key()),
-        }
-    }
-
-    /// The `reason` label of `weir_distributor_instance_rejected_requests_total`.
-    pub fn reason(self) -> &'static str {
-        match self {
-            InstanceLimit::MaxInflightPushRequests => "distributor_max_inflight_push_requests",
-            InstanceLimit::MaxInflightPushRequestsBytes => {
-                "distributor_max_inflight_push_requests_bytes"
-            }
-            InstanceLimit::MaxIngestionRate => "distributor_max_ingestion_rate",
-            InstanceLimit::MaxTenants => "distributor_max_tenants",
-        }
-    }
-}
+use super::reasons::InstanceLimit;
+use super::tenant::{TenantSource, TENANT_FAMILIES};
 
 pub struct Metrics {
     pub registry: Registry,
@@ -124,6 +23,7 @@ pub struct Metrics {
     pub tracked_tenants: IntGauge,
     pub runtime_alive_tasks: IntGauge,
     pub sink_requests: IntCounter,
+    pub refunded_requests: IntCounter,
     pub upstream_requests: IntCounterVec,
     pub upstream_duration: Histogram,
     pub ring_members: IntGaugeVec,
@@ -142,204 +42,6 @@ pub struct Metrics {
     pub store_tokens_leased: IntCounter,
     pub store_tokens_returned: IntCounter,
     pub store_policy_decisions: IntCounterVec,
-}
-
-/// A per-tenant counter: one atomic, no labels of its own (the tenant and reason are where
-/// it is kept).
-#[derive(Debug, Default)]
-pub struct Counter(AtomicU64);
-
-impl Counter {
-    pub fn inc(&self) {
-        self.inc_by(1);
-    }
-
-    pub fn inc_by(&self, by: u64) {
-        self.0.fetch_add(by, Ordering::Relaxed);
-    }
-
-    pub fn get(&self) -> u64 {
-        self.0.load(Ordering::Relaxed)
-    }
-}
-
-/// A per-tenant gauge: an `f64` in an atomic.
-#[derive(Debug, Default)]
-pub struct Gauge64(AtomicU64);
-
-impl Gauge64 {
-    pub fn set(&self, value: f64) {
-        self.0.store(value.to_bits(), Ordering::Relaxed);
-    }
-
-    pub fn get(&self) -> f64 {
-        f64::from_bits(self.0.load(Ordering::Relaxed))
-    }
-}
-
-/// One tenant's series: 15 atomics (120 bytes), kept with its limiter state.
-#[derive(Debug, Default)]
-pub struct TenantMetrics {
-    pub requests_in: Counter,
-    pub received_requests: Counter,
-    pub received_samples: Counter,
-    pub received_exemplars: Counter,
-    pub received_metadata: Counter,
-    /// This replica's share of the tenant's request and ingestion rates (+Inf: unlimited).
-    pub local_request_rate: Gauge64,
-    pub local_ingestion_rate: Gauge64,
-    discarded_requests: [Counter; DiscardReason::ALL.len()],
-    /// Only for the reasons decided after the body was decoded (see
-    /// [`DiscardReason::COUNTS_SAMPLES`]); the others never know a sample count.
-    discarded_samples: [Counter; DiscardReason::COUNTS_SAMPLES.len()],
-}
-
-impl TenantMetrics {
-    pub fn discard(&self, reason: DiscardReason, samples: u64) {
-        self.discarded_requests[reason as usize].inc();
-        if let Some(index) = DiscardReason::COUNTS_SAMPLES
-            .iter()
-            .position(|r| *r == reason)
-        {
-            self.discarded_samples[index].inc_by(samples);
-        }
-    }
-
-    pub fn discarded_requests(&self, reason: DiscardReason) -> u64 {
-        self.discarded_requests[reason as usize].get()
-    }
-}
-
-/// Every tenant's series, visited by whoever keeps them (the limiter): the scrape walks them
-/// once per family.
-pub trait TenantSource {
-    fn for_each_tenant(&self, visit: &mut dyn FnMut(&str, &TenantMetrics));
-}
-
-/// No tenants (a registry without a limiter, e.g. in tests of the other families).
-impl TenantSource for () {
-    fn for_each_tenant(&self, _visit: &mut dyn FnMut(&str, &TenantMetrics)) {}
-}
-
-impl TenantSource for engine::Limiter<TenantSeries> {
-    fn for_each_tenant(&self, visit: &mut dyn FnMut(&str, &TenantMetrics)) {
-        engine::Limiter::for_each_tenant(self, |name, data| visit(name, data));
-    }
-}
-
-/// A per-tenant family: its name, help, type, and how to write its series for one tenant.
-struct TenantFamily {
-    name: &'static str,
-    help: &'static str,
-    kind: &'static str,
-    write: fn(&mut String, &'static str, &str, &TenantMetrics),
-}
-
-const TENANT_FAMILIES: [TenantFamily; 8] = [
-    TenantFamily {
-        name: "weir_distributor_requests_in_total",
-        help: "Push requests received per tenant, including rejected ones.",
-        kind: "counter",
-        write: |out, name, user, m| per_user(out, name, user, &m.requests_in),
-    },
-    TenantFamily {
-        name: "weir_distributor_received_requests_total",
-        help: "Push requests admitted per tenant.",
-        kind: "counter",
-        write: |out, name, user, m| per_user(out, name, user, &m.received_requests),
-    },
-    TenantFamily {
-        name: "weir_distributor_received_samples_total",
-        help: "Samples and histograms admitted per tenant.",
-        kind: "counter",
-        write: |out, name, user, m| per_user(out, name, user, &m.received_samples),
-    },
-    TenantFamily {
-        name: "weir_distributor_received_exemplars_total",
-        help: "Exemplars admitted per tenant.",
-        kind: "counter",
-        write: |out, name, user, m| per_user(out, name, user, &m.received_exemplars),
-    },
-    TenantFamily {
-        name: "weir_distributor_received_metadata_total",
-        help: "Metadata entries admitted per tenant.",
-        kind: "counter",
-        write: |out, name, user, m| per_user(out, name, user, &m.received_metadata),
-    },
-    TenantFamily {
-        name: "weir_discarded_requests_total",
-        help: "Push requests discarded per tenant, by reason.",
-        kind: "counter",
-        write: |out, name, user, m| {
-            for (reason, counter) in DiscardReason::ALL.iter().zip(&m.discarded_requests) {
-                let labels = [("reason", reason.as_str()), ("user", user)];
-                sample(out, name, &labels, counter.get() as f64);
-            }
-        },
-    },
-    TenantFamily {
-        name: "weir_discarded_samples_total",
-        help: "Samples, histograms, exemplars and metadata discarded per tenant, by reason.",
-        kind: "counter",
-        write: |out, name, user, m| {
-            for (reason, counter) in DiscardReason::COUNTS_SAMPLES
-                .iter()
-                .zip(&m.discarded_samples)
-            {
-                let labels = [("reason", reason.as_str()), ("user", user)];
-                sample(out, name, &labels, counter.get() as f64);
-            }
-        },
-    },
-    TenantFamily {
-        name: "weir_limiter_local_limit",
-        help: "This replica's share of a tenant's fleet-wide limit, per second (+Inf: \
-               unlimited), by limit (request_rate, ingestion_rate).",
-        kind: "gauge",
-        write: |out, name, user, m| {
-            let limits = [
-                ("request_rate", m.local_request_rate.get()),
-                ("ingestion_rate", m.local_ingestion_rate.get()),
-            ];
-            for (limit, value) in limits {
-                sample(out, name, &[("user", user), ("limit", limit)], value);
-            }
-        },
-    },
-];
-
-/// A family with one series per tenant, labelled `user` only.
-fn per_user(out: &mut String, name: &str, user: &str, counter: &Counter) {
-    sample(out, name, &[("user", user)], counter.get() as f64);
-}
-
-/// One line of the text exposition format: `name{label="value",…} value`.
-fn sample(out: &mut String, name: &str, labels: &[(&str, &str)], value: f64) {
-    out.push_str(name);
-    out.push('{');
-    for (i, (label, value)) in labels.iter().enumerate() {
-        if i > 0 {
-            out.push(',');
-        }
-        out.push_str(label);
-        out.push_str("=\"");
-        for c in value.chars() {
-            match c {
-                '\\' => out.push_str("\\\\"),
-                '"' => out.push_str("\\\""),
-                '\n' => out.push_str("\\n"),
-                c => out.push(c),
-            }
-        }
-        out.push('"');
-    }
-    out.push_str("} ");
-    if value.is_infinite() {
-        out.push_str(if value > 0.0 { "+Inf" } else { "-Inf" });
-    } else {
-        let _ = write!(out, "{value}");
-    }
-    out.push('\n');
 }
 
 fn counter_vec(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
@@ -492,6 +194,12 @@ impl Metrics {
                 "Admitted push requests acknowledged without forwarding (sink mode).",
             )
             .expect("valid"),
+            refunded_requests: IntCounter::new(
+                "weir_distributor_refunded_requests_total",
+                "Admitted pushes whose forward wrote nothing (5xx, 429, timeout, unreachable): \
+                 their request and ingestion tokens were given back.",
+            )
+            .expect("valid"),
             store_calls: counter_vec(
                 r,
                 "weir_store_calls_total",
@@ -554,6 +262,7 @@ impl Metrics {
             Box::new(metrics.tracked_tenants.clone()),
             Box::new(metrics.runtime_alive_tasks.clone()),
             Box::new(metrics.sink_requests.clone()),
+            Box::new(metrics.refunded_requests.clone()),
             Box::new(metrics.upstream_duration.clone()),
             Box::new(metrics.ring_members.clone()),
             Box::new(metrics.ring_healthy_replicas.clone()),
@@ -660,65 +369,10 @@ impl Default for Metrics {
     }
 }
 
-/// The limit engine's hooks: a tenant's series live and die with its limiter state.
-#[derive(Clone)]
-pub struct TenantSeries(pub std::sync::Arc<Metrics>);
-
-impl engine::TenantHooks for TenantSeries {
-    type Data = TenantMetrics;
-
-    fn create(&self, _tenant: &str) -> TenantMetrics {
-        TenantMetrics::default()
-    }
-
-    fn local_limits(&self, series: &TenantMetrics, local: &engine::LocalLimits) {
-        series.local_request_rate.set(local.request.per_second());
-        series
-            .local_ingestion_rate
-            .set(local.ingestion.per_second());
-    }
-
-    fn tracked(&self, tenants: usize) {
-        self.0.tracked_tenants.set(tenants as i64);
-    }
-}
-
-/// The shared store's metrics, fed by the engine.
-pub struct StoreSeries(pub std::sync::Arc<Metrics>);
-
-impl engine::StoreObserver for StoreSeries {
-    fn call(&self, op: &'static str, outcome: &'static str, seconds: f64) {
-        self.0.store_calls.with_label_values(&[op, outcome]).inc();
-        self.0
-            .store_call_duration
-            .with_label_values(&[op])
-            .observe(seconds);
-    }
-
-    fn leased(&self, tokens: u64) {
-        self.0.store_lease_tokens.observe(tokens as f64);
-        self.0.store_tokens_leased.inc_by(tokens);
-    }
-
-    fn returned(&self, tokens: u64) {
-        self.0.store_tokens_returned.inc_by(tokens);
-    }
-
-    fn breaker(&self, state: engine::breaker::BreakerState) {
-        self.0.store_breaker_state.set(state as i64);
-    }
-
-    fn policy_decision(&self, policy: runtime_config::StoreFailurePolicy, admitted: bool) {
-        let outcome = if admitted { "admitted" } else { "refused" };
-        self.0
-            .store_policy_decisions
-            .with_label_values(&[policy.as_str(), outcome])
-            .inc();
-    }
-}
-
 #[cfg(test)]
 mod tests {
+    use super::super::reasons::DiscardReason;
+    use super::super::tenant::{sample, TenantMetrics};
     use super::*;
 
     /// Tenants kept in a plain list, as the limiter's map would hand them out.

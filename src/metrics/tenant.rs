@@ -1,0 +1,211 @@
+//! One tenant's series: plain atomics kept with its limiter state, and their text
+//! exposition, written by hand at scrape time under the families' names and labels (see
+//! [`super`] for why not `prometheus` crate series).
+
+use std::fmt::Write as _;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use super::reasons::DiscardReason;
+
+/// A per-tenant counter: one atomic, no labels of its own (the tenant and reason are where
+/// it is kept).
+#[derive(Debug, Default)]
+pub struct Counter(AtomicU64);
+
+impl Counter {
+    pub fn inc(&self) {
+        self.inc_by(1);
+    }
+
+    pub fn inc_by(&self, by: u64) {
+        self.0.fetch_add(by, Ordering::Relaxed);
+    }
+
+    pub fn get(&self) -> u64 {
+        self.0.load(Ordering::Relaxed)
+    }
+}
+
+/// A per-tenant gauge: an `f64` in an atomic.
+#[derive(Debug, Default)]
+pub struct Gauge64(AtomicU64);
+
+impl Gauge64 {
+    pub fn set(&self, value: f64) {
+        self.0.store(value.to_bits(), Ordering::Relaxed);
+    }
+
+    pub fn get(&self) -> f64 {
+        f64::from_bits(self.0.load(Ordering::Relaxed))
+    }
+}
+
+/// One tenant's series: 15 atomics (120 bytes), kept with its limiter state.
+#[derive(Debug, Default)]
+pub struct TenantMetrics {
+    pub requests_in: Counter,
+    pub received_requests: Counter,
+    pub received_samples: Counter,
+    pub received_exemplars: Counter,
+    pub received_metadata: Counter,
+    /// This replica's share of the tenant's request and ingestion rates (+Inf: unlimited).
+    pub local_request_rate: Gauge64,
+    pub local_ingestion_rate: Gauge64,
+    discarded_requests: [Counter; DiscardReason::ALL.len()],
+    /// Only for the reasons decided after the body was decoded (see
+    /// [`DiscardReason::COUNTS_SAMPLES`]); the others never know a sample count.
+    discarded_samples: [Counter; DiscardReason::COUNTS_SAMPLES.len()],
+}
+
+impl TenantMetrics {
+    /// A push admitted and delivered (or kept, in sink mode): its request and items.
+    pub fn count_received(&self, counts: &crate::counts::WriteCounts) {
+        self.received_requests.inc();
+        self.received_samples
+            .inc_by(counts.samples + counts.histograms);
+        self.received_exemplars.inc_by(counts.exemplars);
+        self.received_metadata.inc_by(counts.metadata);
+    }
+
+    pub fn discard(&self, reason: DiscardReason, samples: u64) {
+        self.discarded_requests[reason as usize].inc();
+        if let Some(index) = DiscardReason::COUNTS_SAMPLES
+            .iter()
+            .position(|r| *r == reason)
+        {
+            self.discarded_samples[index].inc_by(samples);
+        }
+    }
+
+    pub fn discarded_requests(&self, reason: DiscardReason) -> u64 {
+        self.discarded_requests[reason as usize].get()
+    }
+}
+
+/// Every tenant's series, visited by whoever keeps them (the limiter): the scrape walks them
+/// once per family.
+pub trait TenantSource {
+    fn for_each_tenant(&self, visit: &mut dyn FnMut(&str, &TenantMetrics));
+}
+
+/// No tenants (a registry without a limiter, e.g. in tests of the other families).
+impl TenantSource for () {
+    fn for_each_tenant(&self, _visit: &mut dyn FnMut(&str, &TenantMetrics)) {}
+}
+
+/// A per-tenant family: its name, help, type, and how to write its series for one tenant.
+pub(super) struct TenantFamily {
+    pub name: &'static str,
+    pub help: &'static str,
+    pub kind: &'static str,
+    pub write: fn(&mut String, &'static str, &str, &TenantMetrics),
+}
+
+pub(super) const TENANT_FAMILIES: [TenantFamily; 8] = [
+    TenantFamily {
+        name: "weir_distributor_requests_in_total",
+        help: "Push requests received per tenant, including rejected ones.",
+        kind: "counter",
+        write: |out, name, user, m| per_user(out, name, user, &m.requests_in),
+    },
+    TenantFamily {
+        name: "weir_distributor_received_requests_total",
+        help: "Push requests admitted per tenant (not those given back when the forward \
+               wrote nothing).",
+        kind: "counter",
+        write: |out, name, user, m| per_user(out, name, user, &m.received_requests),
+    },
+    TenantFamily {
+        name: "weir_distributor_received_samples_total",
+        help: "Samples and histograms admitted per tenant (not those given back when the \
+               forward wrote nothing).",
+        kind: "counter",
+        write: |out, name, user, m| per_user(out, name, user, &m.received_samples),
+    },
+    TenantFamily {
+        name: "weir_distributor_received_exemplars_total",
+        help: "Exemplars admitted per tenant.",
+        kind: "counter",
+        write: |out, name, user, m| per_user(out, name, user, &m.received_exemplars),
+    },
+    TenantFamily {
+        name: "weir_distributor_received_metadata_total",
+        help: "Metadata entries admitted per tenant.",
+        kind: "counter",
+        write: |out, name, user, m| per_user(out, name, user, &m.received_metadata),
+    },
+    TenantFamily {
+        name: "weir_discarded_requests_total",
+        help: "Push requests discarded per tenant, by reason.",
+        kind: "counter",
+        write: |out, name, user, m| {
+            for (reason, counter) in DiscardReason::ALL.iter().zip(&m.discarded_requests) {
+                let labels = [("reason", reason.as_str()), ("user", user)];
+                sample(out, name, &labels, counter.get() as f64);
+            }
+        },
+    },
+    TenantFamily {
+        name: "weir_discarded_samples_total",
+        help: "Samples, histograms, exemplars and metadata discarded per tenant, by reason.",
+        kind: "counter",
+        write: |out, name, user, m| {
+            for (reason, counter) in DiscardReason::COUNTS_SAMPLES
+                .iter()
+                .zip(&m.discarded_samples)
+            {
+                let labels = [("reason", reason.as_str()), ("user", user)];
+                sample(out, name, &labels, counter.get() as f64);
+            }
+        },
+    },
+    TenantFamily {
+        name: "weir_limiter_local_limit",
+        help: "This replica's share of a tenant's fleet-wide limit, per second (+Inf: \
+               unlimited), by limit (request_rate, ingestion_rate).",
+        kind: "gauge",
+        write: |out, name, user, m| {
+            let limits = [
+                ("request_rate", m.local_request_rate.get()),
+                ("ingestion_rate", m.local_ingestion_rate.get()),
+            ];
+            for (limit, value) in limits {
+                sample(out, name, &[("user", user), ("limit", limit)], value);
+            }
+        },
+    },
+];
+
+/// A family with one series per tenant, labelled `user` only.
+fn per_user(out: &mut String, name: &str, user: &str, counter: &Counter) {
+    sample(out, name, &[("user", user)], counter.get() as f64);
+}
+
+/// One line of the text exposition format: `name{label="value",…} value`.
+pub(super) fn sample(out: &mut String, name: &str, labels: &[(&str, &str)], value: f64) {
+    out.push_str(name);
+    out.push('{');
+    for (i, (label, value)) in labels.iter().enumerate() {
+        if i > 0 {
+            out.push(',');
+        }
+        out.push_str(label);
+        out.push_str("=\"");
+        for c in value.chars() {
+            match c {
+                '\\' => out.push_str("\\\\"),
+                '"' => out.push_str("\\\""),
+                '\n' => out.push_str("\\n"),
+                c => out.push(c),
+            }
+        }
+        out.push('"');
+    }
+    out.push_str("} ");
+    if value.is_infinite() {
+        out.push_str(if value > 0.0 { "+Inf" } else { "-Inf" });
+    } else {
+        let _ = write!(out, "{value}");
+    }
+    out.push('\n');
+}
