@@ -68,18 +68,61 @@ pub struct RuntimeConfig {
     pub instance: InstanceLimits,
     /// Hex SHA-256 of the file's bytes (empty for a config built only from defaults).
     pub sha256: String,
-    /// Mimir keys in the file that weir accepts but does not enforce, as `place.key`.
-    pub ignored_mimir_keys: Vec<String>,
+    /// Where the file's keys stand: in force, another Mimir component's, or ignored.
+    pub mimir_keys: MimirKeys,
     /// Limits for the admission API.
     pub admission: AdmissionConfig,
     /// Limits for Envoy's rate-limit service protocol, by domain.
     pub envoy_domains: Vec<crate::envoy::EnvoyDomain>,
 }
 
+/// Where the keys of the loaded file stand, for an operator coming from Mimir. A per-tenant
+/// key is named `overrides.*.key` (once, whichever tenants set it), an instance limit
+/// `distributor_limits.key`, a top-level section by its name. Each list is sorted by key.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct MimirKeys {
+    /// The tenant and instance limits the file sets, which weir enforces (Mimir's
+    /// `ingestion_rate`, `request_rate`, … and weir's own, such as `rate_limit_strategy`).
+    /// The admission API's and Envoy's sections are not listed: they are not Mimir's.
+    pub in_force: Vec<String>,
+    /// Mimir keys another component reads (ingester, querier, ruler, …), with that component:
+    /// they never applied to a distributor, so nothing is lost by weir not reading them.
+    pub not_for_a_distributor: Vec<(String, &'static str)>,
+    /// Mimir keys a distributor reads that weir does not enforce, with why and what happens
+    /// to the pushes instead.
+    pub ignored: Vec<(String, &'static str)>,
+}
+
+impl MimirKeys {
+    fn render(&self) -> Mapping {
+        let in_force = self
+            .in_force
+            .iter()
+            .map(|key| Value::from(key.as_str()))
+            .collect();
+        let pairs = |list: &[(String, &str)]| {
+            Value::Mapping(
+                list.iter()
+                    .map(|(key, text)| (Value::from(key.as_str()), Value::from(*text)))
+                    .collect(),
+            )
+        };
+        let mut mapping = Mapping::new();
+        mapping.insert("in_force".into(), Value::Sequence(in_force));
+        mapping.insert(
+            "not_for_a_distributor".into(),
+            pairs(&self.not_for_a_distributor),
+        );
+        mapping.insert("ignored".into(), pairs(&self.ignored));
+        mapping
+    }
+}
+
 /// What `/runtime_config` shows.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RenderMode {
-    /// Every tenant's resolved limits, the defaults and the instance limits.
+    /// Every tenant's resolved limits, the defaults, the instance limits, and where the
+    /// file's keys stand (`mimir_keys`).
     Full,
     /// Only the values that differ from the defaults.
     Diff,
@@ -93,7 +136,7 @@ impl RuntimeConfig {
             overrides: BTreeMap::new(),
             instance: defaults.instance,
             sha256: String::new(),
-            ignored_mimir_keys: Vec::new(),
+            mimir_keys: MimirKeys::default(),
             admission: AdmissionConfig::default(),
             envoy_domains: Vec::new(),
         }
@@ -110,18 +153,20 @@ impl RuntimeConfig {
     pub fn parse(content: &str, defaults: Defaults) -> Result<Self, ConfigError> {
         let sha256 = hex_sha256(content.as_bytes());
         let file = decode_single_document(content)?;
-        let mut ignored = BTreeSet::new();
+        let mut keys = KeySorter::default();
 
         for (key, _) in file.other {
-            if mimir_keys::RUNTIME_CONFIG_SECTIONS.contains(&key.as_str()) {
-                ignored.insert(key);
-            } else {
-                return Err(ConfigError::UnknownKey {
-                    key,
-                    place: "the top level".into(),
-                });
+            match mimir_keys::section(&key) {
+                Some(standing) => keys.mimir(key, standing),
+                None => {
+                    return Err(ConfigError::UnknownKey {
+                        key,
+                        place: "the top level".into(),
+                    })
+                }
             }
         }
+        keys.in_force_instance(&file.distributor_limits);
 
         let mut overrides = BTreeMap::new();
         let mut admission = AdmissionConfig::default();
@@ -165,15 +210,17 @@ impl RuntimeConfig {
                 },
             );
             for key in entry.other.keys() {
-                if mimir_keys::LIMITS.contains(&key.as_str()) {
-                    ignored.insert(format!("overrides.*.{key}"));
-                } else {
-                    return Err(ConfigError::UnknownKey {
-                        key: key.clone(),
-                        place: format!("overrides.{tenant}"),
-                    });
+                match mimir_keys::limit(key) {
+                    Some(standing) => keys.mimir(format!("overrides.*.{key}"), standing),
+                    None => {
+                        return Err(ConfigError::UnknownKey {
+                            key: key.clone(),
+                            place: format!("overrides.{tenant}"),
+                        })
+                    }
                 }
             }
+            keys.in_force_tenant(&entry.known);
             let limits = entry.known.apply(&defaults.tenant);
             limits.validate().map_err(|message| ConfigError::Invalid {
                 place: format!("overrides.{tenant}"),
@@ -195,7 +242,7 @@ impl RuntimeConfig {
             overrides,
             instance,
             sha256,
-            ignored_mimir_keys: ignored.into_iter().collect(),
+            mimir_keys: keys.finish(),
             admission,
             envoy_domains: file.envoy_domains,
         })
@@ -232,7 +279,78 @@ impl RuntimeConfig {
         }
         root.insert("overrides".into(), Value::Mapping(overrides));
         root.insert("distributor_limits".into(), Value::Mapping(instance));
+        // Not in the diff: that is the file's shape, and loads again as it is.
+        if mode == RenderMode::Full {
+            root.insert(
+                "mimir_keys".into(),
+                Value::Mapping(self.mimir_keys.render()),
+            );
+        }
         serde_yaml_ng::to_string(&root).expect("a mapping of plain values always serializes")
+    }
+}
+
+/// Sorts the file's keys into [`MimirKeys`]' lists as the parser meets them.
+#[derive(Default)]
+struct KeySorter {
+    in_force: BTreeSet<String>,
+    not_for_a_distributor: BTreeMap<String, &'static str>,
+    ignored: BTreeMap<String, &'static str>,
+}
+
+impl KeySorter {
+    fn mimir(&mut self, key: String, standing: mimir_keys::Standing) {
+        match standing {
+            mimir_keys::Standing::NotForADistributor(component) => {
+                self.not_for_a_distributor.insert(key, component);
+            }
+            mimir_keys::Standing::Ignored(reason) => {
+                self.ignored.insert(key, reason);
+            }
+        }
+    }
+
+    /// The keys a tenant's entry sets, read from the entry as serde sees it (so the names are
+    /// the file's): a key is set when its value is not null.
+    fn in_force_tenant(&mut self, known: &TenantOverride) {
+        for (key, value) in to_mapping(known) {
+            if let (Value::String(key), false) = (key, value.is_null()) {
+                self.in_force.insert(format!("overrides.*.{key}"));
+            }
+        }
+    }
+
+    /// The keys `distributor_limits` sets. Every field is named, so a new one fails to build
+    /// until it is listed here.
+    fn in_force_instance(&mut self, instance: &InstanceOverride) {
+        let InstanceOverride {
+            max_inflight_push_requests,
+            max_inflight_push_requests_bytes,
+            max_ingestion_rate,
+        } = instance;
+        for (key, set) in [
+            (
+                "max_inflight_push_requests",
+                max_inflight_push_requests.is_some(),
+            ),
+            (
+                "max_inflight_push_requests_bytes",
+                max_inflight_push_requests_bytes.is_some(),
+            ),
+            ("max_ingestion_rate", max_ingestion_rate.is_some()),
+        ] {
+            if set {
+                self.in_force.insert(format!("distributor_limits.{key}"));
+            }
+        }
+    }
+
+    fn finish(self) -> MimirKeys {
+        MimirKeys {
+            in_force: self.in_force.into_iter().collect(),
+            not_for_a_distributor: self.not_for_a_distributor.into_iter().collect(),
+            ignored: self.ignored.into_iter().collect(),
+        }
     }
 }
 
@@ -356,12 +474,118 @@ mod tests {
         .unwrap();
         assert_eq!(config.tenant_limits("a").ingestion_rate, 7.0);
         assert_eq!(
-            config.ignored_mimir_keys,
+            config.mimir_keys,
+            MimirKeys {
+                in_force: vec!["overrides.*.ingestion_rate".to_string()],
+                not_for_a_distributor: vec![
+                    ("ingester_limits".to_string(), "ingester"),
+                    (
+                        "multi_kv_config".to_string(),
+                        "Mimir's ring KV store (its migration between stores)"
+                    ),
+                    (
+                        "overrides.*.max_global_series_per_user".to_string(),
+                        "ingester"
+                    ),
+                ],
+                ignored: vec![],
+            }
+        );
+        // A key that is neither weir's nor Mimir's is still an error, at either level.
+        assert!(parse("overrides:\n  a:\n    ha_clustr_label: x\n").is_err());
+        assert!(parse("ingester_limit: {}\n").is_err());
+        // With no file, nothing to list.
+        assert_eq!(
+            RuntimeConfig::from_defaults(Defaults::default()).mimir_keys,
+            MimirKeys::default()
+        );
+    }
+
+    #[test]
+    fn each_key_lands_in_its_list_with_its_reason() {
+        let config = parse(
+            "overrides:\n  a:\n    ha_cluster_label: cluster\n    max_label_names_per_series: 40\n    \
+             max_global_series_per_user: 150000\n    rate_limit_strategy: divided\n    \
+             ingestion_burst_size: null\n  b:\n    accept_ha_samples: true\n    \
+             ingestion_rate: 5\n    ruler_tenant_shard_size: 2\n\
+             distributor_limits:\n  max_ingestion_rate: 100\n",
+        )
+        .unwrap();
+        let ha = "HA deduplication is not implemented: both Prometheus replicas of an HA pair \
+                  are charged and forwarded";
+        let validation = "series validation is not implemented: such series are charged and \
+                          forwarded";
+        assert_eq!(
+            config.mimir_keys.in_force,
             vec![
-                "ingester_limits",
-                "multi_kv_config",
-                "overrides.*.max_global_series_per_user"
+                "distributor_limits.max_ingestion_rate",
+                "overrides.*.ingestion_rate",
+                "overrides.*.rate_limit_strategy",
+            ],
+            "a key set to null inherits the default: not listed"
+        );
+        assert_eq!(
+            config.mimir_keys.not_for_a_distributor,
+            vec![
+                (
+                    "overrides.*.max_global_series_per_user".to_string(),
+                    "ingester"
+                ),
+                ("overrides.*.ruler_tenant_shard_size".to_string(), "ruler"),
             ]
+        );
+        assert_eq!(
+            config.mimir_keys.ignored,
+            vec![
+                ("overrides.*.accept_ha_samples".to_string(), ha),
+                ("overrides.*.ha_cluster_label".to_string(), ha),
+                (
+                    "overrides.*.max_label_names_per_series".to_string(),
+                    validation
+                ),
+            ]
+        );
+        // The lists are only about the file: the limits are as before.
+        assert_eq!(
+            config.tenant_limits("a").rate_limit_strategy,
+            RateLimitStrategy::Divided
+        );
+        assert_eq!(config.tenant_limits("b").ingestion_rate, 5.0);
+        assert_eq!(config.instance.max_ingestion_rate, 100.0);
+    }
+
+    #[test]
+    fn render_full_shows_where_the_keys_stand_and_diff_does_not() {
+        let config = parse(
+            "overrides:\n  a:\n    ingestion_rate: 7\n    accept_ha_samples: true\n    \
+             max_global_series_per_user: 5\n",
+        )
+        .unwrap();
+        let full = config.render(RenderMode::Full);
+        assert!(
+            full.ends_with(
+                "mimir_keys:\n  in_force:\n  - overrides.*.ingestion_rate\n  \
+                 not_for_a_distributor:\n    overrides.*.max_global_series_per_user: ingester\n  \
+                 ignored:\n    overrides.*.accept_ha_samples: 'HA deduplication is not \
+                 implemented: both Prometheus replicas of an HA pair are charged and forwarded'\n"
+            ),
+            "{full}"
+        );
+        let back: Value = serde_yaml_ng::from_str(&full).expect("valid YAML");
+        assert_eq!(
+            back["mimir_keys"]["ignored"]["overrides.*.accept_ha_samples"],
+            Value::from(mimir_keys::HA)
+        );
+        let diff = config.render(RenderMode::Diff);
+        assert!(!diff.contains("mimir_keys"), "{diff}");
+        parse(&diff).expect("the diff loads as a file");
+        // No file: the section is there, with empty lists.
+        let empty = RuntimeConfig::from_defaults(Defaults::default()).render(RenderMode::Full);
+        assert!(
+            empty.ends_with(
+                "mimir_keys:\n  in_force: []\n  not_for_a_distributor: {}\n  ignored: {}\n"
+            ),
+            "{empty}"
         );
     }
 

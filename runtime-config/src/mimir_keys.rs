@@ -1,128 +1,377 @@
 //! Grafana Mimir's runtime-config keys that weir accepts without enforcing them, so an
-//! operator's existing Mimir overrides file loads unchanged. Taken from Mimir's
-//! `pkg/util/validation/limits.go` (`Limits` yaml tags) and `pkg/mimir/runtime_config.go`.
+//! operator's existing Mimir overrides file loads unchanged, and where each one stands: a
+//! setting of another Mimir component (it never applied to a distributor), or a distributor's
+//! setting weir does not implement (with what that means for the pushes).
+//!
+//! Taken from Mimir's `pkg/util/validation/limits.go` (`Limits` yaml tags, and which component
+//! reads each limit) and `pkg/mimir/runtime_config.go`, including keys older Mimir versions
+//! had. The keys weir enforces are not here: they are `TenantOverride`'s and
+//! `InstanceOverride`'s fields. `docs/mimir-keys.md` is the operator's view of these tables.
 
-/// Top-level sections of Mimir's runtime config besides `overrides` and `distributor_limits`.
-pub(crate) const RUNTIME_CONFIG_SECTIONS: &[&str] = &[
-    "multi_kv_config",
-    "ingester_stream_chunks_when_using_blocks",
-    "ingester_limits",
+/// Where a Mimir key that weir does not enforce stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Standing {
+    /// Another Mimir component reads it (named); it never applied to a distributor.
+    NotForADistributor(&'static str),
+    /// A distributor's setting weir does not enforce; why, and what happens instead.
+    Ignored(&'static str),
+}
+
+/// Where a per-tenant key (under `overrides.<tenant>`) stands; `None`: not a Mimir key.
+pub(crate) fn limit(key: &str) -> Option<Standing> {
+    lookup(NOT_FOR_A_DISTRIBUTOR, key)
+        .map(Standing::NotForADistributor)
+        .or_else(|| lookup(IGNORED, key).map(Standing::Ignored))
+}
+
+/// Where a top-level section stands; `None`: not a Mimir section.
+pub(crate) fn section(key: &str) -> Option<Standing> {
+    lookup(SECTIONS_NOT_FOR_A_DISTRIBUTOR, key).map(Standing::NotForADistributor)
+}
+
+/// The tables are sorted by key (a test checks), so a binary search finds a key.
+fn lookup(table: &'static [(&'static str, &'static str)], key: &str) -> Option<&'static str> {
+    table
+        .binary_search_by(|(name, _)| (*name).cmp(key))
+        .ok()
+        .map(|index| table[index].1)
+}
+
+/// Top-level sections of Mimir's runtime config besides `overrides` and `distributor_limits`,
+/// with the component that reads each.
+pub(crate) const SECTIONS_NOT_FOR_A_DISTRIBUTOR: &[(&str, &str)] = &[
+    ("ingester_limits", INGESTER),
+    ("ingester_stream_chunks_when_using_blocks", INGESTER),
+    (
+        "multi_kv_config",
+        "Mimir's ring KV store (its migration between stores)",
+    ),
 ];
 
-/// Per-tenant limit keys of Mimir that weir does not implement.
-pub(crate) const LIMITS: &[&str] = &[
-    "accept_ha_samples",
-    "active_series_custom_trackers",
-    "active_series_results_max_size_bytes",
-    "alertmanager_max_alerts_count",
-    "alertmanager_max_alerts_size_bytes",
-    "alertmanager_max_config_size_bytes",
-    "alertmanager_max_dispatcher_aggregation_groups",
-    "alertmanager_max_grafana_config_size_bytes",
-    "alertmanager_max_grafana_state_size_bytes",
-    "alertmanager_max_silence_size_bytes",
-    "alertmanager_max_silences_count",
-    "alertmanager_max_template_size_bytes",
-    "alertmanager_max_templates_count",
-    "alertmanager_notification_rate_limit",
-    "alertmanager_notification_rate_limit_per_integration",
-    "alertmanager_receivers_firewall_block_cidr_networks",
-    "alertmanager_receivers_firewall_block_private_addresses",
-    "align_queries_with_step",
-    "blocked_queries",
-    "cache_unaligned_requests",
-    "cardinality_analysis_enabled",
-    "compactor_block_upload_enabled",
-    "compactor_block_upload_max_block_size_bytes",
-    "compactor_block_upload_validation_enabled",
-    "compactor_block_upload_verify_chunks",
-    "compactor_blocks_retention_period",
-    "compactor_in_memory_tenant_meta_cache_size",
-    "compactor_partial_block_deletion_delay",
-    "compactor_split_and_merge_shards",
-    "compactor_split_groups",
-    "compactor_tenant_shard_size",
-    "creation_grace_period",
-    "drop_labels",
-    "enabled_promql_experimental_functions",
-    "enforce_metadata_metric_name",
-    "forwarding_drop_older_than",
-    "forwarding_endpoint",
-    "forwarding_rules",
-    "ha_cluster_label",
-    "ha_max_clusters",
-    "ha_replica_label",
-    "ignore_ooo_exemplars",
-    "ingest_storage_read_consistency",
-    "ingestion_artificial_delay",
-    "ingestion_burst_factor",
-    "ingestion_partitions_tenant_shard_size",
-    "ingestion_tenant_shard_size",
-    "label_names_and_values_results_max_size_bytes",
-    "label_values_max_cardinality_label_names_per_request",
-    "max_cache_freshness",
-    "max_estimated_fetched_chunks_per_query_multiplier",
-    "max_estimated_memory_consumption_per_query",
-    "max_exemplars_per_series_per_request",
-    "max_fetched_chunk_bytes_per_query",
-    "max_fetched_chunks_per_query",
-    "max_fetched_series_per_query",
-    "max_global_exemplars_per_user",
-    "max_global_metadata_per_metric",
-    "max_global_metadata_per_user",
-    "max_global_series_per_metric",
-    "max_global_series_per_user",
-    "max_label_name_length",
-    "max_label_names_per_info_series",
-    "max_label_names_per_series",
-    "max_label_value_length",
-    "max_labels_query_length",
-    "max_metadata_length",
-    "max_native_histogram_buckets",
-    "max_partial_query_length",
-    "max_queriers_per_tenant",
-    "max_query_expression_size_bytes",
-    "max_query_length",
-    "max_query_lookback",
-    "max_query_parallelism",
-    "max_total_query_length",
-    "metric_relabel_configs",
-    "metric_relabeling_enabled",
-    "native_histograms_ingestion_enabled",
-    "ooo_native_histograms_ingestion_enabled",
-    "otel_created_timestamp_zero_ingestion_enabled",
-    "otel_keep_identifying_resource_attributes",
-    "otel_metric_suffixes_enabled",
-    "out_of_order_blocks_external_label_enabled",
-    "out_of_order_time_window",
-    "past_grace_period",
-    "promote_otel_resource_attributes",
-    "query_ingesters_within",
-    "query_sharding_max_regexp_size_bytes",
-    "query_sharding_max_sharded_queries",
-    "query_sharding_total_shards",
-    "reduce_native_histogram_over_max_buckets",
-    "results_cache_ttl",
-    "results_cache_ttl_for_cardinality_query",
-    "results_cache_ttl_for_errors",
-    "results_cache_ttl_for_labels_query",
-    "results_cache_ttl_for_out_of_order_time_window",
-    "ruler_alerting_rules_evaluation_enabled",
-    "ruler_evaluation_delay_duration",
-    "ruler_max_rule_evaluation_concurrency_per_tenant",
-    "ruler_max_rule_groups_per_tenant",
-    "ruler_max_rule_groups_per_tenant_by_namespace",
-    "ruler_max_rules_per_rule_group",
-    "ruler_max_rules_per_rule_group_by_namespace",
-    "ruler_protected_namespaces",
-    "ruler_recording_rules_evaluation_enabled",
-    "ruler_sync_rules_on_changes_enabled",
-    "ruler_tenant_shard_size",
-    "s3_sse_kms_encryption_context",
-    "s3_sse_kms_key_id",
-    "s3_sse_type",
-    "separate_metrics_group_label",
-    "service_overload_status_code_on_rate_limit_enabled",
-    "split_instant_queries_by_interval",
-    "store_gateway_tenant_shard_size",
+const ALERTMANAGER: &str = "alertmanager";
+const COMPACTOR: &str = "compactor";
+const INGESTER: &str = "ingester";
+const OBJECT_STORAGE: &str = "object storage (every component's bucket client)";
+const QUERIER: &str = "querier";
+const QUERY_FRONTEND: &str = "query-frontend";
+const RULER: &str = "ruler";
+const STORE_GATEWAY: &str = "store-gateway";
+
+/// Per-tenant keys that another Mimir component reads, with that component. A distributor
+/// never applied them; Mimir's ingesters enforce the series, metadata and exemplar totals.
+pub(crate) const NOT_FOR_A_DISTRIBUTOR: &[(&str, &str)] = &[
+    ("active_series_additional_custom_trackers", INGESTER),
+    ("active_series_custom_trackers", INGESTER),
+    ("active_series_results_max_size_bytes", QUERIER),
+    ("alertmanager_max_alerts_count", ALERTMANAGER),
+    ("alertmanager_max_alerts_size_bytes", ALERTMANAGER),
+    ("alertmanager_max_config_size_bytes", ALERTMANAGER),
+    (
+        "alertmanager_max_dispatcher_aggregation_groups",
+        ALERTMANAGER,
+    ),
+    ("alertmanager_max_grafana_config_size_bytes", ALERTMANAGER),
+    ("alertmanager_max_grafana_state_size_bytes", ALERTMANAGER),
+    ("alertmanager_max_silence_size_bytes", ALERTMANAGER),
+    ("alertmanager_max_silences_count", ALERTMANAGER),
+    ("alertmanager_max_template_size_bytes", ALERTMANAGER),
+    ("alertmanager_max_templates_count", ALERTMANAGER),
+    ("alertmanager_notification_rate_limit", ALERTMANAGER),
+    (
+        "alertmanager_notification_rate_limit_per_integration",
+        ALERTMANAGER,
+    ),
+    ("alertmanager_notify_hook_receivers", ALERTMANAGER),
+    ("alertmanager_notify_hook_timeout", ALERTMANAGER),
+    ("alertmanager_notify_hook_url", ALERTMANAGER),
+    (
+        "alertmanager_receivers_firewall_block_cidr_networks",
+        ALERTMANAGER,
+    ),
+    (
+        "alertmanager_receivers_firewall_block_private_addresses",
+        ALERTMANAGER,
+    ),
+    ("align_queries_with_step", QUERY_FRONTEND),
+    ("blocked_queries", QUERY_FRONTEND),
+    ("blocked_requests", QUERY_FRONTEND),
+    ("cache_unaligned_requests", QUERY_FRONTEND),
+    ("cardinality_analysis_enabled", QUERIER),
+    ("cardinality_analysis_max_results", QUERIER),
+    ("compactor_block_upload_enabled", COMPACTOR),
+    ("compactor_block_upload_max_block_size_bytes", COMPACTOR),
+    ("compactor_block_upload_validation_enabled", COMPACTOR),
+    ("compactor_block_upload_verify_chunks", COMPACTOR),
+    ("compactor_blocks_retention_period", COMPACTOR),
+    ("compactor_in_memory_tenant_meta_cache_size", COMPACTOR),
+    ("compactor_max_lookback", COMPACTOR),
+    ("compactor_max_per_block_upload_concurrency", COMPACTOR),
+    ("compactor_partial_block_deletion_delay", COMPACTOR),
+    ("compactor_split_and_merge_shards", COMPACTOR),
+    ("compactor_split_groups", COMPACTOR),
+    ("compactor_tenant_shard_size", COMPACTOR),
+    (
+        "early_head_compaction_min_estimated_series_reduction_percentage",
+        INGESTER,
+    ),
+    ("early_head_compaction_owned_series_threshold", INGESTER),
+    ("enable_delayed_name_removal", QUERIER),
+    ("enabled_promql_experimental_functions", QUERIER),
+    ("enabled_promql_extended_range_selectors", QUERIER),
+    ("ignore_ooo_exemplars", INGESTER),
+    ("ingest_storage_read_consistency", QUERIER),
+    ("label_names_and_values_results_max_size_bytes", QUERIER),
+    (
+        "label_values_max_cardinality_label_names_per_request",
+        QUERIER,
+    ),
+    ("labels_query_optimizer_enabled", QUERIER),
+    ("limited_queries", QUERY_FRONTEND),
+    ("max_cache_freshness", QUERY_FRONTEND),
+    ("max_estimated_fetched_chunks_per_query_multiplier", QUERIER),
+    ("max_estimated_memory_consumption_per_query", QUERIER),
+    ("max_fetched_chunk_bytes_per_query", QUERIER),
+    ("max_fetched_chunks_per_query", QUERIER),
+    ("max_fetched_series_per_query", QUERIER),
+    ("max_global_exemplars_per_user", INGESTER),
+    ("max_global_metadata_per_metric", INGESTER),
+    ("max_global_metadata_per_user", INGESTER),
+    ("max_global_series_per_metric", INGESTER),
+    ("max_global_series_per_user", INGESTER),
+    ("max_label_names_limit", QUERIER),
+    ("max_label_values_limit", QUERIER),
+    ("max_labels_query_length", QUERIER),
+    ("max_partial_query_length", QUERIER),
+    ("max_queriers_per_tenant", QUERY_FRONTEND),
+    ("max_query_expression_size_bytes", QUERY_FRONTEND),
+    ("max_query_length", QUERY_FRONTEND),
+    ("max_query_lookback", QUERIER),
+    ("max_query_parallelism", QUERY_FRONTEND),
+    ("max_series_query_limit", QUERIER),
+    ("max_total_query_length", QUERY_FRONTEND),
+    ("ooo_native_histograms_ingestion_enabled", INGESTER),
+    ("out_of_order_blocks_external_label_enabled", INGESTER),
+    ("out_of_order_time_window", INGESTER),
+    ("prom2_range_compat", QUERIER),
+    ("query_ingesters_within", QUERIER),
+    ("query_sharding_max_regexp_size_bytes", QUERY_FRONTEND),
+    ("query_sharding_max_sharded_queries", QUERY_FRONTEND),
+    ("query_sharding_total_shards", QUERY_FRONTEND),
+    ("results_cache_ttl", QUERY_FRONTEND),
+    ("results_cache_ttl_for_cardinality_query", QUERY_FRONTEND),
+    ("results_cache_ttl_for_errors", QUERY_FRONTEND),
+    ("results_cache_ttl_for_labels_query", QUERY_FRONTEND),
+    (
+        "results_cache_ttl_for_out_of_order_time_window",
+        QUERY_FRONTEND,
+    ),
+    ("ruler_alerting_rules_evaluation_enabled", RULER),
+    ("ruler_alertmanager_client_config", RULER),
+    ("ruler_evaluation_consistency_max_delay", RULER),
+    ("ruler_evaluation_delay_duration", RULER),
+    (
+        "ruler_max_independent_rule_evaluation_concurrency_per_tenant",
+        RULER,
+    ),
+    ("ruler_max_rule_evaluation_concurrency_per_tenant", RULER),
+    ("ruler_max_rule_evaluation_results", RULER),
+    ("ruler_max_rule_groups_per_tenant", RULER),
+    ("ruler_max_rule_groups_per_tenant_by_namespace", RULER),
+    ("ruler_max_rules_per_rule_group", RULER),
+    ("ruler_max_rules_per_rule_group_by_namespace", RULER),
+    ("ruler_min_rule_evaluation_interval", RULER),
+    ("ruler_protected_namespaces", RULER),
+    ("ruler_recording_rules_evaluation_enabled", RULER),
+    ("ruler_sync_rules_on_changes_enabled", RULER),
+    ("ruler_tenant_shard_size", RULER),
+    ("s3_sse_kms_encryption_context", OBJECT_STORAGE),
+    ("s3_sse_kms_key_id", OBJECT_STORAGE),
+    ("s3_sse_type", OBJECT_STORAGE),
+    ("split_instant_queries_by_interval", QUERY_FRONTEND),
+    ("store_gateway_tenant_shard_size", STORE_GATEWAY),
+    ("store_gateway_tenant_shard_size_per_zone", STORE_GATEWAY),
+    ("subquery_spin_off_enabled", QUERY_FRONTEND),
 ];
+
+pub(crate) const HA: &str = "HA deduplication is not implemented: both Prometheus replicas of \
+                             an HA pair are charged and forwarded";
+const SERIES_VALIDATION: &str =
+    "series validation is not implemented: such series are charged and forwarded";
+const METADATA_VALIDATION: &str =
+    "metadata validation is not implemented: such metadata is charged and forwarded";
+const EXEMPLAR_VALIDATION: &str =
+    "exemplar validation is not implemented: every exemplar is charged and forwarded";
+const RELABELLING: &str =
+    "relabelling is not implemented: series are charged and forwarded as received";
+const FORWARDING: &str = "Mimir's per-tenant forwarding is not implemented: every admitted \
+                          push goes to --upstream";
+const SHUFFLE_SHARDING: &str = "shuffle sharding does not apply: weir has no ingesters or \
+                                partitions, every admitted push goes to --upstream";
+const OTLP_TRANSLATION: &str = "OTLP translation option: weir forwards OTLP pushes unchanged \
+                                and charges them as Mimir's default translation counts";
+const COST_ATTRIBUTION: &str =
+    "cost attribution is not implemented: weir's metrics have no cost-attribution labels";
+
+/// Per-tenant keys a Mimir distributor reads that weir does not enforce, with why and what
+/// happens to the pushes instead.
+pub(crate) const IGNORED: &[(&str, &str)] = &[
+    ("accept_ha_samples", HA),
+    ("cost_attribution_cooldown", COST_ATTRIBUTION),
+    ("cost_attribution_labels_structured", COST_ATTRIBUTION),
+    ("creation_grace_period", SERIES_VALIDATION),
+    (
+        "drop_labels",
+        "label dropping is not implemented: the labels are forwarded",
+    ),
+    ("enforce_metadata_metric_name", METADATA_VALIDATION),
+    ("forwarding_drop_older_than", FORWARDING),
+    ("forwarding_endpoint", FORWARDING),
+    ("forwarding_rules", FORWARDING),
+    ("ha_cluster_label", HA),
+    ("ha_max_clusters", HA),
+    ("ha_replica_label", HA),
+    ("ha_tracker_failover_timeout", HA),
+    ("ha_tracker_sample_failover_timeout", HA),
+    ("ha_tracker_update_timeout", HA),
+    ("ha_tracker_update_timeout_jitter_max", HA),
+    (
+        "ingestion_artificial_delay",
+        "not implemented: weir adds no delay to pushes",
+    ),
+    (
+        "ingestion_burst_factor",
+        "not implemented: the ingestion bucket holds ingestion_burst_size; set that to \
+         ingestion_rate × the factor",
+    ),
+    ("ingestion_partitions_tenant_shard_size", SHUFFLE_SHARDING),
+    ("ingestion_tenant_shard_size", SHUFFLE_SHARDING),
+    ("label_value_length_over_limit_strategy", SERIES_VALIDATION),
+    (
+        "max_active_series_per_user",
+        "not implemented: weir does not count series (Mimir applies it with ingest storage)",
+    ),
+    ("max_cost_attribution_cardinality", COST_ATTRIBUTION),
+    ("max_exemplars_per_series_per_request", EXEMPLAR_VALIDATION),
+    ("max_label_name_length", SERIES_VALIDATION),
+    ("max_label_names_per_info_series", SERIES_VALIDATION),
+    ("max_label_names_per_series", SERIES_VALIDATION),
+    ("max_label_value_length", SERIES_VALIDATION),
+    ("max_metadata_length", METADATA_VALIDATION),
+    ("max_native_histogram_buckets", SERIES_VALIDATION),
+    ("metric_relabel_configs", RELABELLING),
+    ("metric_relabeling_enabled", RELABELLING),
+    ("name_validation_scheme", SERIES_VALIDATION),
+    (
+        "native_histograms_ingestion_enabled",
+        "not implemented: native histograms are charged and forwarded whatever its value",
+    ),
+    ("otel_convert_histograms_to_nhcb", OTLP_TRANSLATION),
+    (
+        "otel_created_timestamp_zero_ingestion_enabled",
+        OTLP_TRANSLATION,
+    ),
+    (
+        "otel_keep_identifying_resource_attributes",
+        OTLP_TRANSLATION,
+    ),
+    (
+        "otel_label_name_preserve_multiple_underscores",
+        OTLP_TRANSLATION,
+    ),
+    ("otel_label_name_underscore_sanitization", OTLP_TRANSLATION),
+    ("otel_metric_suffixes_enabled", OTLP_TRANSLATION),
+    ("otel_native_delta_ingestion", OTLP_TRANSLATION),
+    ("otel_promote_scope_metadata", OTLP_TRANSLATION),
+    ("otel_translation_strategy", OTLP_TRANSLATION),
+    ("past_grace_period", SERIES_VALIDATION),
+    ("promote_otel_resource_attributes", OTLP_TRANSLATION),
+    (
+        "reduce_native_histogram_over_max_buckets",
+        SERIES_VALIDATION,
+    ),
+    (
+        "separate_metrics_group_label",
+        "not implemented: weir's discarded-sample metrics have no group label",
+    ),
+    (
+        "service_overload_status_code_on_rate_limit_enabled",
+        "not implemented: a rate-limited push always gets 429, never 529",
+    ),
+];
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn check_table(name: &str, table: &[(&str, &str)]) {
+        for pair in table.windows(2) {
+            assert!(
+                pair[0].0 < pair[1].0,
+                "{name}: {:?} must come after {:?} (sorted, no duplicates)",
+                pair[0].0,
+                pair[1].0
+            );
+        }
+        for (key, text) in table {
+            assert!(!text.is_empty(), "{name}: {key} has no component or reason");
+        }
+    }
+
+    #[test]
+    fn tables_are_sorted_and_apart() {
+        check_table("NOT_FOR_A_DISTRIBUTOR", NOT_FOR_A_DISTRIBUTOR);
+        check_table("IGNORED", IGNORED);
+        check_table(
+            "SECTIONS_NOT_FOR_A_DISTRIBUTOR",
+            SECTIONS_NOT_FOR_A_DISTRIBUTOR,
+        );
+        for (key, _) in IGNORED {
+            assert!(
+                lookup(NOT_FOR_A_DISTRIBUTOR, key).is_none(),
+                "{key} is in both tables"
+            );
+        }
+    }
+
+    #[test]
+    fn lookups() {
+        assert_eq!(limit("accept_ha_samples"), Some(Standing::Ignored(HA)));
+        assert_eq!(
+            limit("ha_tracker_failover_timeout"),
+            Some(Standing::Ignored(HA))
+        );
+        assert_eq!(
+            limit("max_global_series_per_user"),
+            Some(Standing::NotForADistributor("ingester"))
+        );
+        assert_eq!(
+            limit("store_gateway_tenant_shard_size"),
+            Some(Standing::NotForADistributor("store-gateway"))
+        );
+        // The first and last key of each table, where an off-by-one would miss.
+        assert!(limit("active_series_additional_custom_trackers").is_some());
+        assert!(limit("subquery_spin_off_enabled").is_some());
+        assert!(limit("service_overload_status_code_on_rate_limit_enabled").is_some());
+        // weir's own keys and typos are not Mimir's.
+        for key in ["ingestion_rate", "rate_limit_strategy", "ingestion_rat", ""] {
+            assert_eq!(limit(key), None, "{key}");
+        }
+        assert_eq!(
+            section("ingester_limits"),
+            Some(Standing::NotForADistributor("ingester"))
+        );
+        assert_eq!(section("overrides"), None);
+    }
+
+    /// The operator's table names every key a distributor reads that weir does not enforce.
+    #[test]
+    fn the_doc_lists_every_ignored_key() {
+        let doc = include_str!("../../docs/mimir-keys.md");
+        for (key, _) in IGNORED {
+            assert!(
+                doc.contains(&format!("`{key}`")),
+                "docs/mimir-keys.md does not list `{key}`"
+            );
+        }
+    }
+}

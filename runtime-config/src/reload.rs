@@ -194,13 +194,45 @@ impl Reloader {
 
     fn accepted(&self, config: &RuntimeConfig) {
         self.metrics.record_success(&config.sha256);
-        if !config.ignored_mimir_keys.is_empty() {
+        let keys = &config.mimir_keys;
+        if !keys.in_force.is_empty() {
+            tracing::info!(
+                keys = %keys.in_force.join(", "),
+                "runtime config keys in force"
+            );
+        }
+        if !keys.not_for_a_distributor.is_empty() {
+            tracing::info!(
+                keys = %grouped(&keys.not_for_a_distributor),
+                "runtime config has Mimir settings of other components, which do not apply to \
+                 a distributor"
+            );
+        }
+        if !keys.ignored.is_empty() {
             tracing::warn!(
-                keys = %config.ignored_mimir_keys.join(", "),
-                "runtime config has Mimir settings that weir accepts but does not enforce"
+                keys = %grouped(&keys.ignored),
+                "runtime config has Mimir distributor settings that weir accepts but does not \
+                 enforce"
             );
         }
     }
+}
+
+/// `key, key (text); key (text)`: the keys that share a component or reason together, in the
+/// order the list first names each text.
+fn grouped(list: &[(String, &'static str)]) -> String {
+    let mut groups: Vec<(&str, Vec<&str>)> = Vec::new();
+    for (key, text) in list {
+        match groups.iter_mut().find(|(seen, _)| seen == text) {
+            Some((_, keys)) => keys.push(key),
+            None => groups.push((text, vec![key])),
+        }
+    }
+    groups
+        .iter()
+        .map(|(text, keys)| format!("{} ({text})", keys.join(", ")))
+        .collect::<Vec<_>>()
+        .join("; ")
 }
 
 #[cfg(test)]
@@ -246,6 +278,23 @@ mod tests {
         assert_eq!(fixed.tenant_limits("a").ingestion_rate, 6.0);
         assert_eq!(metrics.last_reload_successful.get(), 1);
         assert_eq!(metrics.hash.collect()[0].get_metric().len(), 1);
+    }
+
+    #[test]
+    fn logged_lists_group_the_keys_by_component_or_reason() {
+        let ha = "HA deduplication is not implemented";
+        let drop = "label dropping is not implemented";
+        let list = [
+            ("overrides.*.accept_ha_samples".to_string(), ha),
+            ("overrides.*.drop_labels".to_string(), drop),
+            ("overrides.*.ha_cluster_label".to_string(), ha),
+        ];
+        assert_eq!(
+            grouped(&list),
+            "overrides.*.accept_ha_samples, overrides.*.ha_cluster_label (HA deduplication is \
+             not implemented); overrides.*.drop_labels (label dropping is not implemented)"
+        );
+        assert_eq!(grouped(&[]), "");
     }
 
     #[test]
