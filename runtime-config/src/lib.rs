@@ -10,7 +10,8 @@
 //! - [`reload`]: the periodic reloader. It re-parses only when the content hash changes,
 //!   keeps the last good config on error, and publishes through a `watch` channel.
 //! - [`tenant`]: Mimir's tenant-ID rule, shared by the overrides file and weir's push path.
-//! - `mimir_keys`: Mimir's limit keys, accepted (and warned about) but not enforced.
+//! - `mimir_keys`: Mimir's keys weir accepts without enforcing them, each with the component
+//!   it belongs to or why weir does not enforce it yet ([`MimirKeys`] lists a file's).
 //!
 //! The example file used by weir's default run is `overrides.yaml` beside this crate.
 
@@ -23,6 +24,6 @@ pub mod reload;
 pub mod tenant;
 
 pub use admission::{AdmissionConfig, Algorithm, LimitSource, LimitSpec, Unresolved};
-pub use config::{ConfigError, RenderMode, RuntimeConfig};
+pub use config::{ConfigError, MimirKeys, RenderMode, RuntimeConfig};
 pub use limits::{Defaults, InstanceLimits, RateLimitStrategy, StoreFailurePolicy, TenantLimits};
 pub use reload::{ReloadMetrics, Reloader};
