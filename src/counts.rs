@@ -37,3 +37,59 @@ pub enum DecodeError {
     #[error("invalid OTLP metrics request: {0}")]
     Otlp(String),
 }
+
+/// Why a series was refused by validation: Mimir's discard reasons, which are the `reason`
+/// label of `weir_discarded_samples_total` and, with dashes, the error ids.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SeriesReason {
+    MissingMetricName,
+    MetricNameInvalid,
+    MaxLabelNamesPerSeries,
+    LabelInvalid,
+    LabelNameTooLong,
+    LabelValueTooLong,
+    DuplicateLabelNames,
+    TooFarInFuture,
+    TooFarInPast,
+}
+
+impl SeriesReason {
+    pub const ALL: [SeriesReason; 9] = [
+        SeriesReason::MissingMetricName,
+        SeriesReason::MetricNameInvalid,
+        SeriesReason::MaxLabelNamesPerSeries,
+        SeriesReason::LabelInvalid,
+        SeriesReason::LabelNameTooLong,
+        SeriesReason::LabelValueTooLong,
+        SeriesReason::DuplicateLabelNames,
+        SeriesReason::TooFarInFuture,
+        SeriesReason::TooFarInPast,
+    ];
+
+    /// The `reason` label, as Mimir's.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SeriesReason::MissingMetricName => "missing_metric_name",
+            SeriesReason::MetricNameInvalid => "metric_name_invalid",
+            SeriesReason::MaxLabelNamesPerSeries => "max_label_names_per_series",
+            SeriesReason::LabelInvalid => "label_invalid",
+            SeriesReason::LabelNameTooLong => "label_name_too_long",
+            SeriesReason::LabelValueTooLong => "label_value_too_long",
+            SeriesReason::DuplicateLabelNames => "duplicate_label_names",
+            SeriesReason::TooFarInFuture => "too_far_in_future",
+            SeriesReason::TooFarInPast => "too_far_in_past",
+        }
+    }
+}
+
+/// What validation refused in one request: the first error (the 400's message), the samples
+/// and histograms refused per [`SeriesReason`] (by `SeriesReason as usize`), and the body to
+/// forward instead of the client's: the valid series and the metadata, re-compressed, or
+/// `None` when nothing is left to forward.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Refused {
+    pub first: String,
+    pub samples: [u64; SeriesReason::ALL.len()],
+    pub series: u64,
+    pub rewritten: Option<bytes::Bytes>,
+}

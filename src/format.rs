@@ -2,7 +2,7 @@
 //! the remote-write scans or the OTLP decoder ([`decode`]). Above both decoders, so they never
 //! import each other.
 
-use crate::counts::{DecodeError, UnsupportedMedia, WriteCounts};
+use crate::counts::{DecodeError, Refused, UnsupportedMedia, WriteCounts};
 use crate::otlp::{self, OtlpFormat};
 use crate::remote_write;
 
@@ -66,6 +66,20 @@ impl Format {
 
 /// Decodes a push body of at most `max_size` decoded bytes as `format`, counting what it
 /// carries.
+/// [`decode`] with Mimir's series validation where weir applies it (remote-write 1.0): the
+/// counts of what passed, and what was refused ([`remote_write::decode_validated`]).
+pub fn decode_validated(
+    body: &[u8],
+    max_size: usize,
+    format: Format,
+    validation: &remote_write::validate::Validation,
+) -> Result<(WriteCounts, Option<Refused>), DecodeError> {
+    match format {
+        Format::V1 => remote_write::decode_validated(body, max_size, validation),
+        other => decode(body, max_size, other).map(|counts| (counts, None)),
+    }
+}
+
 pub fn decode(body: &[u8], max_size: usize, format: Format) -> Result<WriteCounts, DecodeError> {
     match format {
         Format::V1 => remote_write::decode(body, max_size, remote_write::scan),

@@ -16,11 +16,12 @@ use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use http_body_util::{BodyExt, LengthLimitError, Limited};
 
-use crate::counts::{DecodeError, UnsupportedMedia, WriteCounts};
+use crate::counts::{DecodeError, Refused, UnsupportedMedia, WriteCounts};
 use crate::format::{self, Format};
 use crate::metrics::InstanceLimit;
 use crate::otlp::OtlpFormat;
 use crate::rejection::PushError;
+use crate::remote_write::validate::Validation;
 use crate::remote_write::Written;
 use crate::state::AppState;
 use crate::tenant::{self, TENANT_HEADER};
@@ -213,10 +214,30 @@ async fn admit(
         // Without a Content-Length the bytes could only be counted once read.
         inflight.add_bytes(body.len() as u64)?;
     }
-    // `Bytes` clones share the buffer: the scan and the forward see the same bytes.
-    let counts = decode(body.clone(), max_size, format)
+    // `Bytes` clones share the buffer: the scan and the forward see the same bytes. Series
+    // validation (remote-write 1.0) runs in the same scan: a refused series is not charged,
+    // and the rest goes on, in a body without it (see step 8).
+    let validation = Validation {
+        limits: state
+            .limiter
+            .runtime_config()
+            .validation_limits(tenant_name),
+        now_ms: unix_millis(),
+    };
+    let (counts, refused) = decode(body.clone(), max_size, format, validation)
         .await
         .map_err(|err| discard(PushError::Decode(err), 0))?;
+    let body = match &refused {
+        None => body,
+        Some(refused) => {
+            tenant.data.discard_series(&refused.samples);
+            match &refused.rewritten {
+                Some(rewritten) => rewritten.clone(),
+                // Nothing valid left: nothing to charge or forward.
+                None => return Err(PushError::InvalidSeries(refused.first.clone())),
+            }
+        }
+    };
 
     // 7. Tenant ingestion rate: the cost is every item the request carries.
     let cost = counts.cost();
@@ -255,7 +276,19 @@ async fn admit(
     };
     tenant.data.count_received(&counts);
     drop(inflight);
+    // Mimir's partial answer: the valid series were written, and the client hears 400 with
+    // the first refusal, so it does not send the refused ones again.
+    if let Some(refused) = refused {
+        return Err(PushError::InvalidSeries(refused.first));
+    }
     Ok(written)
+}
+
+/// The wall clock in Unix milliseconds, which sample timestamps are checked against.
+fn unix_millis() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |since| since.as_millis() as i64)
 }
 
 /// Takes `cost` tokens of the tenant's `kind` limit. A push that would pass within
@@ -400,15 +433,22 @@ async fn drain(mut body: Body, limit: usize, timeout: std::time::Duration) {
     let _ = tokio::time::timeout(timeout, read).await;
 }
 
-async fn decode(body: Bytes, max_size: usize, format: Format) -> Result<WriteCounts, DecodeError> {
+async fn decode(
+    body: Bytes,
+    max_size: usize,
+    format: Format,
+    validation: Validation,
+) -> Result<(WriteCounts, Option<Refused>), DecodeError> {
     if body.len() <= INLINE_DECODE_BYTES {
-        return format::decode(&body, max_size, format);
+        return format::decode_validated(&body, max_size, format, &validation);
     }
-    tokio::task::spawn_blocking(move || format::decode(&body, max_size, format))
-        .await
-        .unwrap_or_else(|join_error| {
-            Err(DecodeError::Protobuf(format!(
-                "decoding failed: {join_error}"
-            )))
-        })
+    tokio::task::spawn_blocking(move || {
+        format::decode_validated(&body, max_size, format, &validation)
+    })
+    .await
+    .unwrap_or_else(|join_error| {
+        Err(DecodeError::Protobuf(format!(
+            "decoding failed: {join_error}"
+        )))
+    })
 }

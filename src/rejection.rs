@@ -43,6 +43,10 @@ pub enum PushError {
     Upstream(#[from] crate::upstream::ForwardError),
     #[error("{0}")]
     UnsupportedMedia(#[from] UnsupportedMedia),
+    /// Series validation refused some series (their samples are counted under their reasons);
+    /// the rest was admitted and forwarded. The message is the first refusal's.
+    #[error("{0}")]
+    InvalidSeries(String),
     #[error(
         "the write request has been rejected because the tenant has {in_flight} push requests \
          in flight across the fleet, at its limit of {limit} \
@@ -72,7 +76,9 @@ impl PushError {
             | PushError::TenantInflight { .. } => StatusCode::TOO_MANY_REQUESTS,
             PushError::InflightUnavailable => StatusCode::SERVICE_UNAVAILABLE,
             PushError::Tenant(TenantError::Missing) => StatusCode::UNAUTHORIZED,
-            PushError::Tenant(_) | PushError::ReadBody(_) => StatusCode::BAD_REQUEST,
+            PushError::Tenant(_) | PushError::ReadBody(_) | PushError::InvalidSeries(_) => {
+                StatusCode::BAD_REQUEST
+            }
             PushError::BodyTimeout { .. } => StatusCode::REQUEST_TIMEOUT,
             PushError::BodyTooLarge { .. } | PushError::Decode(DecodeError::TooLarge { .. }) => {
                 StatusCode::PAYLOAD_TOO_LARGE
@@ -110,7 +116,8 @@ impl PushError {
             | PushError::Instance { .. }
             | PushError::Tenant(_)
             | PushError::Upstream(_)
-            | PushError::UnsupportedMedia(_) => None,
+            | PushError::UnsupportedMedia(_)
+            | PushError::InvalidSeries(_) => None,
         }
     }
 

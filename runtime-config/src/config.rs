@@ -9,6 +9,7 @@ use sha2::{Digest, Sha256};
 use crate::admission::{AdmissionConfig, AdmissionDefaults, LimitSpec, TenantAdmission};
 use crate::limits::{Defaults, InstanceLimits, InstanceOverride, TenantLimits, TenantOverride};
 use crate::mimir_keys;
+use crate::validation::{ValidationLimits, ValidationOverride};
 
 /// Why a file could not become the config in force. The message is for an operator.
 #[derive(Debug, thiserror::Error)]
@@ -57,6 +58,8 @@ struct TenantEntry {
     #[serde(flatten)]
     known: TenantOverride,
     #[serde(flatten)]
+    validation: ValidationOverride,
+    #[serde(flatten)]
     other: BTreeMap<String, Value>,
 }
 
@@ -70,6 +73,9 @@ pub struct RuntimeConfig {
     pub sha256: String,
     /// Where the file's keys stand: in force, another Mimir component's, or ignored.
     pub mimir_keys: MimirKeys,
+    /// Series validation limits of the tenants whose entries set any (the others get
+    /// Mimir's defaults, [`ValidationLimits::default`]).
+    pub validation: BTreeMap<String, ValidationLimits>,
     /// Limits for the admission API.
     pub admission: AdmissionConfig,
     /// Limits for Envoy's rate-limit service protocol, by domain.
@@ -137,6 +143,7 @@ impl RuntimeConfig {
             instance: defaults.instance,
             sha256: String::new(),
             mimir_keys: MimirKeys::default(),
+            validation: BTreeMap::new(),
             admission: AdmissionConfig::default(),
             envoy_domains: Vec::new(),
         }
@@ -169,6 +176,7 @@ impl RuntimeConfig {
         keys.in_force_instance(&file.distributor_limits);
 
         let mut overrides = BTreeMap::new();
+        let mut validation = BTreeMap::new();
         let mut admission = AdmissionConfig::default();
         if let Some(defaults) = file.admission {
             if let Some(spec) = &defaults.default_limit {
@@ -221,6 +229,13 @@ impl RuntimeConfig {
                 }
             }
             keys.in_force_tenant(&entry.known);
+            keys.in_force_tenant(&entry.validation);
+            if !entry.validation.is_empty() {
+                validation.insert(
+                    tenant.clone(),
+                    entry.validation.apply(&ValidationLimits::default()),
+                );
+            }
             let limits = entry.known.apply(&defaults.tenant);
             limits.validate().map_err(|message| ConfigError::Invalid {
                 place: format!("overrides.{tenant}"),
@@ -243,6 +258,7 @@ impl RuntimeConfig {
             instance,
             sha256,
             mimir_keys: keys.finish(),
+            validation,
             admission,
             envoy_domains: file.envoy_domains,
         })
@@ -251,6 +267,11 @@ impl RuntimeConfig {
     /// The limits in force for `tenant`: its override, or the defaults.
     pub fn tenant_limits(&self, tenant: &str) -> &TenantLimits {
         self.overrides.get(tenant).unwrap_or(&self.defaults.tenant)
+    }
+
+    /// The series validation limits for `tenant`: its override, or Mimir's defaults.
+    pub fn validation_limits(&self, tenant: &str) -> ValidationLimits {
+        self.validation.get(tenant).copied().unwrap_or_default()
     }
 
     /// The config as YAML, in the same shape as the file.
@@ -312,7 +333,7 @@ impl KeySorter {
 
     /// The keys a tenant's entry sets, read from the entry as serde sees it (so the names are
     /// the file's): a key is set when its value is not null.
-    fn in_force_tenant(&mut self, known: &TenantOverride) {
+    fn in_force_tenant(&mut self, known: &impl serde::Serialize) {
         for (key, value) in to_mapping(known) {
             if let (Value::String(key), false) = (key, value.is_null()) {
                 self.in_force.insert(format!("overrides.*.{key}"));
@@ -505,7 +526,7 @@ mod tests {
     fn each_key_lands_in_its_list_with_its_reason() {
         let config = parse(
             "overrides:\n  a:\n    ha_cluster_label: cluster\n    max_label_names_per_series: 40\n    \
-             max_global_series_per_user: 150000\n    rate_limit_strategy: divided\n    \
+             max_native_histogram_buckets: 100\n    max_global_series_per_user: 150000\n    rate_limit_strategy: divided\n    \
              ingestion_burst_size: null\n  b:\n    accept_ha_samples: true\n    \
              ingestion_rate: 5\n    ruler_tenant_shard_size: 2\n\
              distributor_limits:\n  max_ingestion_rate: 100\n",
@@ -513,13 +534,14 @@ mod tests {
         .unwrap();
         let ha = "HA deduplication is not implemented: both Prometheus replicas of an HA pair \
                   are charged and forwarded";
-        let validation = "series validation is not implemented: such series are charged and \
-                          forwarded";
+        let validation = "not applied: weir validates label counts and lengths and sample \
+                          timestamps (remote-write 1.0); such series are charged and forwarded";
         assert_eq!(
             config.mimir_keys.in_force,
             vec![
                 "distributor_limits.max_ingestion_rate",
                 "overrides.*.ingestion_rate",
+                "overrides.*.max_label_names_per_series",
                 "overrides.*.rate_limit_strategy",
             ],
             "a key set to null inherits the default: not listed"
@@ -540,11 +562,15 @@ mod tests {
                 ("overrides.*.accept_ha_samples".to_string(), ha),
                 ("overrides.*.ha_cluster_label".to_string(), ha),
                 (
-                    "overrides.*.max_label_names_per_series".to_string(),
+                    "overrides.*.max_native_histogram_buckets".to_string(),
                     validation
                 ),
             ]
         );
+        // Series validation: the tenant's own, else Mimir's defaults.
+        assert_eq!(config.validation_limits("a").max_label_names_per_series, 40);
+        assert_eq!(config.validation_limits("a").max_label_name_length, 1024);
+        assert_eq!(config.validation_limits("b").max_label_names_per_series, 30);
         // The lists are only about the file: the limits are as before.
         assert_eq!(
             config.tenant_limits("a").rate_limit_strategy,

@@ -195,8 +195,8 @@ pub(crate) const NOT_FOR_A_DISTRIBUTOR: &[(&str, &str)] = &[
 
 pub(crate) const HA: &str = "HA deduplication is not implemented: both Prometheus replicas of \
                              an HA pair are charged and forwarded";
-const SERIES_VALIDATION: &str =
-    "series validation is not implemented: such series are charged and forwarded";
+const SERIES_VALIDATION: &str = "not applied: weir validates label counts and lengths and \
+     sample timestamps (remote-write 1.0); such series are charged and forwarded";
 const METADATA_VALIDATION: &str =
     "metadata validation is not implemented: such metadata is charged and forwarded";
 const EXEMPLAR_VALIDATION: &str =
@@ -218,7 +218,6 @@ pub(crate) const IGNORED: &[(&str, &str)] = &[
     ("accept_ha_samples", HA),
     ("cost_attribution_cooldown", COST_ATTRIBUTION),
     ("cost_attribution_labels_structured", COST_ATTRIBUTION),
-    ("creation_grace_period", SERIES_VALIDATION),
     (
         "drop_labels",
         "label dropping is not implemented: the labels are forwarded",
@@ -252,10 +251,7 @@ pub(crate) const IGNORED: &[(&str, &str)] = &[
     ),
     ("max_cost_attribution_cardinality", COST_ATTRIBUTION),
     ("max_exemplars_per_series_per_request", EXEMPLAR_VALIDATION),
-    ("max_label_name_length", SERIES_VALIDATION),
     ("max_label_names_per_info_series", SERIES_VALIDATION),
-    ("max_label_names_per_series", SERIES_VALIDATION),
-    ("max_label_value_length", SERIES_VALIDATION),
     ("max_metadata_length", METADATA_VALIDATION),
     ("max_native_histogram_buckets", SERIES_VALIDATION),
     ("metric_relabel_configs", RELABELLING),
@@ -283,7 +279,6 @@ pub(crate) const IGNORED: &[(&str, &str)] = &[
     ("otel_native_delta_ingestion", OTLP_TRANSLATION),
     ("otel_promote_scope_metadata", OTLP_TRANSLATION),
     ("otel_translation_strategy", OTLP_TRANSLATION),
-    ("past_grace_period", SERIES_VALIDATION),
     ("promote_otel_resource_attributes", OTLP_TRANSLATION),
     (
         "reduce_native_histogram_over_max_buckets",

@@ -16,13 +16,15 @@
 pub mod prompb;
 pub mod v2;
 pub mod v2_proto;
+pub mod validate;
 mod wire;
 
 use std::cell::RefCell;
 
 use prost::encoding::{decode_key, skip_field, DecodeContext, WireType};
 
-use crate::counts::{DecodeError, WriteCounts};
+use crate::counts::{DecodeError, Refused, SeriesReason, WriteCounts};
+use validate::{SeriesCheck, Validation};
 use wire::{check, check_sample, field, is_utf8};
 
 /// What a remote-write 2.0 receiver reports it wrote, in the `X-Prometheus-Remote-Write-*-Written`
@@ -119,17 +121,55 @@ pub fn decode(
 }
 
 /// Scans an uncompressed `WriteRequest`, validating its structure, and counts what it carries.
-pub fn scan(mut buf: &[u8]) -> Result<WriteCounts, DecodeError> {
+pub fn scan(buf: &[u8]) -> Result<WriteCounts, DecodeError> {
+    scan_validating(buf, None, &mut RefusedSeries::default())
+}
+
+/// The series validation refused, as the scan found them.
+#[derive(Default)]
+struct RefusedSeries {
+    /// The byte ranges of their `timeseries` fields in the uncompressed body.
+    ranges: Vec<std::ops::Range<usize>>,
+    first: Option<String>,
+    samples: [u64; SeriesReason::ALL.len()],
+}
+
+/// [`scan`], and with `validation` each series is checked as Mimir's distributor checks it:
+/// a refused series is not counted, and lands in `refused`.
+fn scan_validating(
+    whole: &[u8],
+    validation: Option<&Validation>,
+    refused: &mut RefusedSeries,
+) -> Result<WriteCounts, DecodeError> {
+    let mut buf = whole;
     let mut counts = WriteCounts::default();
+    let mut index = 0u64;
     while !buf.is_empty() {
+        let start = whole.len() - buf.len();
         let (tag, wire_type) = key(&mut buf, "WriteRequest")?;
         match tag {
             1 => {
                 let series = embedded(&mut buf, wire_type, "WriteRequest.timeseries")?;
-                scan_series(series, &mut counts).map_err(|reason| {
-                    DecodeError::Protobuf(format!("timeseries[{}]: {reason}", counts.series))
-                })?;
-                counts.series += 1;
+                let mut own = WriteCounts::default();
+                let mut seen = SeriesCheck::new();
+                scan_series(series, &mut own, validation.map(|v| (v, &mut seen))).map_err(
+                    |reason| DecodeError::Protobuf(format!("timeseries[{index}]: {reason}")),
+                )?;
+                index += 1;
+                let verdict = validation.and_then(|v| seen.verdict(v, series));
+                match verdict {
+                    None => {
+                        counts.series += 1;
+                        counts.samples += own.samples;
+                        counts.histograms += own.histograms;
+                        counts.exemplars += own.exemplars;
+                    }
+                    Some((reason, message)) => {
+                        refused.ranges.push(start..whole.len() - buf.len());
+                        refused.samples[reason as usize] += own.samples + own.histograms;
+                        refused.first.get_or_insert(message);
+                    }
+                }
             }
             3 => {
                 let metadata = embedded(&mut buf, wire_type, "WriteRequest.metadata")?;
@@ -153,19 +193,31 @@ pub fn scan(mut buf: &[u8]) -> Result<WriteCounts, DecodeError> {
     Ok(counts)
 }
 
-fn scan_series(mut buf: &[u8], counts: &mut WriteCounts) -> Result<(), String> {
+/// Scans one series into `counts`; with a validation, also gathers what its checks need.
+fn scan_series<'a>(
+    mut buf: &'a [u8],
+    counts: &mut WriteCounts,
+    mut validating: Option<(&Validation, &mut SeriesCheck<'a>)>,
+) -> Result<(), String> {
     let mut labels = 0u32;
     while !buf.is_empty() {
         let (tag, wire_type) = decode_key(&mut buf).map_err(|e| e.to_string())?;
         match tag {
             1 => {
                 let label = field(&mut buf, wire_type, "labels")?;
-                check_label(label).map_err(|reason| format!("labels[{labels}]: {reason}"))?;
+                let (name, value) =
+                    check_label(label).map_err(|reason| format!("labels[{labels}]: {reason}"))?;
+                if let Some((validation, seen)) = validating.as_mut() {
+                    seen.label(name, value, &validation.limits);
+                }
                 labels += 1;
             }
             2 => {
                 let sample = field(&mut buf, wire_type, "samples")?;
                 check_sample(sample).map_err(|reason| format!("samples: {reason}"))?;
+                if let Some((_, seen)) = validating.as_mut() {
+                    seen.timestamp(wire::sample_timestamp(sample));
+                }
                 counts.samples += 1;
             }
             3 => {
@@ -176,8 +228,11 @@ fn scan_series(mut buf: &[u8], counts: &mut WriteCounts) -> Result<(), String> {
             }
             4 => {
                 let histogram = field(&mut buf, wire_type, "histograms")?;
-                check::<prompb::Histogram>(histogram)
+                let decoded = <prompb::Histogram as prost::Message>::decode(histogram)
                     .map_err(|reason| format!("histograms: {reason}"))?;
+                if let Some((_, seen)) = validating.as_mut() {
+                    seen.timestamp(decoded.timestamp);
+                }
                 counts.histograms += 1;
             }
             _ => skip_field(wire_type, tag, &mut buf, DecodeContext::default())
@@ -190,8 +245,10 @@ fn scan_series(mut buf: &[u8], counts: &mut WriteCounts) -> Result<(), String> {
     Ok(())
 }
 
-/// A label's name and value must be well-formed UTF-8 strings.
-fn check_label(mut buf: &[u8]) -> Result<(), String> {
+/// A label's name and value must be well-formed UTF-8 strings; returns them (the last of
+/// each, as a decode keeps; empty when missing).
+fn check_label(mut buf: &[u8]) -> Result<(&[u8], &[u8]), String> {
+    let (mut name, mut value): (&[u8], &[u8]) = (b"", b"");
     while !buf.is_empty() {
         let (tag, wire_type) = decode_key(&mut buf).map_err(|e| e.to_string())?;
         match tag {
@@ -200,12 +257,80 @@ fn check_label(mut buf: &[u8]) -> Result<(), String> {
                 if !is_utf8(text) {
                     return Err("label is not valid UTF-8".to_string());
                 }
+                if tag == 1 {
+                    name = text;
+                } else {
+                    value = text;
+                }
             }
             _ => skip_field(wire_type, tag, &mut buf, DecodeContext::default())
                 .map_err(|e| e.to_string())?,
         }
     }
-    Ok(())
+    Ok((name, value))
+}
+
+/// [`decode`] of a remote-write 1.0 body with series validation: the counts of what passed,
+/// and what was refused, with the body to forward instead (the client's bytes without the
+/// refused series, re-compressed). A body with nothing refused keeps its bytes.
+pub fn decode_validated(
+    body: &[u8],
+    max_size: usize,
+    validation: &Validation,
+) -> Result<(WriteCounts, Option<Refused>), DecodeError> {
+    let size =
+        snap::raw::decompress_len(body).map_err(|err| DecodeError::Snappy(err.to_string()))?;
+    if size > max_size {
+        return Err(DecodeError::TooLarge {
+            size,
+            limit: max_size,
+        });
+    }
+    DECOMPRESSED.with(|cell| {
+        let mut buffer = cell.borrow_mut();
+        buffer.resize(size, 0);
+        let result = snap::raw::Decoder::new()
+            .decompress(body, &mut buffer)
+            .map_err(|err| DecodeError::Snappy(err.to_string()))
+            .and_then(|written| {
+                let raw = &buffer[..written];
+                let mut refused = RefusedSeries::default();
+                let counts = scan_validating(raw, Some(validation), &mut refused)?;
+                let Some(first) = refused.first else {
+                    return Ok((counts, None));
+                };
+                let series = refused.ranges.len() as u64;
+                let rewritten = (counts.series + counts.metadata > 0)
+                    .then(|| bytes::Bytes::from(without(raw, &refused.ranges)));
+                Ok((
+                    counts,
+                    Some(Refused {
+                        first,
+                        samples: refused.samples,
+                        series,
+                        rewritten,
+                    }),
+                ))
+            });
+        if buffer.capacity() > RETAINED_BUFFER_BYTES {
+            *buffer = Vec::new();
+        }
+        result
+    })
+}
+
+/// `raw` without the byte ranges `cut` (in order, apart), snappy-compressed.
+fn without(raw: &[u8], cut: &[std::ops::Range<usize>]) -> Vec<u8> {
+    let mut kept = Vec::with_capacity(raw.len());
+    let mut from = 0;
+    for range in cut {
+        kept.extend_from_slice(&raw[from..range.start]);
+        from = range.end;
+    }
+    kept.extend_from_slice(&raw[from..]);
+    snap::raw::Encoder::new()
+        .compress_vec(&kept)
+        .expect("snappy compresses any buffer that fits in memory")
 }
 
 fn key(buf: &mut &[u8], message: &str) -> Result<(u32, WireType), DecodeError> {
@@ -289,7 +414,100 @@ mod tests {
             })
     }
 
+    /// Series that validation may refuse for any of its reasons: names from a set with
+    /// `__name__`, good and bad names, and timestamps around `NOW`.
+    fn checked_series() -> impl Strategy<Value = TimeSeries> {
+        let name =
+            prop::sample::select(vec!["__name__", "a", "b", "job", "a-b", "9x", "nnnnnnnnnn"]);
+        let value = prop::sample::select(vec!["up", "x", "9m", "", "vvvvvvvvvvvv"]);
+        (
+            prop::collection::vec((name, value), 1..6),
+            prop::collection::vec(-7_200_000i64..7_200_000, 0..3),
+            prop::collection::vec(any::<u64>(), 0..2),
+        )
+            .prop_map(|(mut labels, offsets, histograms)| {
+                labels.sort();
+                TimeSeries {
+                    labels: labels
+                        .into_iter()
+                        .map(|(name, value)| Label {
+                            name: name.into(),
+                            value: value.into(),
+                        })
+                        .collect(),
+                    samples: offsets
+                        .iter()
+                        .map(|offset| Sample {
+                            value: 1.0,
+                            timestamp: NOW + offset,
+                        })
+                        .collect(),
+                    histograms: histograms
+                        .into_iter()
+                        .map(|count| Histogram {
+                            count: Some(super::prompb::histogram::Count::CountInt(count)),
+                            timestamp: NOW,
+                            ..Histogram::default()
+                        })
+                        .collect(),
+                    ..TimeSeries::default()
+                }
+            })
+    }
+
+    const NOW: i64 = 1_700_000_000_000;
+
+    fn tight() -> Validation {
+        Validation {
+            limits: runtime_config::ValidationLimits {
+                max_label_names_per_series: 4,
+                max_label_name_length: 8,
+                max_label_value_length: 10,
+                creation_grace_period: std::time::Duration::from_secs(600),
+                past_grace_period: std::time::Duration::from_secs(3600),
+            },
+            now_ms: NOW,
+        }
+    }
+
     proptest! {
+        /// What validation forwards is exactly what it counted, and passes validation again;
+        /// what it refuses adds up with what it kept to the whole request.
+        #[test]
+        fn validation_forwards_what_it_counts(
+            timeseries in prop::collection::vec(checked_series(), 0..8),
+            with_metadata in any::<bool>(),
+        ) {
+            let request = WriteRequest {
+                timeseries,
+                metadata: if with_metadata {
+                    vec![MetricMetadata { r#type: 1, metric_family_name: "up".into(), help: "h".into(), unit: String::new() }]
+                } else {
+                    vec![]
+                },
+            };
+            let body = request.encode_snappy();
+            let whole = decode(&body, usize::MAX, Format::V1).unwrap();
+            let (counts, refused) = decode_validated(&body, usize::MAX, &tight()).unwrap();
+            match refused {
+                None => prop_assert_eq!(counts, whole),
+                Some(refused) => {
+                    let dropped: u64 = refused.samples.iter().sum();
+                    prop_assert_eq!(counts.samples + counts.histograms + dropped, whole.samples + whole.histograms);
+                    prop_assert_eq!(counts.series + refused.series, whole.series);
+                    prop_assert!(refused.first.contains("(err-weir-"));
+                    match refused.rewritten {
+                        Some(rewritten) => {
+                            prop_assert_eq!(decode(&rewritten, usize::MAX, Format::V1).unwrap(), counts);
+                            let again = decode_validated(&rewritten, usize::MAX, &tight()).unwrap();
+                            prop_assert_eq!(again, (counts, None));
+                        }
+                        None => prop_assert_eq!(counts.series + counts.metadata, 0),
+                    }
+                }
+            }
+        }
+
         #[test]
         fn scan_counts_match_a_full_decode(request in write_request()) {
             let body = request.encode_snappy();

@@ -38,6 +38,26 @@ pub(crate) fn check_sample(mut buf: &[u8]) -> Result<(), String> {
     Ok(())
 }
 
+/// The timestamp of a `Sample` that [`check_sample`] accepted (the last one, as a decode
+/// keeps; 0 when missing).
+pub(crate) fn sample_timestamp(mut buf: &[u8]) -> i64 {
+    let mut timestamp = 0;
+    while !buf.is_empty() {
+        let Ok((tag, wire_type)) = decode_key(&mut buf) else {
+            break;
+        };
+        if tag == 2 && wire_type == WireType::Varint {
+            match decode_varint(&mut buf) {
+                Ok(value) => timestamp = value as i64,
+                Err(_) => break,
+            }
+        } else if skip_field(wire_type, tag, &mut buf, DecodeContext::default()).is_err() {
+            break;
+        }
+    }
+    timestamp
+}
+
 /// Checks a sample, histogram, exemplar or metadata message by decoding it with the
 /// protocol's own types: each known field must have its wire type and, for strings, valid
 /// UTF-8, exactly as a full decode requires. (A sample decodes without allocating; the rarer

@@ -1,0 +1,250 @@
+//! Mimir's series validation on remote-write 1.0, on a real weir process that forwards to a
+//! receiver served by this test. A tenant with tight limits sends a request with two good
+//! series and one of each kind of bad series:
+//!
+//! - the answer is 400 with the first refusal's message and Mimir's error id;
+//! - the receiver gets the good series, and only them, in one request;
+//! - each refused series' samples are counted under its reason in
+//!   `weir_discarded_samples_total`, and are not charged;
+//! - each bad series alone gets its own reason, and nothing is forwarded;
+//! - a request with nothing to refuse reaches the receiver byte for byte as sent.
+
+mod common;
+
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::routing::post;
+use axum::Router;
+use common::fleet::{free_gossip_addr, spawn};
+use weir::remote_write::prompb::{Label, Sample, TimeSeries, WriteRequest};
+
+const OVERRIDES: &str = "overrides:\n  v:\n    ingestion_rate: 1000000\n    \
+    ingestion_burst_size: 1000000\n    max_label_names_per_series: 5\n    \
+    max_label_name_length: 20\n    max_label_value_length: 30\n    \
+    creation_grace_period: 10m\n    past_grace_period: 1h\n";
+
+fn now_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64
+}
+
+fn series(labels: &[(&str, &str)], timestamps: &[i64]) -> TimeSeries {
+    TimeSeries {
+        labels: labels
+            .iter()
+            .map(|(name, value)| Label {
+                name: name.to_string(),
+                value: value.to_string(),
+            })
+            .collect(),
+        samples: timestamps
+            .iter()
+            .map(|timestamp| Sample {
+                value: 1.0,
+                timestamp: *timestamp,
+            })
+            .collect(),
+        ..TimeSeries::default()
+    }
+}
+
+/// Each bad series with the reason it must be refused for.
+fn bad_series(now: i64) -> Vec<(&'static str, TimeSeries)> {
+    let long_name = "n".repeat(21);
+    let long_value = "v".repeat(31);
+    vec![
+        (
+            "max_label_names_per_series",
+            series(
+                &[
+                    ("__name__", "m"),
+                    ("a", "1"),
+                    ("b", "1"),
+                    ("c", "1"),
+                    ("d", "1"),
+                    ("e", "1"),
+                ],
+                &[now],
+            ),
+        ),
+        (
+            "label_name_too_long",
+            series(&[("__name__", "m"), (long_name.as_str(), "1")], &[now]),
+        ),
+        (
+            "label_value_too_long",
+            series(&[("__name__", "m"), ("a", long_value.as_str())], &[now]),
+        ),
+        (
+            "label_invalid",
+            series(&[("__name__", "m"), ("a-b", "1")], &[now]),
+        ),
+        ("missing_metric_name", series(&[("a", "1")], &[now])),
+        ("metric_name_invalid", series(&[("__name__", "9m")], &[now])),
+        (
+            "duplicate_label_names",
+            series(&[("__name__", "m"), ("a", "1"), ("a", "2")], &[now]),
+        ),
+        (
+            "too_far_in_future",
+            series(&[("__name__", "m")], &[now, now + 3_600_000]),
+        ),
+        (
+            "too_far_in_past",
+            series(&[("__name__", "m")], &[now - 7_200_000, now]),
+        ),
+    ]
+}
+
+#[derive(Clone, Default)]
+struct Receiver {
+    bodies: Arc<Mutex<Vec<Bytes>>>,
+}
+
+async fn receive(State(receiver): State<Receiver>, body: Bytes) -> StatusCode {
+    receiver.bodies.lock().unwrap().push(body);
+    StatusCode::NO_CONTENT
+}
+
+impl Receiver {
+    fn take(&self) -> Vec<Bytes> {
+        std::mem::take(&mut *self.bodies.lock().unwrap())
+    }
+}
+
+fn decoded(body: &[u8]) -> WriteRequest {
+    let raw = snap::raw::Decoder::new().decompress_vec(body).unwrap();
+    <WriteRequest as prost::Message>::decode(raw.as_slice()).unwrap()
+}
+
+async fn push(client: &reqwest::Client, base: &str, body: Vec<u8>) -> (u16, String) {
+    let response = client
+        .post(format!("{base}/api/v1/push"))
+        .header("Content-Encoding", "snappy")
+        .header("Content-Type", "application/x-protobuf")
+        .header("X-Prometheus-Remote-Write-Version", "0.1.0")
+        .header("X-Scope-OrgID", "v")
+        .body(body)
+        .send()
+        .await
+        .unwrap();
+    let status = response.status().as_u16();
+    (status, response.text().await.unwrap())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_series_are_refused_with_mimirs_reasons_and_the_rest_is_forwarded() {
+    let receiver = Receiver::default();
+    let app = Router::new()
+        .route("/api/v1/write", post(receive))
+        .with_state(receiver.clone());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let upstream: SocketAddr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+
+    let dir = tempfile::tempdir().unwrap();
+    let overrides = dir.path().join("overrides.yaml");
+    std::fs::write(&overrides, OVERRIDES).unwrap();
+    let upstream_url = format!("http://{upstream}/api/v1/write");
+    let replica = spawn(
+        free_gossip_addr([127, 0, 0, 51]),
+        &[],
+        "validation",
+        &[
+            "--runtime-config",
+            overrides.to_str().unwrap(),
+            "--upstream",
+            &upstream_url,
+        ],
+    );
+    let base = format!("http://{}", replica.http);
+    common::wait_until("weir is ready", Duration::from_secs(20), || async {
+        replica.ready().await == Some(200)
+    })
+    .await;
+    let client = reqwest::Client::new();
+    let now = now_ms();
+
+    // Nothing to refuse: the receiver gets the client's bytes.
+    let good = WriteRequest {
+        timeseries: vec![series(&[("__name__", "up"), ("job", "a")], &[now])],
+        metadata: vec![],
+    };
+    let body = good.encode_snappy();
+    let (status, text) = push(&client, &base, body.clone()).await;
+    assert_eq!(status, 200, "{text}");
+    assert_eq!(
+        receiver.take(),
+        vec![Bytes::from(body)],
+        "forwarded as sent"
+    );
+
+    // Two good series around one of each bad kind.
+    let first_good = series(&[("__name__", "ok"), ("job", "a")], &[now]);
+    let last_good = series(&[("__name__", "ok_two")], &[now - 1_000, now - 500, now]);
+    let bad = bad_series(now);
+    let mut timeseries = vec![first_good.clone()];
+    timeseries.extend(bad.iter().map(|(_, series)| series.clone()));
+    timeseries.push(last_good.clone());
+    let mixed = WriteRequest {
+        timeseries,
+        metadata: vec![],
+    };
+    let (status, text) = push(&client, &base, mixed.encode_snappy()).await;
+    assert_eq!(status, 400, "{text}");
+    assert!(
+        text.contains("err-weir-max-label-names-per-series")
+            && text.contains("actual: 6, limit: 5"),
+        "the first refusal's message: {text}"
+    );
+    let forwarded = receiver.take();
+    assert_eq!(forwarded.len(), 1, "one forward");
+    assert_eq!(
+        decoded(&forwarded[0]).timeseries,
+        vec![first_good, last_good],
+        "exactly the good series"
+    );
+    for (reason, _) in &bad {
+        let series = format!("weir_discarded_samples_total{{reason=\"{reason}\",user=\"v\"}}");
+        let expected = if reason.starts_with("too_far") {
+            2.0
+        } else {
+            1.0
+        };
+        assert_eq!(
+            common::metric_at(&client, &base, &series).await,
+            Some(expected),
+            "{series}"
+        );
+    }
+    assert_eq!(
+        common::metric_at(
+            &client,
+            &base,
+            "weir_distributor_received_samples_total{user=\"v\"}"
+        )
+        .await,
+        Some(1.0 + 1.0 + 3.0),
+        "only the good series' samples are admitted"
+    );
+
+    // Each bad series alone: its own reason, and nothing forwarded.
+    for (reason, series) in bad {
+        let alone = WriteRequest {
+            timeseries: vec![series],
+            metadata: vec![],
+        };
+        let (status, text) = push(&client, &base, alone.encode_snappy()).await;
+        let id = format!("err-weir-{}", reason.replace('_', "-"));
+        assert_eq!(status, 400, "{reason}: {text}");
+        assert!(text.contains(&id), "{reason}: {text}");
+        assert!(receiver.take().is_empty(), "{reason}: nothing forwarded");
+    }
+}
