@@ -217,13 +217,13 @@ async fn admit(
     // `Bytes` clones share the buffer: the scan and the forward see the same bytes. Series
     // validation (remote-write 1.0) runs in the same scan: a refused series is not charged,
     // and the rest goes on, in a body without it (see step 8).
-    let validation = Validation {
-        limits: state
+    let validation = Validation::new(
+        state
             .limiter
             .runtime_config()
             .validation_limits(tenant_name),
-        now_ms: unix_millis(),
-    };
+        unix_millis(),
+    );
     let (counts, refused) = decode(body.clone(), max_size, format, validation)
         .await
         .map_err(|err| discard(PushError::Decode(err), 0))?;

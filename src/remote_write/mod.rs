@@ -214,9 +214,10 @@ fn scan_series<'a>(
             }
             2 => {
                 let sample = field(&mut buf, wire_type, "samples")?;
-                check_sample(sample).map_err(|reason| format!("samples: {reason}"))?;
+                let timestamp =
+                    check_sample(sample).map_err(|reason| format!("samples: {reason}"))?;
                 if let Some((_, seen)) = validating.as_mut() {
-                    seen.timestamp(wire::sample_timestamp(sample));
+                    seen.timestamp(timestamp);
                 }
                 counts.samples += 1;
             }
@@ -458,16 +459,16 @@ mod tests {
     const NOW: i64 = 1_700_000_000_000;
 
     fn tight() -> Validation {
-        Validation {
-            limits: runtime_config::ValidationLimits {
+        Validation::new(
+            runtime_config::ValidationLimits {
                 max_label_names_per_series: 4,
                 max_label_name_length: 8,
                 max_label_value_length: 10,
                 creation_grace_period: std::time::Duration::from_secs(600),
                 past_grace_period: std::time::Duration::from_secs(3600),
             },
-            now_ms: NOW,
-        }
+            NOW,
+        )
     }
 
     proptest! {

@@ -15,6 +15,25 @@ use crate::counts::SeriesReason;
 pub struct Validation {
     pub limits: ValidationLimits,
     pub now_ms: i64,
+    /// The latest and earliest timestamps allowed (Unix milliseconds), from the two above.
+    latest_ms: i64,
+    earliest_ms: i64,
+}
+
+impl Validation {
+    pub fn new(limits: ValidationLimits, now_ms: i64) -> Validation {
+        let millis = |period: std::time::Duration| period.as_millis().min(i64::MAX as u128) as i64;
+        Validation {
+            limits,
+            now_ms,
+            latest_ms: now_ms.saturating_add(millis(limits.creation_grace_period)),
+            earliest_ms: if limits.past_grace_period.is_zero() {
+                i64::MIN
+            } else {
+                now_ms.saturating_sub(millis(limits.past_grace_period))
+            },
+        }
+    }
 }
 
 /// One series as the scan walks it.
@@ -89,21 +108,8 @@ impl<'a> SeriesCheck<'a> {
             }
             Some(_) => match self.label_error {
                 Some((reason, _)) => reason,
-                None if self.max_timestamp
-                    > validation
-                        .now_ms
-                        .saturating_add(limits.creation_grace_period.as_millis() as i64) =>
-                {
-                    SeriesReason::TooFarInFuture
-                }
-                None if !limits.past_grace_period.is_zero()
-                    && self.min_timestamp
-                        < validation
-                            .now_ms
-                            .saturating_sub(limits.past_grace_period.as_millis() as i64) =>
-                {
-                    SeriesReason::TooFarInPast
-                }
+                None if self.max_timestamp > validation.latest_ms => SeriesReason::TooFarInFuture,
+                None if self.min_timestamp < validation.earliest_ms => SeriesReason::TooFarInPast,
                 None => return None,
             },
         };
@@ -200,26 +206,48 @@ impl<'a> SeriesCheck<'a> {
     }
 }
 
-/// Prometheus' legacy label name: `[a-zA-Z_][a-zA-Z0-9_]*` (Mimir's default scheme).
+/// Prometheus' legacy label name: `[a-zA-Z_][a-zA-Z0-9_]*` (Mimir's default scheme). One
+/// table lookup a byte: every label of every series comes here.
 #[inline]
 fn is_label_name(name: &[u8]) -> bool {
     match name.split_first() {
         Some((first, rest)) => {
-            (first.is_ascii_alphabetic() || *first == b'_')
-                && rest.iter().all(|b| b.is_ascii_alphanumeric() || *b == b'_')
+            NAME_BYTE[*first as usize] == FIRST && rest.iter().all(|b| NAME_BYTE[*b as usize] != 0)
         }
         None => false,
     }
 }
 
-/// Prometheus' legacy metric name: `[a-zA-Z_:][a-zA-Z0-9_:]*`.
+/// For each byte: `FIRST` if a label name may start with it (`a-z A-Z _`), `LATER` if it may
+/// only follow (`0-9`), 0 if neither.
+const NAME_BYTE: [u8; 256] = {
+    let mut table = [0u8; 256];
+    let mut byte = 0;
+    while byte < 256 {
+        let b = byte as u8;
+        table[byte] = if b.is_ascii_alphabetic() || b == b'_' {
+            FIRST
+        } else if b.is_ascii_digit() {
+            LATER
+        } else {
+            0
+        };
+        byte += 1;
+    }
+    table
+};
+const FIRST: u8 = 1;
+const LATER: u8 = 2;
+
+/// Prometheus' legacy metric name: `[a-zA-Z_:][a-zA-Z0-9_:]*`. A table lookup a byte, as
+/// for label names (one a series).
+#[inline]
 fn is_metric_name(name: &[u8]) -> bool {
+    let allowed = |b: u8| NAME_BYTE[b as usize] != 0 || b == b':';
     match name.split_first() {
         Some((first, rest)) => {
-            (first.is_ascii_alphabetic() || *first == b'_' || *first == b':')
-                && rest
-                    .iter()
-                    .all(|b| b.is_ascii_alphanumeric() || *b == b'_' || *b == b':')
+            (NAME_BYTE[*first as usize] == FIRST || *first == b':')
+                && rest.iter().all(|b| allowed(*b))
         }
         None => false,
     }

@@ -8,7 +8,11 @@ use prost::encoding::{decode_key, decode_varint, skip_field, DecodeContext, Wire
 /// request, and this is the scan's inner loop. Each known field must have its wire type (and
 /// its 8 bytes, or a well-formed varint); other fields are skipped as prost skips them.
 /// `fuzz`'s differential target and the property tests hold the two to the same answers.
-pub(crate) fn check_sample(mut buf: &[u8]) -> Result<(), String> {
+///
+/// Returns the sample's timestamp (the last one, as a decode keeps; 0 when missing), which
+/// series validation reads.
+pub(crate) fn check_sample(mut buf: &[u8]) -> Result<i64, String> {
+    let mut timestamp = 0;
     while !buf.is_empty() {
         let (tag, wire_type) = decode_key(&mut buf).map_err(|e| e.to_string())?;
         match tag {
@@ -29,33 +33,14 @@ pub(crate) fn check_sample(mut buf: &[u8]) -> Result<(), String> {
                         "Sample.timestamp has wire type {wire_type:?}, expected Varint"
                     ));
                 }
-                decode_varint(&mut buf).map_err(|e| format!("Sample.timestamp: {e}"))?;
+                timestamp =
+                    decode_varint(&mut buf).map_err(|e| format!("Sample.timestamp: {e}"))? as i64;
             }
             _ => skip_field(wire_type, tag, &mut buf, DecodeContext::default())
                 .map_err(|e| e.to_string())?,
         }
     }
-    Ok(())
-}
-
-/// The timestamp of a `Sample` that [`check_sample`] accepted (the last one, as a decode
-/// keeps; 0 when missing).
-pub(crate) fn sample_timestamp(mut buf: &[u8]) -> i64 {
-    let mut timestamp = 0;
-    while !buf.is_empty() {
-        let Ok((tag, wire_type)) = decode_key(&mut buf) else {
-            break;
-        };
-        if tag == 2 && wire_type == WireType::Varint {
-            match decode_varint(&mut buf) {
-                Ok(value) => timestamp = value as i64,
-                Err(_) => break,
-            }
-        } else if skip_field(wire_type, tag, &mut buf, DecodeContext::default()).is_err() {
-            break;
-        }
-    }
-    timestamp
+    Ok(timestamp)
 }
 
 /// Checks a sample, histogram, exemplar or metadata message by decoding it with the
