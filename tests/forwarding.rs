@@ -13,7 +13,7 @@ use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::routing::post;
 use axum::Router;
-use common::{Options, Weir};
+use common::{serve_on_loopback, Options, Weir};
 use weir::remote_write::prompb::WriteRequest;
 
 #[derive(Clone, Default)]
@@ -41,14 +41,6 @@ async fn start_receiver() -> (SocketAddr, Receiver) {
         .route("/api/v1/write", post(receive))
         .with_state(receiver.clone());
     (serve_on_loopback(app).await, receiver)
-}
-
-/// Serves `app` on a free loopback port, in the background.
-async fn serve_on_loopback(app: Router) -> SocketAddr {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
-    addr
 }
 
 async fn weir_forwarding_to(upstream: String, timeout: Duration) -> Weir {

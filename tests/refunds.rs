@@ -20,7 +20,6 @@ mod common;
 #[path = "../redis-store/tests/redis_server.rs"]
 mod redis_server;
 
-use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -29,7 +28,7 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use axum::routing::post;
 use axum::Router;
-use common::fleet::{free_gossip_addr, spawn};
+use common::fleet::forwarding_to;
 use weir::remote_write::prompb::WriteRequest;
 
 /// The tenant's limit: L samples/s, burst B.
@@ -103,39 +102,21 @@ async fn outage(strategy: &str, ip: u8, extra: &[&str]) {
     let app = Router::new()
         .route("/api/v1/write", post(receive))
         .with_state(receiver.clone());
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let upstream: SocketAddr = listener.local_addr().unwrap();
-    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    let upstream = common::serve_on_loopback(app).await;
 
-    let dir = tempfile::tempdir().unwrap();
-    let overrides = dir.path().join("overrides.yaml");
-    std::fs::write(
-        &overrides,
-        format!(
-            "overrides:\n  t:\n    ingestion_rate: {LIMIT}\n    ingestion_burst_size: {BURST}\n    \
-             rate_limit_strategy: {strategy}\n"
-        ),
-    )
-    .unwrap();
-    let upstream_url = format!("http://{upstream}/api/v1/write");
-    let mut args = vec![
-        "--runtime-config",
-        overrides.to_str().unwrap(),
-        "--upstream",
-        &upstream_url,
-    ];
-    args.extend_from_slice(extra);
-    let replica = spawn(
-        free_gossip_addr([127, 0, 0, ip]),
-        &[],
-        &format!("refunds-{strategy}"),
-        &args,
+    let overrides = format!(
+        "overrides:\n  t:\n    ingestion_rate: {LIMIT}\n    ingestion_burst_size: {BURST}\n    \
+         rate_limit_strategy: {strategy}\n"
     );
-    let base = format!("http://{}", replica.http);
-    common::wait_until("weir is ready", Duration::from_secs(20), || async {
-        replica.ready().await == Some(200)
-    })
+    let (replica, _dir) = forwarding_to(
+        upstream,
+        &overrides,
+        ip,
+        &format!("refunds-{strategy}"),
+        extra,
+    )
     .await;
+    let base = format!("http://{}", replica.http);
 
     // The sender: a push every 50 ms, each on its own task, for the whole run.
     let client = reqwest::Client::new();

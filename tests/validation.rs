@@ -11,16 +11,15 @@
 
 mod common;
 
-use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{SystemTime, UNIX_EPOCH};
 
 use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::routing::post;
 use axum::Router;
-use common::fleet::{free_gossip_addr, spawn};
+use common::fleet::forwarding_to;
 use weir::remote_write::prompb::{Label, Sample, TimeSeries, WriteRequest};
 
 const OVERRIDES: &str = "overrides:\n  v:\n    ingestion_rate: 1000000\n    \
@@ -145,30 +144,10 @@ async fn bad_series_are_refused_with_mimirs_reasons_and_the_rest_is_forwarded() 
     let app = Router::new()
         .route("/api/v1/write", post(receive))
         .with_state(receiver.clone());
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let upstream: SocketAddr = listener.local_addr().unwrap();
-    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    let upstream = common::serve_on_loopback(app).await;
 
-    let dir = tempfile::tempdir().unwrap();
-    let overrides = dir.path().join("overrides.yaml");
-    std::fs::write(&overrides, OVERRIDES).unwrap();
-    let upstream_url = format!("http://{upstream}/api/v1/write");
-    let replica = spawn(
-        free_gossip_addr([127, 0, 0, 51]),
-        &[],
-        "validation",
-        &[
-            "--runtime-config",
-            overrides.to_str().unwrap(),
-            "--upstream",
-            &upstream_url,
-        ],
-    );
+    let (replica, _dir) = forwarding_to(upstream, OVERRIDES, 51, "validation", &[]).await;
     let base = format!("http://{}", replica.http);
-    common::wait_until("weir is ready", Duration::from_secs(20), || async {
-        replica.ready().await == Some(200)
-    })
-    .await;
     let client = reqwest::Client::new();
     let now = now_ms();
 

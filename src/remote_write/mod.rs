@@ -98,6 +98,16 @@ pub fn decode(
     max_size: usize,
     scan: fn(&[u8]) -> Result<WriteCounts, DecodeError>,
 ) -> Result<WriteCounts, DecodeError> {
+    decompressed(body, max_size, scan)
+}
+
+/// Runs `read` on `body` decompressed (a snappy raw block of at most `max_size` bytes), in
+/// this thread's reused buffer.
+fn decompressed<T>(
+    body: &[u8],
+    max_size: usize,
+    read: impl FnOnce(&[u8]) -> Result<T, DecodeError>,
+) -> Result<T, DecodeError> {
     let size =
         snap::raw::decompress_len(body).map_err(|err| DecodeError::Snappy(err.to_string()))?;
     if size > max_size {
@@ -112,7 +122,7 @@ pub fn decode(
         let result = snap::raw::Decoder::new()
             .decompress(body, &mut buffer)
             .map_err(|err| DecodeError::Snappy(err.to_string()))
-            .and_then(|written| scan(&buffer[..written]));
+            .and_then(|written| read(&buffer[..written]));
         if buffer.capacity() > RETAINED_BUFFER_BYTES {
             *buffer = Vec::new();
         }
@@ -279,44 +289,24 @@ pub fn decode_validated(
     max_size: usize,
     validation: &Validation,
 ) -> Result<(WriteCounts, Option<Refused>), DecodeError> {
-    let size =
-        snap::raw::decompress_len(body).map_err(|err| DecodeError::Snappy(err.to_string()))?;
-    if size > max_size {
-        return Err(DecodeError::TooLarge {
-            size,
-            limit: max_size,
-        });
-    }
-    DECOMPRESSED.with(|cell| {
-        let mut buffer = cell.borrow_mut();
-        buffer.resize(size, 0);
-        let result = snap::raw::Decoder::new()
-            .decompress(body, &mut buffer)
-            .map_err(|err| DecodeError::Snappy(err.to_string()))
-            .and_then(|written| {
-                let raw = &buffer[..written];
-                let mut refused = RefusedSeries::default();
-                let counts = scan_validating(raw, Some(validation), &mut refused)?;
-                let Some(first) = refused.first else {
-                    return Ok((counts, None));
-                };
-                let series = refused.ranges.len() as u64;
-                let rewritten = (counts.series + counts.metadata > 0)
-                    .then(|| bytes::Bytes::from(without(raw, &refused.ranges)));
-                Ok((
-                    counts,
-                    Some(Refused {
-                        first,
-                        samples: refused.samples,
-                        series,
-                        rewritten,
-                    }),
-                ))
-            });
-        if buffer.capacity() > RETAINED_BUFFER_BYTES {
-            *buffer = Vec::new();
-        }
-        result
+    decompressed(body, max_size, |raw| {
+        let mut refused = RefusedSeries::default();
+        let counts = scan_validating(raw, Some(validation), &mut refused)?;
+        let Some(first) = refused.first else {
+            return Ok((counts, None));
+        };
+        let series = refused.ranges.len() as u64;
+        let rewritten = (counts.series + counts.metadata > 0)
+            .then(|| bytes::Bytes::from(without(raw, &refused.ranges)));
+        Ok((
+            counts,
+            Some(Refused {
+                first,
+                samples: refused.samples,
+                series,
+                rewritten,
+            }),
+        ))
     })
 }
 

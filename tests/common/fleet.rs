@@ -136,3 +136,32 @@ pub async fn until_healthy(replicas: &[&Replica], healthy: u64, timeout: Duratio
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
+
+/// One weir process with `overrides` as its runtime config, forwarding to `upstream`'s
+/// `/api/v1/write`, gossiping alone on 127.0.0.`ip`, ready: the replica and its overrides'
+/// directory (kept while the test runs).
+pub async fn forwarding_to(
+    upstream: SocketAddr,
+    overrides: &str,
+    ip: u8,
+    cluster: &str,
+    extra: &[&str],
+) -> (Replica, tempfile::TempDir) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("overrides.yaml");
+    std::fs::write(&path, overrides).unwrap();
+    let upstream_url = format!("http://{upstream}/api/v1/write");
+    let mut args = vec![
+        "--runtime-config",
+        path.to_str().unwrap(),
+        "--upstream",
+        &upstream_url,
+    ];
+    args.extend_from_slice(extra);
+    let replica = spawn(free_gossip_addr([127, 0, 0, ip]), &[], cluster, &args);
+    super::wait_until("weir is ready", Duration::from_secs(20), || async {
+        replica.ready().await == Some(200)
+    })
+    .await;
+    (replica, dir)
+}

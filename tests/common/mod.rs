@@ -325,3 +325,12 @@ pub fn cannot_run_here(part: &str, reason: &str) {
          CI set this fails. ***\n"
     );
 }
+
+/// Serves `app` on a free loopback port, in the background (a receiver standing in for an
+/// upstream, a scrape target, …).
+pub async fn serve_on_loopback(app: axum::Router) -> SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    addr
+}
