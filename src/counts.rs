@@ -82,14 +82,22 @@ impl SeriesReason {
     }
 }
 
-/// What validation refused in one request: the first error (the 400's message), the samples
-/// and histograms refused per [`SeriesReason`] (by `SeriesReason as usize`), and the body to
-/// forward instead of the client's: the valid series and the metadata, re-compressed, or
-/// `None` when nothing is left to forward.
+/// What validation refused in one request: the first error (the 400's message), and the
+/// samples and histograms refused per [`SeriesReason`] (by `SeriesReason as usize`).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Refused {
     pub first: String,
     pub samples: [u64; SeriesReason::ALL.len()],
     pub series: u64,
-    pub rewritten: Option<bytes::Bytes>,
+}
+
+/// What to forward after validation and `drop_labels`.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Forward {
+    /// The client's bytes: nothing was cut or changed.
+    Unchanged,
+    /// The request without its refused series and dropped labels, re-compressed.
+    Rewritten(bytes::Bytes),
+    /// Nothing is left to forward.
+    Nothing,
 }

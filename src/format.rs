@@ -2,7 +2,7 @@
 //! the remote-write scans or the OTLP decoder ([`decode`]). Above both decoders, so they never
 //! import each other.
 
-use crate::counts::{DecodeError, Refused, UnsupportedMedia, WriteCounts};
+use crate::counts::{DecodeError, Forward, Refused, UnsupportedMedia, WriteCounts};
 use crate::otlp::{self, OtlpFormat};
 use crate::remote_write;
 
@@ -73,10 +73,10 @@ pub fn decode_validated(
     max_size: usize,
     format: Format,
     validation: &remote_write::validate::Validation,
-) -> Result<(WriteCounts, Option<Refused>), DecodeError> {
+) -> Result<(WriteCounts, Forward, Option<Refused>), DecodeError> {
     match format {
         Format::V1 => remote_write::decode_validated(body, max_size, validation),
-        other => decode(body, max_size, other).map(|counts| (counts, None)),
+        other => decode(body, max_size, other).map(|counts| (counts, Forward::Unchanged, None)),
     }
 }
 

@@ -16,7 +16,7 @@ use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use http_body_util::{BodyExt, LengthLimitError, Limited};
 
-use crate::counts::{DecodeError, Refused, UnsupportedMedia, WriteCounts};
+use crate::counts::{DecodeError, Forward, Refused, UnsupportedMedia, WriteCounts};
 use crate::format::{self, Format};
 use crate::metrics::InstanceLimit;
 use crate::otlp::OtlpFormat;
@@ -217,25 +217,25 @@ async fn admit(
     // `Bytes` clones share the buffer: the scan and the forward see the same bytes. Series
     // validation (remote-write 1.0) runs in the same scan: a refused series is not charged,
     // and the rest goes on, in a body without it (see step 8).
-    let validation = Validation::new(
-        state
-            .limiter
-            .runtime_config()
-            .validation_limits(tenant_name),
-        unix_millis(),
-    );
-    let (counts, refused) = decode(body.clone(), max_size, format, validation)
+    let runtime_config = state.limiter.runtime_config();
+    let validation = Validation::new(runtime_config.validation_limits(tenant_name), unix_millis())
+        .dropping(runtime_config.drop_labels(tenant_name));
+    drop(runtime_config);
+    let (counts, forward, refused) = decode(body.clone(), max_size, format, validation)
         .await
         .map_err(|err| discard(PushError::Decode(err), 0))?;
-    let body = match &refused {
-        None => body,
-        Some(refused) => {
-            tenant.data.discard_series(&refused.samples);
-            match &refused.rewritten {
-                Some(rewritten) => rewritten.clone(),
-                // Nothing valid left: nothing to charge or forward.
-                None => return Err(PushError::InvalidSeries(refused.first.clone())),
-            }
+    if let Some(refused) = &refused {
+        tenant.data.discard_series(&refused.samples);
+    }
+    let body = match forward {
+        Forward::Unchanged => body,
+        Forward::Rewritten(rewritten) => rewritten,
+        // Nothing valid left: nothing to charge or forward.
+        Forward::Nothing => {
+            let first = refused.map(|refused| refused.first);
+            return Err(PushError::InvalidSeries(
+                first.unwrap_or_else(|| "every series was refused".to_string()),
+            ));
         }
     };
 
@@ -438,7 +438,7 @@ async fn decode(
     max_size: usize,
     format: Format,
     validation: Validation,
-) -> Result<(WriteCounts, Option<Refused>), DecodeError> {
+) -> Result<(WriteCounts, Forward, Option<Refused>), DecodeError> {
     if body.len() <= INLINE_DECODE_BYTES {
         return format::decode_validated(&body, max_size, format, &validation);
     }

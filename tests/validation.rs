@@ -7,7 +7,8 @@
 //! - each refused series' samples are counted under its reason in
 //!   `weir_discarded_samples_total`, and are not charged;
 //! - each bad series alone gets its own reason, and nothing is forwarded;
-//! - a request with nothing to refuse reaches the receiver byte for byte as sent.
+//! - a request with nothing to refuse reaches the receiver byte for byte as sent;
+//! - `drop_labels` cuts its labels before the checks, and the receiver never sees them.
 
 mod common;
 
@@ -25,7 +26,7 @@ use weir::remote_write::prompb::{Label, Sample, TimeSeries, WriteRequest};
 const OVERRIDES: &str = "overrides:\n  v:\n    ingestion_rate: 1000000\n    \
     ingestion_burst_size: 1000000\n    max_label_names_per_series: 5\n    \
     max_label_name_length: 20\n    max_label_value_length: 30\n    \
-    creation_grace_period: 10m\n    past_grace_period: 1h\n";
+    creation_grace_period: 10m\n    past_grace_period: 1h\n    drop_labels: [replica]\n";
 
 fn now_ms() -> i64 {
     SystemTime::now()
@@ -165,6 +166,31 @@ async fn bad_series_are_refused_with_mimirs_reasons_and_the_rest_is_forwarded() 
         "forwarded as sent"
     );
 
+    // drop_labels: the label goes before the checks (six labels with it, five without: the
+    // limit), and the receiver never sees it.
+    let labels = [
+        ("__name__", "m"),
+        ("a", "1"),
+        ("b", "1"),
+        ("c", "1"),
+        ("d", "1"),
+    ];
+    let mut with_replica = labels.to_vec();
+    with_replica.push(("replica", "r1"));
+    let dropping = WriteRequest {
+        timeseries: vec![series(&with_replica, &[now])],
+        metadata: vec![],
+    };
+    let (status, text) = push(&client, &base, dropping.encode_snappy()).await;
+    assert_eq!(status, 200, "{text}");
+    let forwarded = receiver.take();
+    assert_eq!(forwarded.len(), 1, "one forward");
+    assert_eq!(
+        decoded(&forwarded[0]).timeseries,
+        vec![series(&labels, &[now])],
+        "the series without `replica`"
+    );
+
     // Two good series around one of each bad kind.
     let first_good = series(&[("__name__", "ok"), ("job", "a")], &[now]);
     let last_good = series(&[("__name__", "ok_two")], &[now - 1_000, now - 500, now]);
@@ -210,7 +236,7 @@ async fn bad_series_are_refused_with_mimirs_reasons_and_the_rest_is_forwarded() 
             "weir_distributor_received_samples_total{user=\"v\"}"
         )
         .await,
-        Some(1.0 + 1.0 + 3.0),
+        Some(1.0 + 1.0 + 1.0 + 3.0),
         "only the good series' samples are admitted"
     );
 

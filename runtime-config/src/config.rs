@@ -1,6 +1,7 @@
 //! One overrides file, parsed strictly into the config in force.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 
 use serde::Deserialize;
 use serde_yaml_ng::{Mapping, Value};
@@ -55,6 +56,10 @@ struct TenantEntry {
     allow_client_limits: bool,
     #[serde(default)]
     limits: BTreeMap<String, LimitSpec>,
+    /// Mimir's `drop_labels`: label names removed from every series before it is checked,
+    /// charged and forwarded.
+    #[serde(default)]
+    drop_labels: Option<Vec<String>>,
     #[serde(flatten)]
     known: TenantOverride,
     #[serde(flatten)]
@@ -76,6 +81,8 @@ pub struct RuntimeConfig {
     /// Series validation limits of the tenants whose entries set any (the others get
     /// Mimir's defaults, [`ValidationLimits::default`]).
     pub validation: BTreeMap<String, ValidationLimits>,
+    /// Each tenant's `drop_labels`, for the tenants that set any.
+    pub drop_labels: BTreeMap<String, Arc<[String]>>,
     /// Limits for the admission API.
     pub admission: AdmissionConfig,
     /// Limits for Envoy's rate-limit service protocol, by domain.
@@ -144,6 +151,7 @@ impl RuntimeConfig {
             sha256: String::new(),
             mimir_keys: MimirKeys::default(),
             validation: BTreeMap::new(),
+            drop_labels: BTreeMap::new(),
             admission: AdmissionConfig::default(),
             envoy_domains: Vec::new(),
         }
@@ -177,6 +185,7 @@ impl RuntimeConfig {
 
         let mut overrides = BTreeMap::new();
         let mut validation = BTreeMap::new();
+        let mut drop_labels = BTreeMap::new();
         let mut admission = AdmissionConfig::default();
         if let Some(defaults) = file.admission {
             if let Some(spec) = &defaults.default_limit {
@@ -230,6 +239,10 @@ impl RuntimeConfig {
             }
             keys.in_force_tenant(&entry.known);
             keys.in_force_tenant(&entry.validation);
+            if let Some(labels) = entry.drop_labels.filter(|labels| !labels.is_empty()) {
+                keys.in_force.insert("overrides.*.drop_labels".to_string());
+                drop_labels.insert(tenant.clone(), Arc::from(labels));
+            }
             if !entry.validation.is_empty() {
                 validation.insert(
                     tenant.clone(),
@@ -259,6 +272,7 @@ impl RuntimeConfig {
             sha256,
             mimir_keys: keys.finish(),
             validation,
+            drop_labels,
             admission,
             envoy_domains: file.envoy_domains,
         })
@@ -272,6 +286,11 @@ impl RuntimeConfig {
     /// The series validation limits for `tenant`: its override, or Mimir's defaults.
     pub fn validation_limits(&self, tenant: &str) -> ValidationLimits {
         self.validation.get(tenant).copied().unwrap_or_default()
+    }
+
+    /// The label names `tenant`'s series lose before anything else (`drop_labels`).
+    pub fn drop_labels(&self, tenant: &str) -> Option<Arc<[String]>> {
+        self.drop_labels.get(tenant).cloned()
     }
 
     /// The config as YAML, in the same shape as the file.
@@ -567,6 +586,17 @@ mod tests {
                 ),
             ]
         );
+        // drop_labels is in force for the tenant that sets it.
+        let dropping = parse("overrides:\n  a:\n    drop_labels: [replica, pod]\n").unwrap();
+        assert!(dropping
+            .mimir_keys
+            .in_force
+            .contains(&"overrides.*.drop_labels".to_string()));
+        assert_eq!(
+            dropping.drop_labels("a").as_deref(),
+            Some(&["replica".to_string(), "pod".to_string()][..])
+        );
+        assert_eq!(dropping.drop_labels("b"), None);
         // Series validation: the tenant's own, else Mimir's defaults.
         assert_eq!(config.validation_limits("a").max_label_names_per_series, 40);
         assert_eq!(config.validation_limits("a").max_label_name_length, 1024);

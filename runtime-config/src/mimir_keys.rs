@@ -218,10 +218,6 @@ pub(crate) const IGNORED: &[(&str, &str)] = &[
     ("accept_ha_samples", HA),
     ("cost_attribution_cooldown", COST_ATTRIBUTION),
     ("cost_attribution_labels_structured", COST_ATTRIBUTION),
-    (
-        "drop_labels",
-        "label dropping is not implemented: the labels are forwarded",
-    ),
     ("enforce_metadata_metric_name", METADATA_VALIDATION),
     ("forwarding_drop_older_than", FORWARDING),
     ("forwarding_endpoint", FORWARDING),

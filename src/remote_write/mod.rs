@@ -23,7 +23,7 @@ use std::cell::RefCell;
 
 use prost::encoding::{decode_key, skip_field, DecodeContext, WireType};
 
-use crate::counts::{DecodeError, Refused, SeriesReason, WriteCounts};
+use crate::counts::{DecodeError, Forward, Refused, SeriesReason, WriteCounts};
 use validate::{SeriesCheck, Validation};
 use wire::{check, check_sample, field, is_utf8};
 
@@ -135,13 +135,27 @@ pub fn scan(buf: &[u8]) -> Result<WriteCounts, DecodeError> {
     scan_validating(buf, None, &mut RefusedSeries::default())
 }
 
-/// The series validation refused, as the scan found them.
+/// What validation and `drop_labels` change in a request, as the scan found it.
 #[derive(Default)]
 struct RefusedSeries {
-    /// The byte ranges of their `timeseries` fields in the uncompressed body.
-    ranges: Vec<std::ops::Range<usize>>,
+    /// In body order: the `timeseries` fields to cut or to re-encode.
+    edits: Vec<Edit>,
+    refused: u64,
     first: Option<String>,
     samples: [u64; SeriesReason::ALL.len()],
+}
+
+/// One change to the uncompressed body.
+enum Edit {
+    /// A refused series: its whole `timeseries` field goes.
+    Cut(std::ops::Range<usize>),
+    /// A series that loses labels: its field is written again without them. `body` is the
+    /// series' bytes in the request, `drop` the dropped labels' ranges in those bytes.
+    Relabel {
+        field: std::ops::Range<usize>,
+        body: std::ops::Range<usize>,
+        drop: Vec<std::ops::Range<usize>>,
+    },
 }
 
 /// [`scan`], and with `validation` each series is checked as Mimir's distributor checks it:
@@ -167,15 +181,25 @@ fn scan_validating(
                 )?;
                 index += 1;
                 let verdict = validation.and_then(|v| seen.verdict(v, series));
+                let field = start..whole.len() - buf.len();
                 match verdict {
                     None => {
                         counts.series += 1;
                         counts.samples += own.samples;
                         counts.histograms += own.histograms;
                         counts.exemplars += own.exemplars;
+                        if !seen.dropped.is_empty() {
+                            let body_start = field.end - series.len();
+                            refused.edits.push(Edit::Relabel {
+                                body: body_start..field.end,
+                                field,
+                                drop: std::mem::take(&mut seen.dropped),
+                            });
+                        }
                     }
                     Some((reason, message)) => {
-                        refused.ranges.push(start..whole.len() - buf.len());
+                        refused.edits.push(Edit::Cut(field));
+                        refused.refused += 1;
                         refused.samples[reason as usize] += own.samples + own.histograms;
                         refused.first.get_or_insert(message);
                     }
@@ -209,8 +233,10 @@ fn scan_series<'a>(
     counts: &mut WriteCounts,
     mut validating: Option<(&Validation, &mut SeriesCheck<'a>)>,
 ) -> Result<(), String> {
+    let series = buf;
     let mut labels = 0u32;
     while !buf.is_empty() {
+        let field_start = series.len() - buf.len();
         let (tag, wire_type) = decode_key(&mut buf).map_err(|e| e.to_string())?;
         match tag {
             1 => {
@@ -218,7 +244,11 @@ fn scan_series<'a>(
                 let (name, value) =
                     check_label(label).map_err(|reason| format!("labels[{labels}]: {reason}"))?;
                 if let Some((validation, seen)) = validating.as_mut() {
-                    seen.label(name, value, &validation.limits);
+                    if validation.drop_labels.is_some() && validation.drops(name) {
+                        seen.dropped.push(field_start..series.len() - buf.len());
+                    } else {
+                        seen.label(name, value, &validation.limits);
+                    }
                 }
                 labels += 1;
             }
@@ -288,39 +318,56 @@ pub fn decode_validated(
     body: &[u8],
     max_size: usize,
     validation: &Validation,
-) -> Result<(WriteCounts, Option<Refused>), DecodeError> {
+) -> Result<(WriteCounts, Forward, Option<Refused>), DecodeError> {
     decompressed(body, max_size, |raw| {
-        let mut refused = RefusedSeries::default();
-        let counts = scan_validating(raw, Some(validation), &mut refused)?;
-        let Some(first) = refused.first else {
-            return Ok((counts, None));
+        let mut found = RefusedSeries::default();
+        let counts = scan_validating(raw, Some(validation), &mut found)?;
+        let forward = if found.edits.is_empty() {
+            Forward::Unchanged
+        } else if counts.series + counts.metadata == 0 {
+            Forward::Nothing
+        } else {
+            Forward::Rewritten(bytes::Bytes::from(edited(raw, &found.edits)))
         };
-        let series = refused.ranges.len() as u64;
-        let rewritten = (counts.series + counts.metadata > 0)
-            .then(|| bytes::Bytes::from(without(raw, &refused.ranges)));
-        Ok((
-            counts,
-            Some(Refused {
-                first,
-                samples: refused.samples,
-                series,
-                rewritten,
-            }),
-        ))
+        let refused = found.first.map(|first| Refused {
+            first,
+            samples: found.samples,
+            series: found.refused,
+        });
+        Ok((counts, forward, refused))
     })
 }
 
-/// `raw` without the byte ranges `cut` (in order, apart), snappy-compressed.
-fn without(raw: &[u8], cut: &[std::ops::Range<usize>]) -> Vec<u8> {
-    let mut kept = Vec::with_capacity(raw.len());
+/// `raw` with `edits` (in body order) made, snappy-compressed: refused series cut, and series
+/// that lose labels written again (key, new length, their bytes without those labels).
+fn edited(raw: &[u8], edits: &[Edit]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(raw.len());
     let mut from = 0;
-    for range in cut {
-        kept.extend_from_slice(&raw[from..range.start]);
-        from = range.end;
+    for edit in edits {
+        match edit {
+            Edit::Cut(field) => {
+                out.extend_from_slice(&raw[from..field.start]);
+                from = field.end;
+            }
+            Edit::Relabel { field, body, drop } => {
+                out.extend_from_slice(&raw[from..field.start]);
+                let series = &raw[body.clone()];
+                let dropped: usize = drop.iter().map(|range| range.len()).sum();
+                prost::encoding::encode_key(1, WireType::LengthDelimited, &mut out);
+                prost::encoding::encode_varint((series.len() - dropped) as u64, &mut out);
+                let mut at = 0;
+                for range in drop {
+                    out.extend_from_slice(&series[at..range.start]);
+                    at = range.end;
+                }
+                out.extend_from_slice(&series[at..]);
+                from = field.end;
+            }
+        }
     }
-    kept.extend_from_slice(&raw[from..]);
+    out.extend_from_slice(&raw[from..]);
     snap::raw::Encoder::new()
-        .compress_vec(&kept)
+        .compress_vec(&out)
         .expect("snappy compresses any buffer that fits in memory")
 }
 
@@ -459,6 +506,7 @@ mod tests {
             },
             NOW,
         )
+        .dropping(Some(std::sync::Arc::from(vec!["b".to_string()])))
     }
 
     proptest! {
@@ -479,23 +527,25 @@ mod tests {
             };
             let body = request.encode_snappy();
             let whole = decode(&body, usize::MAX, Format::V1).unwrap();
-            let (counts, refused) = decode_validated(&body, usize::MAX, &tight()).unwrap();
-            match refused {
-                None => prop_assert_eq!(counts, whole),
-                Some(refused) => {
-                    let dropped: u64 = refused.samples.iter().sum();
-                    prop_assert_eq!(counts.samples + counts.histograms + dropped, whole.samples + whole.histograms);
-                    prop_assert_eq!(counts.series + refused.series, whole.series);
-                    prop_assert!(refused.first.contains("(err-weir-"));
-                    match refused.rewritten {
-                        Some(rewritten) => {
-                            prop_assert_eq!(decode(&rewritten, usize::MAX, Format::V1).unwrap(), counts);
-                            let again = decode_validated(&rewritten, usize::MAX, &tight()).unwrap();
-                            prop_assert_eq!(again, (counts, None));
-                        }
-                        None => prop_assert_eq!(counts.series + counts.metadata, 0),
-                    }
+            let (counts, forward, refused) = decode_validated(&body, usize::MAX, &tight()).unwrap();
+            let dropped: u64 = refused.as_ref().map_or(0, |refused| refused.samples.iter().sum());
+            prop_assert_eq!(counts.samples + counts.histograms + dropped, whole.samples + whole.histograms);
+            prop_assert_eq!(counts.series + refused.as_ref().map_or(0, |r| r.series), whole.series);
+            if let Some(refused) = &refused {
+                prop_assert!(refused.first.contains("(err-weir-"));
+            }
+            match forward {
+                Forward::Unchanged => prop_assert!(refused.is_none()),
+                Forward::Rewritten(rewritten) => {
+                    prop_assert_eq!(decode(&rewritten, usize::MAX, Format::V1).unwrap(), counts);
+                    let again = decode_validated(&rewritten, usize::MAX, &tight()).unwrap();
+                    prop_assert_eq!(again, (counts, Forward::Unchanged, None));
+                    // No dropped label is left.
+                    let raw = snap::raw::Decoder::new().decompress_vec(&rewritten).unwrap();
+                    let forwarded = <WriteRequest as prost::Message>::decode(raw.as_slice()).unwrap();
+                    prop_assert!(forwarded.timeseries.iter().all(|series| series.labels.iter().all(|label| label.name != "b")));
                 }
+                Forward::Nothing => prop_assert_eq!(counts.series + counts.metadata, 0),
             }
         }
 

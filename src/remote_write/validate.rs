@@ -10,22 +10,39 @@ use runtime_config::ValidationLimits;
 
 use crate::counts::SeriesReason;
 
-/// The limits a request is checked against, and the replica's clock (Unix milliseconds).
-#[derive(Debug, Clone, Copy)]
+/// The limits a request is checked against, the replica's clock (Unix milliseconds), and the
+/// label names the tenant's series lose first (`drop_labels`).
+#[derive(Debug, Clone)]
 pub struct Validation {
     pub limits: ValidationLimits,
     pub now_ms: i64,
+    pub drop_labels: Option<std::sync::Arc<[String]>>,
     /// The latest and earliest timestamps allowed (Unix milliseconds), from the two above.
     latest_ms: i64,
     earliest_ms: i64,
 }
 
 impl Validation {
+    /// With `drop_labels`: these label names are cut from every series first.
+    pub fn dropping(mut self, labels: Option<std::sync::Arc<[String]>>) -> Validation {
+        self.drop_labels = labels.filter(|labels| !labels.is_empty());
+        self
+    }
+
+    /// Whether a label of this name is dropped.
+    #[inline]
+    pub(crate) fn drops(&self, name: &[u8]) -> bool {
+        self.drop_labels
+            .as_ref()
+            .is_some_and(|labels| labels.iter().any(|label| label.as_bytes() == name))
+    }
+
     pub fn new(limits: ValidationLimits, now_ms: i64) -> Validation {
         let millis = |period: std::time::Duration| period.as_millis().min(i64::MAX as u128) as i64;
         Validation {
             limits,
             now_ms,
+            drop_labels: None,
             latest_ms: now_ms.saturating_add(millis(limits.creation_grace_period)),
             earliest_ms: if limits.past_grace_period.is_zero() {
                 i64::MIN
@@ -45,11 +62,14 @@ pub(crate) struct SeriesCheck<'a> {
     label_error: Option<(SeriesReason, u32)>,
     min_timestamp: i64,
     max_timestamp: i64,
+    /// The byte ranges, in the series, of the labels `drop_labels` cuts.
+    pub(crate) dropped: Vec<std::ops::Range<usize>>,
 }
 
 impl<'a> SeriesCheck<'a> {
     pub(crate) fn new() -> Self {
         SeriesCheck {
+            dropped: Vec::new(),
             labels: 0,
             metric_name: None,
             previous_name: b"",
@@ -120,7 +140,10 @@ impl<'a> SeriesCheck<'a> {
     #[inline(never)]
     fn message(&self, reason: SeriesReason, validation: &Validation, series: &[u8]) -> String {
         let limits = &validation.limits;
-        let labels = labels_of(series);
+        let labels: Vec<(String, String)> = labels_of(series)
+            .into_iter()
+            .filter(|(name, _)| !validation.drops(name.as_bytes()))
+            .collect();
         let named = render(&labels);
         let label = self
             .label_error
