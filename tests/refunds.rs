@@ -146,13 +146,7 @@ async fn outage(strategy: &str, ip: u8, extra: &[&str]) {
             Arc::clone(&statuses),
         );
         sends.push(tokio::spawn(async move {
-            let status = client
-                .post(format!("{base}/api/v1/push"))
-                .header("Content-Encoding", "snappy")
-                .header("Content-Type", "application/x-protobuf")
-                .header("X-Prometheus-Remote-Write-Version", "0.1.0")
-                .header("X-Scope-OrgID", "t")
-                .body(body)
+            let status = common::push_request(&client, &base, Some("t"), body)
                 .send()
                 .await
                 .map(|response| response.status().as_u16())

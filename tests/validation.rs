@@ -125,13 +125,7 @@ fn decoded(body: &[u8]) -> WriteRequest {
 }
 
 async fn push(client: &reqwest::Client, base: &str, body: Vec<u8>) -> (u16, String) {
-    let response = client
-        .post(format!("{base}/api/v1/push"))
-        .header("Content-Encoding", "snappy")
-        .header("Content-Type", "application/x-protobuf")
-        .header("X-Prometheus-Remote-Write-Version", "0.1.0")
-        .header("X-Scope-OrgID", "v")
-        .body(body)
+    let response = common::push_request(client, base, Some("v"), body)
         .send()
         .await
         .unwrap();

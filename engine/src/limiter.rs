@@ -480,10 +480,7 @@ impl<H: TenantHooks, C: Clock + Clone> Limiter<H, C> {
             LimitKind::Request => state.local.request,
             LimitKind::Ingestion => state.local.ingestion,
         };
-        let at_once = |from| Admitted {
-            wait: Duration::ZERO,
-            taken: Taken::new(kind, cost, from),
-        };
+        let at_once = |from| Admitted::at_once(kind, cost, from);
         match &state.buckets[kind.index()] {
             Kept::None if local == LocalLimit::Unlimited => Ok(at_once(TakenFrom::Nothing)),
             Kept::None => Err(rejection(RejectionCause::Blocked, 0)),
@@ -540,10 +537,7 @@ impl<H: TenantHooks, C: Clock + Clone> Limiter<H, C> {
             drop(state);
             return self.check_taking(tenant, kind, cost, max_delay);
         }
-        let at_once = |from| Admitted {
-            wait: Duration::ZERO,
-            taken: Taken::new(kind, cost, from),
-        };
+        let at_once = |from| Admitted::at_once(kind, cost, from);
         // Owned: the state is held across the store call.
         let state = Guard::into_inner(state);
         let Kept::Shared(fleet) = &state.buckets[kind.index()] else {

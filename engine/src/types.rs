@@ -106,3 +106,13 @@ pub struct Admitted {
     pub wait: Duration,
     pub taken: Taken,
 }
+
+impl Admitted {
+    /// An admission that needs no wait.
+    pub(crate) fn at_once(kind: LimitKind, cost: u64, from: TakenFrom) -> Admitted {
+        Admitted {
+            wait: Duration::ZERO,
+            taken: Taken::new(kind, cost, from),
+        }
+    }
+}

@@ -136,17 +136,10 @@ impl Weir {
 
     /// Pushes a raw body for `tenant` (no header when `None`).
     pub async fn push_body(&self, tenant: Option<&str>, body: Vec<u8>) -> reqwest::Response {
-        let mut request = self
-            .client
-            .post(self.url("/api/v1/push"))
-            .header("Content-Encoding", "snappy")
-            .header("Content-Type", "application/x-protobuf")
-            .header("X-Prometheus-Remote-Write-Version", "0.1.0")
-            .body(body);
-        if let Some(tenant) = tenant {
-            request = request.header("X-Scope-OrgID", tenant);
-        }
-        request.send().await.unwrap()
+        push_request(&self.client, &self.url(""), tenant, body)
+            .send()
+            .await
+            .unwrap()
     }
 
     /// Pushes `series` series with one sample each.
@@ -333,4 +326,24 @@ pub async fn serve_on_loopback(app: axum::Router) -> SocketAddr {
     let addr = listener.local_addr().unwrap();
     tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
     addr
+}
+
+/// A remote-write 1.0 push of `body` (snappy protobuf) to weir at `base`, for `tenant` (no
+/// `X-Scope-OrgID` when `None`).
+pub fn push_request(
+    client: &reqwest::Client,
+    base: &str,
+    tenant: Option<&str>,
+    body: Vec<u8>,
+) -> reqwest::RequestBuilder {
+    let request = client
+        .post(format!("{base}/api/v1/push"))
+        .header("Content-Encoding", "snappy")
+        .header("Content-Type", "application/x-protobuf")
+        .header("X-Prometheus-Remote-Write-Version", "0.1.0")
+        .body(body);
+    match tenant {
+        Some(tenant) => request.header("X-Scope-OrgID", tenant),
+        None => request,
+    }
 }
