@@ -6,6 +6,7 @@
 //!   (live `ACTIVE` members including self, never below 1). Pure, tested without sockets.
 //! - [`usage`]: per-tenant usage over gossip for `weighted`: cumulative admitted counts per
 //!   replica (a capped key, listed in turn), folded into monotonic per-tenant totals.
+//! - [`ha`]: the HA tracker's elections over gossip (the wire format; the merge rule is weir's).
 //! - [`auth`]: authenticated gossip: an HMAC on every datagram under a shared secret, with
 //!   key rotation.
 //! - [`node`]: the edge over chitchat: join, publish state, observe peers, leave, shut down.
@@ -15,11 +16,13 @@
 //! `README.md` beside this crate says how the ring behaves at 10×, 100× and 1000× replicas.
 
 pub mod auth;
+pub mod ha;
 pub mod membership;
 pub mod node;
 pub mod usage;
 
 pub use auth::GossipKeys;
+pub use ha::HaEntry;
 pub use membership::{Member, MemberState, Membership};
 pub use node::{Ring, RingConfig};
 pub use usage::{PeerUsage, TenantUsage, UsageEntry};

@@ -89,6 +89,12 @@ pub struct Membership {
     pub ignored_members: usize,
     /// Gossip datagrams dropped since start because no key authenticated them.
     pub rejected_gossip: u64,
+    /// The HA elections the live peers publish (see [`crate::ha`]), all peers together. A new
+    /// `Arc` only when a peer's list changed.
+    #[serde(skip)]
+    pub peer_ha: std::sync::Arc<Vec<crate::HaEntry>>,
+    /// Peer HA entries (or whole lists) that could not be read, cumulative.
+    pub skipped_ha_entries: u64,
 }
 
 impl Membership {
@@ -113,6 +119,8 @@ impl Membership {
             skipped_usage_entries: Default::default(),
             ignored_members: 0,
             rejected_gossip: 0,
+            peer_ha: Default::default(),
+            skipped_ha_entries: 0,
         }
     }
 
@@ -132,6 +140,8 @@ impl Membership {
             skipped_usage_entries: Default::default(),
             ignored_members: 0,
             rejected_gossip: 0,
+            peer_ha: Default::default(),
+            skipped_ha_entries: 0,
         }
     }
 

@@ -15,6 +15,7 @@ use chitchat::{
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
+use crate::ha::{HaEntry, HA_KEY};
 use crate::membership::{
     Member, MemberState, Membership, KEY_GRPC_ADDR, KEY_HTTP_ADDR, KEY_STATE, KEY_VERSION,
 };
@@ -221,6 +222,22 @@ impl Ring {
         listed
     }
 
+    /// Publishes the HA elections this replica has seen traffic for, in the order given, as
+    /// many as fit the cap; returns how many were published. Publishing the same list again
+    /// sends nothing new. See [`crate::ha`].
+    pub async fn publish_ha(&self, entries: &[HaEntry]) -> usize {
+        let (value, listed) = crate::ha::encode(entries, MAX_HA_BYTES);
+        self.handle
+            .with_chitchat(|chitchat| {
+                let node = chitchat.self_node_state();
+                if node.get(HA_KEY) != Some(value.as_str()) {
+                    node.set(HA_KEY, &value);
+                }
+            })
+            .await;
+        listed
+    }
+
     /// Stops gossip. Peers see this replica's heartbeat stop and drop it.
     pub async fn shutdown(&self) {
         self.observer.abort();
@@ -239,6 +256,8 @@ impl Ring {
 const MAX_USAGE_BYTES_ALL: usize = 48 * 1024;
 const MAX_USAGE_BYTES: usize = 24 * 1024;
 const MIN_USAGE_BYTES: usize = 4 * 1024;
+/// A replica's HA elections stay under this: about 200 HA clusters of short names.
+const MAX_HA_BYTES: usize = 12 * 1024;
 
 struct Observation {
     max_members: usize,
@@ -261,6 +280,10 @@ async fn observe(
     let mut heard: HashMap<ChitchatId, (u64, Instant)> = HashMap::new();
     // The version of each peer's usage key last folded into the aggregate.
     let mut usage_versions: HashMap<PeerKey, u64> = HashMap::new();
+    // Each peer's HA elections, with the version of its key they were read from.
+    let mut ha_lists: HashMap<PeerKey, (u64, Vec<HaEntry>)> = HashMap::new();
+    let mut peer_ha = Arc::new(Vec::new());
+    let mut skipped_ha = 0u64;
     let mut aggregate = UsageAggregate::default();
     let mut peer_usage = Arc::new(crate::PeerUsage::default());
     let mut rejected: HashMap<PeerKey, u64> = HashMap::new();
@@ -275,6 +298,7 @@ async fn observe(
         ticker.tick().await;
         let now = Instant::now();
         let mut usage_changed = false;
+        let mut ha_changed = false;
         let members: Vec<Member> = {
             let chitchat = chitchat.lock().await;
             let self_id = chitchat.self_chitchat_id().clone();
@@ -319,6 +343,26 @@ async fn observe(
                             }
                         }
                     }
+                    if let Some(versioned) = state.get_versioned(HA_KEY).filter(|_| !is_self) {
+                        let key = (id.node_id.to_string(), id.generation_id);
+                        if ha_lists.get(&key).map(|(version, _)| *version) != Some(versioned.version) {
+                            let entries = match crate::ha::decode(&versioned.value) {
+                                Ok((entries, skipped)) => {
+                                    skipped_ha += skipped;
+                                    entries
+                                }
+                                Err(err) => {
+                                    if !ha_lists.contains_key(&key) {
+                                        tracing::warn!(peer = %id.node_id, "ignoring HA elections: {err}");
+                                    }
+                                    skipped_ha += 1;
+                                    Vec::new()
+                                }
+                            };
+                            ha_lists.insert(key, (versioned.version, entries));
+                            ha_changed = true;
+                        }
+                    }
                     Some(Member {
                         node_id: id.node_id.to_string(),
                         generation: id.generation_id,
@@ -351,6 +395,16 @@ async fn observe(
                 .any(|m| m.node_id == *node_id && m.generation == *generation)
         };
         usage_versions.retain(|key, _| live(key));
+        let peers_with_ha = ha_lists.len();
+        ha_lists.retain(|key, _| live(key));
+        if ha_changed || ha_lists.len() != peers_with_ha {
+            peer_ha = Arc::new(
+                ha_lists
+                    .values()
+                    .flat_map(|(_, entries)| entries.iter().cloned())
+                    .collect(),
+            );
+        }
         rejected.retain(|key, _| live(key));
         skipped_warned.retain(|key| live(key));
         aggregate.retain_peers(live, now);
@@ -382,6 +436,8 @@ async fn observe(
             rejected.load(std::sync::atomic::Ordering::Relaxed)
         });
         membership.peer_usage = Arc::clone(&peer_usage);
+        membership.peer_ha = Arc::clone(&peer_ha);
+        membership.skipped_ha_entries = skipped_ha;
         if !joined
             && (started.elapsed() >= observation.join_timeout
                 || membership.has_seen(&observation.seeds, observation.self_addr))

@@ -8,6 +8,7 @@ use serde_yaml_ng::{Mapping, Value};
 use sha2::{Digest, Sha256};
 
 use crate::admission::{AdmissionConfig, AdmissionDefaults, LimitSpec, TenantAdmission};
+use crate::ha::{HaLimits, HaOverride};
 use crate::limits::{Defaults, InstanceLimits, InstanceOverride, TenantLimits, TenantOverride};
 use crate::mimir_keys;
 use crate::validation::{ValidationLimits, ValidationOverride};
@@ -65,6 +66,8 @@ struct TenantEntry {
     #[serde(flatten)]
     validation: ValidationOverride,
     #[serde(flatten)]
+    ha: HaOverride,
+    #[serde(flatten)]
     other: BTreeMap<String, Value>,
 }
 
@@ -83,6 +86,9 @@ pub struct RuntimeConfig {
     pub validation: BTreeMap<String, ValidationLimits>,
     /// Each tenant's `drop_labels`, for the tenants that set any.
     pub drop_labels: BTreeMap<String, Arc<[String]>>,
+    /// HA-tracker settings of the tenants whose entries set any (the others get Mimir's
+    /// defaults, [`HaLimits::default`], which do not deduplicate).
+    pub ha: BTreeMap<String, Arc<HaLimits>>,
     /// Limits for the admission API.
     pub admission: AdmissionConfig,
     /// Limits for Envoy's rate-limit service protocol, by domain.
@@ -152,6 +158,7 @@ impl RuntimeConfig {
             mimir_keys: MimirKeys::default(),
             validation: BTreeMap::new(),
             drop_labels: BTreeMap::new(),
+            ha: BTreeMap::new(),
             admission: AdmissionConfig::default(),
             envoy_domains: Vec::new(),
         }
@@ -186,6 +193,7 @@ impl RuntimeConfig {
         let mut overrides = BTreeMap::new();
         let mut validation = BTreeMap::new();
         let mut drop_labels = BTreeMap::new();
+        let mut ha = BTreeMap::new();
         let mut admission = AdmissionConfig::default();
         if let Some(defaults) = file.admission {
             if let Some(spec) = &defaults.default_limit {
@@ -243,6 +251,17 @@ impl RuntimeConfig {
                 keys.in_force.insert("overrides.*.drop_labels".to_string());
                 drop_labels.insert(tenant.clone(), Arc::from(labels));
             }
+            keys.in_force_tenant(&entry.ha);
+            if !entry.ha.is_empty() {
+                let settings = entry.ha.apply(&HaLimits::default());
+                settings
+                    .validate()
+                    .map_err(|message| ConfigError::Invalid {
+                        place: format!("overrides.{tenant}"),
+                        message,
+                    })?;
+                ha.insert(tenant.clone(), Arc::new(settings));
+            }
             if !entry.validation.is_empty() {
                 validation.insert(
                     tenant.clone(),
@@ -273,6 +292,7 @@ impl RuntimeConfig {
             mimir_keys: keys.finish(),
             validation,
             drop_labels,
+            ha,
             admission,
             envoy_domains: file.envoy_domains,
         })
@@ -286,6 +306,15 @@ impl RuntimeConfig {
     /// The series validation limits for `tenant`: its override, or Mimir's defaults.
     pub fn validation_limits(&self, tenant: &str) -> ValidationLimits {
         self.validation.get(tenant).copied().unwrap_or_default()
+    }
+
+    /// The HA-tracker settings of `tenant`, when it deduplicates HA pairs
+    /// (`accept_ha_samples: true`).
+    pub fn ha_limits(&self, tenant: &str) -> Option<Arc<HaLimits>> {
+        self.ha
+            .get(tenant)
+            .filter(|settings| settings.accept_ha_samples)
+            .cloned()
     }
 
     /// The label names `tenant`'s series lose before anything else (`drop_labels`).
@@ -551,14 +580,14 @@ mod tests {
              distributor_limits:\n  max_ingestion_rate: 100\n",
         )
         .unwrap();
-        let ha = "HA deduplication is not implemented: both Prometheus replicas of an HA pair \
-                  are charged and forwarded";
         let validation = "not applied: weir validates label counts and lengths and sample \
                           timestamps (remote-write 1.0); such series are charged and forwarded";
         assert_eq!(
             config.mimir_keys.in_force,
             vec![
                 "distributor_limits.max_ingestion_rate",
+                "overrides.*.accept_ha_samples",
+                "overrides.*.ha_cluster_label",
                 "overrides.*.ingestion_rate",
                 "overrides.*.max_label_names_per_series",
                 "overrides.*.rate_limit_strategy",
@@ -577,14 +606,10 @@ mod tests {
         );
         assert_eq!(
             config.mimir_keys.ignored,
-            vec![
-                ("overrides.*.accept_ha_samples".to_string(), ha),
-                ("overrides.*.ha_cluster_label".to_string(), ha),
-                (
-                    "overrides.*.max_native_histogram_buckets".to_string(),
-                    validation
-                ),
-            ]
+            vec![(
+                "overrides.*.max_native_histogram_buckets".to_string(),
+                validation
+            ),]
         );
         // drop_labels is in force for the tenant that sets it.
         let dropping = parse("overrides:\n  a:\n    drop_labels: [replica, pod]\n").unwrap();
@@ -613,8 +638,8 @@ mod tests {
     #[test]
     fn render_full_shows_where_the_keys_stand_and_diff_does_not() {
         let config = parse(
-            "overrides:\n  a:\n    ingestion_rate: 7\n    accept_ha_samples: true\n    \
-             max_global_series_per_user: 5\n",
+            "overrides:\n  a:\n    ingestion_rate: 7\n    \
+             ha_tracker_sample_failover_timeout: 1m\n    max_global_series_per_user: 5\n",
         )
         .unwrap();
         let full = config.render(RenderMode::Full);
@@ -622,15 +647,16 @@ mod tests {
             full.ends_with(
                 "mimir_keys:\n  in_force:\n  - overrides.*.ingestion_rate\n  \
                  not_for_a_distributor:\n    overrides.*.max_global_series_per_user: ingester\n  \
-                 ignored:\n    overrides.*.accept_ha_samples: 'HA deduplication is not \
-                 implemented: both Prometheus replicas of an HA pair are charged and forwarded'\n"
+                 ignored:\n    overrides.*.ha_tracker_sample_failover_timeout: 'not implemented: \
+                 weir''s HA tracker fails over on its own clock, after \
+                 ha_tracker_failover_timeout'\n"
             ),
             "{full}"
         );
         let back: Value = serde_yaml_ng::from_str(&full).expect("valid YAML");
         assert_eq!(
-            back["mimir_keys"]["ignored"]["overrides.*.accept_ha_samples"],
-            Value::from(mimir_keys::HA)
+            back["mimir_keys"]["ignored"]["overrides.*.ha_tracker_sample_failover_timeout"],
+            Value::from(mimir_keys::SAMPLE_FAILOVER)
         );
         let diff = config.render(RenderMode::Diff);
         assert!(!diff.contains("mimir_keys"), "{diff}");

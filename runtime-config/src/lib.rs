@@ -10,6 +10,7 @@
 //! - [`reload`]: the periodic reloader. It re-parses only when the content hash changes,
 //!   keeps the last good config on error, and publishes through a `watch` channel.
 //! - [`tenant`]: Mimir's tenant-ID rule, shared by the overrides file and weir's push path.
+//! - [`ha`]: Mimir's HA-tracker keys per tenant (deduplicating Prometheus HA pairs).
 //! - [`validation`]: Mimir's series validation limits per tenant, with Mimir's defaults.
 //! - `mimir_keys`: Mimir's keys weir accepts without enforcing them, each with the component
 //!   it belongs to or why weir does not enforce it yet ([`MimirKeys`] lists a file's).
@@ -19,6 +20,7 @@
 pub mod admission;
 pub mod config;
 pub mod envoy;
+pub mod ha;
 pub mod limits;
 mod mimir_keys;
 pub mod reload;
@@ -29,4 +31,5 @@ pub use admission::{AdmissionConfig, Algorithm, LimitSource, LimitSpec, Unresolv
 pub use config::{ConfigError, MimirKeys, RenderMode, RuntimeConfig};
 pub use limits::{Defaults, InstanceLimits, RateLimitStrategy, StoreFailurePolicy, TenantLimits};
 pub use reload::{ReloadMetrics, Reloader};
+pub use ha::HaLimits;
 pub use validation::ValidationLimits;

@@ -193,12 +193,10 @@ pub(crate) const NOT_FOR_A_DISTRIBUTOR: &[(&str, &str)] = &[
     ("subquery_spin_off_enabled", QUERY_FRONTEND),
 ];
 
-pub(crate) const HA: &str = "HA deduplication is not implemented: both Prometheus replicas of \
-                             an HA pair are charged and forwarded";
+pub(crate) const SAMPLE_FAILOVER: &str = "not implemented: weir's HA tracker fails over on \
+                                          its own clock, after ha_tracker_failover_timeout";
 const SERIES_VALIDATION: &str = "not applied: weir validates label counts and lengths and \
      sample timestamps (remote-write 1.0); such series are charged and forwarded";
-const METADATA_VALIDATION: &str =
-    "metadata validation is not implemented: such metadata is charged and forwarded";
 const EXEMPLAR_VALIDATION: &str =
     "exemplar validation is not implemented: every exemplar is charged and forwarded";
 const RELABELLING: &str =
@@ -215,20 +213,12 @@ const COST_ATTRIBUTION: &str =
 /// Per-tenant keys a Mimir distributor reads that weir does not enforce, with why and what
 /// happens to the pushes instead.
 pub(crate) const IGNORED: &[(&str, &str)] = &[
-    ("accept_ha_samples", HA),
     ("cost_attribution_cooldown", COST_ATTRIBUTION),
     ("cost_attribution_labels_structured", COST_ATTRIBUTION),
-    ("enforce_metadata_metric_name", METADATA_VALIDATION),
     ("forwarding_drop_older_than", FORWARDING),
     ("forwarding_endpoint", FORWARDING),
     ("forwarding_rules", FORWARDING),
-    ("ha_cluster_label", HA),
-    ("ha_max_clusters", HA),
-    ("ha_replica_label", HA),
-    ("ha_tracker_failover_timeout", HA),
-    ("ha_tracker_sample_failover_timeout", HA),
-    ("ha_tracker_update_timeout", HA),
-    ("ha_tracker_update_timeout_jitter_max", HA),
+    ("ha_tracker_sample_failover_timeout", SAMPLE_FAILOVER),
     (
         "ingestion_artificial_delay",
         "not implemented: weir adds no delay to pushes",
@@ -240,7 +230,6 @@ pub(crate) const IGNORED: &[(&str, &str)] = &[
     ),
     ("ingestion_partitions_tenant_shard_size", SHUFFLE_SHARDING),
     ("ingestion_tenant_shard_size", SHUFFLE_SHARDING),
-    ("label_value_length_over_limit_strategy", SERIES_VALIDATION),
     (
         "max_active_series_per_user",
         "not implemented: weir does not count series (Mimir applies it with ingest storage)",
@@ -248,8 +237,6 @@ pub(crate) const IGNORED: &[(&str, &str)] = &[
     ("max_cost_attribution_cardinality", COST_ATTRIBUTION),
     ("max_exemplars_per_series_per_request", EXEMPLAR_VALIDATION),
     ("max_label_names_per_info_series", SERIES_VALIDATION),
-    ("max_metadata_length", METADATA_VALIDATION),
-    ("max_native_histogram_buckets", SERIES_VALIDATION),
     ("metric_relabel_configs", RELABELLING),
     ("metric_relabeling_enabled", RELABELLING),
     ("name_validation_scheme", SERIES_VALIDATION),
@@ -276,10 +263,6 @@ pub(crate) const IGNORED: &[(&str, &str)] = &[
     ("otel_promote_scope_metadata", OTLP_TRANSLATION),
     ("otel_translation_strategy", OTLP_TRANSLATION),
     ("promote_otel_resource_attributes", OTLP_TRANSLATION),
-    (
-        "reduce_native_histogram_over_max_buckets",
-        SERIES_VALIDATION,
-    ),
     (
         "separate_metrics_group_label",
         "not implemented: weir's discarded-sample metrics have no group label",
@@ -326,10 +309,11 @@ mod tests {
 
     #[test]
     fn lookups() {
-        assert_eq!(limit("accept_ha_samples"), Some(Standing::Ignored(HA)));
+        // weir's own keys (HA, validation, ...) are not in the tables at all.
+        assert_eq!(limit("accept_ha_samples"), None);
         assert_eq!(
-            limit("ha_tracker_failover_timeout"),
-            Some(Standing::Ignored(HA))
+            limit("ha_tracker_sample_failover_timeout"),
+            Some(Standing::Ignored(SAMPLE_FAILOVER))
         );
         assert_eq!(
             limit("max_global_series_per_user"),
