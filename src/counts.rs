@@ -51,10 +51,11 @@ pub enum SeriesReason {
     DuplicateLabelNames,
     TooFarInFuture,
     TooFarInPast,
+    MaxNativeHistogramBuckets,
 }
 
 impl SeriesReason {
-    pub const ALL: [SeriesReason; 9] = [
+    pub const ALL: [SeriesReason; 10] = [
         SeriesReason::MissingMetricName,
         SeriesReason::MetricNameInvalid,
         SeriesReason::MaxLabelNamesPerSeries,
@@ -64,6 +65,7 @@ impl SeriesReason {
         SeriesReason::DuplicateLabelNames,
         SeriesReason::TooFarInFuture,
         SeriesReason::TooFarInPast,
+        SeriesReason::MaxNativeHistogramBuckets,
     ];
 
     /// The `reason` label, as Mimir's.
@@ -78,16 +80,66 @@ impl SeriesReason {
             SeriesReason::DuplicateLabelNames => "duplicate_label_names",
             SeriesReason::TooFarInFuture => "too_far_in_future",
             SeriesReason::TooFarInPast => "too_far_in_past",
+            SeriesReason::MaxNativeHistogramBuckets => "max_native_histogram_buckets",
         }
     }
 }
 
-/// What validation refused in one request: the first error (the 400's message), and the
-/// samples and histograms refused per [`SeriesReason`] (by `SeriesReason as usize`).
+/// Why a metadata entry was refused by validation: Mimir's metadata discard reasons, the
+/// `reason` label of `weir_discarded_metadata_total`. (A help text over the limit is cut, not
+/// refused.)
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MetadataReason {
+    MissingMetricName,
+    MetricNameTooLong,
+    UnitTooLong,
+}
+
+impl MetadataReason {
+    pub const ALL: [MetadataReason; 3] = [
+        MetadataReason::MissingMetricName,
+        MetadataReason::MetricNameTooLong,
+        MetadataReason::UnitTooLong,
+    ];
+
+    /// The `reason` label, as Mimir's.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            MetadataReason::MissingMetricName => "missing_metric_name",
+            MetadataReason::MetricNameTooLong => "metric_name_too_long",
+            MetadataReason::UnitTooLong => "unit_too_long",
+        }
+    }
+}
+
+/// What validation discarded in one request, by reason: the samples and histograms of refused
+/// series (by `SeriesReason as usize`) and the refused metadata entries (by
+/// `MetadataReason as usize`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Discarded {
+    pub samples: [u64; SeriesReason::ALL.len()],
+    pub metadata: [u64; MetadataReason::ALL.len()],
+}
+
+impl Discarded {
+    /// Samples and histograms, all reasons together.
+    pub fn samples(&self) -> u64 {
+        self.samples.iter().sum()
+    }
+
+    /// Metadata entries, all reasons together.
+    pub fn metadata(&self) -> u64 {
+        self.metadata.iter().sum()
+    }
+}
+
+/// What validation refused in one request: the first error (the 400's message; a series'
+/// before a metadata entry's, as Mimir checks the series first), what was discarded by reason
+/// (`samples`, which holds the refused metadata entries too), and how many series.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Refused {
     pub first: String,
-    pub samples: [u64; SeriesReason::ALL.len()],
+    pub samples: Discarded,
     pub series: u64,
 }
 
@@ -96,7 +148,8 @@ pub struct Refused {
 pub enum Forward {
     /// The client's bytes: nothing was cut or changed.
     Unchanged,
-    /// The request without its refused series and dropped labels, re-compressed.
+    /// The request without its refused series and metadata and its dropped labels, with its
+    /// rewritten label values, histograms and help texts, re-compressed.
     Rewritten(bytes::Bytes),
     /// Nothing is left to forward.
     Nothing,

@@ -8,7 +8,13 @@
 //!   `weir_discarded_samples_total`, and are not charged;
 //! - each bad series alone gets its own reason, and nothing is forwarded;
 //! - a request with nothing to refuse reaches the receiver byte for byte as sent;
-//! - `drop_labels` cuts its labels before the checks, and the receiver never sees them.
+//! - `drop_labels` cuts its labels before the checks, and the receiver never sees them;
+//! - `truncate` and `drop` rewrite a long label value with its hash, and accept the series;
+//! - metadata with a help over `max_metadata_length` is cut to fit, with a name or unit over
+//!   it (or no name) is refused, cut from the request and counted in
+//!   `weir_discarded_metadata_total`;
+//! - a native histogram over `max_native_histogram_buckets` reaches the receiver at a lower
+//!   resolution, or refuses its series when it cannot be reduced or reduction is off.
 
 mod common;
 
@@ -21,7 +27,9 @@ use axum::http::StatusCode;
 use axum::routing::post;
 use axum::Router;
 use common::fleet::forwarding_to;
-use weir::remote_write::prompb::{Label, Sample, TimeSeries, WriteRequest};
+use weir::remote_write::prompb::{
+    histogram, BucketSpan, Histogram, Label, MetricMetadata, Sample, TimeSeries, WriteRequest,
+};
 
 const OVERRIDES: &str = "overrides:\n  v:\n    ingestion_rate: 1000000\n    \
     ingestion_burst_size: 1000000\n    max_label_names_per_series: 5\n    \
@@ -245,5 +253,254 @@ async fn bad_series_are_refused_with_mimirs_reasons_and_the_rest_is_forwarded() 
         assert_eq!(status, 400, "{reason}: {text}");
         assert!(text.contains(&id), "{reason}: {text}");
         assert!(receiver.take().is_empty(), "{reason}: nothing forwarded");
+    }
+}
+
+/// Tenants whose checks rewrite or refuse with the other keys: `t` truncates and `d` drops a
+/// label value over 80 bytes, `m` has `max_metadata_length: 10`, `h` reduces histograms over 3
+/// buckets, `r` refuses them.
+const REWRITES: &str = "overrides:\n  \
+    t:\n    ingestion_rate: 1000000\n    ingestion_burst_size: 1000000\n    \
+    max_label_value_length: 80\n    label_value_length_over_limit_strategy: truncate\n  \
+    d:\n    ingestion_rate: 1000000\n    ingestion_burst_size: 1000000\n    \
+    max_label_value_length: 80\n    label_value_length_over_limit_strategy: drop\n  \
+    m:\n    ingestion_rate: 1000000\n    ingestion_burst_size: 1000000\n    \
+    max_metadata_length: 10\n  \
+    h:\n    ingestion_rate: 1000000\n    ingestion_burst_size: 1000000\n    \
+    max_native_histogram_buckets: 3\n  \
+    r:\n    ingestion_rate: 1000000\n    ingestion_burst_size: 1000000\n    \
+    max_native_histogram_buckets: 3\n    reduce_native_histogram_over_max_buckets: false\n";
+
+async fn push_as(
+    client: &reqwest::Client,
+    base: &str,
+    tenant: &str,
+    body: Vec<u8>,
+) -> (u16, String) {
+    let response = common::push_request(client, base, Some(tenant), body)
+        .send()
+        .await
+        .unwrap();
+    let status = response.status().as_u16();
+    (status, response.text().await.unwrap())
+}
+
+/// `(hash:<hex blake2b-256>)`, as Mimir writes it.
+fn hash_of(value: &str) -> String {
+    use blake2::Digest;
+    let digest = blake2::Blake2b::<blake2::digest::consts::U32>::digest(value.as_bytes());
+    let hex: String = digest.iter().map(|byte| format!("{byte:02x}")).collect();
+    format!("(hash:{hex})")
+}
+
+/// An integer native histogram at `schema` whose positive buckets 0.. hold `counts`.
+fn histogram(schema: i32, counts: &[i64], timestamp: i64) -> Histogram {
+    let mut previous = 0;
+    Histogram {
+        count: Some(histogram::Count::CountInt(counts.iter().sum::<i64>() as u64)),
+        schema,
+        timestamp,
+        positive_spans: vec![BucketSpan {
+            offset: 0,
+            length: counts.len() as u32,
+        }],
+        positive_deltas: counts
+            .iter()
+            .map(|count| {
+                let delta = count - previous;
+                previous = *count;
+                delta
+            })
+            .collect(),
+        ..Histogram::default()
+    }
+}
+
+fn metadata(name: &str, help: &str, unit: &str) -> MetricMetadata {
+    MetricMetadata {
+        r#type: 1,
+        metric_family_name: name.to_string(),
+        help: help.to_string(),
+        unit: unit.to_string(),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn label_values_histograms_and_metadata_are_rewritten_or_refused_as_mimir_does() {
+    let receiver = Receiver::default();
+    let app = Router::new()
+        .route("/api/v1/write", post(receive))
+        .with_state(receiver.clone());
+    let upstream = common::serve_on_loopback(app).await;
+    let (replica, _dir) = forwarding_to(upstream, REWRITES, 55, "validation-rewrites", &[]).await;
+    let base = format!("http://{}", replica.http);
+    let client = reqwest::Client::new();
+    let now = now_ms();
+    let metric = |series: &str| {
+        let (client, base) = (client.clone(), base.clone());
+        let series = series.to_string();
+        async move { common::metric_at(&client, &base, &series).await }
+    };
+
+    // truncate: the first 80 - 71 bytes, then the whole value's hash; the series is accepted
+    // and nothing is discarded.
+    let long = "x".repeat(100);
+    let request = WriteRequest {
+        timeseries: vec![series(&[("__name__", "m"), ("a", long.as_str())], &[now])],
+        metadata: vec![],
+    };
+    let (status, text) = push_as(&client, &base, "t", request.encode_snappy()).await;
+    assert_eq!(status, 200, "{text}");
+    let forwarded = receiver.take();
+    assert_eq!(forwarded.len(), 1, "one forward");
+    let truncated = format!("xxxxxxxxx{}", hash_of(&long));
+    assert_eq!(truncated.len(), 80);
+    assert_eq!(
+        decoded(&forwarded[0]).timeseries,
+        vec![series(
+            &[("__name__", "m"), ("a", truncated.as_str())],
+            &[now]
+        )]
+    );
+    // A request with nothing over the limit still goes as sent.
+    let short = WriteRequest {
+        timeseries: vec![series(&[("__name__", "m"), ("a", "x")], &[now])],
+        metadata: vec![],
+    };
+    let body = short.encode_snappy();
+    let (status, _) = push_as(&client, &base, "t", body.clone()).await;
+    assert_eq!(status, 200);
+    assert_eq!(
+        receiver.take(),
+        vec![Bytes::from(body)],
+        "forwarded as sent"
+    );
+
+    // drop: the hash alone.
+    let (status, text) = push_as(&client, &base, "d", request.encode_snappy()).await;
+    assert_eq!(status, 200, "{text}");
+    let forwarded = receiver.take();
+    assert_eq!(
+        decoded(&forwarded[0]).timeseries,
+        vec![series(
+            &[("__name__", "m"), ("a", hash_of(&long).as_str())],
+            &[now]
+        )]
+    );
+    for tenant in ["t", "d"] {
+        assert_eq!(
+            metric(&format!(
+                "weir_discarded_samples_total{{reason=\"label_value_too_long\",user=\"{tenant}\"}}"
+            ))
+            .await,
+            None,
+            "{tenant}: nothing discarded"
+        );
+    }
+
+    // Metadata: a help over 10 bytes is cut; a name or unit over 10 bytes, or no name,
+    // refuses the entry, which is cut from the request and not charged. The answer is 400
+    // with the first refusal.
+    let good_series = series(&[("__name__", "up")], &[now]);
+    let request = WriteRequest {
+        timeseries: vec![good_series.clone()],
+        metadata: vec![
+            metadata("up", "short", ""),
+            metadata("a_very_long_name", "h", ""),
+            metadata("m2", "a help over ten bytes", "s"),
+            metadata("m3", "h", "seconds_of_it"),
+            metadata("", "h", ""),
+        ],
+    };
+    let (status, text) = push_as(&client, &base, "m", request.encode_snappy()).await;
+    assert_eq!(status, 400, "{text}");
+    assert!(
+        text.contains("metric name: 'a_very_long_name' (err-weir-metric-name-too-long)"),
+        "{text}"
+    );
+    let forwarded = receiver.take();
+    assert_eq!(forwarded.len(), 1, "one forward");
+    let sent = decoded(&forwarded[0]);
+    assert_eq!(sent.timeseries, vec![good_series]);
+    assert_eq!(
+        sent.metadata,
+        vec![
+            metadata("up", "short", ""),
+            metadata("m2", "a help ove", "s")
+        ]
+    );
+    for (reason, count) in [
+        ("metric_name_too_long", 1.0),
+        ("unit_too_long", 1.0),
+        ("missing_metric_name", 1.0),
+    ] {
+        let series = format!("weir_discarded_metadata_total{{reason=\"{reason}\",user=\"m\"}}");
+        assert_eq!(metric(&series).await, Some(count), "{series}");
+    }
+    assert_eq!(
+        metric("weir_distributor_received_metadata_total{user=\"m\"}").await,
+        Some(2.0),
+        "only the kept metadata is charged"
+    );
+
+    // A histogram over 3 buckets: buckets 0..=3 at schema 1 hold 1, 2, 3, 4. Schema 0 merges
+    // them into 1, 5, 4 (three, not fewer than the limit); schema -1 into 1, 9.
+    let with_histogram = |histogram: Histogram| WriteRequest {
+        timeseries: vec![TimeSeries {
+            histograms: vec![histogram],
+            ..series(&[("__name__", "latency")], &[])
+        }],
+        metadata: vec![],
+    };
+    let (status, text) = push_as(
+        &client,
+        &base,
+        "h",
+        with_histogram(histogram(1, &[1, 2, 3, 4], now)).encode_snappy(),
+    )
+    .await;
+    assert_eq!(status, 200, "{text}");
+    let forwarded = receiver.take();
+    assert_eq!(forwarded.len(), 1, "one forward");
+    assert_eq!(
+        decoded(&forwarded[0]).timeseries[0].histograms,
+        vec![Histogram {
+            count: Some(histogram::Count::CountInt(10)),
+            ..histogram(-1, &[1, 9], now)
+        }]
+    );
+    // At schema -4 it cannot be reduced: refused, with Mimir's not-reducible message.
+    let (status, text) = push_as(
+        &client,
+        &base,
+        "h",
+        with_histogram(histogram(-4, &[1, 2, 3, 4], now)).encode_snappy(),
+    )
+    .await;
+    assert_eq!(status, 400, "{text}");
+    assert!(
+        text.contains("cannot reduce") && text.contains("err-weir-not-reducible-native-histogram"),
+        "{text}"
+    );
+    assert!(receiver.take().is_empty(), "nothing forwarded");
+    // Reduction off: refused.
+    let (status, text) = push_as(
+        &client,
+        &base,
+        "r",
+        with_histogram(histogram(1, &[1, 2, 3, 4], now)).encode_snappy(),
+    )
+    .await;
+    assert_eq!(status, 400, "{text}");
+    assert!(
+        text.contains("buckets: 4, limit: 3 (err-weir-max-native-histogram-buckets)"),
+        "{text}"
+    );
+    assert!(receiver.take().is_empty(), "nothing forwarded");
+    for tenant in ["h", "r"] {
+        let series = format!(
+            "weir_discarded_samples_total{{reason=\"max_native_histogram_buckets\",user=\"{tenant}\"}}"
+        );
+        assert_eq!(metric(&series).await, Some(1.0), "{series}");
     }
 }

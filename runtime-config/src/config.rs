@@ -574,7 +574,7 @@ mod tests {
     fn each_key_lands_in_its_list_with_its_reason() {
         let config = parse(
             "overrides:\n  a:\n    ha_cluster_label: cluster\n    max_label_names_per_series: 40\n    \
-             max_native_histogram_buckets: 100\n    max_global_series_per_user: 150000\n    rate_limit_strategy: divided\n    \
+             name_validation_scheme: legacy\n    max_global_series_per_user: 150000\n    rate_limit_strategy: divided\n    \
              ingestion_burst_size: null\n  b:\n    accept_ha_samples: true\n    \
              ingestion_rate: 5\n    ruler_tenant_shard_size: 2\n\
              distributor_limits:\n  max_ingestion_rate: 100\n",
@@ -607,7 +607,7 @@ mod tests {
         assert_eq!(
             config.mimir_keys.ignored,
             vec![(
-                "overrides.*.max_native_histogram_buckets".to_string(),
+                "overrides.*.name_validation_scheme".to_string(),
                 validation
             ),]
         );

@@ -1,12 +1,51 @@
-//! Mimir's series validation limits, per tenant: what a distributor checks in each series
-//! before it charges the tenant's ingestion limit. The keys, their meaning and their defaults
-//! are Mimir's (`max_label_names_per_series: 30`, `max_label_name_length: 1024`,
-//! `max_label_value_length: 2048`, `creation_grace_period: 10m`, `past_grace_period: 0s`,
-//! which is off). weir's remote-write 1.0 scan applies them (`src/remote_write/validate.rs`).
+//! Mimir's series and metadata validation limits, per tenant: what a distributor checks in
+//! each series and metadata entry before it charges the tenant's ingestion limit. The keys,
+//! their meaning and their defaults are Mimir's (`max_label_names_per_series: 30`,
+//! `max_label_name_length: 1024`, `max_label_value_length: 2048`,
+//! `label_value_length_over_limit_strategy: error`, `creation_grace_period: 10m`,
+//! `past_grace_period: 0s`, which is off, `max_metadata_length: 1024`,
+//! `enforce_metadata_metric_name: true`, `max_native_histogram_buckets: 0`, which is off,
+//! `reduce_native_histogram_over_max_buckets: true`). weir's remote-write 1.0 scan applies
+//! them (`src/remote_write/validate.rs`).
 
 use std::time::Duration;
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+/// Bytes of the `(hash:<64 hex digits>)` that `truncate` and `drop` write into a label value
+/// over `max_label_value_length` (Mimir's `LabelValueHashLen`: blake2b-256 in hex).
+pub const LABEL_VALUE_HASH_LENGTH: u32 = 71;
+
+/// What happens to a label value over `max_label_value_length` (Mimir's
+/// `label_value_length_over_limit_strategy`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LabelValueLengthOverLimitStrategy {
+    /// The series is refused (`label_value_too_long`).
+    #[default]
+    Error,
+    /// The value keeps its first `max_label_value_length - 71` bytes, followed by
+    /// `(hash:<blake2b-256 of the whole value>)`; the series is accepted.
+    Truncate,
+    /// The value becomes `(hash:<blake2b-256 of the whole value>)`; the series is accepted.
+    Drop,
+}
+
+impl<'de> Deserialize<'de> for LabelValueLengthOverLimitStrategy {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let text = String::deserialize(deserializer)?;
+        // Mimir reads an empty value as `error` too.
+        match text.as_str() {
+            "" | "error" => Ok(Self::Error),
+            "truncate" => Ok(Self::Truncate),
+            "drop" => Ok(Self::Drop),
+            other => Err(serde::de::Error::custom(format!(
+                "unrecognized label_value_length_over_limit_strategy {other:?}: expected \
+                 error, truncate or drop"
+            ))),
+        }
+    }
+}
 
 /// One tenant's validation limits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -15,15 +54,28 @@ pub struct ValidationLimits {
     pub max_label_names_per_series: u32,
     /// Bytes of a label name.
     pub max_label_name_length: u32,
-    /// Bytes of a label value. A longer one refuses its series (Mimir's
-    /// `label_value_length_over_limit_strategy: error`, the only strategy weir applies).
+    /// Bytes of a label value. What a longer one does is
+    /// `label_value_length_over_limit_strategy`'s.
     pub max_label_value_length: u32,
+    /// `error` refuses a series with a value over `max_label_value_length`; `truncate` and
+    /// `drop` rewrite the value with its hash and accept the series.
+    pub label_value_length_over_limit_strategy: LabelValueLengthOverLimitStrategy,
     /// How far ahead of the replica's clock a sample's timestamp may be.
     #[serde(serialize_with = "serialize_duration")]
     pub creation_grace_period: Duration,
     /// How far behind the replica's clock a sample's timestamp may be; zero: no bound.
     #[serde(serialize_with = "serialize_duration")]
     pub past_grace_period: Duration,
+    /// Bytes of a metadata entry's metric name, unit and help. A longer help is cut to fit;
+    /// a longer name or unit refuses the entry.
+    pub max_metadata_length: u32,
+    /// A metadata entry without a metric name is refused.
+    pub enforce_metadata_metric_name: bool,
+    /// Buckets of a native histogram sample (positive and negative); zero: no limit.
+    pub max_native_histogram_buckets: u32,
+    /// Over `max_native_histogram_buckets`, a histogram's resolution is lowered until it fits;
+    /// without it, or when it cannot be lowered enough, its series is refused.
+    pub reduce_native_histogram_over_max_buckets: bool,
 }
 
 impl Default for ValidationLimits {
@@ -32,54 +84,137 @@ impl Default for ValidationLimits {
             max_label_names_per_series: 30,
             max_label_name_length: 1024,
             max_label_value_length: 2048,
+            label_value_length_over_limit_strategy: LabelValueLengthOverLimitStrategy::Error,
             creation_grace_period: Duration::from_secs(600),
             past_grace_period: Duration::ZERO,
+            max_metadata_length: 1024,
+            enforce_metadata_metric_name: true,
+            max_native_histogram_buckets: 0,
+            reduce_native_histogram_over_max_buckets: true,
         }
     }
 }
 
 /// The validation keys of a tenant's entry under `overrides:`; what is missing is inherited.
+/// Read through [`ValidationKeys`], so that a combination Mimir refuses fails the load.
+#[derive(Debug, Default, Serialize)]
+#[serde(transparent)]
+pub(crate) struct ValidationOverride(ValidationKeys);
+
 #[derive(Debug, Default, Deserialize, Serialize)]
-pub(crate) struct ValidationOverride {
+pub(crate) struct ValidationKeys {
     pub max_label_names_per_series: Option<u32>,
     pub max_label_name_length: Option<u32>,
     pub max_label_value_length: Option<u32>,
+    pub label_value_length_over_limit_strategy: Option<LabelValueLengthOverLimitStrategy>,
     #[serde(default, deserialize_with = "optional_duration")]
     pub creation_grace_period: Option<Duration>,
     #[serde(default, deserialize_with = "optional_duration")]
     pub past_grace_period: Option<Duration>,
+    pub max_metadata_length: Option<u32>,
+    pub enforce_metadata_metric_name: Option<bool>,
+    pub max_native_histogram_buckets: Option<u32>,
+    pub reduce_native_histogram_over_max_buckets: Option<bool>,
+}
+
+impl<'de> Deserialize<'de> for ValidationOverride {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let keys = ValidationKeys::deserialize(deserializer)?;
+        let entry = ValidationOverride(keys);
+        entry
+            .apply(&ValidationLimits::default())
+            .check()
+            .map_err(serde::de::Error::custom)?;
+        Ok(entry)
+    }
+}
+
+impl ValidationLimits {
+    /// Mimir's load-time check: the hash `truncate` and `drop` write must fit in the limit.
+    pub fn check(&self) -> Result<(), String> {
+        use LabelValueLengthOverLimitStrategy::{Drop, Truncate};
+        let strategy = self.label_value_length_over_limit_strategy;
+        if matches!(strategy, Truncate | Drop)
+            && self.max_label_value_length < LABEL_VALUE_HASH_LENGTH
+        {
+            let name = if strategy == Truncate {
+                "truncate"
+            } else {
+                "drop"
+            };
+            return Err(format!(
+                "cannot set label_value_length_over_limit_strategy to {name:?}: label value \
+                 hash suffix would exceed max label value length of {}",
+                self.max_label_value_length
+            ));
+        }
+        Ok(())
+    }
 }
 
 impl ValidationOverride {
     pub(crate) fn is_empty(&self) -> bool {
-        self.max_label_names_per_series.is_none()
-            && self.max_label_name_length.is_none()
-            && self.max_label_value_length.is_none()
-            && self.creation_grace_period.is_none()
-            && self.past_grace_period.is_none()
+        let ValidationKeys {
+            max_label_names_per_series,
+            max_label_name_length,
+            max_label_value_length,
+            label_value_length_over_limit_strategy,
+            creation_grace_period,
+            past_grace_period,
+            max_metadata_length,
+            enforce_metadata_metric_name,
+            max_native_histogram_buckets,
+            reduce_native_histogram_over_max_buckets,
+        } = &self.0;
+        max_label_names_per_series.is_none()
+            && max_label_name_length.is_none()
+            && max_label_value_length.is_none()
+            && label_value_length_over_limit_strategy.is_none()
+            && creation_grace_period.is_none()
+            && past_grace_period.is_none()
+            && max_metadata_length.is_none()
+            && enforce_metadata_metric_name.is_none()
+            && max_native_histogram_buckets.is_none()
+            && reduce_native_histogram_over_max_buckets.is_none()
     }
 
     pub(crate) fn apply(&self, defaults: &ValidationLimits) -> ValidationLimits {
+        let keys = &self.0;
         ValidationLimits {
-            max_label_names_per_series: self
+            max_label_names_per_series: keys
                 .max_label_names_per_series
                 .unwrap_or(defaults.max_label_names_per_series),
-            max_label_name_length: self
+            max_label_name_length: keys
                 .max_label_name_length
                 .unwrap_or(defaults.max_label_name_length),
-            max_label_value_length: self
+            max_label_value_length: keys
                 .max_label_value_length
                 .unwrap_or(defaults.max_label_value_length),
-            creation_grace_period: self
+            label_value_length_over_limit_strategy: keys
+                .label_value_length_over_limit_strategy
+                .unwrap_or(defaults.label_value_length_over_limit_strategy),
+            creation_grace_period: keys
                 .creation_grace_period
                 .unwrap_or(defaults.creation_grace_period),
-            past_grace_period: self.past_grace_period.unwrap_or(defaults.past_grace_period),
+            past_grace_period: keys.past_grace_period.unwrap_or(defaults.past_grace_period),
+            max_metadata_length: keys
+                .max_metadata_length
+                .unwrap_or(defaults.max_metadata_length),
+            enforce_metadata_metric_name: keys
+                .enforce_metadata_metric_name
+                .unwrap_or(defaults.enforce_metadata_metric_name),
+            max_native_histogram_buckets: keys
+                .max_native_histogram_buckets
+                .unwrap_or(defaults.max_native_histogram_buckets),
+            reduce_native_histogram_over_max_buckets: keys
+                .reduce_native_histogram_over_max_buckets
+                .unwrap_or(defaults.reduce_native_histogram_over_max_buckets),
         }
     }
 }
 
 /// A duration as Mimir writes one (`10m`, `1h30m`, `0s`; a bare `0` too).
-fn optional_duration<'de, D: Deserializer<'de>>(
+pub(crate) fn optional_duration<'de, D: Deserializer<'de>>(
     deserializer: D,
 ) -> Result<Option<Duration>, D::Error> {
     let Some(text) = Option::<String>::deserialize(deserializer)? else {
@@ -93,7 +228,10 @@ fn optional_duration<'de, D: Deserializer<'de>>(
         .map_err(|err| serde::de::Error::custom(format!("{text:?}: {err}")))
 }
 
-fn serialize_duration<S: Serializer>(value: &Duration, serializer: S) -> Result<S::Ok, S::Error> {
+pub(crate) fn serialize_duration<S: Serializer>(
+    value: &Duration,
+    serializer: S,
+) -> Result<S::Ok, S::Error> {
     serializer.serialize_str(&humantime::format_duration(*value).to_string())
 }
 
@@ -113,9 +251,66 @@ mod tests {
         assert_eq!(limits.creation_grace_period, Duration::from_secs(600));
         let zero: ValidationOverride =
             serde_yaml_ng::from_str("creation_grace_period: 0\n").unwrap();
-        assert_eq!(zero.creation_grace_period, Some(Duration::ZERO));
+        assert_eq!(zero.0.creation_grace_period, Some(Duration::ZERO));
         assert!(
             serde_yaml_ng::from_str::<ValidationOverride>("past_grace_period: soon\n").is_err()
         );
+    }
+
+    #[test]
+    fn strategies_and_metadata_and_histogram_keys_read_as_mimir_writes_them() {
+        let entry: ValidationOverride = serde_yaml_ng::from_str(
+            "label_value_length_over_limit_strategy: truncate\nmax_metadata_length: 10\n\
+             enforce_metadata_metric_name: false\nmax_native_histogram_buckets: 8\n\
+             reduce_native_histogram_over_max_buckets: false\n",
+        )
+        .unwrap();
+        let limits = entry.apply(&ValidationLimits::default());
+        assert_eq!(
+            limits.label_value_length_over_limit_strategy,
+            LabelValueLengthOverLimitStrategy::Truncate
+        );
+        assert_eq!(limits.max_metadata_length, 10);
+        assert!(!limits.enforce_metadata_metric_name);
+        assert_eq!(limits.max_native_histogram_buckets, 8);
+        assert!(!limits.reduce_native_histogram_over_max_buckets);
+        // Mimir's defaults.
+        let defaults = ValidationLimits::default();
+        assert_eq!(defaults.max_metadata_length, 1024);
+        assert!(defaults.enforce_metadata_metric_name);
+        assert_eq!(defaults.max_native_histogram_buckets, 0);
+        assert!(defaults.reduce_native_histogram_over_max_buckets);
+        let parse = |yaml: &str| serde_yaml_ng::from_str::<ValidationOverride>(yaml);
+        for (text, strategy) in [
+            ("\"\"", LabelValueLengthOverLimitStrategy::Error),
+            ("error", LabelValueLengthOverLimitStrategy::Error),
+            ("drop", LabelValueLengthOverLimitStrategy::Drop),
+        ] {
+            let entry =
+                parse(&format!("label_value_length_over_limit_strategy: {text}\n")).unwrap();
+            assert_eq!(
+                entry.0.label_value_length_over_limit_strategy,
+                Some(strategy)
+            );
+        }
+        assert!(parse("label_value_length_over_limit_strategy: cut\n").is_err());
+        // The hash must fit: Mimir refuses the combination at load.
+        let err =
+            parse("label_value_length_over_limit_strategy: drop\nmax_label_value_length: 70\n")
+                .unwrap_err()
+                .to_string();
+        assert!(
+            err.contains(
+                "cannot set label_value_length_over_limit_strategy to \"drop\": label \
+                          value hash suffix would exceed max label value length of 70"
+            ),
+            "{err}"
+        );
+        assert!(parse(
+            "label_value_length_over_limit_strategy: truncate\nmax_label_value_length: 71\n"
+        )
+        .is_ok());
+        // `error` needs no room for a hash.
+        assert!(parse("max_label_value_length: 5\n").is_ok());
     }
 }

@@ -6,7 +6,7 @@ use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::reasons::DiscardReason;
-use crate::counts::SeriesReason;
+use crate::counts::{Discarded, MetadataReason, SeriesReason};
 
 /// A per-tenant counter: one atomic, no labels of its own (the tenant and reason are where
 /// it is kept).
@@ -41,7 +41,7 @@ impl Gauge64 {
     }
 }
 
-/// One tenant's series: 24 atomics (192 bytes), kept with its limiter state.
+/// One tenant's series: 28 atomics (224 bytes), kept with its limiter state.
 #[derive(Debug, Default)]
 pub struct TenantMetrics {
     pub requests_in: Counter,
@@ -58,15 +58,20 @@ pub struct TenantMetrics {
     discarded_samples: [Counter; DiscardReason::COUNTS_SAMPLES.len()],
     /// Samples and histograms of series refused by validation, per [`SeriesReason`].
     invalid_samples: [Counter; SeriesReason::ALL.len()],
+    /// Metadata entries refused by validation, per [`MetadataReason`].
+    invalid_metadata: [Counter; MetadataReason::ALL.len()],
 }
 
 impl TenantMetrics {
-    /// Samples and histograms of series validation refused, per [`SeriesReason`] (indexed by
-    /// `SeriesReason as usize`).
-    pub fn discard_series(&self, samples: &[u64; SeriesReason::ALL.len()]) {
-        for (counter, samples) in self.invalid_samples.iter().zip(samples) {
-            if *samples > 0 {
-                counter.inc_by(*samples);
+    /// What validation refused: samples and histograms of series, per [`SeriesReason`], and
+    /// metadata entries, per [`MetadataReason`].
+    pub fn discard_series(&self, discarded: &Discarded) {
+        let counters = self.invalid_samples.iter().zip(&discarded.samples);
+        for (counter, items) in
+            counters.chain(self.invalid_metadata.iter().zip(&discarded.metadata))
+        {
+            if *items > 0 {
+                counter.inc_by(*items);
             }
         }
     }
@@ -114,7 +119,7 @@ pub(super) struct TenantFamily {
     pub write: fn(&mut String, &'static str, &str, &TenantMetrics),
 }
 
-pub(super) const TENANT_FAMILIES: [TenantFamily; 8] = [
+pub(super) const TENANT_FAMILIES: [TenantFamily; 9] = [
     TenantFamily {
         name: "weir_distributor_requests_in_total",
         help: "Push requests received per tenant, including rejected ones.",
@@ -173,6 +178,20 @@ pub(super) const TENANT_FAMILIES: [TenantFamily; 8] = [
             // Validation's reasons only once one counted something: nine more series per
             // tenant for what most tenants never send.
             for (reason, counter) in SeriesReason::ALL.iter().zip(&m.invalid_samples) {
+                if counter.get() > 0 {
+                    let labels = [("reason", reason.as_str()), ("user", user)];
+                    sample(out, name, &labels, counter.get() as f64);
+                }
+            }
+        },
+    },
+    TenantFamily {
+        name: "weir_discarded_metadata_total",
+        help: "Metadata entries refused by validation per tenant, by reason.",
+        kind: "counter",
+        write: |out, name, user, m| {
+            // Only once one counted something, as validation's sample reasons.
+            for (reason, counter) in MetadataReason::ALL.iter().zip(&m.invalid_metadata) {
                 if counter.get() > 0 {
                     let labels = [("reason", reason.as_str()), ("user", user)];
                     sample(out, name, &labels, counter.get() as f64);

@@ -23,8 +23,8 @@ use std::cell::RefCell;
 
 use prost::encoding::{decode_key, skip_field, DecodeContext, WireType};
 
-use crate::counts::{DecodeError, Forward, Refused, SeriesReason, WriteCounts};
-use validate::{SeriesCheck, Validation};
+use crate::counts::{DecodeError, Discarded, Forward, Refused, WriteCounts};
+use validate::{MetadataVerdict, SeriesCheck, Splice, Validation};
 use wire::{check, check_sample, field, is_utf8};
 
 /// What a remote-write 2.0 receiver reports it wrote, in the `X-Prometheus-Remote-Write-*-Written`
@@ -138,23 +138,28 @@ pub fn scan(buf: &[u8]) -> Result<WriteCounts, DecodeError> {
 /// What validation and `drop_labels` change in a request, as the scan found it.
 #[derive(Default)]
 struct RefusedSeries {
-    /// In body order: the `timeseries` fields to cut or to re-encode.
+    /// In body order: the `timeseries` and `metadata` fields to cut or to write again.
     edits: Vec<Edit>,
     refused: u64,
     first: Option<String>,
-    samples: [u64; SeriesReason::ALL.len()],
+    /// The first refused metadata entry's message: it answers only when no series was
+    /// refused, as Mimir checks every series before the metadata.
+    first_metadata: Option<String>,
+    discarded: Discarded,
 }
 
 /// One change to the uncompressed body.
 enum Edit {
-    /// A refused series: its whole `timeseries` field goes.
+    /// A refused series or metadata entry: its whole field goes.
     Cut(std::ops::Range<usize>),
-    /// A series that loses labels: its field is written again without them. `body` is the
-    /// series' bytes in the request, `drop` the dropped labels' ranges in those bytes.
-    Relabel {
+    /// A series or metadata entry written again (key `tag`, new length, its bytes with
+    /// `splices` made): labels dropped, label values, histograms or a help text rewritten.
+    /// `body` is its bytes in the request; the splices' ranges are in those bytes, in order.
+    Rewrite {
         field: std::ops::Range<usize>,
+        tag: u32,
         body: std::ops::Range<usize>,
-        drop: Vec<std::ops::Range<usize>>,
+        splices: Vec<Splice>,
     },
 }
 
@@ -167,7 +172,7 @@ fn scan_validating(
 ) -> Result<WriteCounts, DecodeError> {
     let mut buf = whole;
     let mut counts = WriteCounts::default();
-    let mut index = 0u64;
+    let (mut index, mut metadata_index) = (0u64, 0u64);
     while !buf.is_empty() {
         let start = whole.len() - buf.len();
         let (tag, wire_type) = key(&mut buf, "WriteRequest")?;
@@ -188,29 +193,58 @@ fn scan_validating(
                         counts.samples += own.samples;
                         counts.histograms += own.histograms;
                         counts.exemplars += own.exemplars;
-                        if !seen.dropped.is_empty() {
-                            let body_start = field.end - series.len();
-                            refused.edits.push(Edit::Relabel {
-                                body: body_start..field.end,
+                        if !seen.dropped.is_empty() || !seen.replaced.is_empty() {
+                            refused.edits.push(Edit::Rewrite {
+                                body: field.end - series.len()..field.end,
                                 field,
-                                drop: std::mem::take(&mut seen.dropped),
+                                tag: 1,
+                                splices: splices(&mut seen),
                             });
                         }
                     }
                     Some((reason, message)) => {
                         refused.edits.push(Edit::Cut(field));
                         refused.refused += 1;
-                        refused.samples[reason as usize] += own.samples + own.histograms;
+                        refused.discarded.samples[reason as usize] += own.samples + own.histograms;
                         refused.first.get_or_insert(message);
                     }
                 }
             }
             3 => {
                 let metadata = embedded(&mut buf, wire_type, "WriteRequest.metadata")?;
-                check::<prompb::MetricMetadata>(metadata).map_err(|reason| {
-                    DecodeError::Protobuf(format!("metadata[{}]: {reason}", counts.metadata))
-                })?;
-                counts.metadata += 1;
+                let field = start..whole.len() - buf.len();
+                let at = metadata_index;
+                metadata_index += 1;
+                let bad = |reason: prost::DecodeError| {
+                    DecodeError::Protobuf(format!("metadata[{at}]: {reason}"))
+                };
+                let Some(validation) = validation else {
+                    <prompb::MetricMetadata as prost::Message>::decode(metadata).map_err(bad)?;
+                    counts.metadata += 1;
+                    continue;
+                };
+                let decoded =
+                    <prompb::MetricMetadata as prost::Message>::decode(metadata).map_err(bad)?;
+                match validate::check_metadata(decoded, &validation.limits) {
+                    MetadataVerdict::Keep => counts.metadata += 1,
+                    MetadataVerdict::Rewrite(with) => {
+                        counts.metadata += 1;
+                        refused.edits.push(Edit::Rewrite {
+                            body: field.end - metadata.len()..field.end,
+                            field,
+                            tag: 3,
+                            splices: vec![Splice {
+                                range: 0..metadata.len(),
+                                with,
+                            }],
+                        });
+                    }
+                    MetadataVerdict::Refuse(reason, message) => {
+                        refused.edits.push(Edit::Cut(field));
+                        refused.discarded.metadata[reason as usize] += 1;
+                        refused.first_metadata.get_or_insert(message);
+                    }
+                }
             }
             // Remote-write 2.0's symbols and series: a 2.0 body sent as 1.0 would otherwise
             // scan as empty and pass uncharged.
@@ -225,6 +259,19 @@ fn scan_validating(
         }
     }
     Ok(counts)
+}
+
+/// A series' changes in body order: its dropped labels (cut) and its rewritten fields.
+fn splices(seen: &mut SeriesCheck) -> Vec<Splice> {
+    let cut = std::mem::take(&mut seen.dropped)
+        .into_iter()
+        .map(|range| Splice {
+            range,
+            with: Vec::new(),
+        });
+    let mut splices: Vec<Splice> = cut.chain(std::mem::take(&mut seen.replaced)).collect();
+    splices.sort_by_key(|splice| splice.range.start);
+    splices
 }
 
 /// Scans one series into `counts`; with a validation, also gathers what its checks need.
@@ -244,10 +291,11 @@ fn scan_series<'a>(
                 let (name, value) =
                     check_label(label).map_err(|reason| format!("labels[{labels}]: {reason}"))?;
                 if let Some((validation, seen)) = validating.as_mut() {
+                    let field = field_start..series.len() - buf.len();
                     if validation.drop_labels.is_some() && validation.drops(name) {
-                        seen.dropped.push(field_start..series.len() - buf.len());
+                        seen.dropped.push(field);
                     } else {
-                        seen.label(name, value, &validation.limits);
+                        seen.label_in(name, value, &validation.limits, field);
                     }
                 }
                 labels += 1;
@@ -271,8 +319,9 @@ fn scan_series<'a>(
                 let histogram = field(&mut buf, wire_type, "histograms")?;
                 let decoded = <prompb::Histogram as prost::Message>::decode(histogram)
                     .map_err(|reason| format!("histograms: {reason}"))?;
-                if let Some((_, seen)) = validating.as_mut() {
-                    seen.timestamp(decoded.timestamp);
+                if let Some((validation, seen)) = validating.as_mut() {
+                    let field = field_start..series.len() - buf.len();
+                    seen.histogram(decoded, &validation.limits, field);
                 }
                 counts.histograms += 1;
             }
@@ -329,17 +378,17 @@ pub fn decode_validated(
         } else {
             Forward::Rewritten(bytes::Bytes::from(edited(raw, &found.edits)))
         };
-        let refused = found.first.map(|first| Refused {
+        let refused = found.first.or(found.first_metadata).map(|first| Refused {
             first,
-            samples: found.samples,
+            samples: found.discarded,
             series: found.refused,
         });
         Ok((counts, forward, refused))
     })
 }
 
-/// `raw` with `edits` (in body order) made, snappy-compressed: refused series cut, and series
-/// that lose labels written again (key, new length, their bytes without those labels).
+/// `raw` with `edits` (in body order) made, snappy-compressed: refused series and metadata
+/// cut, and the others written again (key, new length, their bytes with the splices made).
 fn edited(raw: &[u8], edits: &[Edit]) -> Vec<u8> {
     let mut out = Vec::with_capacity(raw.len());
     let mut from = 0;
@@ -349,18 +398,26 @@ fn edited(raw: &[u8], edits: &[Edit]) -> Vec<u8> {
                 out.extend_from_slice(&raw[from..field.start]);
                 from = field.end;
             }
-            Edit::Relabel { field, body, drop } => {
+            Edit::Rewrite {
+                field,
+                tag,
+                body,
+                splices,
+            } => {
                 out.extend_from_slice(&raw[from..field.start]);
-                let series = &raw[body.clone()];
-                let dropped: usize = drop.iter().map(|range| range.len()).sum();
-                prost::encoding::encode_key(1, WireType::LengthDelimited, &mut out);
-                prost::encoding::encode_varint((series.len() - dropped) as u64, &mut out);
+                let message = &raw[body.clone()];
+                let length = splices.iter().fold(message.len(), |length, splice| {
+                    length - splice.range.len() + splice.with.len()
+                });
+                prost::encoding::encode_key(*tag, WireType::LengthDelimited, &mut out);
+                prost::encoding::encode_varint(length as u64, &mut out);
                 let mut at = 0;
-                for range in drop {
-                    out.extend_from_slice(&series[at..range.start]);
-                    at = range.end;
+                for splice in splices {
+                    out.extend_from_slice(&message[at..splice.range.start]);
+                    out.extend_from_slice(&splice.with);
+                    at = splice.range.end;
                 }
-                out.extend_from_slice(&series[at..]);
+                out.extend_from_slice(&message[at..]);
                 from = field.end;
             }
         }
@@ -493,6 +550,76 @@ mod tests {
             })
     }
 
+    /// Series for the rewriting checks: values over 75 bytes on labels other than `__name__`,
+    /// and integer histograms of 0 to 6 buckets at schemas -4 to 3.
+    fn rewritable_series() -> impl Strategy<Value = TimeSeries> {
+        let value = prop::sample::select(vec!["x".repeat(3), "v".repeat(80), "é".repeat(60)]);
+        (
+            prop::collection::vec((prop::sample::select(vec!["a", "b", "c"]), value), 0..3),
+            prop::collection::vec((-4i32..4, prop::collection::vec(0i64..5, 0..7)), 0..3),
+        )
+            .prop_map(|(labels, histograms)| {
+                let mut labels: Vec<Label> = labels
+                    .into_iter()
+                    .map(|(name, value)| Label {
+                        name: name.into(),
+                        value,
+                    })
+                    .collect();
+                labels.sort_by(|a, b| a.name.cmp(&b.name));
+                labels.dedup_by(|a, b| a.name == b.name);
+                labels.insert(
+                    0,
+                    Label {
+                        name: "__name__".into(),
+                        value: "h".into(),
+                    },
+                );
+                TimeSeries {
+                    labels,
+                    samples: vec![Sample {
+                        value: 1.0,
+                        timestamp: NOW,
+                    }],
+                    histograms: histograms
+                        .into_iter()
+                        .map(|(schema, deltas)| Histogram {
+                            count: Some(super::prompb::histogram::Count::CountInt(1)),
+                            schema,
+                            timestamp: NOW,
+                            positive_spans: vec![BucketSpan {
+                                offset: -1,
+                                length: deltas.len() as u32,
+                            }],
+                            positive_deltas: deltas,
+                            ..Histogram::default()
+                        })
+                        .collect(),
+                    ..TimeSeries::default()
+                }
+            })
+    }
+
+    /// Every rewriting check on: values over 75 bytes truncated (or dropped), histograms over
+    /// 3 buckets reduced, help texts over 8 bytes cut.
+    fn rewriting(drop: bool) -> Validation {
+        use runtime_config::validation::LabelValueLengthOverLimitStrategy;
+        Validation::new(
+            runtime_config::ValidationLimits {
+                max_label_value_length: 75,
+                label_value_length_over_limit_strategy: if drop {
+                    LabelValueLengthOverLimitStrategy::Drop
+                } else {
+                    LabelValueLengthOverLimitStrategy::Truncate
+                },
+                max_metadata_length: 8,
+                max_native_histogram_buckets: 3,
+                ..runtime_config::ValidationLimits::default()
+            },
+            NOW,
+        )
+    }
+
     const NOW: i64 = 1_700_000_000_000;
 
     fn tight() -> Validation {
@@ -503,6 +630,7 @@ mod tests {
                 max_label_value_length: 10,
                 creation_grace_period: std::time::Duration::from_secs(600),
                 past_grace_period: std::time::Duration::from_secs(3600),
+                ..runtime_config::ValidationLimits::default()
             },
             NOW,
         )
@@ -528,7 +656,7 @@ mod tests {
             let body = request.encode_snappy();
             let whole = decode(&body, usize::MAX, Format::V1).unwrap();
             let (counts, forward, refused) = decode_validated(&body, usize::MAX, &tight()).unwrap();
-            let dropped: u64 = refused.as_ref().map_or(0, |refused| refused.samples.iter().sum());
+            let dropped: u64 = refused.as_ref().map_or(0, |refused| refused.samples.samples());
             prop_assert_eq!(counts.samples + counts.histograms + dropped, whole.samples + whole.histograms);
             prop_assert_eq!(counts.series + refused.as_ref().map_or(0, |r| r.series), whole.series);
             if let Some(refused) = &refused {
@@ -544,6 +672,50 @@ mod tests {
                     let raw = snap::raw::Decoder::new().decompress_vec(&rewritten).unwrap();
                     let forwarded = <WriteRequest as prost::Message>::decode(raw.as_slice()).unwrap();
                     prop_assert!(forwarded.timeseries.iter().all(|series| series.labels.iter().all(|label| label.name != "b")));
+                }
+                Forward::Nothing => prop_assert_eq!(counts.series + counts.metadata, 0),
+            }
+        }
+
+        /// With the checks that rewrite (truncate or drop, histogram reduction, help cut):
+        /// what is forwarded is what was counted, passes again unchanged, and is within every
+        /// limit; metadata refused and kept add up to what was sent.
+        #[test]
+        fn rewriting_validation_forwards_what_it_counts(
+            timeseries in prop::collection::vec(rewritable_series(), 0..6),
+            metadata in prop::collection::vec(
+                (prop::sample::select(vec!["", "up", "too_long_name"]), prop::sample::select(vec!["", "h", "é long help"])),
+                0..3,
+            ),
+            drop in any::<bool>(),
+        ) {
+            let request = WriteRequest {
+                timeseries,
+                metadata: metadata
+                    .into_iter()
+                    .map(|(name, help)| MetricMetadata { r#type: 1, metric_family_name: name.into(), help: help.into(), unit: String::new() })
+                    .collect(),
+            };
+            let validation = rewriting(drop);
+            let body = request.encode_snappy();
+            let whole = decode(&body, usize::MAX, Format::V1).unwrap();
+            let (counts, forward, refused) = decode_validated(&body, usize::MAX, &validation).unwrap();
+            let discarded = refused.as_ref().map(|refused| refused.samples).unwrap_or_default();
+            prop_assert_eq!(counts.samples + counts.histograms + discarded.samples(), whole.samples + whole.histograms);
+            prop_assert_eq!(counts.metadata + discarded.metadata(), whole.metadata);
+            match forward {
+                Forward::Unchanged => prop_assert!(refused.is_none()),
+                Forward::Rewritten(rewritten) => {
+                    prop_assert_eq!(decode(&rewritten, usize::MAX, Format::V1).unwrap(), counts);
+                    let again = decode_validated(&rewritten, usize::MAX, &validation).unwrap();
+                    prop_assert_eq!(again, (counts, Forward::Unchanged, None));
+                    let raw = snap::raw::Decoder::new().decompress_vec(&rewritten).unwrap();
+                    let forwarded = <WriteRequest as prost::Message>::decode(raw.as_slice()).unwrap();
+                    for series in &forwarded.timeseries {
+                        prop_assert!(series.labels.iter().all(|label| label.value.len() <= 75));
+                        prop_assert!(series.histograms.iter().all(|h| h.positive_deltas.len() + h.negative_deltas.len() <= 3));
+                    }
+                    prop_assert!(forwarded.metadata.iter().all(|m| m.help.len() <= 8 && !m.metric_family_name.is_empty()));
                 }
                 Forward::Nothing => prop_assert_eq!(counts.series + counts.metadata, 0),
             }

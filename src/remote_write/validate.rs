@@ -1,14 +1,23 @@
-//! Mimir's series validation, on the remote-write 1.0 scan: a series with too many labels, a
-//! label name or value too long, an invalid metric or label name, a duplicate label name, or
-//! a sample too far in the future or the past is refused, with Mimir's reasons, and the rest
-//! of the request goes on (see [`super::decode_validated`]).
+//! Mimir's series and metadata validation, on the remote-write 1.0 scan: a series with too
+//! many labels, a label name or value too long, an invalid metric or label name, a duplicate
+//! label name, a sample too far in the future or the past, or a native histogram with too
+//! many buckets is refused, with Mimir's reasons, and the rest of the request goes on (see
+//! [`super::decode_validated`]); so is a metadata entry without a metric name or with one, or
+//! a unit, too long.
+//!
+//! Some checks rewrite instead of refusing, as Mimir's do: a label value over the limit under
+//! `truncate` or `drop`, a histogram whose resolution can be lowered to fit, a help text over
+//! the limit. Each gives the scan a [`Splice`] for the forwarded body.
 //!
 //! The checks run as the scan walks each label and sample, on what it already holds: a count,
-//! two lengths and a byte loop over each name. Messages are built only for a refused series.
+//! two lengths and a byte loop over each name. Messages and rewrites are built only for the
+//! series that need them.
 
+use runtime_config::validation::{LabelValueLengthOverLimitStrategy, LABEL_VALUE_HASH_LENGTH};
 use runtime_config::ValidationLimits;
 
-use crate::counts::SeriesReason;
+use super::prompb::{BucketSpan, Histogram, MetricMetadata};
+use crate::counts::{MetadataReason, SeriesReason};
 
 /// The limits a request is checked against, the replica's clock (Unix milliseconds), and the
 /// label names the tenant's series lose first (`drop_labels`).
@@ -64,12 +73,47 @@ pub(crate) struct SeriesCheck<'a> {
     max_timestamp: i64,
     /// The byte ranges, in the series, of the labels `drop_labels` cuts.
     pub(crate) dropped: Vec<std::ops::Range<usize>>,
+    /// Fields of the series written again: labels with a value rewritten under `truncate` or
+    /// `drop`, histograms of a lower resolution. In series order.
+    pub(crate) replaced: Vec<Splice>,
+    /// The first histogram over `max_native_histogram_buckets` that stays over it.
+    histogram_error: Option<HistogramError>,
+}
+
+/// A field of a message written again: `range`, in the message's bytes, becomes `with` (a
+/// whole field: key, length and body; empty to cut the field).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Splice {
+    pub range: std::ops::Range<usize>,
+    pub with: Vec<u8>,
+}
+
+/// Why a histogram over `max_native_histogram_buckets` refuses its series.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum HistogramProblem {
+    /// `reduce_native_histogram_over_max_buckets` is off.
+    TooManyBuckets,
+    /// Its resolution cannot be lowered enough (schema -4 reached, or a schema outside
+    /// -4..=8).
+    NotReducible,
+    /// Custom buckets (schema -53) have no lower resolution.
+    CustomBuckets,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct HistogramError {
+    problem: HistogramProblem,
+    timestamp: i64,
+    buckets: usize,
+    limit: u32,
 }
 
 impl<'a> SeriesCheck<'a> {
     pub(crate) fn new() -> Self {
         SeriesCheck {
             dropped: Vec::new(),
+            replaced: Vec::new(),
+            histogram_error: None,
             labels: 0,
             metric_name: None,
             previous_name: b"",
@@ -79,9 +123,46 @@ impl<'a> SeriesCheck<'a> {
         }
     }
 
-    /// A label, in the order of the series.
+    /// A label, in the order of the series. A value over `max_label_value_length` refuses
+    /// the series whatever the strategy: a caller that can write the label again uses
+    /// [`label_in`](Self::label_in).
     #[inline]
     pub(crate) fn label(&mut self, name: &'a [u8], value: &'a [u8], limits: &ValidationLimits) {
+        self.check_label(name, value, limits, true);
+    }
+
+    /// [`label`](Self::label) for a label whose whole field is `field` in the series' bytes:
+    /// under `truncate` or `drop`, a value over `max_label_value_length` is rewritten (a
+    /// [`Splice`] in `replaced`) instead of refusing the series, and the checks go on.
+    #[inline]
+    pub(crate) fn label_in(
+        &mut self,
+        name: &'a [u8],
+        value: &'a [u8],
+        limits: &ValidationLimits,
+        field: std::ops::Range<usize>,
+    ) {
+        let rewrites = limits.label_value_length_over_limit_strategy
+            != LabelValueLengthOverLimitStrategy::Error;
+        if rewrites && value.len() > limits.max_label_value_length as usize {
+            self.check_label(name, value, limits, false);
+            self.replaced.push(Splice {
+                range: field,
+                with: label_field(name, &shortened_value(value, limits)),
+            });
+        } else {
+            self.label(name, value, limits);
+        }
+    }
+
+    #[inline]
+    fn check_label(
+        &mut self,
+        name: &'a [u8],
+        value: &'a [u8],
+        limits: &ValidationLimits,
+        value_length: bool,
+    ) {
         if name == b"__name__" {
             self.metric_name = Some(value);
         }
@@ -90,7 +171,7 @@ impl<'a> SeriesCheck<'a> {
                 Some(SeriesReason::LabelInvalid)
             } else if name.len() > limits.max_label_name_length as usize {
                 Some(SeriesReason::LabelNameTooLong)
-            } else if value.len() > limits.max_label_value_length as usize {
+            } else if value_length && value.len() > limits.max_label_value_length as usize {
                 Some(SeriesReason::LabelValueTooLong)
             } else if name == self.previous_name {
                 Some(SeriesReason::DuplicateLabelNames)
@@ -112,6 +193,43 @@ impl<'a> SeriesCheck<'a> {
         self.max_timestamp = self.max_timestamp.max(timestamp);
     }
 
+    /// A native histogram of the series, decoded from the bytes `field` (its whole field) of
+    /// the series: its timestamp, and its buckets against `max_native_histogram_buckets`. One
+    /// over the limit is lowered in resolution until it has fewer buckets than the limit, as
+    /// Mimir does, and written again (a [`Splice`]); or, when it cannot be, it refuses the
+    /// series.
+    pub(crate) fn histogram(
+        &mut self,
+        mut histogram: Histogram,
+        limits: &ValidationLimits,
+        field: std::ops::Range<usize>,
+    ) {
+        self.timestamp(histogram.timestamp);
+        let limit = limits.max_native_histogram_buckets;
+        let buckets = bucket_count(&histogram);
+        if limit == 0 || buckets <= limit as usize || self.histogram_error.is_some() {
+            return;
+        }
+        let problem = if histogram.schema == CUSTOM_BUCKETS_SCHEMA {
+            HistogramProblem::CustomBuckets
+        } else if !limits.reduce_native_histogram_over_max_buckets {
+            HistogramProblem::TooManyBuckets
+        } else if reduce_to_fit(&mut histogram, limit as usize) {
+            let mut with = Vec::new();
+            prost::encoding::message::encode(4, &histogram, &mut with);
+            self.replaced.push(Splice { range: field, with });
+            return;
+        } else {
+            HistogramProblem::NotReducible
+        };
+        self.histogram_error = Some(HistogramError {
+            problem,
+            timestamp: histogram.timestamp,
+            buckets,
+            limit,
+        });
+    }
+
     /// The first check the series fails, in Mimir's order, with its message; `series` is the
     /// series' bytes, read again only to name it.
     pub(crate) fn verdict(
@@ -130,6 +248,7 @@ impl<'a> SeriesCheck<'a> {
                 Some((reason, _)) => reason,
                 None if self.max_timestamp > validation.latest_ms => SeriesReason::TooFarInFuture,
                 None if self.min_timestamp < validation.earliest_ms => SeriesReason::TooFarInPast,
+                None if self.histogram_error.is_some() => SeriesReason::MaxNativeHistogramBuckets,
                 None => return None,
             },
         };
@@ -150,7 +269,7 @@ impl<'a> SeriesCheck<'a> {
             .and_then(|(_, index)| labels.get(index as usize))
             .cloned()
             .unwrap_or_default();
-        let id = reason.as_str().replace('_', "-");
+        let mut id = reason.as_str().replace('_', "-");
         let raise = |key: &str| {
             format!(
                 " To adjust it, raise {key} in the tenant's runtime overrides, or fix the \
@@ -224,9 +343,293 @@ impl<'a> SeriesCheck<'a> {
                 ),
                 raise("past_grace_period"),
             ),
+            SeriesReason::MaxNativeHistogramBuckets => {
+                let Some(error) = self.histogram_error else {
+                    return format!(
+                        "received a native histogram sample with too many buckets (err-weir-{id})."
+                    );
+                };
+                let detail = format!(
+                    "timestamp: {} series: {named}, buckets: {}, limit: {}",
+                    error.timestamp, error.buckets, error.limit
+                );
+                match error.problem {
+                    HistogramProblem::TooManyBuckets => (
+                        format!(
+                            "received a native histogram sample with too many buckets, {detail}"
+                        ),
+                        raise("max_native_histogram_buckets"),
+                    ),
+                    HistogramProblem::NotReducible => {
+                        // Mimir's own id for this message; the reason stays the limit's.
+                        id = "not-reducible-native-histogram".to_string();
+                        (
+                            format!(
+                                "received a native histogram sample with too many buckets and \
+                                 cannot reduce, {detail}"
+                            ),
+                            raise("max_native_histogram_buckets"),
+                        )
+                    }
+                    HistogramProblem::CustomBuckets => (
+                        format!(
+                            "received a native histogram sample with more custom buckets than \
+                             the limit, {detail}"
+                        ),
+                        raise("max_native_histogram_buckets"),
+                    ),
+                }
+            }
         };
         format!("{text} (err-weir-{id}).{advice}")
     }
+}
+
+/// A label value over `max_label_value_length` as Mimir writes it under `truncate` (its
+/// first `max - 71` bytes, then `(hash:<hex blake2b-256 of the whole value>)`: `max` bytes)
+/// or `drop` (the hash alone). Where Mimir's cut would split a UTF-8 character, weir cuts
+/// before it, a byte or three shorter: a label value must stay valid UTF-8 for the receiver.
+pub(crate) fn shortened_value(value: &[u8], limits: &ValidationLimits) -> Vec<u8> {
+    use blake2::Digest;
+    let hash = blake2::Blake2b::<blake2::digest::consts::U32>::digest(value);
+    let keep = match limits.label_value_length_over_limit_strategy {
+        LabelValueLengthOverLimitStrategy::Truncate => {
+            let mut keep = (limits
+                .max_label_value_length
+                .saturating_sub(LABEL_VALUE_HASH_LENGTH) as usize)
+                .min(value.len());
+            // A byte 0b10xx_xxxx continues a character: never start the cut there.
+            while keep > 0 && keep < value.len() && value[keep] & 0xC0 == 0x80 {
+                keep -= 1;
+            }
+            keep
+        }
+        _ => 0,
+    };
+    let mut out = Vec::with_capacity(keep + LABEL_VALUE_HASH_LENGTH as usize);
+    out.extend_from_slice(&value[..keep]);
+    out.extend_from_slice(b"(hash:");
+    for byte in hash {
+        out.extend_from_slice(format!("{byte:02x}").as_bytes());
+    }
+    out.push(b')');
+    out
+}
+
+/// A whole `labels` field (key, length, `Label { name, value }`).
+fn label_field(name: &[u8], value: &[u8]) -> Vec<u8> {
+    use prost::encoding::{encode_key, encode_varint, encoded_len_varint, WireType};
+    let body = 2
+        + encoded_len_varint(name.len() as u64)
+        + name.len()
+        + encoded_len_varint(value.len() as u64)
+        + value.len();
+    let mut out = Vec::with_capacity(body + 6);
+    encode_key(1, WireType::LengthDelimited, &mut out);
+    encode_varint(body as u64, &mut out);
+    for (tag, text) in [(1, name), (2, value)] {
+        encode_key(tag, WireType::LengthDelimited, &mut out);
+        encode_varint(text.len() as u64, &mut out);
+        out.extend_from_slice(text);
+    }
+    out
+}
+
+/// Native histograms with custom buckets: no exponential schema, so no lower resolution.
+const CUSTOM_BUCKETS_SCHEMA: i32 = -53;
+/// The exponential schemas (Mimir's `MinimumHistogramSchema`, `MaximumHistogramSchema`).
+const MIN_SCHEMA: i32 = -4;
+const MAX_SCHEMA: i32 = 8;
+
+/// Buckets of a histogram as Mimir counts them: the entries of its four bucket arrays.
+fn bucket_count(histogram: &Histogram) -> usize {
+    histogram.positive_deltas.len()
+        + histogram.negative_deltas.len()
+        + histogram.positive_counts.len()
+        + histogram.negative_counts.len()
+}
+
+/// Mimir's reduction: the schema goes down one step at a time, each merging pairs of
+/// neighbouring buckets, until fewer buckets than `limit` remain. False when it cannot get
+/// there (schema -4 reached, a schema outside -4..=8, or spans that do not match the buckets).
+///
+/// Mimir's float histograms stop after one step, whatever they then hold (its float reduction
+/// reports the integer buckets' count, zero); weir counts the float buckets and goes on, so
+/// what it forwards is within the limit.
+pub(crate) fn reduce_to_fit(histogram: &mut Histogram, limit: usize) -> bool {
+    let float = matches!(
+        histogram.count,
+        Some(super::prompb::histogram::Count::CountFloat(_))
+    );
+    loop {
+        if histogram.schema <= MIN_SCHEMA || histogram.schema > MAX_SCHEMA {
+            return false;
+        }
+        let reduced = if float {
+            reduce(&histogram.positive_spans, &histogram.positive_counts, false)
+                .and_then(|positive| {
+                    reduce(&histogram.negative_spans, &histogram.negative_counts, false)
+                        .map(|negative| (positive, negative))
+                })
+                .map(|((ps, pc), (ns, nc))| {
+                    histogram.positive_spans = ps;
+                    histogram.positive_counts = pc;
+                    histogram.negative_spans = ns;
+                    histogram.negative_counts = nc;
+                })
+        } else {
+            reduce(&histogram.positive_spans, &histogram.positive_deltas, true)
+                .and_then(|positive| {
+                    reduce(&histogram.negative_spans, &histogram.negative_deltas, true)
+                        .map(|negative| (positive, negative))
+                })
+                .map(|((ps, pd), (ns, nd))| {
+                    histogram.positive_spans = ps;
+                    histogram.positive_deltas = pd;
+                    histogram.negative_spans = ns;
+                    histogram.negative_deltas = nd;
+                })
+        };
+        if reduced.is_none() {
+            return false;
+        }
+        histogram.schema -= 1;
+        if bucket_count(histogram) < limit {
+            return true;
+        }
+    }
+}
+
+/// A bucket count as a histogram stores it: deltas (integer histograms) or counts (float).
+trait BucketValue: Copy + Default {
+    fn add(self, other: Self) -> Self;
+    fn sub(self, other: Self) -> Self;
+}
+
+impl BucketValue for i64 {
+    fn add(self, other: Self) -> Self {
+        self.wrapping_add(other)
+    }
+    fn sub(self, other: Self) -> Self {
+        self.wrapping_sub(other)
+    }
+}
+
+impl BucketValue for f64 {
+    fn add(self, other: Self) -> Self {
+        self + other
+    }
+    fn sub(self, other: Self) -> Self {
+        self - other
+    }
+}
+
+/// One side's spans and buckets one schema lower: bucket `i` goes to `((i - 1) >> 1) + 1`
+/// (Prometheus' `targetIdx`), buckets landing together add up. `delta`: the buckets are
+/// deltas from the previous bucket, as they are read and written. `None` when the spans name
+/// more buckets than there are, or indices overflow.
+fn reduce<T: BucketValue>(
+    spans: &[BucketSpan],
+    buckets: &[T],
+    delta: bool,
+) -> Option<(Vec<BucketSpan>, Vec<T>)> {
+    let mut merged: Vec<(i64, T)> = Vec::with_capacity(buckets.len());
+    let (mut index, mut at, mut count) = (0i64, 0usize, T::default());
+    for span in spans {
+        index = index.checked_add(i64::from(span.offset))?;
+        for _ in 0..span.length {
+            let value = *buckets.get(at)?;
+            at += 1;
+            count = if delta { count.add(value) } else { value };
+            let target = ((index - 1) >> 1) + 1;
+            match merged.last_mut() {
+                Some((last, sum)) if *last == target => *sum = sum.add(count),
+                _ => merged.push((target, count)),
+            }
+            index = index.checked_add(1)?;
+        }
+    }
+    let mut out_spans: Vec<BucketSpan> = Vec::new();
+    let mut out_buckets = Vec::with_capacity(merged.len());
+    let (mut previous_index, mut previous_count) = (None::<i64>, T::default());
+    for (target, sum) in merged {
+        match previous_index {
+            Some(previous) if target == previous + 1 => {
+                out_spans.last_mut().expect("a span precedes").length += 1;
+            }
+            _ => out_spans.push(BucketSpan {
+                offset: i32::try_from(match previous_index {
+                    Some(previous) => target - previous - 1,
+                    None => target,
+                })
+                .ok()?,
+                length: 1,
+            }),
+        }
+        out_buckets.push(if delta { sum.sub(previous_count) } else { sum });
+        previous_index = Some(target);
+        previous_count = sum;
+    }
+    Some((out_spans, out_buckets))
+}
+
+/// What Mimir's metadata checks make of one entry.
+#[derive(Debug, PartialEq)]
+pub(crate) enum MetadataVerdict {
+    Keep,
+    /// Kept with its help cut to `max_metadata_length`: the entry's new body.
+    Rewrite(Vec<u8>),
+    /// Refused, with its message.
+    Refuse(MetadataReason, String),
+}
+
+/// Mimir's `cleanAndValidateMetadata`: an entry without a metric name is refused (with
+/// `enforce_metadata_metric_name`); a help over `max_metadata_length` bytes is cut, at a
+/// character boundary, to fit; a metric name or unit over it refuses the entry.
+pub(crate) fn check_metadata(
+    mut metadata: MetricMetadata,
+    limits: &ValidationLimits,
+) -> MetadataVerdict {
+    let max = limits.max_metadata_length as usize;
+    let raise = " To adjust it, raise max_metadata_length in the tenant's runtime overrides, or \
+                 fix the sender.";
+    if limits.enforce_metadata_metric_name && metadata.metric_family_name.is_empty() {
+        return MetadataVerdict::Refuse(
+            MetadataReason::MissingMetricName,
+            "received a metric metadata with no metric name (err-weir-metadata-missing-metric-name)."
+                .to_string(),
+        );
+    }
+    if metadata.metric_family_name.len() > max {
+        return MetadataVerdict::Refuse(
+            MetadataReason::MetricNameTooLong,
+            format!(
+                "received a metric metadata whose metric name length exceeds the limit, metric \
+                 name: '{}' (err-weir-metric-name-too-long).{raise}",
+                clip(&metadata.metric_family_name)
+            ),
+        );
+    }
+    if metadata.unit.len() > max {
+        return MetadataVerdict::Refuse(
+            MetadataReason::UnitTooLong,
+            format!(
+                "received a metric metadata whose unit name length exceeds the limit, unit: \
+                 '{}' metric name: '{}' (err-weir-unit-too-long).{raise}",
+                clip(&metadata.unit),
+                clip(&metadata.metric_family_name)
+            ),
+        );
+    }
+    if metadata.help.len() > max {
+        let mut keep = max;
+        while !metadata.help.is_char_boundary(keep) {
+            keep -= 1;
+        }
+        metadata.help.truncate(keep);
+        return MetadataVerdict::Rewrite(prost::Message::encode_to_vec(&metadata));
+    }
+    MetadataVerdict::Keep
 }
 
 /// Prometheus' legacy label name: `[a-zA-Z_][a-zA-Z0-9_]*` (Mimir's default scheme). One
@@ -336,5 +739,283 @@ mod tests {
         assert!(is_metric_name(b"job:up:sum"));
         assert!(!is_metric_name(b"9up"));
         assert!(!is_metric_name(b""));
+    }
+
+    fn limits(strategy: LabelValueLengthOverLimitStrategy, max: u32) -> ValidationLimits {
+        ValidationLimits {
+            label_value_length_over_limit_strategy: strategy,
+            max_label_value_length: max,
+            ..ValidationLimits::default()
+        }
+    }
+
+    /// BLAKE2b-256 of "abc", from RFC 7693's test vectors' family (the 32-byte digest).
+    const ABC_HASH: &str =
+        "(hash:bddd813c634239723171ef3fee98579b94964e3bb1cb3e427262c8c068d52319)";
+
+    #[test]
+    fn truncate_and_drop_write_the_hash_of_the_whole_value() {
+        let drop = limits(LabelValueLengthOverLimitStrategy::Drop, 71);
+        assert_eq!(shortened_value(b"abc", &drop), ABC_HASH.as_bytes());
+        // truncate: the first max - 71 bytes, then the hash; max bytes in all.
+        let value = "a".repeat(100);
+        let truncate = limits(LabelValueLengthOverLimitStrategy::Truncate, 80);
+        let short = String::from_utf8(shortened_value(value.as_bytes(), &truncate)).unwrap();
+        assert_eq!(short.len(), 80);
+        assert!(short.starts_with("aaaaaaaaa(hash:"), "{short}");
+        assert_eq!(
+            &short[9..],
+            String::from_utf8(shortened_value(value.as_bytes(), &drop)).unwrap()
+        );
+        // A cut inside a character moves before it: the value stays UTF-8.
+        let accents = "é".repeat(50);
+        let short = shortened_value(accents.as_bytes(), &truncate);
+        assert_eq!(short.len(), 79);
+        assert!(std::str::from_utf8(&short).unwrap().starts_with("éééé("));
+    }
+
+    #[test]
+    fn label_in_rewrites_a_long_value_and_the_checks_go_on() {
+        let truncate = limits(LabelValueLengthOverLimitStrategy::Truncate, 75);
+        let long = "v".repeat(76);
+        let mut seen = SeriesCheck::new();
+        seen.label_in(b"__name__", b"up", &truncate, 0..6);
+        seen.label_in(b"a", long.as_bytes(), &truncate, 6..90);
+        assert_eq!(seen.replaced.len(), 1);
+        assert_eq!(seen.replaced[0].range, 6..90);
+        let label: super::super::prompb::Label =
+            prost::Message::decode(&seen.replaced[0].with[2..]).unwrap();
+        assert_eq!((label.name.as_str(), label.value.len()), ("a", 75));
+        let validation = Validation::new(truncate, 0);
+        assert_eq!(seen.verdict(&validation, b""), None);
+        // A duplicate name after it still refuses the series.
+        seen.label_in(b"a", b"x", &truncate, 90..96);
+        assert_eq!(
+            seen.verdict(&validation, b"").map(|(reason, _)| reason),
+            Some(SeriesReason::DuplicateLabelNames)
+        );
+        // Under `error` (and through `label`), a long value refuses the series.
+        let error = limits(LabelValueLengthOverLimitStrategy::Error, 75);
+        let mut seen = SeriesCheck::new();
+        seen.label_in(b"__name__", b"up", &error, 0..6);
+        seen.label_in(b"a", long.as_bytes(), &error, 6..90);
+        assert!(seen.replaced.is_empty());
+        assert_eq!(
+            seen.verdict(&Validation::new(error, 0), b"")
+                .map(|(reason, _)| reason),
+            Some(SeriesReason::LabelValueTooLong)
+        );
+    }
+
+    fn integer_histogram(schema: i32, counts: &[i64]) -> Histogram {
+        let mut previous = 0;
+        Histogram {
+            count: Some(super::super::prompb::histogram::Count::CountInt(
+                counts.iter().sum::<i64>() as u64,
+            )),
+            schema,
+            positive_spans: vec![BucketSpan {
+                offset: 0,
+                length: counts.len() as u32,
+            }],
+            positive_deltas: counts
+                .iter()
+                .map(|count| {
+                    let delta = count - previous;
+                    previous = *count;
+                    delta
+                })
+                .collect(),
+            ..Histogram::default()
+        }
+    }
+
+    #[test]
+    fn reduction_merges_neighbours_until_fewer_buckets_than_the_limit() {
+        // Buckets 0..=3 at schema 1 hold 1, 2, 3, 4. One step (schema 0): bucket i goes to
+        // ((i - 1) >> 1) + 1, so {0}, {1, 2}, {3}: 1, 5, 4 — three buckets, not fewer than 3,
+        // so Mimir goes on (schema -1): {0}, {1, 2}: 1, 9.
+        let mut histogram = integer_histogram(1, &[1, 2, 3, 4]);
+        assert!(reduce_to_fit(&mut histogram, 3));
+        assert_eq!(histogram, integer_histogram(-1, &[1, 9]).with_count(10));
+        // Floats the same, in absolute counts.
+        let mut float = Histogram {
+            count: Some(super::super::prompb::histogram::Count::CountFloat(10.0)),
+            schema: 1,
+            negative_spans: vec![BucketSpan {
+                offset: 0,
+                length: 4,
+            }],
+            negative_counts: vec![1.0, 2.0, 3.0, 4.0],
+            ..Histogram::default()
+        };
+        assert!(reduce_to_fit(&mut float, 3));
+        assert_eq!(float.schema, -1);
+        assert_eq!(float.negative_counts, vec![1.0, 9.0]);
+        assert_eq!(
+            float.negative_spans,
+            vec![BucketSpan {
+                offset: 0,
+                length: 2
+            }]
+        );
+        // Gaps stay gaps: buckets 1 and 6 at schema 0 go to 1 and 3 at schema -1.
+        let mut gappy = Histogram {
+            schema: 0,
+            positive_spans: vec![
+                BucketSpan {
+                    offset: 1,
+                    length: 1,
+                },
+                BucketSpan {
+                    offset: 4,
+                    length: 1,
+                },
+            ],
+            positive_deltas: vec![2, 3],
+            ..Histogram::default()
+        };
+        assert!(reduce_to_fit(&mut gappy, 3));
+        assert_eq!(
+            gappy.positive_spans,
+            vec![
+                BucketSpan {
+                    offset: 1,
+                    length: 1
+                },
+                BucketSpan {
+                    offset: 1,
+                    length: 1
+                }
+            ]
+        );
+        assert_eq!(gappy.positive_deltas, vec![2, 3]);
+        // Schema -4 is the lowest: no further.
+        assert!(!reduce_to_fit(&mut integer_histogram(-4, &[1, 1, 1]), 2));
+        // Spans naming more buckets than there are: refused, no panic.
+        let mut broken = integer_histogram(3, &[1, 1]);
+        broken.positive_spans[0].length = 9;
+        assert!(!reduce_to_fit(&mut broken, 1));
+    }
+
+    impl Histogram {
+        fn with_count(mut self, count: u64) -> Histogram {
+            self.count = Some(super::super::prompb::histogram::Count::CountInt(count));
+            self
+        }
+    }
+
+    #[test]
+    fn histograms_over_the_limit_are_reduced_or_refuse_their_series() {
+        let limits = ValidationLimits {
+            max_native_histogram_buckets: 3,
+            ..ValidationLimits::default()
+        };
+        let validation = Validation::new(limits, 0);
+        let verdict = |histogram: Histogram, limits: &ValidationLimits| {
+            let mut seen = SeriesCheck::new();
+            seen.label(b"__name__", b"h", limits);
+            seen.histogram(histogram, limits, 10..20);
+            let replaced = seen.replaced.len();
+            (
+                replaced,
+                seen.verdict(
+                    &Validation::new(*limits, 0),
+                    b"\x0a\x0d\x0a\x08__name__\x12\x01h",
+                ),
+            )
+        };
+        // Within the limit: untouched.
+        assert_eq!(
+            verdict(integer_histogram(1, &[1, 2, 3]), &limits),
+            (0, None)
+        );
+        // Over it: reduced, written again.
+        assert_eq!(
+            verdict(integer_histogram(1, &[1, 2, 3, 4]), &limits),
+            (1, None)
+        );
+        // Reduction off: refused.
+        let strict = ValidationLimits {
+            reduce_native_histogram_over_max_buckets: false,
+            ..limits
+        };
+        let (_, refused) = verdict(integer_histogram(1, &[1, 2, 3, 4]), &strict);
+        let (reason, message) = refused.unwrap();
+        assert_eq!(reason, SeriesReason::MaxNativeHistogramBuckets);
+        assert!(
+            message.starts_with(
+                "received a native histogram sample with too many buckets, timestamp: 0 \
+                 series: h{}, buckets: 4, limit: 3 (err-weir-max-native-histogram-buckets)."
+            ),
+            "{message}"
+        );
+        // Cannot be reduced enough.
+        let (_, refused) = verdict(integer_histogram(-4, &[1, 2, 3, 4]), &limits);
+        let message = refused.unwrap().1;
+        assert!(message.contains("cannot reduce"), "{message}");
+        assert!(
+            message.contains("(err-weir-not-reducible-native-histogram)"),
+            "{message}"
+        );
+        // Custom buckets have no lower resolution.
+        let (_, refused) = verdict(integer_histogram(-53, &[1, 2, 3, 4]), &limits);
+        assert!(refused
+            .unwrap()
+            .1
+            .contains("more custom buckets than the limit"));
+        let _ = validation;
+    }
+
+    #[test]
+    fn metadata_help_is_cut_and_long_names_and_units_are_refused() {
+        let limits = ValidationLimits {
+            max_metadata_length: 5,
+            ..ValidationLimits::default()
+        };
+        let metadata = |name: &str, help: &str, unit: &str| MetricMetadata {
+            r#type: 1,
+            metric_family_name: name.into(),
+            help: help.into(),
+            unit: unit.into(),
+        };
+        assert_eq!(
+            check_metadata(metadata("up", "hhhhh", "s"), &limits),
+            MetadataVerdict::Keep
+        );
+        // Help: cut to the limit, before a character it would split.
+        let MetadataVerdict::Rewrite(body) = check_metadata(metadata("up", "abcdéf", "s"), &limits)
+        else {
+            panic!("help over the limit is cut")
+        };
+        let cut: MetricMetadata = prost::Message::decode(body.as_slice()).unwrap();
+        assert_eq!(cut, metadata("up", "abcd", "s"));
+        let reason = |verdict| match verdict {
+            MetadataVerdict::Refuse(reason, message) => {
+                assert!(message.contains("(err-weir-"), "{message}");
+                Some(reason)
+            }
+            _ => None,
+        };
+        assert_eq!(
+            reason(check_metadata(metadata("toolong", "h", ""), &limits)),
+            Some(MetadataReason::MetricNameTooLong)
+        );
+        assert_eq!(
+            reason(check_metadata(metadata("up", "h", "seconds"), &limits)),
+            Some(MetadataReason::UnitTooLong)
+        );
+        assert_eq!(
+            reason(check_metadata(metadata("", "h", ""), &limits)),
+            Some(MetadataReason::MissingMetricName)
+        );
+        let lenient = ValidationLimits {
+            enforce_metadata_metric_name: false,
+            ..limits
+        };
+        assert_eq!(
+            check_metadata(metadata("", "h", ""), &lenient),
+            MetadataVerdict::Keep
+        );
     }
 }
