@@ -154,3 +154,13 @@ pub enum Forward {
     /// Nothing is left to forward.
     Nothing,
 }
+
+/// A decoded push: what it carries (after validation), what to forward, what validation
+/// refused, and what the HA tracker said.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Decoded {
+    pub counts: WriteCounts,
+    pub forward: Forward,
+    pub refused: Option<Refused>,
+    pub ha: crate::ha::HaOutcome,
+}

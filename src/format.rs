@@ -2,7 +2,7 @@
 //! the remote-write scans or the OTLP decoder ([`decode`]). Above both decoders, so they never
 //! import each other.
 
-use crate::counts::{DecodeError, Forward, Refused, UnsupportedMedia, WriteCounts};
+use crate::counts::{DecodeError, Decoded, Forward, UnsupportedMedia, WriteCounts};
 use crate::otlp::{self, OtlpFormat};
 use crate::remote_write;
 
@@ -73,10 +73,15 @@ pub fn decode_validated(
     max_size: usize,
     format: Format,
     validation: &remote_write::validate::Validation,
-) -> Result<(WriteCounts, Forward, Option<Refused>), DecodeError> {
+) -> Result<Decoded, DecodeError> {
     match format {
         Format::V1 => remote_write::decode_validated(body, max_size, validation),
-        other => decode(body, max_size, other).map(|counts| (counts, Forward::Unchanged, None)),
+        other => decode(body, max_size, other).map(|counts| Decoded {
+            counts,
+            forward: Forward::Unchanged,
+            refused: None,
+            ha: crate::ha::HaOutcome::Off,
+        }),
     }
 }
 

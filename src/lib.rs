@@ -45,6 +45,7 @@ pub mod admission_http;
 pub mod config;
 pub mod counts;
 pub mod format;
+pub mod ha;
 pub mod fuzzing;
 pub mod grpc;
 pub mod http_serve;

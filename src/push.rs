@@ -16,8 +16,9 @@ use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use http_body_util::{BodyExt, LengthLimitError, Limited};
 
-use crate::counts::{DecodeError, Forward, Refused, UnsupportedMedia, WriteCounts};
+use crate::counts::{DecodeError, Decoded, Forward, UnsupportedMedia};
 use crate::format::{self, Format};
+use crate::ha::{HaCheck, HaOutcome};
 use crate::metrics::InstanceLimit;
 use crate::otlp::OtlpFormat;
 use crate::rejection::PushError;
@@ -68,7 +69,10 @@ async fn handle(
     let started = Instant::now();
     let (parts, body) = request.into_parts();
     let mut body = Some(body);
-    let (mut response, written) = match admit(&state, &parts, &mut body, &format).await {
+    // What a refusal reports written: nothing, but for validation's partial answer.
+    let mut refused_written = Written::default();
+    let admitted = admit(&state, &parts, &mut body, &format, &mut refused_written).await;
+    let (mut response, written) = match admitted {
         Ok(written) => match otlp {
             Some(otlp) => (
                 (
@@ -116,7 +120,7 @@ async fn handle(
                     ));
                 }
             }
-            (response, Written::default())
+            (response, refused_written)
         }
     };
     // Remote-write 2.0 receivers say what they wrote, on success and on refusal alike.
@@ -148,6 +152,7 @@ async fn admit(
     parts: &Parts,
     body: &mut Option<Body>,
     format: &Result<Format, UnsupportedMedia>,
+    refused_written: &mut Written,
 ) -> Result<Written, PushError> {
     let content_length = parts
         .headers
@@ -218,12 +223,57 @@ async fn admit(
     // validation (remote-write 1.0) runs in the same scan: a refused series is not charged,
     // and the rest goes on, in a body without it (see step 8).
     let runtime_config = state.limiter.runtime_config();
+    let ha = runtime_config
+        .ha_limits(tenant_name)
+        .map(|settings| HaCheck {
+            tracker: Arc::clone(&state.ha),
+            tenant: Arc::from(tenant_name),
+            settings,
+        });
     let validation = Validation::new(runtime_config.validation_limits(tenant_name), unix_millis())
-        .dropping(runtime_config.drop_labels(tenant_name));
+        .dropping(runtime_config.drop_labels(tenant_name))
+        .deduplicating(ha);
     drop(runtime_config);
-    let (counts, forward, refused) = decode(body.clone(), max_size, format, validation)
+    let Decoded {
+        counts,
+        forward,
+        refused,
+        ha,
+    } = decode(body.clone(), max_size, format, validation)
         .await
         .map_err(|err| discard(PushError::Decode(err), 0))?;
+    // The HA tracker's word comes first, as in Mimir's distributor: a push from a replica
+    // that is not elected is answered 202 and costs nothing, its request token included.
+    let samples = counts.samples + counts.histograms;
+    match ha {
+        HaOutcome::Off => {}
+        HaOutcome::NotHa => state
+            .metrics
+            .ha_non_ha_samples
+            .with_label_values(&[tenant_name])
+            .inc_by(samples),
+        HaOutcome::Accepted { change, .. } => {
+            if let Some(change) = change {
+                log_ha_change(state, &change, "elected by a push");
+            }
+        }
+        HaOutcome::Deduplicated {
+            cluster,
+            replica,
+            elected,
+        } => {
+            state.limiter.refund(&tenant, request_taken);
+            state
+                .metrics
+                .ha_deduped_samples
+                .with_label_values(&[tenant_name, cluster.as_str()])
+                .inc_by(samples);
+            return Err(PushError::HaDeduplicated { replica, elected });
+        }
+        HaOutcome::TooManyClusters { limit } => {
+            return Err(discard(PushError::TooManyHaClusters { limit }, samples));
+        }
+    }
     if let Some(refused) = &refused {
         tenant.data.discard_series(&refused.samples);
     }
@@ -277,18 +327,36 @@ async fn admit(
     tenant.data.count_received(&counts);
     drop(inflight);
     // Mimir's partial answer: the valid series were written, and the client hears 400 with
-    // the first refusal, so it does not send the refused ones again.
+    // the first refusal, so it does not send the refused ones again; a 2.0 client hears
+    // in the `*-Written` headers what was written, as Mimir answers.
     if let Some(refused) = refused {
+        *refused_written = written;
         return Err(PushError::InvalidSeries(refused.first));
     }
     Ok(written)
 }
 
 /// The wall clock in Unix milliseconds, which sample timestamps are checked against.
-fn unix_millis() -> i64 {
+pub(crate) fn unix_millis() -> i64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |since| since.as_millis() as i64)
+}
+
+/// Logs and counts a change of an HA cluster's elected replica.
+pub(crate) fn log_ha_change(state: &AppState, change: &crate::ha::Change, how: &str) {
+    state
+        .metrics
+        .ha_elected_replica_changes
+        .with_label_values(&[change.tenant.as_str(), change.cluster.as_str()])
+        .inc();
+    tracing::info!(
+        tenant = %change.tenant,
+        cluster = %change.cluster,
+        from = change.from.as_deref().unwrap_or("(none)"),
+        to = %change.to,
+        "HA elected replica changed ({how})"
+    );
 }
 
 /// Takes `cost` tokens of the tenant's `kind` limit. A push that would pass within
@@ -438,7 +506,7 @@ async fn decode(
     max_size: usize,
     format: Format,
     validation: Validation,
-) -> Result<(WriteCounts, Forward, Option<Refused>), DecodeError> {
+) -> Result<Decoded, DecodeError> {
     if body.len() <= INLINE_DECODE_BYTES {
         return format::decode_validated(&body, max_size, format, &validation);
     }

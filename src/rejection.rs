@@ -47,6 +47,17 @@ pub enum PushError {
     /// the rest was admitted and forwarded. The message is the first refusal's.
     #[error("{0}")]
     InvalidSeries(String),
+    /// From an HA replica that is not the elected one of its cluster: accepted (202), not
+    /// charged, not forwarded. Mimir's message.
+    #[error("replicas did not match, rejecting sample: replica={replica}, elected={elected}")]
+    HaDeduplicated { replica: String, elected: String },
+    #[error(
+        "the write request has been rejected because the maximum number of high-availability \
+         (HA) clusters has been reached for this tenant (limit: {limit}) \
+         (err-weir-too-many-ha-clusters). To adjust it, raise ha_max_clusters in the tenant's \
+         runtime overrides."
+    )]
+    TooManyHaClusters { limit: u32 },
     #[error(
         "the write request has been rejected because the tenant has {in_flight} push requests \
          in flight across the fleet, at its limit of {limit} \
@@ -76,9 +87,11 @@ impl PushError {
             | PushError::TenantInflight { .. } => StatusCode::TOO_MANY_REQUESTS,
             PushError::InflightUnavailable => StatusCode::SERVICE_UNAVAILABLE,
             PushError::Tenant(TenantError::Missing) => StatusCode::UNAUTHORIZED,
-            PushError::Tenant(_) | PushError::ReadBody(_) | PushError::InvalidSeries(_) => {
-                StatusCode::BAD_REQUEST
-            }
+            PushError::Tenant(_)
+            | PushError::ReadBody(_)
+            | PushError::InvalidSeries(_)
+            | PushError::TooManyHaClusters { .. } => StatusCode::BAD_REQUEST,
+            PushError::HaDeduplicated { .. } => StatusCode::ACCEPTED,
             PushError::BodyTimeout { .. } => StatusCode::REQUEST_TIMEOUT,
             PushError::BodyTooLarge { .. } | PushError::Decode(DecodeError::TooLarge { .. }) => {
                 StatusCode::PAYLOAD_TOO_LARGE
@@ -112,12 +125,14 @@ impl PushError {
                 Some(DiscardReason::InvalidRequestBody)
             }
             PushError::TenantInflight { .. } => Some(DiscardReason::TooManyInflightPushRequests),
+            PushError::TooManyHaClusters { .. } => Some(DiscardReason::TooManyHaClusters),
             PushError::InflightUnavailable
             | PushError::Instance { .. }
             | PushError::Tenant(_)
             | PushError::Upstream(_)
             | PushError::UnsupportedMedia(_)
-            | PushError::InvalidSeries(_) => None,
+            | PushError::InvalidSeries(_)
+            | PushError::HaDeduplicated { .. } => None,
         }
     }
 

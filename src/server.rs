@@ -159,6 +159,7 @@ pub async fn run_with_clock(
         runtime_config: config_rx.clone(),
         membership: ring.membership(),
         draining: AtomicBool::new(false),
+        ha: Arc::new(crate::ha::HaTracker::default()),
         grpc_addr,
         config,
     });
@@ -174,6 +175,7 @@ pub async fn run_with_clock(
             move || state.instance.tick()
         }),
         spawn_usage_publisher(Arc::clone(&state), Arc::clone(&ring)),
+        spawn_ha_publisher(Arc::clone(&state), Arc::clone(&ring)),
         spawn_lease_returner(Arc::clone(&state)),
         spawn_every(Duration::from_millis(100), {
             let state = Arc::clone(&state);
@@ -313,6 +315,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/health", get(|| async { "ok\n" }))
         .route("/runtime_config", get(runtime_config))
         .route("/ring", get(crate::ring_page::ring))
+        .route("/distributor/ha_tracker", get(ha_tracker))
         .route("/api/v1/allow", post(crate::admission_http::allow))
         .route(
             "/api/v1/allow_batch",
@@ -322,6 +325,12 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/api/v1/release", post(crate::admission_http::release))
         .route("/api/v1/renew", post(crate::admission_http::renew))
         .with_state(state)
+}
+
+/// `GET /distributor/ha_tracker`: the HA elections this replica holds, as JSON (Mimir's page
+/// of that name shows the same as HTML).
+async fn ha_tracker(State(state): State<Arc<AppState>>) -> axum::Json<Vec<crate::ha::Elected>> {
+    axum::Json(state.ha.elections())
 }
 
 async fn metrics(State(state): State<Arc<AppState>>, headers: HeaderMap) -> Response {
@@ -480,6 +489,7 @@ fn spawn_membership_applier(
     tokio::spawn(async move {
         let mut healthy = 0;
         let mut peer_usage = Arc::new(ring::PeerUsage::default());
+        let mut peer_ha = Arc::new(Vec::new());
         loop {
             let membership = Arc::clone(&membership_rx.borrow_and_update());
             let rejected = membership.rejected_usage_reports;
@@ -527,6 +537,12 @@ fn spawn_membership_applier(
                 state.metrics.ring_healthy_replicas.set(healthy as i64);
             }
             state.limiter.set_rank(membership.rank());
+            if !Arc::ptr_eq(&membership.peer_ha, &peer_ha) {
+                peer_ha = Arc::clone(&membership.peer_ha);
+                for change in state.ha.merge(&peer_ha) {
+                    crate::push::log_ha_change(&state, &change, "learnt from gossip");
+                }
+            }
             if !Arc::ptr_eq(&membership.peer_usage, &peer_usage) {
                 peer_usage = Arc::clone(&membership.peer_usage);
                 let totals: engine::PeerUsage = peer_usage
@@ -585,6 +601,34 @@ fn spawn_usage_publisher(state: Arc<AppState>, ring: Arc<Ring>) -> JoinHandle<()
                     .iter()
                     .map(|r| (r.tenant.as_str(), r.requests, r.items, r.in_flight)),
             );
+        }
+    })
+}
+
+/// Publishes the HA elections this replica has seen traffic for, twice per gossip round
+/// (an election's news changes at most once per its update timeout; see [`crate::ha`]).
+fn spawn_ha_publisher(state: Arc<AppState>, ring: Arc<Ring>) -> JoinHandle<()> {
+    tokio::spawn(async move {
+        let mut ticker = tokio::time::interval(state.config.gossip_interval / 2);
+        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            ticker.tick().await;
+            let config = state.limiter.runtime_config();
+            let entries = state.ha.to_publish(
+                crate::push::unix_millis(),
+                |tenant| config.ha_limits(tenant),
+                || rand::random_range(-1.0..1.0),
+            );
+            drop(config);
+            let listed = ring.publish_ha(&entries).await;
+            if listed < entries.len() {
+                tracing::warn!(
+                    listed,
+                    elections = entries.len(),
+                    "more HA elections than the gossip key holds: the least recently heard \
+                     are not published"
+                );
+            }
         }
     })
 }

@@ -33,6 +33,8 @@ pub struct AppState {
     pub(crate) membership: watch::Receiver<Arc<Membership>>,
     /// Set when shutdown begins: `/ready` answers 503 from then on.
     pub(crate) draining: AtomicBool,
+    /// The HA tracker: the elected replica of each tenant's HA clusters.
+    pub ha: Arc<crate::ha::HaTracker>,
     /// Where the admission API's gRPC service listens.
     pub grpc_addr: std::net::SocketAddr,
 }

@@ -15,22 +15,26 @@ pub enum DiscardReason {
     InvalidRequestBody,
     /// The tenant had `max_inflight_push_requests` pushes in flight, fleet-wide.
     TooManyInflightPushRequests,
+    /// The push named a new HA cluster beyond the tenant's `ha_max_clusters`.
+    TooManyHaClusters,
 }
 
 impl DiscardReason {
-    pub const ALL: [DiscardReason; 6] = [
+    pub const ALL: [DiscardReason; 7] = [
         DiscardReason::RateLimited,
         DiscardReason::RequestRateLimited,
         DiscardReason::IngestionBurstExceeded,
         DiscardReason::RequestBodyTooLarge,
         DiscardReason::InvalidRequestBody,
         DiscardReason::TooManyInflightPushRequests,
+        DiscardReason::TooManyHaClusters,
     ];
 
     /// The reasons decided once the body is decoded, so with a known sample count.
-    pub const COUNTS_SAMPLES: [DiscardReason; 2] = [
+    pub const COUNTS_SAMPLES: [DiscardReason; 3] = [
         DiscardReason::RateLimited,
         DiscardReason::IngestionBurstExceeded,
+        DiscardReason::TooManyHaClusters,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -41,6 +45,7 @@ impl DiscardReason {
             DiscardReason::RequestBodyTooLarge => "request_body_too_large",
             DiscardReason::InvalidRequestBody => "invalid_request_body",
             DiscardReason::TooManyInflightPushRequests => "too_many_inflight_push_requests",
+            DiscardReason::TooManyHaClusters => "too_many_ha_clusters",
         }
     }
 }

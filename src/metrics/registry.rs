@@ -24,6 +24,9 @@ pub struct Metrics {
     pub runtime_alive_tasks: IntGauge,
     pub sink_requests: IntCounter,
     pub refunded_requests: IntCounter,
+    pub ha_deduped_samples: IntCounterVec,
+    pub ha_non_ha_samples: IntCounterVec,
+    pub ha_elected_replica_changes: IntCounterVec,
     pub upstream_requests: IntCounterVec,
     pub upstream_duration: Histogram,
     pub ring_members: IntGaugeVec,
@@ -200,6 +203,29 @@ impl Metrics {
                  their request and ingestion tokens were given back.",
             )
             .expect("valid"),
+            ha_deduped_samples: counter_vec(
+                r,
+                "weir_distributor_deduped_samples_total",
+                "Samples and histograms of pushes from an HA replica that is not the elected \
+                 one: answered 202, not charged, not forwarded (Mimir's \
+                 cortex_distributor_deduped_samples_total).",
+                &["user", "cluster"],
+            ),
+            ha_non_ha_samples: counter_vec(
+                r,
+                "weir_distributor_non_ha_samples_received_total",
+                "Samples and histograms of a tenant that deduplicates HA pairs, in pushes whose \
+                 first series lacks the cluster or replica label (Mimir's \
+                 cortex_distributor_non_ha_samples_received_total).",
+                &["user"],
+            ),
+            ha_elected_replica_changes: counter_vec(
+                r,
+                "weir_ha_tracker_elected_replica_changes_total",
+                "Times this replica saw the elected replica of an HA cluster change (an \
+                 election here, or one learnt from gossip).",
+                &["user", "cluster"],
+            ),
             store_calls: counter_vec(
                 r,
                 "weir_store_calls_total",

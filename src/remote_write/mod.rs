@@ -23,7 +23,8 @@ use std::cell::RefCell;
 
 use prost::encoding::{decode_key, skip_field, DecodeContext, WireType};
 
-use crate::counts::{DecodeError, Discarded, Forward, Refused, WriteCounts};
+use crate::counts::{DecodeError, Decoded, Discarded, Forward, Refused, WriteCounts};
+use crate::ha::HaOutcome;
 use validate::{MetadataVerdict, SeriesCheck, Splice, Validation};
 use wire::{check, check_sample, field, is_utf8};
 
@@ -367,8 +368,37 @@ pub fn decode_validated(
     body: &[u8],
     max_size: usize,
     validation: &Validation,
-) -> Result<(WriteCounts, Forward, Option<Refused>), DecodeError> {
+) -> Result<Decoded, DecodeError> {
     decompressed(body, max_size, |raw| {
+        // The HA tracker first, on the first series' labels, as Mimir's distributor does: a
+        // push it does not accept is only checked and counted.
+        let ha = match &validation.ha {
+            None => HaOutcome::Off,
+            Some(check) => {
+                let (cluster, replica) = first_series_labels(
+                    raw,
+                    &check.settings.ha_cluster_label,
+                    &check.settings.ha_replica_label,
+                )?;
+                check.outcome(cluster, replica, validation.now_ms)
+            }
+        };
+        let dropping_replica;
+        let validation = match &ha {
+            HaOutcome::Deduplicated { .. } | HaOutcome::TooManyClusters { .. } => {
+                return Ok(Decoded {
+                    counts: scan(raw)?,
+                    forward: Forward::Nothing,
+                    refused: None,
+                    ha,
+                })
+            }
+            HaOutcome::Accepted { replica_label, .. } => {
+                dropping_replica = validation.also_dropping(replica_label);
+                &dropping_replica
+            }
+            HaOutcome::Off | HaOutcome::NotHa => validation,
+        };
         let mut found = RefusedSeries::default();
         let counts = scan_validating(raw, Some(validation), &mut found)?;
         let forward = if found.edits.is_empty() {
@@ -383,7 +413,12 @@ pub fn decode_validated(
             samples: found.discarded,
             series: found.refused,
         });
-        Ok((counts, forward, refused))
+        Ok(Decoded {
+            counts,
+            forward,
+            refused,
+            ha,
+        })
     })
 }
 
@@ -426,6 +461,43 @@ fn edited(raw: &[u8], edits: &[Edit]) -> Vec<u8> {
     snap::raw::Encoder::new()
         .compress_vec(&out)
         .expect("snappy compresses any buffer that fits in memory")
+}
+
+/// The values of the labels `cluster` and `replica` in the request's first series (what
+/// Mimir's HA tracker reads), each `None` when the series lacks it.
+fn first_series_labels<'a>(
+    mut buf: &'a [u8],
+    cluster: &str,
+    replica: &str,
+) -> Result<(Option<&'a str>, Option<&'a str>), DecodeError> {
+    while !buf.is_empty() {
+        let (tag, wire_type) = key(&mut buf, "WriteRequest")?;
+        if tag != 1 {
+            skip(&mut buf, wire_type, tag, "WriteRequest")?;
+            continue;
+        }
+        let mut series = embedded(&mut buf, wire_type, "WriteRequest.timeseries")?;
+        let (mut cluster_value, mut replica_value) = (None, None);
+        while !series.is_empty() {
+            let (tag, wire_type) = key(&mut series, "timeseries[0]")?;
+            if tag != 1 {
+                skip(&mut series, wire_type, tag, "timeseries[0]")?;
+                continue;
+            }
+            let label = embedded(&mut series, wire_type, "timeseries[0].labels")?;
+            let (name, value) = check_label(label)
+                .map_err(|reason| DecodeError::Protobuf(format!("timeseries[0]: {reason}")))?;
+            // check_label has checked both are UTF-8.
+            let value = std::str::from_utf8(value).ok();
+            if name == cluster.as_bytes() {
+                cluster_value = value;
+            } else if name == replica.as_bytes() {
+                replica_value = value;
+            }
+        }
+        return Ok((cluster_value, replica_value));
+    }
+    Ok((None, None))
 }
 
 fn key(buf: &mut &[u8], message: &str) -> Result<(u32, WireType), DecodeError> {
@@ -655,7 +727,7 @@ mod tests {
             };
             let body = request.encode_snappy();
             let whole = decode(&body, usize::MAX, Format::V1).unwrap();
-            let (counts, forward, refused) = decode_validated(&body, usize::MAX, &tight()).unwrap();
+            let Decoded { counts, forward, refused, .. } = decode_validated(&body, usize::MAX, &tight()).unwrap();
             let dropped: u64 = refused.as_ref().map_or(0, |refused| refused.samples.samples());
             prop_assert_eq!(counts.samples + counts.histograms + dropped, whole.samples + whole.histograms);
             prop_assert_eq!(counts.series + refused.as_ref().map_or(0, |r| r.series), whole.series);
@@ -667,7 +739,7 @@ mod tests {
                 Forward::Rewritten(rewritten) => {
                     prop_assert_eq!(decode(&rewritten, usize::MAX, Format::V1).unwrap(), counts);
                     let again = decode_validated(&rewritten, usize::MAX, &tight()).unwrap();
-                    prop_assert_eq!(again, (counts, Forward::Unchanged, None));
+                    prop_assert_eq!((again.counts, again.forward, again.refused), (counts, Forward::Unchanged, None));
                     // No dropped label is left.
                     let raw = snap::raw::Decoder::new().decompress_vec(&rewritten).unwrap();
                     let forwarded = <WriteRequest as prost::Message>::decode(raw.as_slice()).unwrap();
@@ -699,7 +771,7 @@ mod tests {
             let validation = rewriting(drop);
             let body = request.encode_snappy();
             let whole = decode(&body, usize::MAX, Format::V1).unwrap();
-            let (counts, forward, refused) = decode_validated(&body, usize::MAX, &validation).unwrap();
+            let Decoded { counts, forward, refused, .. } = decode_validated(&body, usize::MAX, &validation).unwrap();
             let discarded = refused.as_ref().map(|refused| refused.samples).unwrap_or_default();
             prop_assert_eq!(counts.samples + counts.histograms + discarded.samples(), whole.samples + whole.histograms);
             prop_assert_eq!(counts.metadata + discarded.metadata(), whole.metadata);
@@ -708,7 +780,7 @@ mod tests {
                 Forward::Rewritten(rewritten) => {
                     prop_assert_eq!(decode(&rewritten, usize::MAX, Format::V1).unwrap(), counts);
                     let again = decode_validated(&rewritten, usize::MAX, &validation).unwrap();
-                    prop_assert_eq!(again, (counts, Forward::Unchanged, None));
+                    prop_assert_eq!((again.counts, again.forward, again.refused), (counts, Forward::Unchanged, None));
                     let raw = snap::raw::Decoder::new().decompress_vec(&rewritten).unwrap();
                     let forwarded = <WriteRequest as prost::Message>::decode(raw.as_slice()).unwrap();
                     for series in &forwarded.timeseries {

@@ -26,6 +26,8 @@ pub struct Validation {
     pub limits: ValidationLimits,
     pub now_ms: i64,
     pub drop_labels: Option<std::sync::Arc<[String]>>,
+    /// The tenant's HA check, when it deduplicates HA pairs (`accept_ha_samples`).
+    pub ha: Option<crate::ha::HaCheck>,
     /// The latest and earliest timestamps allowed (Unix milliseconds), from the two above.
     latest_ms: i64,
     earliest_ms: i64,
@@ -36,6 +38,24 @@ impl Validation {
     pub fn dropping(mut self, labels: Option<std::sync::Arc<[String]>>) -> Validation {
         self.drop_labels = labels.filter(|labels| !labels.is_empty());
         self
+    }
+
+    /// With the tenant's HA check: the first series' cluster and replica labels are looked
+    /// up before anything else (see [`crate::ha`]).
+    pub fn deduplicating(mut self, ha: Option<crate::ha::HaCheck>) -> Validation {
+        self.ha = ha;
+        self
+    }
+
+    /// This validation, with `label` dropped from every series too (the HA replica label).
+    pub(crate) fn also_dropping(&self, label: &str) -> Validation {
+        let mut labels: Vec<String> = self.drop_labels.as_deref().unwrap_or_default().to_vec();
+        labels.push(label.to_string());
+        Validation {
+            drop_labels: Some(labels.into()),
+            ha: None,
+            ..self.clone()
+        }
     }
 
     /// Whether a label of this name is dropped.
@@ -52,6 +72,7 @@ impl Validation {
             limits,
             now_ms,
             drop_labels: None,
+            ha: None,
             latest_ms: now_ms.saturating_add(millis(limits.creation_grace_period)),
             earliest_ms: if limits.past_grace_period.is_zero() {
                 i64::MIN

@@ -1,0 +1,337 @@
+//! The HA tracker on real weir processes (remote-write 1.0), forwarding to a receiver served
+//! by this test, with Mimir's keys and short timeouts (update 1 s, no jitter, failover 3 s):
+//!
+//! - one replica: the first replica of a cluster is elected; the other's pushes are answered
+//!   202, neither charged (the tenant's burst holds exactly one replica's pushes) nor
+//!   forwarded, and counted as deduplicated; the elected replica's series reach the receiver
+//!   without `__replica__`; a push without the HA labels passes byte for byte and counts as
+//!   non-HA; a cluster beyond `ha_max_clusters` is refused 400 and counted; after the elected
+//!   replica is silent for the failover timeout, the other is elected, and not before;
+//! - three replicas gossiping: a replica that never saw the elected replica's push still
+//!   deduplicates its pair, keeps doing so while the elected replica pushes only elsewhere
+//!   (its last push travels in gossip), fails over when it stops, and the others follow.
+
+mod common;
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::routing::post;
+use axum::Router;
+use common::fleet::{forwarding_to, free_gossip_addr, spawn, until_healthy, Replica};
+use weir::remote_write::prompb::{Label, Sample, TimeSeries, WriteRequest};
+
+const TIMINGS: &str = "accept_ha_samples: true\n    ha_tracker_update_timeout: 1s\n    \
+                       ha_tracker_update_timeout_jitter_max: 0s\n    \
+                       ha_tracker_failover_timeout: 3s\n";
+const FAILOVER: Duration = Duration::from_secs(3);
+
+fn now_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64
+}
+
+/// `series` series of one sample each, from `replica` of `cluster` (no HA labels when
+/// `None`).
+fn pair_push(cluster: Option<&str>, replica: Option<&str>, series: usize) -> WriteRequest {
+    let now = now_ms();
+    let timeseries = (0..series)
+        .map(|i| {
+            let mut labels = vec![
+                label("__name__", "up"),
+                label("instance", &format!("host-{i}")),
+            ];
+            if let Some(cluster) = cluster {
+                labels.push(label("cluster", cluster));
+            }
+            if let Some(replica) = replica {
+                labels.push(label("__replica__", replica));
+            }
+            TimeSeries {
+                labels,
+                samples: vec![Sample {
+                    value: 1.0,
+                    timestamp: now,
+                }],
+                ..TimeSeries::default()
+            }
+        })
+        .collect();
+    WriteRequest {
+        timeseries,
+        metadata: vec![],
+    }
+}
+
+fn label(name: &str, value: &str) -> Label {
+    Label {
+        name: name.into(),
+        value: value.into(),
+    }
+}
+
+#[derive(Clone, Default)]
+struct Receiver {
+    bodies: Arc<Mutex<Vec<Bytes>>>,
+}
+
+async fn receive(State(receiver): State<Receiver>, body: Bytes) -> StatusCode {
+    receiver.bodies.lock().unwrap().push(body);
+    StatusCode::NO_CONTENT
+}
+
+impl Receiver {
+    fn take(&self) -> Vec<Bytes> {
+        std::mem::take(&mut *self.bodies.lock().unwrap())
+    }
+
+    async fn serve(&self) -> std::net::SocketAddr {
+        let app = Router::new()
+            .route("/api/v1/write", post(receive))
+            .with_state(self.clone());
+        common::serve_on_loopback(app).await
+    }
+}
+
+fn decoded(body: &[u8]) -> WriteRequest {
+    let raw = snap::raw::Decoder::new().decompress_vec(body).unwrap();
+    <WriteRequest as prost::Message>::decode(raw.as_slice()).unwrap()
+}
+
+async fn push(client: &reqwest::Client, replica: &Replica, body: &WriteRequest) -> (u16, String) {
+    let base = format!("http://{}", replica.http);
+    let response = common::push_request(client, &base, Some("ha"), body.encode_snappy())
+        .send()
+        .await
+        .unwrap();
+    let status = response.status().as_u16();
+    (status, response.text().await.unwrap())
+}
+
+async fn metric(client: &reqwest::Client, replica: &Replica, series: &str) -> f64 {
+    common::metric_at(client, &format!("http://{}", replica.http), series)
+        .await
+        .unwrap_or(0.0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_ha_pair_is_charged_and_forwarded_once() {
+    let receiver = Receiver::default();
+    let upstream = receiver.serve().await;
+    let overrides = format!(
+        "overrides:\n  ha:\n    ingestion_rate: 100\n    ingestion_burst_size: 100\n    \
+         ha_max_clusters: 2\n    {TIMINGS}"
+    );
+    let (weir, _dir) = forwarding_to(upstream, &overrides, 70, "ha-one", &[]).await;
+    let client = reqwest::Client::new();
+
+    // a is first: elected. Its series reach the receiver without __replica__.
+    let (status, text) = push(&client, &weir, &pair_push(Some("c1"), Some("a"), 60)).await;
+    assert_eq!(status, 200, "{text}");
+    let forwarded = receiver.take();
+    assert_eq!(forwarded.len(), 1);
+    let series = decoded(&forwarded[0]).timeseries;
+    assert_eq!(series.len(), 60);
+    let labels: Vec<Vec<Label>> = series.iter().map(|s| s.labels.clone()).collect();
+    let expected: Vec<Vec<Label>> = pair_push(Some("c1"), None, 60)
+        .timeseries
+        .into_iter()
+        .map(|s| s.labels)
+        .collect();
+    assert_eq!(labels, expected, "cluster kept, __replica__ removed");
+
+    // b: 202 with Mimir's message, nothing forwarded, nothing charged.
+    let (status, text) = push(&client, &weir, &pair_push(Some("c1"), Some("b"), 60)).await;
+    assert_eq!(status, 202, "{text}");
+    assert_eq!(
+        text.trim(),
+        "replicas did not match, rejecting sample: replica=b, elected=a"
+    );
+    assert!(receiver.take().is_empty(), "b's push is not forwarded");
+    // The burst (100) holds a's 60 and 40 more only if b's 60 were not charged.
+    let (status, text) = push(&client, &weir, &pair_push(Some("c1"), Some("a"), 40)).await;
+    assert_eq!(status, 200, "b's push was charged: {text}");
+    assert_eq!(receiver.take().len(), 1);
+    assert_eq!(
+        metric(
+            &client,
+            &weir,
+            r#"weir_distributor_deduped_samples_total{cluster="c1",user="ha"}"#
+        )
+        .await,
+        60.0
+    );
+
+    // Without both labels: not HA, forwarded byte for byte, counted as non-HA.
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let plain = pair_push(Some("c1"), None, 10);
+    let (status, text) = push(&client, &weir, &plain).await;
+    assert_eq!(status, 200, "{text}");
+    assert_eq!(receiver.take(), vec![Bytes::from(plain.encode_snappy())]);
+    assert_eq!(
+        metric(
+            &client,
+            &weir,
+            r#"weir_distributor_non_ha_samples_received_total{user="ha"}"#
+        )
+        .await,
+        10.0
+    );
+
+    // A second cluster is tracked; a third is over ha_max_clusters: 400, counted.
+    let (status, text) = push(&client, &weir, &pair_push(Some("c2"), Some("a"), 5)).await;
+    assert_eq!(status, 200, "{text}");
+    let (status, text) = push(&client, &weir, &pair_push(Some("c3"), Some("a"), 5)).await;
+    assert_eq!(status, 400, "{text}");
+    assert!(text.contains("err-weir-too-many-ha-clusters"), "{text}");
+    assert!(text.contains("(limit: 2)"), "{text}");
+    assert_eq!(
+        metric(
+            &client,
+            &weir,
+            r#"weir_discarded_samples_total{reason="too_many_ha_clusters",user="ha"}"#
+        )
+        .await,
+        5.0
+    );
+    receiver.take();
+
+    // Failover: a stops; b is refused until a has been silent for 3 s, then elected.
+    let (status, _) = push(&client, &weir, &pair_push(Some("c1"), Some("a"), 1)).await;
+    assert_eq!(status, 200);
+    let a_last = Instant::now();
+    let switched = loop {
+        let (status, text) = push(&client, &weir, &pair_push(Some("c1"), Some("b"), 1)).await;
+        match status {
+            202 => assert!(a_last.elapsed() < FAILOVER + Duration::from_secs(1)),
+            200 => break a_last.elapsed(),
+            other => panic!("{other}: {text}"),
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert!(
+        switched >= FAILOVER && switched < FAILOVER + Duration::from_millis(500),
+        "b elected {switched:?} after a's last push"
+    );
+    let (status, text) = push(&client, &weir, &pair_push(Some("c1"), Some("a"), 1)).await;
+    assert_eq!(
+        (status, text.trim()),
+        (
+            202,
+            "replicas did not match, rejecting sample: replica=a, elected=b"
+        )
+    );
+    assert_eq!(
+        metric(
+            &client,
+            &weir,
+            r#"weir_ha_tracker_elected_replica_changes_total{cluster="c1",user="ha"}"#
+        )
+        .await,
+        2.0,
+        "elected a, then b"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_fleet_agrees_on_one_replica_and_fails_over_together() {
+    let receiver = Receiver::default();
+    let upstream = receiver.serve().await;
+    let dir = tempfile::tempdir().unwrap();
+    let overrides = dir.path().join("overrides.yaml");
+    std::fs::write(
+        &overrides,
+        format!("overrides:\n  ha:\n    ingestion_rate: 100000\n    {TIMINGS}"),
+    )
+    .unwrap();
+    let upstream_url = format!("http://{upstream}/api/v1/write");
+    let args = [
+        "--runtime-config",
+        overrides.to_str().unwrap(),
+        "--upstream",
+        &upstream_url,
+        "--gossip-interval",
+        "200ms",
+    ];
+    let gossip: Vec<_> = (71..74)
+        .map(|ip| free_gossip_addr([127, 0, 0, ip]))
+        .collect();
+    let fleet: Vec<Replica> = gossip
+        .iter()
+        .map(|addr| spawn(*addr, &gossip, "ha-fleet", &args))
+        .collect();
+    until_healthy(
+        &fleet.iter().collect::<Vec<_>>(),
+        3,
+        Duration::from_secs(20),
+    )
+    .await;
+    let client = reqwest::Client::new();
+
+    // a is elected at the first replica; the others learn it from gossip, not from a push.
+    let (status, text) = push(&client, &fleet[0], &pair_push(Some("c1"), Some("a"), 1)).await;
+    assert_eq!(status, 200, "{text}");
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    for replica in &fleet[1..] {
+        let (status, text) = push(&client, replica, &pair_push(Some("c1"), Some("b"), 1)).await;
+        assert_eq!(
+            (status, text.trim()),
+            (
+                202,
+                "replicas did not match, rejecting sample: replica=b, elected=a"
+            )
+        );
+    }
+
+    // a pushes only to the first replica for twice the failover timeout; b only to the
+    // second, which never hears a itself, and still never elects b: a's pushes travel.
+    let started = Instant::now();
+    let mut a_last = started;
+    while started.elapsed() < FAILOVER * 2 {
+        let (status, _) = push(&client, &fleet[0], &pair_push(Some("c1"), Some("a"), 1)).await;
+        assert_eq!(status, 200);
+        a_last = Instant::now();
+        let (status, text) = push(&client, &fleet[1], &pair_push(Some("c1"), Some("b"), 1)).await;
+        assert_eq!(status, 202, "b elected while a pushes elsewhere: {text}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+
+    // a stops: the second replica elects b once a's last push is 3 s old as far as it knows
+    // (its news is at most the update timeout, 1 s, and a gossip round behind).
+    let switched = loop {
+        let (status, text) = push(&client, &fleet[1], &pair_push(Some("c1"), Some("b"), 1)).await;
+        match status {
+            202 => assert!(
+                a_last.elapsed() < FAILOVER + Duration::from_secs(3),
+                "{text}"
+            ),
+            200 => break a_last.elapsed(),
+            other => panic!("{other}: {text}"),
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert!(
+        switched >= FAILOVER - Duration::from_millis(1500),
+        "b elected after {switched:?}"
+    );
+    // The others follow the later term: a is now deduplicated everywhere.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    for replica in [&fleet[0], &fleet[2]] {
+        let (status, text) = push(&client, replica, &pair_push(Some("c1"), Some("a"), 1)).await;
+        assert_eq!(
+            (status, text.trim()),
+            (
+                202,
+                "replicas did not match, rejecting sample: replica=a, elected=b"
+            )
+        );
+    }
+    println!(
+        "ha-fleet: b elected {switched:?} after a's last push (failover timeout {FAILOVER:?})"
+    );
+}
