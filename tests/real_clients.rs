@@ -36,17 +36,14 @@ mod common;
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
+use std::process::Command;
 use std::time::{Duration, Instant};
 
-use axum::body::Bytes;
-use axum::extract::State;
 use common::fleet::{free_gossip_addr, spawn_joining, until_healthy, Replica};
-use common::processes::{DumpLogsOnFailure, Process};
-
-const CONFIGS: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/real_clients");
+use common::processes::{
+    free_tcp, is_root, metrics_page, real_client_config, require, spawn_logged, sum,
+    DumpLogsOnFailure, Target,
+};
 
 /// The tenant's fleet-wide `ingestion_rate`, samples/s.
 const LIMIT: f64 = 10_000.0;
@@ -424,7 +421,7 @@ impl Scenario {
         let nginx_addr = free_tcp();
         let nginx_dir = dir.path().join("nginx");
         std::fs::create_dir_all(&nginx_dir).unwrap();
-        let nginx_config = config(
+        let nginx_config = real_client_config(
             "nginx.conf",
             &[
                 ("127.0.0.1:9009", nginx_addr.to_string()),
@@ -453,7 +450,7 @@ impl Scenario {
         let _client = match self.client {
             Client::Prometheus => {
                 let path = dir.path().join("prometheus.yml");
-                let text = config(
+                let text = real_client_config(
                     "prometheus.yml",
                     &[
                         ("127.0.0.1:9100", target.addr.to_string()),
@@ -480,7 +477,7 @@ impl Scenario {
             }
             Client::Vmagent => {
                 let path = dir.path().join("vmagent.yml");
-                let text = config(
+                let text = real_client_config(
                     "vmagent.yml",
                     &[("127.0.0.1:9100", target.addr.to_string())],
                 );
@@ -656,154 +653,11 @@ fn slope(points: &[(f64, f64)]) -> f64 {
     covariance / variance
 }
 
-/// The synthetic scrape target: `series` lines `synthetic{i="…"} 1`, or none once quiet.
-struct Target {
-    addr: SocketAddr,
-    state: Arc<TargetState>,
-    server: tokio::task::JoinHandle<()>,
-}
-
-struct TargetState {
-    body: Bytes,
-    quiet: AtomicBool,
-    scrapes: AtomicU64,
-}
-
-impl Target {
-    async fn serve(series: usize) -> Target {
-        let mut body = String::with_capacity(series * 24);
-        for i in 0..series {
-            body.push_str(&format!("synthetic{{i=\"{i}\"}} 1\n"));
-        }
-        let state = Arc::new(TargetState {
-            body: Bytes::from(body),
-            quiet: AtomicBool::new(false),
-            scrapes: AtomicU64::new(0),
-        });
-        let router = axum::Router::new()
-            .route("/metrics", axum::routing::get(scrape))
-            .with_state(state.clone());
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let server = tokio::spawn(async move {
-            axum::serve(listener, router).await.unwrap();
-        });
-        Target {
-            addr,
-            state,
-            server,
-        }
-    }
-
-    fn scrapes(&self) -> u64 {
-        self.state.scrapes.load(Ordering::Relaxed)
-    }
-
-    fn quiet(&self) {
-        self.state.quiet.store(true, Ordering::Relaxed);
-    }
-}
-
-impl Drop for Target {
-    fn drop(&mut self) {
-        self.server.abort();
-    }
-}
-
-async fn scrape(
-    State(state): State<Arc<TargetState>>,
-) -> ([(&'static str, &'static str); 1], Bytes) {
-    state.scrapes.fetch_add(1, Ordering::Relaxed);
-    let body = if state.quiet.load(Ordering::Relaxed) {
-        Bytes::new()
-    } else {
-        state.body.clone()
-    };
-    ([("content-type", "text/plain; version=0.0.4")], body)
-}
-
-/// Starts `command` with its stderr in `log`; stopped when the test ends, however it ends
-/// (SIGKILL if it lingers past 5 s: Prometheus may try to flush its queue).
-fn spawn_logged(command: &mut Command, log: &Path) -> Process {
-    let log = std::fs::File::create(log).unwrap();
-    Process(command.stdout(Stdio::null()).stderr(log).spawn().unwrap())
-}
-
 /// The weir under test: this build's, or `WEIR_BIN` (another build, for a before-and-after).
 fn weir_binary() -> PathBuf {
     std::env::var_os("WEIR_BIN")
         .map(PathBuf::from)
         .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_weir")))
-}
-
-/// The program's path; a missing one fails the test under CI and skips it elsewhere.
-fn require(program: &str) -> Option<PathBuf> {
-    for dir in ["/usr/bin", "/usr/sbin", "/usr/local/bin", "/usr/local/sbin"] {
-        let path = Path::new(dir).join(program);
-        if path.exists() {
-            return Some(path);
-        }
-    }
-    let message = format!("`{program}` is not installed: run ./scripts/test, which installs it");
-    if std::env::var_os("CI").is_some() {
-        panic!("{message}");
-    }
-    eprintln!("skipped: {message}");
-    None
-}
-
-fn free_tcp() -> SocketAddr {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-}
-
-fn is_root() -> bool {
-    Command::new("id")
-        .arg("-u")
-        .output()
-        .map(|output| String::from_utf8_lossy(&output.stdout).trim() == "0")
-        .unwrap_or(false)
-}
-
-/// A config from `tests/real_clients/` with its example addresses replaced.
-fn config(name: &str, replacements: &[(&str, String)]) -> String {
-    let mut text = std::fs::read_to_string(Path::new(CONFIGS).join(name)).unwrap();
-    for (from, to) in replacements {
-        assert!(text.contains(from), "{name} no longer mentions {from}");
-        text = text.replace(from, to);
-    }
-    text
-}
-
-async fn metrics_page(base: &str) -> String {
-    let Ok(response) = reqwest::get(format!("{base}/metrics")).await else {
-        return String::new();
-    };
-    response.text().await.unwrap_or_default()
-}
-
-/// The sum of the series of family `name` that carry every label in `labels`.
-fn sum(page: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
-    page.lines()
-        .filter(|line| !line.starts_with('#'))
-        .filter_map(|line| {
-            let (series, value) = line.rsplit_once(' ')?;
-            let rest = series.strip_prefix(name)?;
-            let matches = (rest.is_empty() || rest.starts_with('{'))
-                && labels.iter().all(|(label, value)| {
-                    [
-                        format!("{{{label}=\"{value}\""),
-                        format!(",{label}=\"{value}\""),
-                        format!(" {label}=\"{value}\""),
-                    ]
-                    .iter()
-                    .any(|needle| rest.contains(needle.as_str()))
-                });
-            matches.then(|| value.parse::<f64>().ok()).flatten()
-        })
-        .sum()
 }
 
 /// The Retry-After of every 429 in nginx's access log

@@ -39,7 +39,7 @@ const PUSH: u64 = 100;
 const EVERY: Duration = Duration::from_millis(50);
 
 const BEFORE: Duration = Duration::from_secs(4);
-const OUTAGE: Duration = Duration::from_secs(10);
+const OUTAGE: Duration = Duration::from_secs(20);
 const AFTER: Duration = Duration::from_secs(8);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
