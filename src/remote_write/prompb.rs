@@ -158,6 +158,19 @@ impl WriteRequest {
         }
     }
 
+    /// The same request with these labels added to every series.
+    pub fn with_labels(mut self, labels: &[(&str, &str)]) -> Self {
+        for series in &mut self.timeseries {
+            series
+                .labels
+                .extend(labels.iter().map(|(name, value)| Label {
+                    name: name.to_string(),
+                    value: value.to_string(),
+                }));
+        }
+        self
+    }
+
     /// The body of a remote-write POST: protobuf, then snappy raw-block compression.
     pub fn encode_snappy(&self) -> Vec<u8> {
         let raw = prost::Message::encode_to_vec(self);

@@ -104,6 +104,11 @@ struct Args {
     #[arg(long, default_value_t = 0.1)]
     jitter: f64,
 
+    /// `CLUSTER/REPLICA`: every series also carries `cluster` and `__replica__` labels, as
+    /// one server of a Prometheus HA pair sends (for the HA tracker's cost).
+    #[arg(long, value_name = "CLUSTER/REPLICA")]
+    ha_replica: Option<String>,
+
     /// Tenants, comma-separated.
     #[arg(long, value_delimiter = ',', default_value = "loadgen")]
     tenants: Vec<String>,
@@ -601,10 +606,20 @@ async fn main() -> anyhow::Result<()> {
     let now_ms = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)?
         .as_millis() as i64;
+    let ha_labels = match &args.ha_replica {
+        Some(pair) => {
+            let (cluster, replica) = pair.split_once('/').ok_or_else(|| {
+                anyhow::anyhow!("--ha-replica wants CLUSTER/REPLICA, got {pair:?}")
+            })?;
+            vec![("cluster", cluster), ("__replica__", replica)]
+        }
+        None => Vec::new(),
+    };
     let mut bodies: HashMap<u32, bytes::Bytes> = HashMap::new();
     for send in &schedule {
         bodies.entry(send.samples).or_insert_with(|| {
             WriteRequest::synthetic(send.samples as usize, send.samples as u64, now_ms)
+                .with_labels(&ha_labels)
                 .encode_snappy()
                 .into()
         });
