@@ -1,6 +1,6 @@
 //! What every front-end of the engine shares: the clock, the inputs of the limit maths (the
-//! runtime config and the healthy replica count, replaced as a whole under one generation
-//! number), this replica's place in the ring, and the store behind `shared`. The push
+//! runtime config, the healthy replica count and the cell's slices, replaced as a whole under
+//! one generation number), this replica's place in the ring, and the store behind `shared`. The push
 //! front-end ([`crate::limiter`]) and the admission front-end ([`crate::admission`]) each keep
 //! their own registry and read these through one [`Core`].
 
@@ -9,17 +9,50 @@ use std::sync::{Arc, Mutex};
 
 use arc_swap::ArcSwap;
 use governor::clock::Clock;
-use runtime_config::RuntimeConfig;
+use runtime_config::{RuntimeConfig, TenantLimits};
 
 use crate::bucket::nanos_between;
+use crate::cells::CellShares;
 use crate::clock::EngineClock;
+use crate::maths::{local_limits, LocalLimits};
 use crate::shared::Shared;
 
 /// The inputs of the limit maths, replaced as a whole when any of them changes.
 pub(crate) struct Inputs {
     pub(crate) config: Arc<RuntimeConfig>,
     pub(crate) healthy_replicas: usize,
+    /// This cell's slices of each tenant's limits (none outside cells).
+    pub(crate) cells: Arc<CellShares>,
     pub(crate) generation: u64,
+}
+
+impl Inputs {
+    /// A push tenant's limits as configured (fleet-wide, what refusals name), and as this
+    /// replica enforces them: the cell's slice, if any, under the tenant's strategy. The one
+    /// place a tenant's limits enter the engine.
+    pub(crate) fn limits(&self, tenant: &str) -> (TenantLimits, LocalLimits) {
+        let configured = *self.config.tenant_limits(tenant);
+        let enforced = self.cells.apply(tenant, &configured);
+        (configured, local_limits(&enforced, self.healthy_replicas))
+    }
+}
+
+/// What [`Core::update_inputs`] puts in force (the generation is added).
+pub(crate) struct NextInputs {
+    pub(crate) config: Arc<RuntimeConfig>,
+    pub(crate) healthy_replicas: usize,
+    pub(crate) cells: Arc<CellShares>,
+}
+
+impl Inputs {
+    /// The current inputs, to change one of them.
+    pub(crate) fn next(&self) -> NextInputs {
+        NextInputs {
+            config: Arc::clone(&self.config),
+            healthy_replicas: self.healthy_replicas,
+            cells: Arc::clone(&self.cells),
+        }
+    }
 }
 
 pub(crate) struct Core<C: Clock = EngineClock> {
@@ -52,6 +85,7 @@ impl<C: Clock> Core<C> {
             inputs: ArcSwap::from_pointee(Inputs {
                 config,
                 healthy_replicas: 1,
+                cells: Arc::default(),
                 generation: 0,
             }),
             generation: AtomicU64::new(0),
@@ -124,14 +158,19 @@ impl<C: Clock> Core<C> {
 
     /// Puts new inputs in force under the next generation; `next` gets the current ones.
     /// Returns once readers see them: the caller then rebuilds what it keeps.
-    pub(crate) fn update_inputs(&self, next: impl FnOnce(&Inputs) -> (Arc<RuntimeConfig>, usize)) {
+    pub(crate) fn update_inputs(&self, next: impl FnOnce(&Inputs) -> NextInputs) {
         let _writer = self.inputs_writer.lock().unwrap_or_else(|e| e.into_inner());
         let current = self.inputs.load_full();
-        let (config, healthy_replicas) = next(&current);
+        let NextInputs {
+            config,
+            healthy_replicas,
+            cells,
+        } = next(&current);
         let generation = current.generation + 1;
         self.inputs.store(Arc::new(Inputs {
             config,
             healthy_replicas,
+            cells,
             generation,
         }));
         self.healthy.store(healthy_replicas, Ordering::Relaxed);

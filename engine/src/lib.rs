@@ -22,6 +22,9 @@
 //! - [`admission`]: the admission API's engine: `allow`, `acquire`, `release`, `renew` for any
 //!   tenant and key, under the tenant's strategy.
 //! - [`clock`]: the real clock, or one a test moves by hand.
+//! - [`cells`]: cells, several rings each enforcing a slice of a tenant's global limit: the
+//!   reconciler's allocation (the pure twin of its Redis script), the shares in force, and a
+//!   replica's memory of the store's answers with time as an input.
 //! - `core`: what both front-ends share: the clock, the inputs in force under one
 //!   generation, the ring rank, the store.
 //! - `strategy`: the failure policy of `shared` limits (`on_store_failure`), in one place.
@@ -35,6 +38,7 @@ pub mod admission;
 pub mod algorithms;
 pub mod breaker;
 pub mod bucket;
+pub mod cells;
 pub mod clock;
 mod core;
 pub mod fleet;
@@ -47,10 +51,11 @@ pub mod types;
 
 pub use admission::{encode_key, Acquisition, AdmissionError, Allowed};
 pub use algorithms::Decision;
+pub use cells::{CellShares, CellSync, CellSyncConfig};
 pub use clock::EngineClock;
 pub use limiter::{
-    Limiter, NoHooks, PeerTotals, PeerUsage, Tenant, TenantHooks, TenantView, TooManyTenants,
-    UsageReport, COARSE_CLOCK_TICK,
+    CellUsage, Limiter, NoHooks, PeerTotals, PeerUsage, Tenant, TenantHooks, TenantView,
+    TooManyTenants, UsageReport, COARSE_CLOCK_TICK,
 };
 pub use maths::{LocalLimit, LocalLimits};
 pub use shared::{Shared, SharedConfig, StoreObserver};

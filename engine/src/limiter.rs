@@ -30,10 +30,11 @@ use runtime_config::{LimitSpec, RuntimeConfig, TenantLimits};
 
 use crate::admission::{Acquisition, AdmissionError, Allowed, Entries, Keys};
 use crate::bucket::Bucket;
+use crate::cells::CellShares;
 use crate::clock::EngineClock;
-use crate::core::{Core, Inputs};
+use crate::core::{Core, Inputs, NextInputs};
 use crate::fleet::FleetBucket;
-use crate::maths::{local_limits, settling_budget, shard_rate, LocalLimit, LocalLimits};
+use crate::maths::{settling_budget, shard_rate, LocalLimit, LocalLimits};
 use crate::shared::{self, Lease, Shared, SharedOutcome, SharedRequest};
 use crate::store::BucketKey;
 use crate::strategy::{on_store_failure, Kept};
@@ -119,6 +120,18 @@ pub struct UsageReport {
     pub in_flight: u64,
 }
 
+/// A tenant's demand and spend on this replica, cumulative, for the cell sync: per
+/// [`LimitKind`] (requests, items), with its limits as configured.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CellUsage {
+    pub tenant: String,
+    pub limits: TenantLimits,
+    /// Offered (admitted and refused): requests, items.
+    pub offered: [u64; 2],
+    /// Admitted (less what was refunded): requests, items.
+    pub spent: [u64; 2],
+}
+
 /// One tenant's state on this replica.
 pub struct Tenant<D, C: Clock = EngineClock> {
     name: Box<str>,
@@ -153,6 +166,10 @@ struct KindUsage {
     peer_rate: AtomicU64,
     /// When this replica last refused one (engine nanoseconds + 1; 0: never).
     refused_at: AtomicU64,
+    /// In a cell, every strategy but `shared`: offered and admitted here, cumulative (what
+    /// the cell sync reports as demand and spend).
+    cell_offered: AtomicU64,
+    cell_spent: AtomicU64,
 }
 
 /// A tenant's buckets under one generation of inputs.
@@ -206,6 +223,8 @@ pub struct Limiter<H: TenantHooks = NoHooks, C: Clock = EngineClock> {
     settling: Duration,
     /// The admission API's keys and leases.
     admission: Entries,
+    /// In a cell: count each tenant's demand and spend for the cell sync.
+    count_for_cells: bool,
     hooks: H,
 }
 
@@ -231,6 +250,7 @@ impl<H: TenantHooks, C: Clock + Clone> Limiter<H, C> {
             max_tenants: 0,
             settling: Duration::from_secs(1),
             admission: Default::default(),
+            count_for_cells: false,
             hooks,
         }
     }
@@ -338,6 +358,13 @@ impl<H: TenantHooks, C: Clock + Clone> Limiter<H, C> {
         self
     }
 
+    /// This replica is in a cell: count each tenant's demand and spend for the cell sync
+    /// ([`Limiter::cell_usage`]). Outside cells nothing is counted.
+    pub fn with_cells(mut self) -> Self {
+        self.count_for_cells = true;
+        self
+    }
+
     /// How long a tenant that no peer has reported yet is held to the even share under
     /// `weighted`: long enough for the peers' first reports of it to arrive.
     pub fn with_settling(mut self, settling: Duration) -> Self {
@@ -379,8 +406,7 @@ impl<H: TenantHooks, C: Clock + Clone> Limiter<H, C> {
     fn new_tenant(&self, name: &str) -> Arc<Tenant<H::Data, C>> {
         let now = self.now();
         let inputs = self.core.inputs.load();
-        let limits = *inputs.config.tenant_limits(name);
-        let local = local_limits(&limits, inputs.healthy_replicas);
+        let (limits, local) = inputs.limits(name);
         // A tenant the peers already report is known to the fleet: start from what they
         // report (their admissions so far are not charged again, and the view starts at the
         // lowest level a peer has, refilled since). One nobody reports is new to the fleet:
@@ -481,7 +507,7 @@ impl<H: TenantHooks, C: Clock + Clone> Limiter<H, C> {
             LimitKind::Ingestion => state.local.ingestion,
         };
         let at_once = |from| Admitted::at_once(kind, cost, from);
-        match &state.buckets[kind.index()] {
+        let decided = match &state.buckets[kind.index()] {
             Kept::None if local == LocalLimit::Unlimited => Ok(at_once(TakenFrom::Nothing)),
             Kept::None => Err(rejection(RejectionCause::Blocked, 0)),
             Kept::Divided(bucket) => outcome_to_result(bucket.check(cost), rejection)
@@ -505,7 +531,16 @@ impl<H: TenantHooks, C: Clock + Clone> Limiter<H, C> {
                 Result::is_ok,
             )
             .map(|_| at_once(TakenFrom::View)),
+        };
+        // `shared` keeps one global bucket in the store: no cell slices it.
+        if self.count_for_cells && !state.buckets[kind.index()].is_shared() {
+            let usage = &tenant.usage[kind.index()];
+            usage.cell_offered.fetch_add(cost, Ordering::Relaxed);
+            if decided.is_ok() {
+                usage.cell_spent.fetch_add(cost, Ordering::Relaxed);
+            }
         }
+        decided
     }
 
     /// Takes `cost` tokens of the tenant's `kind` limit, or says why not: like
@@ -597,6 +632,13 @@ impl<H: TenantHooks, C: Clock + Clone> Limiter<H, C> {
         }
         let state = self.current(tenant);
         let usage = &tenant.usage[taken.kind.index()];
+        if self.count_for_cells {
+            let _ = usage
+                .cell_spent
+                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |spent| {
+                    Some(spent.saturating_sub(taken.cost))
+                });
+        }
         let uncount = |fleet: &FleetBucket| {
             fleet.refund(taken.cost);
             let _ = usage
@@ -808,8 +850,7 @@ impl<H: TenantHooks, C: Clock + Clone> Limiter<H, C> {
         if state.generation.load(Ordering::Acquire) == inputs.generation {
             return; // another thread rebuilt it while this one waited
         }
-        let limits = *inputs.config.tenant_limits(&tenant.name);
-        let local = local_limits(&limits, inputs.healthy_replicas);
+        let (limits, local) = inputs.limits(&tenant.name);
         if limits == state.limits && local == state.local {
             state.generation.store(inputs.generation, Ordering::Release);
             return;
@@ -851,7 +892,10 @@ impl<H: TenantHooks, C: Clock + Clone> Limiter<H, C> {
 
     /// Puts a new config in force, for every tracked tenant at once.
     pub fn set_config(&self, config: Arc<RuntimeConfig>) {
-        self.update_inputs(|inputs| (config, inputs.healthy_replicas));
+        self.update_inputs(|inputs| NextInputs {
+            config,
+            ..inputs.next()
+        });
     }
 
     /// Tells the limiter how many healthy replicas share each tenant's limit.
@@ -860,7 +904,24 @@ impl<H: TenantHooks, C: Clock + Clone> Limiter<H, C> {
         if self.core.inputs.load().healthy_replicas == healthy_replicas {
             return;
         }
-        self.update_inputs(|inputs| (Arc::clone(&inputs.config), healthy_replicas));
+        self.update_inputs(|inputs| NextInputs {
+            healthy_replicas,
+            ..inputs.next()
+        });
+    }
+
+    /// Puts this cell's slices of the tenants' limits in force, for every tracked tenant at
+    /// once (see [`crate::cells`]). A replica outside any cell never calls it.
+    pub fn set_cell_shares(&self, cells: Arc<CellShares>) {
+        self.update_inputs(|inputs| NextInputs {
+            cells,
+            ..inputs.next()
+        });
+    }
+
+    /// The slices in force.
+    pub fn cell_shares(&self) -> Arc<CellShares> {
+        Arc::clone(&self.core.inputs.load().cells)
     }
 
     /// Tells the limiter its place (0-based) among the healthy replicas in the ring's order:
@@ -869,7 +930,7 @@ impl<H: TenantHooks, C: Clock + Clone> Limiter<H, C> {
         self.core.set_rank(rank);
     }
 
-    fn update_inputs(&self, next: impl FnOnce(&Inputs) -> (Arc<RuntimeConfig>, usize)) {
+    fn update_inputs(&self, next: impl FnOnce(&Inputs) -> NextInputs) {
         self.core.update_inputs(next);
         // In force from now, for idle tenants too: their tokens accrue under the new limits
         // from this moment.
@@ -918,6 +979,35 @@ impl<H: TenantHooks, C: Clock + Clone> Limiter<H, C> {
         self.core
             .backdate_nanos
             .store(backdate.as_nanos() as u64, Ordering::Relaxed);
+    }
+
+    /// Every tracked tenant's demand and spend here, cumulative, with its configured limits:
+    /// what the cell sync reports (empty unless [`Limiter::with_cells`]). Tenants under
+    /// `shared`, and those offered nothing, are left out.
+    pub fn cell_usage(&self) -> Vec<CellUsage> {
+        if !self.count_for_cells {
+            return Vec::new();
+        }
+        self.tenants
+            .pin()
+            .iter()
+            .filter_map(|(name, tenant)| {
+                let state = tenant.state.load();
+                let count = |kind: usize, field: fn(&KindUsage) -> &AtomicU64| {
+                    field(&tenant.usage[kind]).load(Ordering::Relaxed)
+                };
+                let offered = [count(0, |u| &u.cell_offered), count(1, |u| &u.cell_offered)];
+                if offered == [0, 0] {
+                    return None;
+                }
+                Some(CellUsage {
+                    tenant: name.to_string(),
+                    limits: state.limits,
+                    offered,
+                    spent: [count(0, |u| &u.cell_spent), count(1, |u| &u.cell_spent)],
+                })
+            })
+            .collect()
     }
 
     /// This replica's admissions under `weighted`, for gossip, most urgent first: tenants with

@@ -1026,3 +1026,61 @@ mod admission_tests {
         granted
     }
 }
+
+/// Cells: a slice put in force reshapes a tracked tenant at once (the refusal still names the
+/// fleet-wide limit), demand and spend are counted for the cell sync, and `shared` is never
+/// sliced nor counted.
+#[test]
+fn a_cell_slice_is_the_tenant_limit_inside_the_cell() {
+    use crate::cells::{CellShares, Share, TenantShare};
+    let yaml = "overrides:\n  w:\n    ingestion_rate: 100\n    ingestion_burst_size: 100\n    rate_limit_strategy: weighted\n  d:\n    ingestion_rate: 100\n    ingestion_burst_size: 100\n    rate_limit_strategy: divided\n  s:\n    ingestion_rate: 100\n    ingestion_burst_size: 100\n    rate_limit_strategy: shared\n";
+    let (limiter, clock) = limiter(yaml);
+    let limiter = limiter.with_cells();
+    assert_eq!(check(&limiter, "w", 10), Ok(()));
+    // Past the settling of a tenant new to the fleet.
+    clock.advance(Duration::from_secs(2));
+    let quarter = TenantShare {
+        request: Share::WHOLE,
+        ingestion: Share::even(0.25),
+    };
+    let mut shares = CellShares {
+        default: TenantShare::even(0.5),
+        ..CellShares::default()
+    };
+    shares.tenants.insert("w".into(), quarter);
+    limiter.set_cell_shares(Arc::new(shares));
+    // w: a view of a bucket of 25/s and 25, carried over (full: 25 left).
+    assert_eq!(check(&limiter, "w", 25), Ok(()));
+    let refused = check(&limiter, "w", 1).unwrap_err();
+    assert_eq!(
+        (refused.limit, refused.burst),
+        (100.0, 100),
+        "as configured"
+    );
+    assert_eq!(refused.local_limit, 25.0, "as enforced in the cell");
+    assert_eq!(
+        check(&limiter, "w", 26).unwrap_err().cause,
+        RejectionCause::LargerThanBurst
+    );
+    clock.advance(Duration::from_secs(1));
+    assert_eq!(check(&limiter, "w", 25), Ok(()));
+    // d: the default share, half: 50/s and a burst of 50 on one replica.
+    assert_eq!(check(&limiter, "d", 50), Ok(()));
+    assert!(check(&limiter, "d", 1).is_err());
+    // s: one global bucket, untouched (no store here: its open policy decides on the view).
+    assert_eq!(check(&limiter, "s", 100), Ok(()));
+    let mut usage = limiter.cell_usage();
+    usage.sort_by(|a, b| a.tenant.cmp(&b.tenant));
+    let counted: Vec<(&str, [u64; 2], [u64; 2])> = usage
+        .iter()
+        .map(|u| (u.tenant.as_str(), u.offered, u.spent))
+        .collect();
+    assert_eq!(
+        counted,
+        vec![("d", [0, 51], [0, 50]), ("w", [0, 87], [0, 60])]
+    );
+    // Outside cells nothing is counted.
+    let (plain, _) = self::limiter(yaml);
+    assert_eq!(check(&plain, "w", 10), Ok(()));
+    assert!(plain.cell_usage().is_empty());
+}
