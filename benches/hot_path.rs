@@ -162,6 +162,22 @@ fn scan_v2(c: &mut Criterion) {
         group.bench_with_input(BenchmarkId::new("snappy+scan", series), &body, |b, body| {
             b.iter(|| format::decode(black_box(body), 100 << 20, Format::V2).unwrap())
         });
+        // The push path's decode: with Mimir's series validation (defaults, a clock 1 s after
+        // the samples), which refuses nothing here.
+        let validation = remote_write::validate::Validation::new(
+            runtime_config::ValidationLimits::default(),
+            1_700_000_001_000,
+        );
+        group.bench_with_input(
+            BenchmarkId::new("snappy+scan+validation", series),
+            &body,
+            |b, body| {
+                b.iter(|| {
+                    format::decode_validated(black_box(body), 100 << 20, Format::V2, &validation)
+                        .unwrap()
+                })
+            },
+        );
         group.bench_with_input(
             BenchmarkId::new("snappy+prost_decode", series),
             &body,

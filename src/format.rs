@@ -66,8 +66,9 @@ impl Format {
 
 /// Decodes a push body of at most `max_size` decoded bytes as `format`, counting what it
 /// carries.
-/// [`decode`] with Mimir's series validation where weir applies it (remote-write 1.0): the
-/// counts of what passed, and what was refused ([`remote_write::decode_validated`]).
+/// [`decode`] with Mimir's series validation where weir applies it (remote-write 1.0 and
+/// 2.0): the counts of what passed, what to forward, and what was refused
+/// ([`remote_write::decode_validated`], [`remote_write::v2::decode_validated`]).
 pub fn decode_validated(
     body: &[u8],
     max_size: usize,
@@ -76,6 +77,14 @@ pub fn decode_validated(
 ) -> Result<Decoded, DecodeError> {
     match format {
         Format::V1 => remote_write::decode_validated(body, max_size, validation),
+        Format::V2 => remote_write::v2::decode_validated(body, max_size, validation).map(
+            |(counts, forward, refused)| Decoded {
+                counts,
+                forward,
+                refused,
+                ha: crate::ha::HaOutcome::Off,
+            },
+        ),
         other => decode(body, max_size, other).map(|counts| Decoded {
             counts,
             forward: Forward::Unchanged,

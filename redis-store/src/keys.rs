@@ -5,7 +5,10 @@
 //! - push limits: `weir:{tenant}:i` (ingestion) and `weir:{tenant}:r` (requests); sub-bucket
 //!   tags `weir:{tenant#j}:i` ([`shard_tag`]);
 //! - admission keys: `weir:{tenant}:k:<key>:<what>`, `what` being `t` (token bucket), `w`
-//!   (sliding window), `l` (leaky bucket) or `c` (in-flight leases).
+//!   (sliding window), `l` (leaky bucket) or `c` (in-flight leases);
+//! - cells: `weir:{tenant}:cells`, the tenant's demand per cell and replica; and
+//!   `weir:cells`, the registry of live cells (one key for the whole store, touched once per
+//!   replica per sync interval).
 
 use engine::store::{BucketKey, KeyName};
 use engine::LimitKind;
@@ -34,6 +37,16 @@ pub fn bucket(key: &BucketKey<'_>) -> String {
 /// The name of an admission key's entry: `what` is `t`, `w`, `l` or `c` (see the module).
 pub fn admission(key: &KeyName<'_>, what: char) -> String {
     format!("weir:{{{}}}:k:{}:{what}", key.tenant, key.key)
+}
+
+/// Cells: the hash of a tenant's reports, per cell and replica (`cell_slice.lua`).
+pub fn cell_reports(tenant: &str) -> String {
+    format!("weir:{{{tenant}}}:cells")
+}
+
+/// Cells: the registry of live cells (`cell_heartbeat.lua`).
+pub fn cells_registry() -> &'static str {
+    "weir:cells"
 }
 
 /// The tag number of sub-bucket `shard` of `shards`: the first `j` whose hash tag (`tenant`
@@ -131,5 +144,6 @@ mod tests {
             ..push
         };
         assert_eq!(bucket(&token), "weir:{t}:k:GET%20%2Fa:t");
+        assert_eq!(cell_reports("t"), "weir:{t}:cells");
     }
 }

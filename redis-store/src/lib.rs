@@ -13,10 +13,16 @@
 //! script can touch them; `store_shards` gives sub-buckets their own tags
 //! (`weir:{tenant#k}:i`) so a hot tenant's load lands on several masters. The names are in
 //! [`keys`]: the engine asks for buckets and keys by what they are, not by name.
+//!
+//! Cells use two more scripts, outside the [`Store`] trait (they are not buckets):
+//! `cell_heartbeat.lua` (the registry of live cells) and `cell_slice.lua` (a replica's report
+//! of a tenant's demand, answered with its cell's slice): [`RedisStore::cell_heartbeat`],
+//! [`RedisStore::cell_slice`].
 
 use std::sync::Arc;
 use std::time::Duration;
 
+use engine::cells::{CellReport, ReconcileParams, Reconciled, Share, TenantShare};
 use engine::store::{
     Acquired, BucketKey, Grant, KeyName, Store, StoreError, StoreFuture, StoredMeter,
 };
@@ -63,6 +69,8 @@ struct Scripts {
     acquire: Script,
     release: Script,
     renew: Script,
+    cell_heartbeat: Script,
+    cell_slice: Script,
 }
 
 impl RedisStore {
@@ -111,6 +119,8 @@ impl RedisStore {
                 acquire: Script::new(include_str!("../scripts/acquire.lua")),
                 release: Script::new(include_str!("../scripts/release.lua")),
                 renew: Script::new(include_str!("../scripts/renew.lua")),
+                cell_heartbeat: Script::new(include_str!("../scripts/cell_heartbeat.lua")),
+                cell_slice: Script::new(include_str!("../scripts/cell_slice.lua")),
             }),
             cluster,
         })
@@ -133,6 +143,75 @@ impl RedisStore {
         }
         .map(|_| ())
         .map_err(|err| StoreError::Failed(err.to_string()))
+    }
+
+    /// Cells: says `cell` is alive and returns how many cells are (those heard from within
+    /// `hold`). `cell_heartbeat.lua`.
+    pub async fn cell_heartbeat(&self, cell: &str, hold: Duration) -> Result<u32, StoreError> {
+        let mut invocation = self.scripts.cell_heartbeat.prepare_invoke();
+        invocation
+            .key(keys::cells_registry())
+            .arg(cell)
+            .arg(hold.as_micros() as u64);
+        self.invoke(invocation).await
+    }
+
+    /// Cells: records this replica's `report` of `tenant` (its time is the store's) and
+    /// returns its cell's share of `limits` (request rate, ingestion rate). `cell_slice.lua`,
+    /// whose pure twin is [`engine::cells::reconcile`].
+    pub async fn cell_slice(
+        &self,
+        tenant: &str,
+        report: &CellReport,
+        limits: [f64; 2],
+        params: ReconcileParams,
+    ) -> Result<Reconciled, StoreError> {
+        let finite = |value: f64| {
+            if value.is_finite() {
+                value.max(0.0)
+            } else {
+                0.0
+            }
+        };
+        let mut invocation = self.scripts.cell_slice.prepare_invoke();
+        invocation
+            .key(keys::cell_reports(tenant))
+            .arg(&report.cell)
+            .arg(&report.replica)
+            .arg(params.fresh_micros)
+            .arg(params.hold_micros)
+            .arg(params.live_cells)
+            .arg(finite(params.floor_fraction).to_string())
+            .arg(finite(limits[0]).to_string())
+            .arg(finite(limits[1]).to_string())
+            .arg(finite(report.demand[0]).to_string())
+            .arg(finite(report.demand[1]).to_string())
+            .arg(report.spent[0])
+            .arg(report.spent[1]);
+        let (request_rate, request_burst, items_rate, items_burst, cells): (
+            String,
+            String,
+            String,
+            String,
+            u32,
+        ) = self.invoke(invocation).await?;
+        let number = |text: &str| {
+            text.parse::<f64>()
+                .map_err(|_| StoreError::Failed(format!("cell_slice answered {text:?}")))
+        };
+        Ok(Reconciled {
+            share: TenantShare {
+                request: Share {
+                    rate: number(&request_rate)?,
+                    burst: number(&request_burst)?,
+                },
+                ingestion: Share {
+                    rate: number(&items_rate)?,
+                    burst: number(&items_burst)?,
+                },
+            },
+            cells,
+        })
     }
 
     async fn invoke<T: redis::FromRedisValue>(

@@ -11,16 +11,39 @@
 //! - metadata: in 2.0 each series may carry it; Mimir keeps one entry per metric family (the
 //!   `__name__` with `_bucket`, `_count`, `_sum`, `_gcount`, `_gsum` removed as the type says),
 //!   the first seen, and only entries with a type, help or unit. So does this scan.
+//!
+//! With a [`Validation`] ([`decode_validated`]), each series is checked as Mimir's distributor
+//! checks the 1.0 series it turns it into: its labels, resolved through the symbols, its
+//! sample and histogram timestamps and its native histograms' buckets go through the same
+//! [`SeriesCheck`] as 1.0's. A refused series' `timeseries` field is cut; a series that loses
+//! labels to `drop_labels` gets its `labels_refs` written again without them (the symbols
+//! stay: unused symbols are allowed), and a histogram over `max_native_histogram_buckets` is
+//! written again at a lower resolution, as on 1.0. A request with nothing to change keeps its
+//! bytes.
+//!
+//! Not yet on 2.0: a label value over `max_label_value_length` refuses its series whatever
+//! `label_value_length_over_limit_strategy` says (as `error` does: `truncate` and `drop` need
+//! new symbols), and metadata is not checked against `max_metadata_length`.
+//!
+//! Metadata rides on its series in 2.0, so it goes with a refused series and is not charged;
+//! Mimir, which holds a decoded request's metadata apart from its series, keeps it. Another
+//! kept series of the same family still carries (and is charged for) the family's entry.
 
 use std::cell::RefCell;
 use std::collections::HashSet;
 use std::hash::{BuildHasher, Hasher};
+use std::ops::Range;
 
-use prost::encoding::{decode_key, decode_varint, skip_field, DecodeContext, WireType};
+use prost::encoding::{
+    decode_key, decode_varint, encode_key, encode_varint, skip_field, DecodeContext, WireType,
+};
 
 use super::v2_proto;
+use super::validate::{SeriesCheck, Splice, Validation};
 use super::wire::{check, check_sample, field, is_utf8};
-use crate::counts::{DecodeError, WriteCounts};
+use crate::counts::{DecodeError, Discarded, Forward, Refused, SeriesReason, WriteCounts};
+
+type Families = HashSet<u64, foldhash::fast::FixedState>;
 
 /// Buffers above this many entries are not kept between requests.
 const RETAINED_ENTRIES: usize = 1 << 16;
@@ -41,13 +64,51 @@ const SUMMARY: u64 = 5;
 /// Scans an uncompressed `io.prometheus.write.v2.Request`, validating its structure and its
 /// symbol references, and counts what it carries.
 pub fn scan(body: &[u8]) -> Result<WriteCounts, DecodeError> {
+    with_tables(|symbols, families| scan_with(body, symbols, families, None))
+        .map(|(counts, _)| counts)
+}
+
+/// [`super::decode`] of a remote-write 2.0 body with series validation and `drop_labels`:
+/// the counts of what passed, what to forward (the client's bytes when nothing changed), and
+/// what was refused. As [`super::decode_validated`] does for 1.0.
+pub fn decode_validated(
+    body: &[u8],
+    max_size: usize,
+    validation: &Validation,
+) -> Result<(WriteCounts, Forward, Option<Refused>), DecodeError> {
+    super::decompressed(body, max_size, |raw| {
+        with_tables(|symbols, families| {
+            let (counts, found) = scan_with(raw, symbols, families, Some(validation))?;
+            let forward = if found.edits.is_empty() {
+                Forward::Unchanged
+            } else if counts.series == 0 {
+                // 2.0's metadata rides on series: with none left, nothing is.
+                Forward::Nothing
+            } else {
+                Forward::Rewritten(bytes::Bytes::from(edited(raw, &found.edits)?))
+            };
+            let refused = found.first.map(|first| Refused {
+                first,
+                samples: found.discarded,
+                series: found.refused,
+            });
+            Ok((counts, forward, refused))
+        })
+    })
+}
+
+/// Runs `read` with this thread's symbol and metric-family tables, cleared, and trims them
+/// after a request that grew them past [`RETAINED_ENTRIES`].
+fn with_tables<T>(
+    read: impl FnOnce(&mut Vec<(u32, u32)>, &mut Families) -> Result<T, DecodeError>,
+) -> Result<T, DecodeError> {
     SYMBOLS.with(|symbols| {
         FAMILIES.with(|families| {
             let mut symbols = symbols.borrow_mut();
             let mut families = families.borrow_mut();
             symbols.clear();
             families.clear();
-            let result = scan_with(body, &mut symbols, &mut families);
+            let result = read(&mut symbols, &mut families);
             if symbols.capacity() > RETAINED_ENTRIES {
                 *symbols = Vec::new();
             }
@@ -59,11 +120,35 @@ pub fn scan(body: &[u8]) -> Result<WriteCounts, DecodeError> {
     })
 }
 
+/// What validation changes in a request, as the scan found it.
+#[derive(Default)]
+struct Found {
+    /// In body order: the `timeseries` fields to cut or to write again.
+    edits: Vec<Edit>,
+    refused: u64,
+    first: Option<String>,
+    discarded: Discarded,
+}
+
+/// One change to the uncompressed body.
+enum Edit {
+    /// A refused series: its whole `timeseries` field goes.
+    Cut(Range<usize>),
+    /// A series written again: `field` becomes its key, its new length and the series' bytes
+    /// (`series`, in the body) with `splices` made (in series order).
+    Rewrite {
+        field: Range<usize>,
+        series: Range<usize>,
+        splices: Vec<Splice>,
+    },
+}
+
 fn scan_with(
     body: &[u8],
     symbols: &mut Vec<(u32, u32)>,
-    families: &mut HashSet<u64, foldhash::fast::FixedState>,
-) -> Result<WriteCounts, DecodeError> {
+    families: &mut Families,
+    validation: Option<&Validation>,
+) -> Result<(WriteCounts, Found), DecodeError> {
     let error = |reason: String| DecodeError::Protobuf(reason);
     // Pass 1: the symbol table.
     let mut buf = body;
@@ -102,20 +187,57 @@ fn scan_with(
     let table = Symbols { body, symbols };
     // Pass 2: the series.
     let mut counts = WriteCounts::default();
+    let mut found = Found::default();
+    let mut index = 0u64;
     let mut buf = body;
     while !buf.is_empty() {
+        let start = body.len() - buf.len();
         let (tag, wire_type) = decode_key(&mut buf).map_err(|e| error(format!("Request: {e}")))?;
-        if tag == 5 {
-            let series = field(&mut buf, wire_type, "timeseries").map_err(error)?;
-            scan_series(series, &table, &mut counts, families)
-                .map_err(|reason| error(format!("timeseries[{}]: {reason}", counts.series)))?;
-            counts.series += 1;
-        } else {
+        if tag != 5 {
             skip_field(wire_type, tag, &mut buf, DecodeContext::default())
                 .map_err(|e| error(format!("Request: field {tag}: {e}")))?;
+            continue;
+        }
+        let series = field(&mut buf, wire_type, "timeseries").map_err(error)?;
+        let mut checking = validation.map(Checking::new);
+        let own = scan_series(series, &table, checking.as_mut())
+            .map_err(|reason| error(format!("timeseries[{index}]: {reason}")))?;
+        index += 1;
+        let field = start..body.len() - buf.len();
+        match checking.as_ref().and_then(|c| c.verdict(series, &table)) {
+            None => {
+                counts.series += 1;
+                counts.samples += own.samples;
+                counts.histograms += own.histograms;
+                counts.exemplars += own.exemplars;
+                if let Some(family) = own.family {
+                    let mut hasher = families.hasher().build_hasher();
+                    hasher.write(family);
+                    if families.insert(hasher.finish()) {
+                        counts.metadata += 1;
+                    }
+                }
+                if let Some(checking) = checking.filter(|c| c.rewrites()) {
+                    let splices = checking
+                        .splices(series, &table)
+                        .map_err(|reason| error(format!("timeseries[{}]: {reason}", index - 1)))?;
+                    let series = field.end - series.len()..field.end;
+                    found.edits.push(Edit::Rewrite {
+                        field,
+                        series,
+                        splices,
+                    });
+                }
+            }
+            Some((reason, message)) => {
+                found.edits.push(Edit::Cut(field));
+                found.refused += 1;
+                found.discarded.samples[reason as usize] += own.samples + own.histograms;
+                found.first.get_or_insert(message);
+            }
         }
     }
-    Ok(counts)
+    Ok((counts, found))
 }
 
 /// The request's symbols, as offsets into its body.
@@ -142,29 +264,153 @@ impl<'a> Symbols<'a> {
     }
 }
 
+/// What one series carries, for the request's counts once its verdict is in.
+struct SeriesCounts<'a> {
+    samples: u64,
+    histograms: u64,
+    exemplars: u64,
+    /// The metric family whose metadata the series carries, when that metadata counts.
+    family: Option<&'a [u8]>,
+}
+
+/// One series' validation as the scan walks it: Mimir's checks ([`SeriesCheck`], shared
+/// with 1.0) on its labels after `drop_labels`, and whether it lost any.
+struct Checking<'a, 'v> {
+    validation: &'v Validation,
+    seen: SeriesCheck<'a>,
+    dropped: bool,
+}
+
+impl<'a, 'v> Checking<'a, 'v> {
+    fn new(validation: &'v Validation) -> Self {
+        Checking {
+            validation,
+            seen: SeriesCheck::new(),
+            dropped: false,
+        }
+    }
+
+    /// One (name, value) pair, in the order of the series.
+    #[inline]
+    fn label(&mut self, name: &'a [u8], value: &'a [u8]) {
+        if self.validation.drop_labels.is_some() && self.validation.drops(name) {
+            self.dropped = true;
+        } else {
+            self.seen.label(name, value, &self.validation.limits);
+        }
+    }
+
+    /// The first check the series fails, with its message naming the series.
+    /// [`SeriesCheck::verdict`] reads the series' bytes only to name a refused series, as
+    /// 1.0 `Label` fields: a series that passes is judged without them, and a refused one is
+    /// judged again with its labels written so (out of line: a refusal is rare).
+    #[inline]
+    fn verdict(&self, series: &[u8], symbols: &Symbols) -> Option<(SeriesReason, String)> {
+        self.seen.verdict(self.validation, &[])?;
+        self.named_verdict(series, symbols)
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn named_verdict(&self, series: &[u8], symbols: &Symbols) -> Option<(SeriesReason, String)> {
+        self.seen
+            .verdict(self.validation, &labels_as_v1(series, symbols))
+    }
+
+    /// Whether the series, kept, must be written again.
+    #[inline]
+    fn rewrites(&self) -> bool {
+        self.dropped || !self.seen.replaced.is_empty()
+    }
+
+    /// The series' changes, in series order: its `labels_refs` as one packed field without
+    /// the dropped pairs, where the first one was; its histograms written again.
+    fn splices(mut self, series: &[u8], symbols: &Symbols) -> Result<Vec<Splice>, String> {
+        let mut splices = Vec::new();
+        if self.dropped {
+            let (references, fields) = label_refs(series)?;
+            let mut packed = Vec::with_capacity(references.len() * 2);
+            for pair in references.chunks_exact(2) {
+                let name = symbols.get(u64::from(pair[0]), || "labels_refs".to_string())?;
+                if !self.validation.drops(name) {
+                    encode_varint(u64::from(pair[0]), &mut packed);
+                    encode_varint(u64::from(pair[1]), &mut packed);
+                }
+            }
+            let mut labels = Vec::with_capacity(packed.len() + 6);
+            encode_key(1, WireType::LengthDelimited, &mut labels);
+            encode_varint(packed.len() as u64, &mut labels);
+            labels.extend_from_slice(&packed);
+            for (i, range) in fields.into_iter().enumerate() {
+                let with = if i == 0 {
+                    std::mem::take(&mut labels)
+                } else {
+                    Vec::new()
+                };
+                splices.push(Splice { range, with });
+            }
+        }
+        // SeriesCheck writes a histogram as 1.0's field (4); in 2.0 it is field 3. Both keys
+        // are one byte, and the message is the same.
+        for mut splice in std::mem::take(&mut self.seen.replaced) {
+            let mut key = Vec::with_capacity(1);
+            encode_key(3, WireType::LengthDelimited, &mut key);
+            if let Some(first) = splice.with.first_mut() {
+                *first = key[0];
+            }
+            splices.push(splice);
+        }
+        splices.sort_by_key(|splice| splice.range.start);
+        Ok(splices)
+    }
+}
+
 fn scan_series<'a>(
     mut buf: &[u8],
     symbols: &Symbols<'a>,
-    counts: &mut WriteCounts,
-    families: &mut HashSet<u64, foldhash::fast::FixedState>,
-) -> Result<(), String> {
+    mut checking: Option<&mut Checking<'a, '_>>,
+) -> Result<SeriesCounts<'a>, String> {
     let mut labels = LabelRefs::<'a>::default();
     // A series' metadata may come in several pieces: protobuf merges them, each field's last
     // value winning, so references are checked once the pieces are merged.
     let mut metadata: Option<MetadataFields> = None;
     let (mut exemplars, mut samples, mut histograms) = (0u64, 0u64, 0u64);
+    let whole = buf;
     while !buf.is_empty() {
+        let start = whole.len() - buf.len();
         let (tag, wire_type) = decode_key(&mut buf).map_err(|e| e.to_string())?;
         match tag {
-            1 => labels.read(&mut buf, wire_type, symbols, "labels_refs")?,
+            1 => labels.read(
+                &mut buf,
+                wire_type,
+                symbols,
+                "labels_refs",
+                checking.as_deref_mut(),
+            )?,
             2 => {
-                check_sample(field(&mut buf, wire_type, "samples")?)
+                let timestamp = check_sample(field(&mut buf, wire_type, "samples")?)
                     .map_err(|reason| format!("samples[{samples}]: {reason}"))?;
+                if let Some(checking) = checking.as_deref_mut() {
+                    checking.seen.timestamp(timestamp);
+                }
                 samples += 1;
             }
             3 => {
-                check::<v2_proto::Histogram>(field(&mut buf, wire_type, "histograms")?)
-                    .map_err(|reason| format!("histograms[{histograms}]: {reason}"))?;
+                let histogram = field(&mut buf, wire_type, "histograms")?;
+                match checking.as_deref_mut() {
+                    None => check::<v2_proto::Histogram>(histogram),
+                    // 2.0's Histogram is 1.0's, field for field: the 1.0 check reads it.
+                    Some(checking) => {
+                        <super::prompb::Histogram as prost::Message>::decode(histogram)
+                            .map(|decoded| {
+                                let field = start..whole.len() - buf.len();
+                                let limits = &checking.validation.limits;
+                                checking.seen.histogram(decoded, limits, field)
+                            })
+                            .map_err(|err| err.to_string())
+                    }
+                }
+                .map_err(|reason| format!("histograms[{histograms}]: {reason}"))?;
                 histograms += 1;
             }
             4 => {
@@ -196,26 +442,26 @@ fn scan_series<'a>(
     if labels.count == 0 {
         return Err("series has no labels".into());
     }
-    counts.samples += samples;
-    counts.histograms += histograms;
-    counts.exemplars += exemplars;
     let metadata = metadata
         .map(|fields| fields.resolve(symbols))
         .transpose()
         .map_err(|reason| format!("metadata: {reason}"))?;
-    if let (Some(metadata), Some(name)) = (metadata, labels.metric_name) {
-        if metadata.counts() && !name.is_empty() {
-            let mut hasher = families.hasher().build_hasher();
-            hasher.write(family(name, metadata.metric_type));
-            if families.insert(hasher.finish()) {
-                counts.metadata += 1;
-            }
+    let family = match (metadata, labels.metric_name) {
+        (Some(metadata), Some(name)) if metadata.counts() && !name.is_empty() => {
+            Some(family(name, metadata.metric_type))
         }
-    }
-    Ok(())
+        _ => None,
+    };
+    Ok(SeriesCounts {
+        samples,
+        histograms,
+        exemplars,
+        family,
+    })
 }
 
-/// A run of label references: pairs of (name, value), each in range; remembers `__name__`.
+/// A run of label references: pairs of (name, value), each in range; remembers `__name__`,
+/// and hands each pair to a series' validation.
 #[derive(Default)]
 struct LabelRefs<'a> {
     count: u64,
@@ -231,6 +477,7 @@ impl<'a> LabelRefs<'a> {
         wire_type: WireType,
         symbols: &Symbols<'a>,
         what: &str,
+        mut checking: Option<&mut Checking<'a, '_>>,
     ) -> Result<(), String> {
         match wire_type {
             // References are uint32: a longer varint keeps its low 32 bits, as every protobuf
@@ -239,13 +486,18 @@ impl<'a> LabelRefs<'a> {
                 let mut packed = field(buf, wire_type, what)?;
                 while !packed.is_empty() {
                     let reference = decode_varint(&mut packed).map_err(|e| e.to_string())?;
-                    self.push(u64::from(reference as u32), symbols, what)?;
+                    self.push(
+                        u64::from(reference as u32),
+                        symbols,
+                        what,
+                        checking.as_deref_mut(),
+                    )?;
                 }
                 Ok(())
             }
             WireType::Varint => {
                 let reference = decode_varint(buf).map_err(|e| e.to_string())?;
-                self.push(u64::from(reference as u32), symbols, what)
+                self.push(u64::from(reference as u32), symbols, what, checking)
             }
             other => Err(format!(
                 "field `{what}` has wire type {other:?}, expected packed varints"
@@ -253,15 +505,26 @@ impl<'a> LabelRefs<'a> {
         }
     }
 
-    fn push(&mut self, reference: u64, symbols: &Symbols<'a>, what: &str) -> Result<(), String> {
+    #[inline]
+    fn push(
+        &mut self,
+        reference: u64,
+        symbols: &Symbols<'a>,
+        what: &str,
+        checking: Option<&mut Checking<'a, '_>>,
+    ) -> Result<(), String> {
         let text = symbols.get(reference, || format!("{what}[{}]", self.count))?;
         match self.pending_name.take() {
             None => self.pending_name = Some(text),
-            // The first `__name__` is the name (a series has one; Prometheus refuses two).
-            Some(name) if name == b"__name__" && self.metric_name.is_none() => {
-                self.metric_name = Some(text)
+            Some(name) => {
+                // The first `__name__` is the name (a series has one; Prometheus refuses two).
+                if name == b"__name__" && self.metric_name.is_none() {
+                    self.metric_name = Some(text)
+                }
+                if let Some(checking) = checking {
+                    checking.label(name, text);
+                }
             }
-            Some(_) => {}
         }
         self.count += 1;
         Ok(())
@@ -283,7 +546,7 @@ fn scan_exemplar(mut buf: &[u8], symbols: &Symbols) -> Result<(), String> {
     while !buf.is_empty() {
         let (tag, wire_type) = decode_key(&mut buf).map_err(|e| e.to_string())?;
         match tag {
-            1 => labels.read(&mut buf, wire_type, symbols, "labels_refs")?,
+            1 => labels.read(&mut buf, wire_type, symbols, "labels_refs", None)?,
             _ => skip_field(wire_type, tag, &mut buf, DecodeContext::default())
                 .map_err(|e| e.to_string())?,
         }
@@ -369,6 +632,98 @@ pub fn family(name: &[u8], metric_type: u64) -> &[u8] {
         .iter()
         .find_map(|suffix| name.strip_suffix(*suffix))
         .unwrap_or(name)
+}
+
+/// A series' label references in order, and where its `labels_refs` fields lie in it: for
+/// the cold paths, naming a refused series and writing a relabelled one again. The scan has
+/// already checked the series; an error here is still an error, never a panic.
+fn label_refs(series: &[u8]) -> Result<(Vec<u32>, Vec<Range<usize>>), String> {
+    let mut buf = series;
+    let (mut references, mut fields) = (Vec::new(), Vec::new());
+    while !buf.is_empty() {
+        let start = series.len() - buf.len();
+        let (tag, wire_type) = decode_key(&mut buf).map_err(|e| e.to_string())?;
+        match (tag, wire_type) {
+            (1, WireType::LengthDelimited) => {
+                let mut packed = field(&mut buf, wire_type, "labels_refs")?;
+                while !packed.is_empty() {
+                    references.push(decode_varint(&mut packed).map_err(|e| e.to_string())? as u32);
+                }
+            }
+            (1, WireType::Varint) => {
+                references.push(decode_varint(&mut buf).map_err(|e| e.to_string())? as u32)
+            }
+            _ => {
+                skip_field(wire_type, tag, &mut buf, DecodeContext::default())
+                    .map_err(|e| e.to_string())?;
+                continue;
+            }
+        }
+        fields.push(start..series.len() - buf.len());
+    }
+    Ok((references, fields))
+}
+
+/// A 2.0 series' labels written as 1.0's `TimeSeries.labels` fields, which is how
+/// [`SeriesCheck::verdict`] reads the labels it names a refused series with.
+fn labels_as_v1(series: &[u8], symbols: &Symbols) -> Vec<u8> {
+    let mut out = Vec::new();
+    let Ok((references, _)) = label_refs(series) else {
+        return out;
+    };
+    let text = |reference: u32| {
+        symbols
+            .get(u64::from(reference), String::new)
+            .map(|symbol| String::from_utf8_lossy(symbol).into_owned())
+            .unwrap_or_default()
+    };
+    for pair in references.chunks_exact(2) {
+        let label = super::prompb::Label {
+            name: text(pair[0]),
+            value: text(pair[1]),
+        };
+        prost::encoding::message::encode(1, &label, &mut out);
+    }
+    out
+}
+
+/// `raw` with `edits` (in body order) made, snappy-compressed: refused series cut, series
+/// written again with their splices. The symbols stay as they were.
+fn edited(raw: &[u8], edits: &[Edit]) -> Result<Vec<u8>, DecodeError> {
+    let mut out = Vec::with_capacity(raw.len());
+    let mut from = 0;
+    for edit in edits {
+        match edit {
+            Edit::Cut(field) => {
+                out.extend_from_slice(&raw[from..field.start]);
+                from = field.end;
+            }
+            Edit::Rewrite {
+                field,
+                series,
+                splices,
+            } => {
+                out.extend_from_slice(&raw[from..field.start]);
+                let series = &raw[series.clone()];
+                let removed: usize = splices.iter().map(|splice| splice.range.len()).sum();
+                let added: usize = splices.iter().map(|splice| splice.with.len()).sum();
+                encode_key(5, WireType::LengthDelimited, &mut out);
+                encode_varint((series.len() - removed + added) as u64, &mut out);
+                let mut at = 0;
+                for splice in splices {
+                    out.extend_from_slice(&series[at..splice.range.start]);
+                    out.extend_from_slice(&splice.with);
+                    at = splice.range.end;
+                }
+                out.extend_from_slice(&series[at..]);
+                from = field.end;
+            }
+        }
+    }
+    out.extend_from_slice(&raw[from..]);
+    snap::raw::Encoder::new()
+        .compress_vec(&out)
+        .map_err(|err| DecodeError::Snappy(err.to_string()))
 }
 
 #[cfg(test)]
@@ -698,5 +1053,470 @@ mod tests {
         body.push(series_bytes.len() as u8);
         body.extend(series_bytes);
         assert_eq!(scan(&body).unwrap().samples, 1);
+    }
+
+    /// The validation tests' clock, and limits tight enough for every reason to come up.
+    const NOW: i64 = 1_700_000_000_000;
+
+    fn tight() -> Validation {
+        Validation::new(
+            runtime_config::ValidationLimits {
+                max_label_names_per_series: 4,
+                max_label_name_length: 8,
+                max_label_value_length: 10,
+                creation_grace_period: std::time::Duration::from_secs(600),
+                past_grace_period: std::time::Duration::from_secs(3600),
+                ..runtime_config::ValidationLimits::default()
+            },
+            NOW,
+        )
+        .dropping(Some(std::sync::Arc::from(vec!["b".to_string()])))
+    }
+
+    /// The symbols the validation property draws labels from: good and bad names and values.
+    const CHECKED: [&str; 12] = [
+        "",
+        "__name__",
+        "up",
+        "9m",
+        "a",
+        "b",
+        "job",
+        "a-b",
+        "nnnnnnnnnn",
+        "x",
+        "vvvvvvvvvvvv",
+        "job:rate",
+    ];
+    const NAMES: [u32; 7] = [1, 4, 5, 6, 7, 8, 11];
+    const VALUES: [u32; 6] = [0, 2, 3, 9, 10, 11];
+
+    /// Series that validation may refuse for any of its reasons, labels sorted by name as
+    /// senders sort them.
+    fn checked_series() -> impl Strategy<Value = TimeSeries> {
+        (
+            prop::collection::vec(
+                (
+                    prop::sample::select(&NAMES[..]),
+                    prop::sample::select(&VALUES[..]),
+                ),
+                1..6,
+            ),
+            prop::collection::vec(-7_200_000i64..7_200_000, 0..3),
+            prop::collection::vec(-7_200_000i64..7_200_000, 0..2),
+            0usize..2,
+            prop::option::of((0i32..4, 0u32..3)),
+        )
+            .prop_map(|(mut labels, samples, histograms, exemplars, metadata)| {
+                labels.sort_by_key(|&(name, _)| CHECKED[name as usize]);
+                // One `__name__` at most: with two, Mimir names the series by the first and
+                // the 1.0 checks by the last (either way it is refused, for one reason or
+                // the other).
+                let mut named = false;
+                labels.retain(|&(name, _)| name != 1 || !std::mem::replace(&mut named, true));
+                TimeSeries {
+                    labels_refs: labels.into_iter().flat_map(|(n, v)| [n, v]).collect(),
+                    samples: samples
+                        .into_iter()
+                        .map(|offset| Sample {
+                            value: 1.0,
+                            timestamp: NOW + offset,
+                        })
+                        .collect(),
+                    histograms: histograms
+                        .into_iter()
+                        .map(|offset| Histogram {
+                            timestamp: NOW + offset,
+                            ..Histogram::default()
+                        })
+                        .collect(),
+                    exemplars: (0..exemplars)
+                        .map(|_| Exemplar {
+                            labels_refs: vec![5, 9],
+                            value: 1.0,
+                            timestamp: NOW,
+                        })
+                        .collect(),
+                    metadata: metadata.map(|(r#type, help_ref)| Metadata {
+                        r#type,
+                        help_ref,
+                        unit_ref: 0,
+                    }),
+                    created_timestamp: 0,
+                }
+            })
+    }
+
+    /// The oracle, written apart from the scan: Mimir's checks in Mimir's order on a decoded
+    /// series, after `drop_labels` ("b"), with [`tight`]'s limits. The series as it must be
+    /// forwarded, or the reason it is refused.
+    fn judged(series: &TimeSeries, symbols: &[String]) -> Result<TimeSeries, &'static str> {
+        let labels: Vec<(&str, &str, [u32; 2])> = series
+            .labels_refs
+            .chunks(2)
+            .map(|pair| {
+                let text = |i: u32| symbols[i as usize].as_str();
+                (text(pair[0]), text(pair[1]), [pair[0], pair[1]])
+            })
+            .filter(|(name, _, _)| *name != "b")
+            .collect();
+        let legacy = |name: &str, colon: bool| {
+            let mut chars = name.chars();
+            chars.next().is_some_and(|first| {
+                first.is_ascii_alphabetic() || first == '_' || (colon && first == ':')
+            }) && chars.all(|c| c.is_ascii_alphanumeric() || c == '_' || (colon && c == ':'))
+        };
+        let Some((_, metric, _)) = labels.iter().find(|(name, _, _)| *name == "__name__") else {
+            return Err("missing_metric_name");
+        };
+        if !legacy(metric, true) {
+            return Err("metric_name_invalid");
+        }
+        if labels.len() > 4 {
+            return Err("max_label_names_per_series");
+        }
+        for (i, (name, value, _)) in labels.iter().enumerate() {
+            if !legacy(name, false) {
+                return Err("label_invalid");
+            }
+            if name.len() > 8 {
+                return Err("label_name_too_long");
+            }
+            if value.len() > 10 {
+                return Err("label_value_too_long");
+            }
+            if i > 0 && labels[i - 1].0 == *name {
+                return Err("duplicate_label_names");
+            }
+        }
+        let timestamps: Vec<i64> = series
+            .samples
+            .iter()
+            .map(|sample| sample.timestamp)
+            .chain(
+                series
+                    .histograms
+                    .iter()
+                    .map(|histogram| histogram.timestamp),
+            )
+            .collect();
+        if timestamps.iter().any(|&t| t > NOW + 600_000) {
+            return Err("too_far_in_future");
+        }
+        if timestamps.iter().any(|&t| t < NOW - 3_600_000) {
+            return Err("too_far_in_past");
+        }
+        Ok(TimeSeries {
+            labels_refs: labels.iter().flat_map(|(_, _, pair)| *pair).collect(),
+            ..series.clone()
+        })
+    }
+
+    fn decoded(body: &[u8]) -> Request {
+        let raw = snap::raw::Decoder::new().decompress_vec(body).unwrap();
+        <Request as prost::Message>::decode(raw.as_slice()).unwrap()
+    }
+
+    proptest! {
+        /// What validation forwards decodes with prost into exactly the series the oracle
+        /// keeps, without a dropped label, over the same symbols; it is what was counted, and
+        /// what was refused is counted under the oracle's reasons.
+        #[test]
+        fn validation_forwards_what_it_counts(
+            timeseries in prop::collection::vec(checked_series(), 0..8),
+        ) {
+            let symbols: Vec<String> = CHECKED.iter().map(|s| s.to_string()).collect();
+            let request = Request { symbols: symbols.clone(), timeseries };
+            let body = request.encode_snappy();
+            let (counts, forward, refused) =
+                decode_validated(&body, usize::MAX, &tight()).unwrap();
+
+            let mut kept = Vec::new();
+            let mut refused_samples = [0u64; SeriesReason::ALL.len()];
+            for series in &request.timeseries {
+                match judged(series, &symbols) {
+                    Ok(series) => kept.push(series),
+                    Err(reason) => {
+                        let at = SeriesReason::ALL.iter().position(|r| r.as_str() == reason).unwrap();
+                        refused_samples[at] += (series.samples.len() + series.histograms.len()) as u64;
+                    }
+                }
+            }
+            let expected = Request { symbols: symbols.clone(), timeseries: kept };
+            prop_assert_eq!(counts, crate::fuzzing::expected_v2(&expected));
+            let refused_series = (request.timeseries.len() - expected.timeseries.len()) as u64;
+            match &refused {
+                None => prop_assert_eq!(refused_series, 0),
+                Some(refused) => {
+                    prop_assert_eq!(refused.series, refused_series);
+                    prop_assert_eq!(refused.samples.samples, refused_samples);
+                    prop_assert!(refused.first.contains("(err-weir-"), "{}", refused.first);
+                }
+            }
+            match forward {
+                Forward::Unchanged => prop_assert_eq!(&expected, &request),
+                Forward::Nothing => prop_assert!(expected.timeseries.is_empty()),
+                Forward::Rewritten(rewritten) => {
+                    prop_assert_ne!(&expected, &request);
+                    let forwarded = decoded(&rewritten);
+                    prop_assert_eq!(&forwarded, &expected);
+                    let dropped_left = forwarded.timeseries.iter().any(|series| {
+                        series.labels_refs.chunks(2).any(|pair| symbols[pair[0] as usize] == "b")
+                    });
+                    prop_assert!(!dropped_left, "no dropped label is forwarded");
+                    // And it passes again as it is.
+                    prop_assert_eq!(
+                        decode_validated(&rewritten, usize::MAX, &tight()).unwrap(),
+                        (counts, Forward::Unchanged, None)
+                    );
+                }
+            }
+        }
+
+        #[test]
+        fn validating_arbitrary_bytes_never_panics(
+            bytes in prop::collection::vec(any::<u8>(), 0..512),
+        ) {
+            let compressed = snap::raw::Encoder::new().compress_vec(&bytes).unwrap();
+            let _ = decode_validated(&compressed, 1 << 20, &tight());
+        }
+    }
+
+    fn validated(request: &Request) -> (WriteCounts, Forward, Option<Refused>) {
+        decode_validated(&request.encode_snappy(), usize::MAX, &tight()).unwrap()
+    }
+
+    fn sample_at(timestamp: i64) -> Vec<Sample> {
+        vec![Sample {
+            value: 1.0,
+            timestamp,
+        }]
+    }
+
+    #[test]
+    fn a_clean_request_keeps_its_bytes_and_counts_as_the_scan() {
+        let request = Request {
+            symbols: symbols(&["", "__name__", "up", "job", "a", "help"]),
+            timeseries: vec![TimeSeries {
+                labels_refs: vec![1, 2, 3, 4],
+                samples: sample_at(NOW),
+                histograms: vec![Histogram {
+                    timestamp: NOW,
+                    ..Histogram::default()
+                }],
+                metadata: Some(Metadata {
+                    r#type: 1,
+                    help_ref: 5,
+                    unit_ref: 0,
+                }),
+                ..TimeSeries::default()
+            }],
+        };
+        let (counts, forward, refused) = validated(&request);
+        assert_eq!(counts, scan(&raw(&request)).unwrap());
+        assert_eq!((forward, refused), (Forward::Unchanged, None));
+    }
+
+    #[test]
+    fn a_refused_series_is_named_from_the_symbols_and_cut() {
+        let request = Request {
+            symbols: symbols(&["", "__name__", "up", "a-b", "1", "job", "x", "b", "r"]),
+            timeseries: vec![
+                TimeSeries {
+                    samples: sample_at(NOW),
+                    ..series(vec![1, 2, 5, 6])
+                },
+                // `b` is dropped first: the message does not show it.
+                TimeSeries {
+                    samples: sample_at(NOW),
+                    ..series(vec![1, 2, 3, 4, 7, 8])
+                },
+                TimeSeries {
+                    samples: vec![Sample::default(); 2],
+                    ..series(vec![1, 2])
+                },
+            ],
+        };
+        let (counts, forward, refused) = validated(&request);
+        let refused = refused.unwrap();
+        assert_eq!(
+            refused.first,
+            "received a series with an invalid label: 'a-b' series: 'up{a-b=\"1\"}' \
+             (err-weir-label-invalid)."
+        );
+        assert_eq!(refused.series, 2);
+        // The third series' two samples, at 1, are hours before NOW.
+        assert_eq!(
+            refused.samples.samples[SeriesReason::LabelInvalid as usize],
+            1,
+            "{refused:?}"
+        );
+        assert_eq!(
+            refused.samples.samples[SeriesReason::TooFarInPast as usize],
+            2
+        );
+        assert_eq!(counts.series, 1);
+        let Forward::Rewritten(body) = forward else {
+            panic!("{forward:?}")
+        };
+        let forwarded = decoded(&body);
+        assert_eq!(forwarded.symbols, request.symbols, "the symbols stay");
+        assert_eq!(forwarded.timeseries, vec![request.timeseries[0].clone()]);
+    }
+
+    #[test]
+    fn drop_labels_rewrites_unpacked_references_as_one_packed_field() {
+        // labels_refs as separate varints (tag 1, wire type 0), `b` (3) among them, with the
+        // sample between two runs of them.
+        let symbols_list = symbols(&["", "__name__", "up", "b", "r", "job", "x"]);
+        let sample = prost::Message::encode_to_vec(&TimeSeries {
+            samples: sample_at(NOW),
+            ..TimeSeries::default()
+        });
+        let mut series_bytes = vec![0x08, 0x01, 0x08, 0x02, 0x08, 0x03];
+        series_bytes.extend(&sample);
+        series_bytes.extend([0x08, 0x04, 0x08, 0x05, 0x08, 0x06]);
+        let mut body = prost::Message::encode_to_vec(&Request {
+            symbols: symbols_list.clone(),
+            timeseries: vec![],
+        });
+        body.push(0x2a); // field 5, length-delimited
+        body.push(series_bytes.len() as u8);
+        body.extend(series_bytes);
+        let compressed = snap::raw::Encoder::new().compress_vec(&body).unwrap();
+        let (counts, forward, refused) =
+            decode_validated(&compressed, usize::MAX, &tight()).unwrap();
+        assert_eq!(refused, None);
+        assert_eq!((counts.series, counts.samples), (1, 1));
+        let Forward::Rewritten(rewritten) = forward else {
+            panic!("{forward:?}")
+        };
+        let forwarded = decoded(&rewritten);
+        assert_eq!(forwarded.symbols, symbols_list);
+        assert_eq!(
+            forwarded.timeseries,
+            vec![TimeSeries {
+                labels_refs: vec![1, 2, 5, 6],
+                samples: sample_at(NOW),
+                ..TimeSeries::default()
+            }]
+        );
+    }
+
+    #[test]
+    fn a_refused_series_takes_its_metadata_and_a_kept_one_of_its_family_carries_it() {
+        let metadata = Some(Metadata {
+            r#type: MetricType::Histogram as i32,
+            help_ref: 5,
+            unit_ref: 0,
+        });
+        let request = Request {
+            symbols: symbols(&["", "__name__", "lat_bucket", "lat_sum", "a-b", "help"]),
+            timeseries: vec![
+                // Refused (invalid label), first of its family.
+                TimeSeries {
+                    labels_refs: vec![1, 2, 4, 5],
+                    samples: sample_at(NOW),
+                    metadata,
+                    ..TimeSeries::default()
+                },
+                TimeSeries {
+                    labels_refs: vec![1, 3],
+                    samples: sample_at(NOW),
+                    metadata,
+                    ..TimeSeries::default()
+                },
+            ],
+        };
+        let (counts, _, refused) = validated(&request);
+        assert_eq!((counts.series, counts.metadata), (1, 1));
+        assert_eq!(refused.unwrap().series, 1);
+        // Alone, the refused series' metadata goes with it.
+        let alone = Request {
+            timeseries: vec![request.timeseries[0].clone()],
+            ..request
+        };
+        let (counts, forward, _) = validated(&alone);
+        assert_eq!(
+            (counts, forward),
+            (WriteCounts::default(), Forward::Nothing)
+        );
+    }
+
+    #[test]
+    fn a_histogram_over_the_bucket_limit_is_lowered_or_refuses_its_series() {
+        let limits = |reduce: bool| {
+            Validation::new(
+                runtime_config::ValidationLimits {
+                    max_native_histogram_buckets: 2,
+                    reduce_native_histogram_over_max_buckets: reduce,
+                    ..runtime_config::ValidationLimits::default()
+                },
+                NOW,
+            )
+        };
+        // Four buckets at schema 3 (indices 1 to 4: two at schema 2).
+        let histogram = Histogram {
+            schema: 3,
+            positive_spans: vec![super::super::v2_proto::BucketSpan {
+                offset: 1,
+                length: 4,
+            }],
+            positive_deltas: vec![1, 0, 0, 0],
+            timestamp: NOW,
+            ..Histogram::default()
+        };
+        let request = Request {
+            symbols: symbols(&["", "__name__", "lat", "job", "a"]),
+            timeseries: vec![TimeSeries {
+                labels_refs: vec![1, 2, 3, 4],
+                samples: sample_at(NOW),
+                histograms: vec![histogram.clone()],
+                ..TimeSeries::default()
+            }],
+        };
+        let body = request.encode_snappy();
+        let (counts, forward, refused) =
+            decode_validated(&body, usize::MAX, &limits(true)).unwrap();
+        assert_eq!(refused, None);
+        assert_eq!((counts.samples, counts.histograms), (1, 1));
+        let Forward::Rewritten(rewritten) = forward else {
+            panic!("{forward:?}")
+        };
+        let forwarded = decoded(&rewritten);
+        let lowered = &forwarded.timeseries[0].histograms[0];
+        assert!(lowered.schema < 3, "{lowered:?}");
+        assert!(lowered.positive_deltas.len() <= 2, "{lowered:?}");
+        assert_eq!(
+            TimeSeries {
+                histograms: vec![],
+                ..forwarded.timeseries[0].clone()
+            },
+            TimeSeries {
+                histograms: vec![],
+                ..request.timeseries[0].clone()
+            },
+            "the rest of the series as sent"
+        );
+        // Reduction off: the series is refused, named.
+        let (counts, forward, refused) =
+            decode_validated(&body, usize::MAX, &limits(false)).unwrap();
+        let refused = refused.unwrap();
+        assert_eq!(
+            (counts, forward),
+            (WriteCounts::default(), Forward::Nothing)
+        );
+        assert_eq!(
+            refused.samples.samples[SeriesReason::MaxNativeHistogramBuckets as usize],
+            2
+        );
+        assert!(
+            refused.first.contains("lat{job=\"a\"}")
+                && refused
+                    .first
+                    .contains("err-weir-max-native-histogram-buckets"),
+            "{}",
+            refused.first
+        );
     }
 }

@@ -1,0 +1,361 @@
+//! Mimir's series validation on remote-write 2.0, on a real weir process that forwards to a
+//! receiver served by this test, as `tests/validation.rs` checks it on 1.0. A tenant with
+//! tight limits sends 2.0 requests (labels as references into the request's symbols):
+//!
+//! - a request with nothing to refuse reaches the receiver byte for byte as sent, and the
+//!   answer's `X-Prometheus-Remote-Write-*-Written` headers count all it carries;
+//! - `drop_labels` cuts its label pairs from `labels_refs` before the checks, and the
+//!   receiver never sees them (the symbols are forwarded as they were);
+//! - two good series around one of each bad kind: 400 with the first refusal's message, the
+//!   receiver gets the good series only, each refused series' samples are counted under its
+//!   reason and not charged, and the `*-Written` headers count the good series only;
+//! - each bad series alone gets its own reason, names the series from the symbols, and
+//!   nothing is forwarded.
+
+mod common;
+
+use std::sync::{Arc, Mutex};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode};
+use axum::routing::post;
+use axum::Router;
+use common::fleet::forwarding_to;
+use weir::remote_write::v2_proto::{Exemplar, Histogram, Metadata, Request, Sample, TimeSeries};
+
+const V2: &str = "application/x-protobuf;proto=io.prometheus.write.v2.Request";
+
+const OVERRIDES: &str = "overrides:\n  v:\n    ingestion_rate: 1000000\n    \
+    ingestion_burst_size: 1000000\n    max_label_names_per_series: 5\n    \
+    max_label_name_length: 20\n    max_label_value_length: 30\n    \
+    creation_grace_period: 10m\n    past_grace_period: 1h\n    drop_labels: [replica]\n";
+
+fn now_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64
+}
+
+/// Builds 2.0 requests: each label name and value becomes (or reuses) a symbol.
+struct Builder {
+    symbols: Vec<String>,
+}
+
+impl Builder {
+    fn new() -> Builder {
+        Builder {
+            symbols: vec![String::new()],
+        }
+    }
+
+    fn symbol(&mut self, text: &str) -> u32 {
+        match self.symbols.iter().position(|symbol| symbol == text) {
+            Some(at) => at as u32,
+            None => {
+                self.symbols.push(text.to_string());
+                self.symbols.len() as u32 - 1
+            }
+        }
+    }
+
+    fn series(&mut self, labels: &[(&str, &str)], timestamps: &[i64]) -> TimeSeries {
+        TimeSeries {
+            labels_refs: labels
+                .iter()
+                .flat_map(|(name, value)| [self.symbol(name), self.symbol(value)])
+                .collect(),
+            samples: timestamps
+                .iter()
+                .map(|timestamp| Sample {
+                    value: 1.0,
+                    timestamp: *timestamp,
+                })
+                .collect(),
+            ..TimeSeries::default()
+        }
+    }
+
+    fn request(&self, timeseries: Vec<TimeSeries>) -> Request {
+        Request {
+            symbols: self.symbols.clone(),
+            timeseries,
+        }
+    }
+}
+
+/// Each bad series with the reason it must be refused for, and a piece of its name as the
+/// message must show it.
+fn bad_series(builder: &mut Builder, now: i64) -> Vec<(&'static str, &'static str, TimeSeries)> {
+    let long_name = "n".repeat(21);
+    let long_value = "v".repeat(31);
+    vec![
+        (
+            "max_label_names_per_series",
+            "m{a=\"1\", b=\"1\", c=\"1\", d=\"1\", e=\"1\"}",
+            builder.series(
+                &[
+                    ("__name__", "m"),
+                    ("a", "1"),
+                    ("b", "1"),
+                    ("c", "1"),
+                    ("d", "1"),
+                    ("e", "1"),
+                ],
+                &[now],
+            ),
+        ),
+        (
+            "label_name_too_long",
+            "m{nnnnnnnnnnnnnnnnnnnnn=\"1\"}",
+            builder.series(&[("__name__", "m"), (long_name.as_str(), "1")], &[now]),
+        ),
+        (
+            "label_value_too_long",
+            "m{a=\"vvvvvvvvvvvvvvvvvvvvvvvvvvvvvvv\"}",
+            builder.series(&[("__name__", "m"), ("a", long_value.as_str())], &[now]),
+        ),
+        (
+            "label_invalid",
+            "m{a-b=\"1\"}",
+            builder.series(&[("__name__", "m"), ("a-b", "1")], &[now]),
+        ),
+        (
+            "missing_metric_name",
+            "{a=\"1\"}",
+            builder.series(&[("a", "1")], &[now]),
+        ),
+        (
+            "metric_name_invalid",
+            "9m{}",
+            builder.series(&[("__name__", "9m")], &[now]),
+        ),
+        (
+            "duplicate_label_names",
+            "m{a=\"1\", a=\"2\"}",
+            builder.series(&[("__name__", "m"), ("a", "1"), ("a", "2")], &[now]),
+        ),
+        (
+            "too_far_in_future",
+            "m{}",
+            builder.series(&[("__name__", "m")], &[now, now + 3_600_000]),
+        ),
+        (
+            "too_far_in_past",
+            "m{}",
+            builder.series(&[("__name__", "m")], &[now - 7_200_000, now]),
+        ),
+    ]
+}
+
+#[derive(Clone, Default)]
+struct Receiver {
+    received: Arc<Mutex<Vec<(HeaderMap, Bytes)>>>,
+}
+
+/// A receiver that says nothing of what it wrote: weir's own count answers.
+async fn receive(State(receiver): State<Receiver>, headers: HeaderMap, body: Bytes) -> StatusCode {
+    receiver.received.lock().unwrap().push((headers, body));
+    StatusCode::NO_CONTENT
+}
+
+impl Receiver {
+    fn take(&self) -> Vec<(HeaderMap, Bytes)> {
+        std::mem::take(&mut *self.received.lock().unwrap())
+    }
+
+    /// The one request forwarded since the last look.
+    fn one(&self) -> (HeaderMap, Bytes) {
+        let mut received = self.take();
+        assert_eq!(received.len(), 1, "one forward");
+        received.remove(0)
+    }
+}
+
+fn decoded(body: &[u8]) -> Request {
+    let raw = snap::raw::Decoder::new().decompress_vec(body).unwrap();
+    <Request as prost::Message>::decode(raw.as_slice()).unwrap()
+}
+
+struct Answer {
+    status: u16,
+    /// Samples, histograms and exemplars written, from the 2.0 headers.
+    written: [u64; 3],
+    text: String,
+}
+
+async fn push(client: &reqwest::Client, base: &str, request: &Request) -> Answer {
+    let response = client
+        .post(format!("{base}/api/v1/push"))
+        .header("Content-Encoding", "snappy")
+        .header("Content-Type", V2)
+        .header("X-Prometheus-Remote-Write-Version", "2.0.0")
+        .header("X-Scope-OrgID", "v")
+        .body(request.encode_snappy())
+        .send()
+        .await
+        .unwrap();
+    let written = [
+        "x-prometheus-remote-write-samples-written",
+        "x-prometheus-remote-write-histograms-written",
+        "x-prometheus-remote-write-exemplars-written",
+    ]
+    .map(|name| {
+        response.headers()[name]
+            .to_str()
+            .unwrap()
+            .parse::<u64>()
+            .unwrap()
+    });
+    Answer {
+        status: response.status().as_u16(),
+        written,
+        text: response.text().await.unwrap(),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_2_0_series_are_refused_with_mimirs_reasons_and_the_rest_is_forwarded() {
+    let receiver = Receiver::default();
+    let app = Router::new()
+        .route("/api/v1/write", post(receive))
+        .with_state(receiver.clone());
+    let upstream = common::serve_on_loopback(app).await;
+
+    let (replica, _dir) = forwarding_to(upstream, OVERRIDES, 52, "validation-v2", &[]).await;
+    let base = format!("http://{}", replica.http);
+    let client = reqwest::Client::new();
+    let now = now_ms();
+
+    // Nothing to refuse: the receiver gets the client's bytes, and the answer counts all.
+    let mut builder = Builder::new();
+    let help = builder.symbol("help");
+    let mut good_series = builder.series(&[("__name__", "up"), ("job", "a")], &[now, now]);
+    good_series.histograms = vec![Histogram {
+        timestamp: now,
+        ..Histogram::default()
+    }];
+    good_series.exemplars = vec![Exemplar {
+        labels_refs: vec![],
+        value: 1.0,
+        timestamp: now,
+    }];
+    good_series.metadata = Some(Metadata {
+        r#type: 1,
+        help_ref: help,
+        unit_ref: 0,
+    });
+    let good = builder.request(vec![good_series]);
+    let answer = push(&client, &base, &good).await;
+    assert_eq!(answer.status, 200, "{}", answer.text);
+    assert_eq!(answer.written, [2, 1, 1]);
+    let (headers, forwarded) = receiver.one();
+    assert_eq!(
+        forwarded.as_ref(),
+        good.encode_snappy().as_slice(),
+        "forwarded as sent"
+    );
+    assert_eq!(headers["content-type"], V2);
+
+    // drop_labels: the pair goes before the checks (six labels with it, five without: the
+    // limit), and the receiver never sees it; the symbols stay as sent.
+    let mut builder = Builder::new();
+    let labels = [
+        ("__name__", "m"),
+        ("a", "1"),
+        ("b", "1"),
+        ("c", "1"),
+        ("d", "1"),
+    ];
+    let mut with_replica = labels.to_vec();
+    with_replica.push(("replica", "r1"));
+    let series = builder.series(&with_replica, &[now]);
+    let dropping = builder.request(vec![series]);
+    let answer = push(&client, &base, &dropping).await;
+    assert_eq!(answer.status, 200, "{}", answer.text);
+    assert_eq!(answer.written, [1, 0, 0]);
+    let forwarded = decoded(&receiver.one().1);
+    assert_eq!(forwarded.symbols, dropping.symbols, "the symbols as sent");
+    assert_eq!(
+        forwarded.timeseries,
+        vec![builder.series(&labels, &[now])],
+        "the series without `replica`"
+    );
+
+    // Two good series around one of each bad kind.
+    let mut builder = Builder::new();
+    let first_good = builder.series(&[("__name__", "ok"), ("job", "a")], &[now]);
+    let mut last_good = builder.series(&[("__name__", "ok_two")], &[now - 1_000, now - 500, now]);
+    last_good.histograms = vec![Histogram {
+        timestamp: now,
+        ..Histogram::default()
+    }];
+    let bad = bad_series(&mut builder, now);
+    let mut timeseries = vec![first_good.clone()];
+    timeseries.extend(bad.iter().map(|(_, _, series)| series.clone()));
+    timeseries.push(last_good.clone());
+    let mixed = builder.request(timeseries);
+    let answer = push(&client, &base, &mixed).await;
+    assert_eq!(answer.status, 400, "{}", answer.text);
+    assert!(
+        answer.text.contains("err-weir-max-label-names-per-series")
+            && answer.text.contains("actual: 6, limit: 5"),
+        "the first refusal's message: {}",
+        answer.text
+    );
+    assert_eq!(
+        answer.written,
+        [1 + 3, 1, 0],
+        "the good series were written, and the answer says so"
+    );
+    let forwarded = decoded(&receiver.one().1);
+    assert_eq!(forwarded.symbols, mixed.symbols);
+    assert_eq!(
+        forwarded.timeseries,
+        vec![first_good, last_good],
+        "exactly the good series"
+    );
+    for (reason, _, _) in &bad {
+        let series = format!("weir_discarded_samples_total{{reason=\"{reason}\",user=\"v\"}}");
+        let expected = if reason.starts_with("too_far") {
+            2.0
+        } else {
+            1.0
+        };
+        assert_eq!(
+            common::metric_at(&client, &base, &series).await,
+            Some(expected),
+            "{series}"
+        );
+    }
+    assert_eq!(
+        common::metric_at(
+            &client,
+            &base,
+            "weir_distributor_received_samples_total{user=\"v\"}"
+        )
+        .await,
+        // The clean request (2 samples, 1 histogram), the relabelled one (1), the good
+        // series here (1 + 3 samples, 1 histogram).
+        Some(3.0 + 1.0 + 5.0),
+        "only the good series' samples are admitted"
+    );
+
+    // Each bad series alone: its own reason, the series named, and nothing forwarded.
+    for (reason, named, series) in bad {
+        let alone = builder.request(vec![series]);
+        let answer = push(&client, &base, &alone).await;
+        let id = format!("err-weir-{}", reason.replace('_', "-"));
+        assert_eq!(answer.status, 400, "{reason}: {}", answer.text);
+        assert!(answer.text.contains(&id), "{reason}: {}", answer.text);
+        assert!(
+            answer.text.contains(&format!("series: '{named}'")),
+            "{reason}: the series named from the symbols: {}",
+            answer.text
+        );
+        assert_eq!(answer.written, [0, 0, 0], "{reason}: nothing written");
+        assert!(receiver.take().is_empty(), "{reason}: nothing forwarded");
+    }
+}
