@@ -163,9 +163,11 @@ impl<'a> SeriesCheck<'a> {
         limits: &ValidationLimits,
         field: std::ops::Range<usize>,
     ) {
-        let rewrites = limits.label_value_length_over_limit_strategy
-            != LabelValueLengthOverLimitStrategy::Error;
-        if rewrites && value.len() > limits.max_label_value_length as usize {
+        // The length first: the one compare a label within the limit pays.
+        if value.len() > limits.max_label_value_length as usize
+            && limits.label_value_length_over_limit_strategy
+                != LabelValueLengthOverLimitStrategy::Error
+        {
             self.check_label(name, value, limits, false);
             self.replaced.push(Splice {
                 range: field,
