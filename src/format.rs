@@ -77,14 +77,7 @@ pub fn decode_validated(
 ) -> Result<Decoded, DecodeError> {
     match format {
         Format::V1 => remote_write::decode_validated(body, max_size, validation),
-        Format::V2 => remote_write::v2::decode_validated(body, max_size, validation).map(
-            |(counts, forward, refused)| Decoded {
-                counts,
-                forward,
-                refused,
-                ha: crate::ha::HaOutcome::Off,
-            },
-        ),
+        Format::V2 => remote_write::v2::decode_validated(body, max_size, validation),
         other => decode(body, max_size, other).map(|counts| Decoded {
             counts,
             forward: Forward::Unchanged,

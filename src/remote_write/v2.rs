@@ -41,7 +41,8 @@ use prost::encoding::{
 use super::v2_proto;
 use super::validate::{SeriesCheck, Splice, Validation};
 use super::wire::{check, check_sample, field, is_utf8};
-use crate::counts::{DecodeError, Discarded, Forward, Refused, SeriesReason, WriteCounts};
+use crate::counts::{DecodeError, Decoded, Discarded, Forward, Refused, SeriesReason, WriteCounts};
+use crate::ha::HaOutcome;
 
 type Families = HashSet<u64, foldhash::fast::FixedState>;
 
@@ -75,8 +76,36 @@ pub fn decode_validated(
     body: &[u8],
     max_size: usize,
     validation: &Validation,
-) -> Result<(WriteCounts, Forward, Option<Refused>), DecodeError> {
+) -> Result<Decoded, DecodeError> {
     super::decompressed(body, max_size, |raw| {
+        // The HA tracker first, on the first series' labels, as for 1.0.
+        let ha = match &validation.ha {
+            None => HaOutcome::Off,
+            Some(check) => {
+                let (cluster, replica) = first_series_labels(
+                    raw,
+                    &check.settings.ha_cluster_label,
+                    &check.settings.ha_replica_label,
+                )?;
+                check.outcome(cluster, replica, validation.now_ms)
+            }
+        };
+        let dropping_replica;
+        let validation = match &ha {
+            HaOutcome::Deduplicated { .. } | HaOutcome::TooManyClusters { .. } => {
+                return Ok(Decoded {
+                    counts: scan(raw)?,
+                    forward: Forward::Nothing,
+                    refused: None,
+                    ha,
+                })
+            }
+            HaOutcome::Accepted { replica_label, .. } => {
+                dropping_replica = validation.also_dropping(replica_label);
+                &dropping_replica
+            }
+            HaOutcome::Off | HaOutcome::NotHa => validation,
+        };
         with_tables(|symbols, families| {
             let (counts, found) = scan_with(raw, symbols, families, Some(validation))?;
             let forward = if found.edits.is_empty() {
@@ -92,9 +121,78 @@ pub fn decode_validated(
                 samples: found.discarded,
                 series: found.refused,
             });
-            Ok((counts, forward, refused))
+            Ok(Decoded {
+                counts,
+                forward,
+                refused,
+                ha,
+            })
         })
     })
+}
+
+/// The values of the labels `cluster` and `replica` in the request's first series, read
+/// through the symbols (what Mimir's HA tracker reads); `None` when the series lacks one.
+/// A reference out of range reads as missing: the scan that follows refuses the body.
+fn first_series_labels<'a>(
+    body: &'a [u8],
+    cluster: &str,
+    replica: &str,
+) -> Result<(Option<&'a str>, Option<&'a str>), DecodeError> {
+    let error = |reason: String| DecodeError::Protobuf(reason);
+    let mut symbols: Vec<&'a [u8]> = Vec::new();
+    let mut first = None;
+    let mut buf = body;
+    while !buf.is_empty() {
+        let (tag, wire_type) = decode_key(&mut buf).map_err(|e| error(format!("Request: {e}")))?;
+        match tag {
+            4 => symbols.push(field(&mut buf, wire_type, "symbols").map_err(error)?),
+            5 if first.is_none() => {
+                first = Some(field(&mut buf, wire_type, "timeseries").map_err(error)?)
+            }
+            _ => skip_field(wire_type, tag, &mut buf, DecodeContext::default())
+                .map_err(|e| error(format!("Request: field {tag}: {e}")))?,
+        }
+    }
+    let Some(mut series) = first else {
+        return Ok((None, None));
+    };
+    let mut references = Vec::new();
+    while !series.is_empty() {
+        let (tag, wire_type) =
+            decode_key(&mut series).map_err(|e| error(format!("timeseries[0]: {e}")))?;
+        match (tag, wire_type) {
+            (1, WireType::LengthDelimited) => {
+                let mut packed = field(&mut series, wire_type, "labels_refs").map_err(error)?;
+                while !packed.is_empty() {
+                    let reference = decode_varint(&mut packed)
+                        .map_err(|e| error(format!("timeseries[0]: {e}")))?;
+                    references.push(reference as u32);
+                }
+            }
+            (1, WireType::Varint) => {
+                let reference =
+                    decode_varint(&mut series).map_err(|e| error(format!("timeseries[0]: {e}")))?;
+                references.push(reference as u32);
+            }
+            _ => skip_field(wire_type, tag, &mut series, DecodeContext::default())
+                .map_err(|e| error(format!("timeseries[0]: field {tag}: {e}")))?,
+        }
+    }
+    let symbol = |reference: u32| {
+        symbols
+            .get(reference as usize)
+            .and_then(|text| std::str::from_utf8(text).ok())
+    };
+    let (mut cluster_value, mut replica_value) = (None, None);
+    for pair in references.chunks_exact(2) {
+        match symbol(pair[0]) {
+            Some(name) if name == cluster => cluster_value = symbol(pair[1]),
+            Some(name) if name == replica => replica_value = symbol(pair[1]),
+            _ => {}
+        }
+    }
+    Ok((cluster_value, replica_value))
 }
 
 /// Runs `read` with this thread's symbol and metric-family tables, cleared, and trims them
@@ -733,6 +831,17 @@ mod tests {
     };
     use super::*;
     use proptest::prelude::*;
+
+    /// The validated decode as (counts, forward, refused): what these tests compare (the HA
+    /// outcome is `tests/ha.rs`'s).
+    fn decode_validated(
+        body: &[u8],
+        max_size: usize,
+        validation: &Validation,
+    ) -> Result<(WriteCounts, Forward, Option<Refused>), DecodeError> {
+        super::decode_validated(body, max_size, validation)
+            .map(|decoded| (decoded.counts, decoded.forward, decoded.refused))
+    }
 
     /// What Mimir would charge for a decoded request: the reference the scan must match
     /// (the same oracle the fuzz target uses).
