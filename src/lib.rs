@@ -34,6 +34,9 @@
 //!   reload.
 //! - [`store`]: the shared store's edge: Redis (the `redis-store` crate), connected in the
 //!   background so a store that is down never keeps weir from starting.
+//! - [`cells`]: the cell sync (`--cell`): reports each tenant's demand and spend to the store
+//!   every interval and puts the cell's slices, answered by the store's script, in force; a
+//!   background task that no request waits on.
 //!
 //! The limit engine (limit maths, buckets, fleet views, the tenant map) is the `engine`
 //! crate's business (`engine/`); membership and gossip are the `ring` crate's (`ring/`).
@@ -42,12 +45,13 @@
 
 pub mod admission_common;
 pub mod admission_http;
+pub mod cells;
 pub mod config;
 pub mod counts;
 pub mod format;
-pub mod ha;
 pub mod fuzzing;
 pub mod grpc;
+pub mod ha;
 pub mod http_serve;
 pub mod instance;
 pub mod metrics;

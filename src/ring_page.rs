@@ -94,7 +94,7 @@ pub async fn ring(
     let membership = Arc::clone(&state.membership.borrow());
     let status = RingStatus {
         node_id: state.config.node_id.clone(),
-        cluster_id: state.config.cluster_id.clone(),
+        cluster_id: state.config.ring_cluster_id(),
         grpc_addr: state.grpc_addr.to_string(),
         healthy: membership.healthy,
         joined: membership.joined,

@@ -98,6 +98,9 @@ pub async fn run_with_clock(
     .with_max_tenants(config.max_tenants)
     .with_settling(settling_time(config.gossip_interval))
     .with_node_id(config.node_id.clone());
+    if config.cell.is_some() {
+        limiter = limiter.with_cells();
+    }
     if let Some(store) = &store {
         let shared = Shared::new(
             Arc::clone(store) as Arc<dyn engine::Store>,
@@ -166,7 +169,7 @@ pub async fn run_with_clock(
 
     let period = state.config.runtime_config_period;
     let (stop_tx, stop_rx) = watch::channel(());
-    let tasks = vec![
+    let mut tasks = vec![
         tokio::spawn(reloader.run(period, config_tx, stopped(stop_rx.clone()))),
         spawn_config_applier(Arc::clone(&state), config_rx),
         spawn_membership_applier(Arc::clone(&state), ring.membership()),
@@ -211,6 +214,7 @@ pub async fn run_with_clock(
             }
         }),
     ];
+    tasks.extend(crate::cells::spawn(Arc::clone(&state)));
 
     tracing::info!(
         %address,

@@ -54,6 +54,11 @@ impl ConnectingStore {
         store
     }
 
+    /// The Redis store once connected: for the cells' sync, which calls its own scripts.
+    pub fn redis(&self) -> Option<Arc<RedisStore>> {
+        self.connected.load_full()
+    }
+
     /// Whether the store answers a `PING` within `timeout`, for `/ready`.
     pub async fn reachable(&self, timeout: Duration) -> bool {
         let Some(redis) = self.connected.load_full() else {

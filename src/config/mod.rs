@@ -32,6 +32,7 @@ const LOGGING: &str = "Logging";
 const RING: &str = "Ring (gossip)";
 const LIMITS: &str = "Tenant limits (defaults for every tenant) and refusals";
 const STORE: &str = "Shared store (the `shared` strategy)";
+const CELLS: &str = "Cells (several rings, each enforcing a slice of each tenant's limit)";
 const INSTANCE: &str = "Instance limits (this replica, all tenants together)";
 const HTTP: &str = "HTTP requests";
 const SHUTDOWN: &str = "Shutdown";
@@ -274,6 +275,35 @@ pub struct Config {
     #[arg(help_heading = STORE, long, env = "WEIR_STORE_BREAKER_OPEN_FOR", default_value = "500ms", value_parser = humantime::parse_duration)]
     pub store_breaker_open_for: Duration,
 
+    /// This replica's cell: a ring of its own (the cell name joins --cluster-id), enforcing
+    /// the cell's slice of each tenant's limits, reconciled by demand through the store
+    /// (--store-url) every --cell-sync-interval. Letters, digits, `.`, `_`, `-`. Without it,
+    /// no cells: each tenant's limit is the ring's. `shared` tenants keep one global bucket.
+    #[arg(help_heading = CELLS, long, env = "WEIR_CELL")]
+    pub cell: Option<String>,
+
+    /// How often each replica of a cell reports its tenants' demand and spend to the store
+    /// and gets its cell's slices back.
+    #[arg(help_heading = CELLS, long, env = "WEIR_CELL_SYNC_INTERVAL", default_value = "1s", value_parser = humantime::parse_duration)]
+    pub cell_sync_interval: Duration,
+
+    /// How long a slice holds without a new answer from the store; then the static fallback
+    /// (--cell-fallback-floor). Also how long the store keeps a silent cell's demand.
+    #[arg(help_heading = CELLS, long, env = "WEIR_CELL_SLICE_TTL", default_value = "10s", value_parser = humantime::parse_duration)]
+    pub cell_slice_ttl: Duration,
+
+    /// Every cell gets at least this fraction of the even share (L ÷ cells) of each tenant,
+    /// so a cell that starts receiving a tenant admits at once; idle cells hold at most this
+    /// fraction of L in all.
+    #[arg(help_heading = CELLS, long, env = "WEIR_CELL_FLOOR", default_value_t = 0.05)]
+    pub cell_floor: f64,
+
+    /// The static fallback, as a fraction of each tenant's L and B, for a cell that has not
+    /// heard from the store for --cell-slice-ttl (or never has). Default: 1 ÷ the cell count
+    /// the store last reported (before any answer: the whole limit).
+    #[arg(help_heading = CELLS, long, env = "WEIR_CELL_FALLBACK_FLOOR")]
+    pub cell_fallback_floor: Option<f64>,
+
     /// Push requests handled at once by this replica; 0 = off.
     #[arg(help_heading = INSTANCE, long, env = "WEIR_MAX_INFLIGHT_PUSH_REQUESTS", default_value_t = 2000)]
     pub max_inflight_push_requests: u64,
@@ -490,6 +520,29 @@ impl Config {
                 "--rate-limit-strategy shared needs a store: set --store-url (redis://host:6379)"
             );
         }
+        if let Some(cell) = &self.cell {
+            let valid = |c: char| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-');
+            if cell.is_empty() || cell.len() > 64 || !cell.chars().all(valid) {
+                bail!("--cell {cell:?}: 1 to 64 letters, digits, `.`, `_` or `-`");
+            }
+            if self.store_url.is_empty() {
+                bail!("--cell needs the store its cells reconcile through: set --store-url");
+            }
+        }
+        if self.cell_sync_interval < Duration::from_millis(10) {
+            bail!("--cell-sync-interval must be at least 10ms");
+        }
+        if self.cell_slice_ttl < self.cell_sync_interval * 3 {
+            bail!("--cell-slice-ttl must be at least 3 × --cell-sync-interval");
+        }
+        if !(0.0..=1.0).contains(&self.cell_floor) {
+            bail!("--cell-floor must be between 0 and 1");
+        }
+        if let Some(fallback) = self.cell_fallback_floor {
+            if !(fallback > 0.0 && fallback <= 1.0) {
+                bail!("--cell-fallback-floor must be > 0 and at most 1");
+            }
+        }
         if let Some(tenant) = &self.no_auth_tenant {
             crate::tenant::validate(tenant)
                 .with_context(|| format!("--no-auth-tenant {tenant:?}"))?;
@@ -540,8 +593,8 @@ mod tests {
         assert_eq!(ungrouped, ["config", "help", "version"]);
         let help = command.render_help().to_string();
         for heading in [
-            LISTENERS, TLS, UPSTREAM, OVERRIDES, LOGGING, RING, LIMITS, STORE, INSTANCE, HTTP,
-            SHUTDOWN,
+            LISTENERS, TLS, UPSTREAM, OVERRIDES, LOGGING, RING, LIMITS, STORE, CELLS, INSTANCE,
+            HTTP, SHUTDOWN,
         ] {
             assert!(
                 help.contains(&format!("{heading}:")),
@@ -583,6 +636,13 @@ mod tests {
             (vec!["--no-auth-tenant", "a/b"], "--no-auth-tenant"),
             (vec!["--rate-limit-strategy", "magic"], "unknown strategy"),
             (vec!["--ingestion-rate=-3"], "ingestion_rate"),
+            (vec!["--cell", "a"], "--cell needs"),
+            (
+                vec!["--cell", "a b", "--store-url", "redis://x"],
+                "--cell \"a b\"",
+            ),
+            (vec!["--cell-slice-ttl", "2s"], "at least 3 ×"),
+            (vec!["--cell-fallback-floor", "0"], "--cell-fallback-floor"),
         ] {
             let err =
                 Config::load_from(std::iter::once("weir").chain(args.iter().copied())).unwrap_err();

@@ -73,6 +73,24 @@ impl Config {
         }
     }
 
+    /// The ring's cluster id: `--cluster-id`, and in a cell `<cluster-id>/<cell>`, so each
+    /// cell gossips in a ring of its own.
+    pub fn ring_cluster_id(&self) -> String {
+        match &self.cell {
+            Some(cell) => format!("{}/{cell}", self.cluster_id),
+            None => self.cluster_id.clone(),
+        }
+    }
+
+    /// How a replica in a cell keeps its slices (see [`engine::cells`]).
+    pub fn cell_sync(&self) -> engine::CellSyncConfig {
+        engine::CellSyncConfig {
+            slice_ttl_nanos: self.cell_slice_ttl.as_nanos().min(u64::MAX as u128) as u64,
+            floor_fraction: self.cell_floor,
+            fallback: self.cell_fallback_floor,
+        }
+    }
+
     /// The HTTP listener's bounds.
     pub fn http_limits(&self) -> crate::http_serve::HttpLimits {
         crate::http_serve::HttpLimits {
@@ -135,7 +153,7 @@ impl Config {
             gossip_keys,
             grpc_addr: Some(grpc_addr.to_string()),
             node_id: self.node_id.clone(),
-            cluster_id: self.cluster_id.clone(),
+            cluster_id: self.ring_cluster_id(),
             listen_addr: self.gossip_addr,
             advertise_addr: self.gossip_advertise_addr,
             seeds: self.join.clone(),

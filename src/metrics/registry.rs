@@ -45,6 +45,9 @@ pub struct Metrics {
     pub store_tokens_leased: IntCounter,
     pub store_tokens_returned: IntCounter,
     pub store_policy_decisions: IntCounterVec,
+    /// Cells (`--cell`): sync rounds by outcome, and slices the store answered.
+    pub cell_syncs: IntCounterVec,
+    pub cell_slices: IntCounter,
 }
 
 fn counter_vec(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
@@ -233,6 +236,18 @@ impl Metrics {
                  error, timeout).",
                 &["op", "outcome"],
             ),
+            cell_syncs: counter_vec(
+                r,
+                "weir_cell_syncs_total",
+                "Cell sync rounds (--cell) by outcome: ok (the store answered), failed (it did \
+                 not: the last slices hold for --cell-slice-ttl, then the static fallback).",
+                &["outcome"],
+            ),
+            cell_slices: IntCounter::new(
+                "weir_cell_slices_received_total",
+                "Tenant slices the store's reconciler answered to this replica (--cell).",
+            )
+            .expect("valid"),
             store_call_duration: HistogramVec::new(
                 HistogramOpts::new(
                     "weir_store_call_duration_seconds",
@@ -303,6 +318,7 @@ impl Metrics {
             Box::new(metrics.store_lease_tokens.clone()),
             Box::new(metrics.store_tokens_leased.clone()),
             Box::new(metrics.store_tokens_returned.clone()),
+            Box::new(metrics.cell_slices.clone()),
         ] {
             metrics.registry.register(collector).expect("unique metric");
         }
@@ -318,6 +334,9 @@ impl Metrics {
             metrics
                 .instance_rejected_requests
                 .with_label_values(&[limit.reason()]);
+        }
+        for outcome in ["ok", "failed"] {
+            metrics.cell_syncs.with_label_values(&[outcome]);
         }
         for reason in ring::usage::EntryError::ALL {
             metrics

@@ -1,0 +1,242 @@
+//! The cell sync (`--cell`): every `--cell-sync-interval`, this replica reports each tenant's
+//! demand (offered per second since its last report) and spend (admitted, cumulative) to the
+//! store, and gets its cell's slice of the tenant's limits back. The store's own scripts
+//! reconcile (`cell_heartbeat.lua`, then `cell_slice.lua` per tenant), so every replica of
+//! every cell does this alone: no election, and the loss of any one process stops no slice.
+//!
+//! This is a background task. No request ever waits on it or on the store: a decision reads
+//! the slices in force, which this task replaces as answers come. While the store does not
+//! answer, the last slices hold for `--cell-slice-ttl`, then the static fallback applies
+//! ([`engine::CellSync`] decides which, with time as an input).
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use engine::cells::{CellReport, ReconcileParams, Reconciled};
+use engine::{CellSync, CellUsage};
+use tokio::task::{JoinHandle, JoinSet};
+use tokio::time::Instant;
+
+use crate::state::AppState;
+
+/// How many fresh reports make a cell's demand current: a replica that missed this many
+/// rounds (killed, cut off) no longer counts.
+const FRESH_ROUNDS: u32 = 3;
+
+/// Store calls in flight at once in one round (one per tenant).
+const CALLS_IN_FLIGHT: usize = 32;
+
+/// Slices that move less than this (relative) are not put in force: demand is noisy, and each
+/// change rebuilds every tracked tenant's buckets.
+const RELATIVE_CHANGE: f64 = 0.01;
+
+/// Starts the sync when this replica is in a cell (`--cell`) with a store; `None` otherwise.
+pub fn spawn(state: Arc<AppState>) -> Option<JoinHandle<()>> {
+    let cell = state.config.cell.clone()?;
+    state.store.as_ref()?;
+    Some(tokio::spawn(run(state, cell)))
+}
+
+/// What this replica last reported of one tenant.
+struct Reported {
+    offered: [u64; 2],
+    /// Whether that report said the tenant was offered something: a tenant that goes quiet
+    /// is reported once more, with no demand, so its cell's claim drops at once.
+    busy: bool,
+}
+
+async fn run(state: Arc<AppState>, cell: String) {
+    let config = &state.config;
+    let interval = config.cell_sync_interval;
+    let params = ReconcileParams {
+        fresh_micros: (interval * FRESH_ROUNDS).as_micros() as u64,
+        hold_micros: config.cell_slice_ttl.as_micros() as u64,
+        live_cells: 0,
+        floor_fraction: config.cell_floor,
+    };
+    // A call that takes longer than half a round is given up (the round's answer is late).
+    let call_timeout = interval / 2;
+    let started = Instant::now();
+    let now = move || started.elapsed().as_nanos().min(u64::MAX as u128) as u64;
+    let mut sync = CellSync::new(config.cell_sync());
+    let mut reported: HashMap<String, Reported> = HashMap::new();
+    let mut last_round = Instant::now();
+    let mut ticker = tokio::time::interval(interval);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    tracing::info!(
+        %cell,
+        ring = %config.ring_cluster_id(),
+        ?interval,
+        slice_ttl = ?config.cell_slice_ttl,
+        "in a cell: tenants' limits are this cell's slices, reconciled through the store"
+    );
+    let mut logged_failure = false;
+    loop {
+        ticker.tick().await;
+        let elapsed = last_round.elapsed().as_secs_f64().max(1e-3);
+        last_round = Instant::now();
+        let reports = reports_due(state.limiter.cell_usage(), &mut reported, elapsed);
+        let answered = match state.store.as_ref().and_then(|store| store.redis()) {
+            Some(redis) => {
+                round(
+                    &redis,
+                    &cell,
+                    &config.node_id,
+                    params,
+                    call_timeout,
+                    reports,
+                )
+                .await
+            }
+            None => Err("not connected to the store yet".to_string()),
+        };
+        let now = now();
+        match answered {
+            Ok((cells, slices)) => {
+                sync.store_answered(cells, now);
+                state.metrics.cell_slices.inc_by(slices.len() as u64);
+                for (tenant, reconciled) in slices {
+                    sync.answered(&tenant, reconciled, now);
+                }
+                state.metrics.cell_syncs.with_label_values(&["ok"]).inc();
+                if logged_failure {
+                    tracing::info!(%cell, cells, "the store answers the cell sync again");
+                    logged_failure = false;
+                }
+            }
+            Err(err) => {
+                state
+                    .metrics
+                    .cell_syncs
+                    .with_label_values(&["failed"])
+                    .inc();
+                if !logged_failure {
+                    tracing::warn!(%cell, %err, slice_ttl = ?config.cell_slice_ttl, "cell sync failed: the last slices hold for the slice TTL, then the static fallback");
+                    logged_failure = true;
+                }
+            }
+        }
+        let shares = sync.shares(now);
+        if shares.differs(&state.limiter.cell_shares(), RELATIVE_CHANGE) {
+            state.limiter.set_cell_shares(Arc::new(shares));
+        }
+    }
+}
+
+/// This round's reports: every tenant offered something since the last round, and once more
+/// (with no demand) each that was and no longer is. Demand is per second over `elapsed`.
+fn reports_due(
+    usage: Vec<CellUsage>,
+    reported: &mut HashMap<String, Reported>,
+    elapsed: f64,
+) -> Vec<(CellUsage, [f64; 2])> {
+    let mut due = Vec::new();
+    let mut seen = HashSet::with_capacity(usage.len());
+    for tenant in usage {
+        seen.insert(tenant.tenant.clone());
+        let before = reported.get(&tenant.tenant);
+        // A tenant evicted and tracked again counts from 0: nothing new until it passes.
+        let delta = |kind: usize| {
+            tenant.offered[kind].saturating_sub(before.map_or(0, |r| r.offered[kind]))
+        };
+        let delta = [delta(0), delta(1)];
+        let busy = delta != [0, 0];
+        if busy || before.is_some_and(|r| r.busy) {
+            let demand = [delta[0] as f64 / elapsed, delta[1] as f64 / elapsed];
+            reported.insert(
+                tenant.tenant.clone(),
+                Reported {
+                    offered: tenant.offered,
+                    busy,
+                },
+            );
+            due.push((tenant, demand));
+        }
+    }
+    // Tenants the limiter no longer tracks.
+    reported.retain(|tenant, _| seen.contains(tenant));
+    due
+}
+
+/// One round against the store: the heartbeat (how many cells are live), then each due
+/// report, a few at a time. Fails only when the heartbeat does; a tenant whose call fails
+/// keeps its last slice.
+async fn round(
+    redis: &Arc<redis_store::RedisStore>,
+    cell: &str,
+    replica: &str,
+    mut params: ReconcileParams,
+    call_timeout: Duration,
+    reports: Vec<(CellUsage, [f64; 2])>,
+) -> Result<(u32, Vec<(String, Reconciled)>), String> {
+    let hold = Duration::from_micros(params.hold_micros);
+    let cells = match tokio::time::timeout(call_timeout, redis.cell_heartbeat(cell, hold)).await {
+        Ok(Ok(cells)) => cells,
+        Ok(Err(err)) => return Err(err.to_string()),
+        Err(_) => return Err(format!("no answer within {call_timeout:?}")),
+    };
+    params.live_cells = cells;
+    let mut answers = Vec::with_capacity(reports.len());
+    let mut calls = JoinSet::new();
+    let mut reports = reports.into_iter();
+    loop {
+        while calls.len() < CALLS_IN_FLIGHT {
+            let Some((usage, demand)) = reports.next() else {
+                break;
+            };
+            let redis = Arc::clone(redis);
+            let report = CellReport {
+                cell: cell.to_string(),
+                replica: replica.to_string(),
+                at_micros: 0,
+                demand,
+                spent: usage.spent,
+            };
+            let limits = [usage.limits.request_rate, usage.limits.ingestion_rate];
+            calls.spawn(async move {
+                let call = redis.cell_slice(&usage.tenant, &report, limits, params);
+                let answer = tokio::time::timeout(call_timeout, call).await;
+                (usage.tenant, answer)
+            });
+        }
+        let Some(done) = calls.join_next().await else {
+            break;
+        };
+        if let Ok((tenant, Ok(Ok(reconciled)))) = done {
+            answers.push((tenant, reconciled));
+        }
+    }
+    Ok((cells, answers))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn usage(tenant: &str, offered: u64) -> CellUsage {
+        CellUsage {
+            tenant: tenant.into(),
+            limits: runtime_config::TenantLimits::default(),
+            offered: [0, offered],
+            spent: [0, offered],
+        }
+    }
+
+    #[test]
+    fn busy_tenants_are_reported_and_a_quiet_one_once_more() {
+        let mut reported = HashMap::new();
+        let due = reports_due(vec![usage("a", 100), usage("b", 0)], &mut reported, 0.5);
+        let names: Vec<(&str, f64)> = due.iter().map(|(u, d)| (u.tenant.as_str(), d[1])).collect();
+        assert_eq!(names, vec![("a", 200.0)]);
+        // a goes quiet: reported once with no demand, then no more.
+        let due = reports_due(vec![usage("a", 100)], &mut reported, 1.0);
+        assert_eq!(due.len(), 1);
+        assert_eq!(due[0].1, [0.0, 0.0]);
+        assert!(reports_due(vec![usage("a", 100)], &mut reported, 1.0).is_empty());
+        // Evicted, then tracked again from 0: counts from there.
+        assert!(reports_due(vec![], &mut reported, 1.0).is_empty());
+        let due = reports_due(vec![usage("a", 30)], &mut reported, 1.0);
+        assert_eq!(due[0].1, [0.0, 30.0]);
+    }
+}
