@@ -38,9 +38,16 @@ pub fn spawn(state: Arc<AppState>) -> Option<JoinHandle<()>> {
     Some(tokio::spawn(run(state, cell)))
 }
 
+/// How much of a round's measured demand replaces the smoothed one: pushes arrive in lumps,
+/// and a cell whose demand is under its fair share gets a slice equal to it, so noise in the
+/// estimate becomes refusals. Half: the estimate follows a rise within 2–3 rounds.
+const SMOOTHING: f64 = 0.5;
+
 /// What this replica last reported of one tenant.
 struct Reported {
     offered: [u64; 2],
+    /// The demand reported (per second, smoothed).
+    demand: [f64; 2],
     /// Whether that report said the tenant was offered something: a tenant that goes quiet
     /// is reported once more, with no demand, so its cell's claim drops at once.
     busy: bool,
@@ -143,11 +150,23 @@ fn reports_due(
         let delta = [delta(0), delta(1)];
         let busy = delta != [0, 0];
         if busy || before.is_some_and(|r| r.busy) {
-            let demand = [delta[0] as f64 / elapsed, delta[1] as f64 / elapsed];
+            // A round with nothing offered drops the estimate to 0 at once, so a cell that
+            // stops being offered a tenant gives its claim up in one round.
+            let smooth = |kind: usize| {
+                let measured = delta[kind] as f64 / elapsed;
+                match before {
+                    Some(before) if busy => {
+                        before.demand[kind] + (measured - before.demand[kind]) * SMOOTHING
+                    }
+                    _ => measured,
+                }
+            };
+            let demand = [smooth(0), smooth(1)];
             reported.insert(
                 tenant.tenant.clone(),
                 Reported {
                     offered: tenant.offered,
+                    demand,
                     busy,
                 },
             );
@@ -229,11 +248,16 @@ mod tests {
         let due = reports_due(vec![usage("a", 100), usage("b", 0)], &mut reported, 0.5);
         let names: Vec<(&str, f64)> = due.iter().map(|(u, d)| (u.tenant.as_str(), d[1])).collect();
         assert_eq!(names, vec![("a", 200.0)]);
+        // Smoothed: half way from 200 to 400.
+        let due = reports_due(vec![usage("a", 300)], &mut reported, 0.5);
+        assert_eq!(due[0].1, [0.0, 300.0]);
+        let due = reports_due(vec![usage("a", 100 + 200 + 200)], &mut reported, 0.5);
+        assert_eq!(due[0].1, [0.0, 350.0]);
         // a goes quiet: reported once with no demand, then no more.
-        let due = reports_due(vec![usage("a", 100)], &mut reported, 1.0);
+        let due = reports_due(vec![usage("a", 500)], &mut reported, 1.0);
         assert_eq!(due.len(), 1);
         assert_eq!(due[0].1, [0.0, 0.0]);
-        assert!(reports_due(vec![usage("a", 100)], &mut reported, 1.0).is_empty());
+        assert!(reports_due(vec![usage("a", 500)], &mut reported, 1.0).is_empty());
         // Evicted, then tracked again from 0: counts from there.
         assert!(reports_due(vec![], &mut reported, 1.0).is_empty());
         let due = reports_due(vec![usage("a", 30)], &mut reported, 1.0);

@@ -342,8 +342,9 @@ async fn cells_share_a_global_limit_through_the_store_and_survive_its_loss() {
         "slowest {:?}",
         answers.2
     );
-    // Held: a and b get their demand, c the rest (0.6 L).
-    assert!(held[0] >= 0.09 && held[1] >= 0.27, "{held:?}");
+    // Held: a and b about their demand, c the rest (0.6 L). A held slice is the last
+    // estimate of a lumpy demand (a: 10 pushes/s over two replicas), frozen: within 20 %.
+    assert!(held[0] >= 0.08 && held[1] >= 0.27, "{held:?}");
     assert!((0.5..=0.7).contains(&held[2]), "{held:?}");
     // Fallback: a and b under L ÷ 3 keep their demand; c is held to L ÷ 3.
     assert!(fallback[0] >= 0.09 && fallback[1] >= 0.27, "{fallback:?}");
