@@ -265,7 +265,6 @@ fn pair_push_v2(cluster: &str, replica: &str) -> v2_proto::Request {
             samples: vec![v2_proto::Sample {
                 value: 1.0,
                 timestamp: now_ms(),
-                ..Default::default()
             }],
             ..Default::default()
         }],
