@@ -10,7 +10,11 @@
 //!   receiver gets the good series only, each refused series' samples are counted under its
 //!   reason and not charged, and the `*-Written` headers count the good series only;
 //! - each bad series alone gets its own reason, names the series from the symbols, and
-//!   nothing is forwarded.
+//!   nothing is forwarded;
+//! - under `truncate` and `drop`, a value over the limit reaches the receiver shortened, as a
+//!   symbol appended once to the request's; a help text over `max_metadata_length` is cut
+//!   the same way, and a unit over it cuts the series' metadata (the series stays, the entry
+//!   is counted as discarded and not charged).
 
 mod common;
 
@@ -187,12 +191,16 @@ struct Answer {
 }
 
 async fn push(client: &reqwest::Client, base: &str, request: &Request) -> Answer {
+    push_as(client, base, "v", request).await
+}
+
+async fn push_as(client: &reqwest::Client, base: &str, tenant: &str, request: &Request) -> Answer {
     let response = client
         .post(format!("{base}/api/v1/push"))
         .header("Content-Encoding", "snappy")
         .header("Content-Type", V2)
         .header("X-Prometheus-Remote-Write-Version", "2.0.0")
-        .header("X-Scope-OrgID", "v")
+        .header("X-Scope-OrgID", tenant)
         .body(request.encode_snappy())
         .send()
         .await
@@ -358,4 +366,180 @@ async fn bad_2_0_series_are_refused_with_mimirs_reasons_and_the_rest_is_forwarde
         assert_eq!(answer.written, [0, 0, 0], "{reason}: nothing written");
         assert!(receiver.take().is_empty(), "{reason}: nothing forwarded");
     }
+}
+
+const REWRITES: &str = "overrides:\n  \
+    t:\n    ingestion_rate: 1000000\n    ingestion_burst_size: 1000000\n    \
+    max_label_value_length: 80\n    label_value_length_over_limit_strategy: truncate\n    \
+    max_metadata_length: 10\n  \
+    d:\n    ingestion_rate: 1000000\n    ingestion_burst_size: 1000000\n    \
+    max_label_value_length: 80\n    label_value_length_over_limit_strategy: drop\n";
+
+/// `(hash:<hex blake2b-256>)`, as Mimir writes it.
+fn hash_of(value: &str) -> String {
+    use blake2::Digest;
+    let digest = blake2::Blake2b::<blake2::digest::consts::U32>::digest(value.as_bytes());
+    let hex: String = digest.iter().map(|byte| format!("{byte:02x}")).collect();
+    format!("(hash:{hex})")
+}
+
+/// A series as the receiver reads it: its labels and its metadata (type, help, unit) through
+/// the symbols.
+type Resolved = (Vec<(String, String)>, Option<(i32, String, String)>);
+
+fn resolved(request: &Request) -> Vec<Resolved> {
+    let text = |reference: u32| request.symbols[reference as usize].clone();
+    request
+        .timeseries
+        .iter()
+        .map(|series| {
+            let labels = series
+                .labels_refs
+                .chunks(2)
+                .map(|pair| (text(pair[0]), text(pair[1])))
+                .collect();
+            let metadata = series.metadata.map(|metadata| {
+                (
+                    metadata.r#type,
+                    text(metadata.help_ref),
+                    text(metadata.unit_ref),
+                )
+            });
+            (labels, metadata)
+        })
+        .collect()
+}
+
+fn labels(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+    pairs
+        .iter()
+        .map(|(name, value)| (name.to_string(), value.to_string()))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn long_values_and_metadata_are_rewritten_or_refused_on_2_0_as_mimir_does() {
+    let receiver = Receiver::default();
+    let app = Router::new()
+        .route("/api/v1/write", post(receive))
+        .with_state(receiver.clone());
+    let upstream = common::serve_on_loopback(app).await;
+    let (replica, _dir) =
+        forwarding_to(upstream, REWRITES, 53, "validation-v2-rewrites", &[]).await;
+    let base = format!("http://{}", replica.http);
+    let client = reqwest::Client::new();
+    let now = now_ms();
+    let metric = |series: String| {
+        let (client, base) = (client.clone(), base.clone());
+        async move { common::metric_at(&client, &base, &series).await }
+    };
+
+    // truncate: the first 80 - 71 bytes, then the whole value's hash, as one new symbol
+    // after the request's own, which both series point at; accepted, nothing discarded.
+    let long = "x".repeat(100);
+    let mut builder = Builder::new();
+    let first = builder.series(&[("__name__", "m"), ("a", long.as_str())], &[now]);
+    let second = builder.series(&[("__name__", "m2"), ("a", long.as_str())], &[now]);
+    let request = builder.request(vec![first, second]);
+    let answer = push_as(&client, &base, "t", &request).await;
+    assert_eq!(answer.status, 200, "{}", answer.text);
+    assert_eq!(answer.written, [2, 0, 0]);
+    let forwarded = decoded(&receiver.one().1);
+    let truncated = format!("xxxxxxxxx{}", hash_of(&long));
+    assert_eq!(truncated.len(), 80);
+    let mut symbols = request.symbols.clone();
+    symbols.push(truncated.clone());
+    assert_eq!(
+        forwarded.symbols, symbols,
+        "the symbols as sent, and one more"
+    );
+    assert_eq!(
+        resolved(&forwarded),
+        vec![
+            (labels(&[("__name__", "m"), ("a", &truncated)]), None),
+            (labels(&[("__name__", "m2"), ("a", &truncated)]), None),
+        ]
+    );
+
+    // A request with nothing over a limit goes as sent.
+    let mut builder = Builder::new();
+    let short = builder.series(&[("__name__", "m"), ("a", "x")], &[now]);
+    let short = builder.request(vec![short]);
+    let answer = push_as(&client, &base, "t", &short).await;
+    assert_eq!(answer.status, 200, "{}", answer.text);
+    assert_eq!(
+        receiver.one().1.as_ref(),
+        short.encode_snappy().as_slice(),
+        "forwarded as sent"
+    );
+
+    // drop: the hash alone.
+    let answer = push_as(&client, &base, "d", &request).await;
+    assert_eq!(answer.status, 200, "{}", answer.text);
+    let forwarded = decoded(&receiver.one().1);
+    assert_eq!(
+        resolved(&forwarded)[0],
+        (labels(&[("__name__", "m"), ("a", &hash_of(&long))]), None)
+    );
+    for tenant in ["t", "d"] {
+        let series = format!(
+            "weir_discarded_samples_total{{reason=\"label_value_too_long\",user=\"{tenant}\"}}"
+        );
+        assert_eq!(metric(series).await, None, "{tenant}: nothing discarded");
+    }
+
+    // Metadata over 10 bytes: a help is cut to 10 and kept; a unit refuses the entry, the
+    // series' metadata is cut and the series goes on. 400 with the refusal's message.
+    let mut builder = Builder::new();
+    let long_help = builder.symbol("a help over ten bytes");
+    let long_unit = builder.symbol("seconds_of_it");
+    let short_unit = builder.symbol("s");
+    let mut helped = builder.series(&[("__name__", "up")], &[now]);
+    helped.metadata = Some(Metadata {
+        r#type: 1,
+        help_ref: long_help,
+        unit_ref: short_unit,
+    });
+    let mut united = builder.series(&[("__name__", "m3")], &[now]);
+    united.metadata = Some(Metadata {
+        r#type: 2,
+        help_ref: 0,
+        unit_ref: long_unit,
+    });
+    let request = builder.request(vec![helped, united]);
+    let answer = push_as(&client, &base, "t", &request).await;
+    assert_eq!(answer.status, 400, "{}", answer.text);
+    assert!(
+        answer
+            .text
+            .contains("unit: 'seconds_of_it' metric name: 'm3' (err-weir-unit-too-long)"),
+        "{}",
+        answer.text
+    );
+    assert_eq!(answer.written, [2, 0, 0], "both series were written");
+    let forwarded = decoded(&receiver.one().1);
+    assert_eq!(
+        resolved(&forwarded),
+        vec![
+            (
+                labels(&[("__name__", "up")]),
+                Some((1, "a help ove".to_string(), "s".to_string()))
+            ),
+            (labels(&[("__name__", "m3")]), None),
+        ]
+    );
+    assert_eq!(
+        metric("weir_discarded_metadata_total{reason=\"unit_too_long\",user=\"t\"}".into()).await,
+        Some(1.0)
+    );
+    assert_eq!(
+        metric("weir_distributor_received_metadata_total{user=\"t\"}".into()).await,
+        Some(1.0),
+        "only the kept entry is charged"
+    );
+    assert_eq!(
+        metric("weir_distributor_received_samples_total{user=\"t\"}".into()).await,
+        Some(2.0 + 1.0 + 2.0),
+        "every series' samples are charged"
+    );
 }

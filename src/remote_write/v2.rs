@@ -21,16 +21,24 @@
 //! written again at a lower resolution, as on 1.0. A request with nothing to change keeps its
 //! bytes.
 //!
-//! Not yet on 2.0: a label value over `max_label_value_length` refuses its series whatever
-//! `label_value_length_over_limit_strategy` says (as `error` does: `truncate` and `drop` need
-//! new symbols), and metadata is not checked against `max_metadata_length`.
+//! A new text needs a new symbol. Under `label_value_length_over_limit_strategy` `truncate`
+//! or `drop`, a label value over `max_label_value_length` becomes the shortened value 1.0
+//! writes, and a help text over `max_metadata_length` is cut as 1.0 cuts it: each new text is
+//! appended once to the request's symbols, at the end of the body (repeated fields concatenate
+//! in stream order, so its index is the request's symbol count plus its place among the
+//! appended), and the series' `labels_refs` or `metadata` is written again to point at it.
 //!
 //! Metadata rides on its series in 2.0, so it goes with a refused series and is not charged;
 //! Mimir, which holds a decoded request's metadata apart from its series, keeps it. Another
 //! kept series of the same family still carries (and is charged for) the family's entry.
+//! Mimir keeps the first entry of each family and checks it against `max_metadata_length`;
+//! here the first kept series' entry is the family's: a metric name or unit too long refuses
+//! it (counted by reason, not charged) and cuts the `metadata` of every kept series of the
+//! family, the series staying. A later entry of a kept family, which Mimir ignores, is only
+//! held to the same lengths, so that nothing over the limit is forwarded.
 
 use std::cell::RefCell;
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::hash::{BuildHasher, Hasher};
 use std::ops::Range;
 
@@ -39,7 +47,9 @@ use prost::encoding::{
 };
 
 use super::v2_proto;
-use super::validate::{SeriesCheck, Splice, Validation};
+use super::validate::{
+    check_metadata, shortened_value, MetadataVerdict, SeriesCheck, Splice, Validation,
+};
 use super::wire::{check, check_sample, field, is_utf8};
 use crate::counts::{DecodeError, Decoded, Discarded, Forward, Refused, SeriesReason, WriteCounts};
 use crate::ha::HaOutcome;
@@ -114,9 +124,15 @@ pub fn decode_validated(
                 // 2.0's metadata rides on series: with none left, nothing is.
                 Forward::Nothing
             } else {
-                Forward::Rewritten(bytes::Bytes::from(edited(raw, &found.edits)?))
+                Forward::Rewritten(bytes::Bytes::from(edited(
+                    raw,
+                    &found.edits,
+                    &found.appended,
+                )?))
             };
-            let refused = found.first.map(|first| Refused {
+            // A series' refusal answers before a metadata entry's, as Mimir checks the
+            // series first.
+            let refused = found.first.or(found.first_metadata).map(|first| Refused {
                 first,
                 samples: found.discarded,
                 series: found.refused,
@@ -225,7 +241,124 @@ struct Found {
     edits: Vec<Edit>,
     refused: u64,
     first: Option<String>,
+    /// The first refused metadata entry's message: it answers only when no series was
+    /// refused.
+    first_metadata: Option<String>,
     discarded: Discarded,
+    /// The symbols the rewritten series point at, appended to the request.
+    appended: Appended,
+    /// Hashes of the metric families whose entry was refused: their later entries go too.
+    /// Empty but for a refusal, so a kept entry pays one `is_empty`.
+    refused_families: Vec<u64>,
+}
+
+impl Found {
+    /// Mimir's metadata checks on the metadata of a kept series of `family` (hashed
+    /// `hash`): whether it is charged, and what becomes of the series' `metadata` field. The
+    /// family's `first` entry is Mimir's: charged, or refused and counted by reason. Entries
+    /// within every limit, the rule, pay three compares.
+    #[inline]
+    fn metadata(
+        &mut self,
+        first: bool,
+        hash: u64,
+        family: &[u8],
+        metadata: &Metadata,
+        limits: &runtime_config::ValidationLimits,
+    ) -> (bool, Option<MetadataEdit>) {
+        let max = limits.max_metadata_length as usize;
+        if family.len() <= max
+            && metadata.help.len() <= max
+            && metadata.unit.len() <= max
+            && (first || self.refused_families.is_empty())
+        {
+            return (first, None);
+        }
+        self.metadata_over_limit(first, hash, family, metadata, limits)
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn metadata_over_limit(
+        &mut self,
+        first: bool,
+        hash: u64,
+        family: &[u8],
+        metadata: &Metadata,
+        limits: &runtime_config::ValidationLimits,
+    ) -> (bool, Option<MetadataEdit>) {
+        if !first && self.refused_families.contains(&hash) {
+            return (false, Some(MetadataEdit::Cut));
+        }
+        let text = |bytes: &[u8]| String::from_utf8_lossy(bytes).into_owned();
+        // The entry Mimir makes of it: the family's name, the help and unit symbols.
+        let entry = super::prompb::MetricMetadata {
+            r#type: metadata.fields.metric_type as i32,
+            metric_family_name: text(family),
+            help: text(metadata.help),
+            unit: text(metadata.unit),
+        };
+        match check_metadata(entry, limits) {
+            MetadataVerdict::Keep => (first, None),
+            MetadataVerdict::Rewrite(body) => {
+                let help = <super::prompb::MetricMetadata as prost::Message>::decode(&body[..])
+                    .map(|cut| cut.help.into_bytes())
+                    .unwrap_or_default();
+                let edit = MetadataEdit::Help {
+                    fields: metadata.fields,
+                    help,
+                };
+                (first, Some(edit))
+            }
+            MetadataVerdict::Refuse(reason, message) => {
+                if first {
+                    self.discarded.metadata[reason as usize] += 1;
+                    self.first_metadata.get_or_insert(message);
+                    self.refused_families.push(hash);
+                }
+                (false, Some(MetadataEdit::Cut))
+            }
+        }
+    }
+}
+
+/// What becomes of a kept series' `metadata` field.
+enum MetadataEdit {
+    /// Refused: every piece of it goes.
+    Cut,
+    /// Its help text over `max_metadata_length`: written again as one field, with `help`
+    /// (cut to the limit) as a new symbol.
+    Help {
+        fields: MetadataFields,
+        help: Vec<u8>,
+    },
+}
+
+/// Symbols appended at the end of a rewritten request: protobuf's repeated fields
+/// concatenate in stream order, so the n-th has index `first + n` wherever the request's own
+/// symbols lie. Each text once.
+#[derive(Default)]
+struct Appended {
+    /// The request's symbol count.
+    first: u32,
+    texts: Vec<Vec<u8>>,
+    references: HashMap<Vec<u8>, u32>,
+}
+
+impl Appended {
+    /// The reference of `text`, appended if it is not yet.
+    fn reference(&mut self, text: Vec<u8>) -> Result<u32, String> {
+        if let Some(&reference) = self.references.get(&text) {
+            return Ok(reference);
+        }
+        let reference = u32::try_from(self.texts.len())
+            .ok()
+            .and_then(|count| self.first.checked_add(count))
+            .ok_or_else(|| "no symbol reference is left for a rewritten value".to_string())?;
+        self.references.insert(text.clone(), reference);
+        self.texts.push(text);
+        Ok(reference)
+    }
 }
 
 /// One change to the uncompressed body.
@@ -285,7 +418,13 @@ fn scan_with(
     let table = Symbols { body, symbols };
     // Pass 2: the series.
     let mut counts = WriteCounts::default();
-    let mut found = Found::default();
+    let mut found = Found {
+        appended: Appended {
+            first: u32::try_from(symbols.len()).unwrap_or(u32::MAX),
+            ..Appended::default()
+        },
+        ..Found::default()
+    };
     let mut index = 0u64;
     let mut buf = body;
     while !buf.is_empty() {
@@ -308,16 +447,31 @@ fn scan_with(
                 counts.samples += own.samples;
                 counts.histograms += own.histograms;
                 counts.exemplars += own.exemplars;
-                if let Some(family) = own.family {
+                let mut metadata_edit = None;
+                if let Some((family, metadata)) = own.family.zip(own.metadata.as_ref()) {
                     let mut hasher = families.hasher().build_hasher();
                     hasher.write(family);
-                    if families.insert(hasher.finish()) {
+                    let hash = hasher.finish();
+                    let first = families.insert(hash);
+                    let charged = match &checking {
+                        None => first,
+                        Some(checking) => {
+                            let limits = &checking.validation.limits;
+                            let (charged, edit) =
+                                found.metadata(first, hash, family, metadata, limits);
+                            metadata_edit = edit;
+                            charged
+                        }
+                    };
+                    if charged {
                         counts.metadata += 1;
                     }
                 }
-                if let Some(checking) = checking.filter(|c| c.rewrites()) {
+                let rewrites =
+                    metadata_edit.is_some() || checking.as_ref().is_some_and(|c| c.rewrites());
+                if let Some(checking) = checking.filter(|_| rewrites) {
                     let splices = checking
-                        .splices(series, &table)
+                        .splices(series, &table, &mut found.appended, metadata_edit)
                         .map_err(|reason| error(format!("timeseries[{}]: {reason}", index - 1)))?;
                     let series = field.end - series.len()..field.end;
                     found.edits.push(Edit::Rewrite {
@@ -369,14 +523,22 @@ struct SeriesCounts<'a> {
     exemplars: u64,
     /// The metric family whose metadata the series carries, when that metadata counts.
     family: Option<&'a [u8]>,
+    /// That metadata, merged and resolved.
+    metadata: Option<Metadata<'a>>,
 }
 
 /// One series' validation as the scan walks it: Mimir's checks ([`SeriesCheck`], shared
-/// with 1.0) on its labels after `drop_labels`, and whether it lost any.
+/// with 1.0) on its labels after `drop_labels`, whether it lost any, and the values
+/// `truncate` or `drop` write again.
 struct Checking<'a, 'v> {
     validation: &'v Validation,
     seen: SeriesCheck<'a>,
     dropped: bool,
+    /// Label pairs seen, dropped ones included.
+    pairs: u32,
+    /// (pair index, new value) of each value over `max_label_value_length` written again,
+    /// in series order.
+    values: Vec<(u32, Vec<u8>)>,
 }
 
 impl<'a, 'v> Checking<'a, 'v> {
@@ -385,16 +547,39 @@ impl<'a, 'v> Checking<'a, 'v> {
             validation,
             seen: SeriesCheck::new(),
             dropped: false,
+            pairs: 0,
+            values: Vec::new(),
         }
     }
 
-    /// One (name, value) pair, in the order of the series.
+    /// One (name, value) pair, in the order of the series. A value within the limit pays
+    /// one compare.
     #[inline]
     fn label(&mut self, name: &'a [u8], value: &'a [u8]) {
+        let pair = self.pairs;
+        self.pairs += 1;
         if self.validation.drop_labels.is_some() && self.validation.drops(name) {
             self.dropped = true;
+        } else if value.len() > self.validation.limits.max_label_value_length as usize {
+            self.long_value(name, value, pair);
         } else {
             self.seen.label(name, value, &self.validation.limits);
+        }
+    }
+
+    /// A value over `max_label_value_length`. [`SeriesCheck::label_in`] decides, as for
+    /// 1.0: under `error` the series is refused; under `truncate` or `drop` the checks go on
+    /// and the value is written again. The 1.0 `labels` field it writes has no place in a
+    /// 2.0 series: the new value becomes a symbol instead.
+    #[cold]
+    #[inline(never)]
+    fn long_value(&mut self, name: &'a [u8], value: &'a [u8], pair: u32) {
+        let limits = &self.validation.limits;
+        let before = self.seen.replaced.len();
+        self.seen.label_in(name, value, limits, 0..0);
+        if self.seen.replaced.len() > before {
+            self.seen.replaced.pop();
+            self.values.push((pair, shortened_value(value, limits)));
         }
     }
 
@@ -415,25 +600,39 @@ impl<'a, 'v> Checking<'a, 'v> {
             .verdict(self.validation, &labels_as_v1(series, symbols))
     }
 
-    /// Whether the series, kept, must be written again.
+    /// Whether the series, kept, must be written again (its metadata aside).
     #[inline]
     fn rewrites(&self) -> bool {
-        self.dropped || !self.seen.replaced.is_empty()
+        self.dropped || !self.seen.replaced.is_empty() || !self.values.is_empty()
     }
 
     /// The series' changes, in series order: its `labels_refs` as one packed field without
-    /// the dropped pairs, where the first one was; its histograms written again.
-    fn splices(mut self, series: &[u8], symbols: &Symbols) -> Result<Vec<Splice>, String> {
+    /// the dropped pairs and with the new values' references, where the first one was; its
+    /// histograms written again; its `metadata` cut or written again as one field. New texts
+    /// get their references from `appended`.
+    fn splices(
+        mut self,
+        series: &[u8],
+        symbols: &Symbols,
+        appended: &mut Appended,
+        metadata: Option<MetadataEdit>,
+    ) -> Result<Vec<Splice>, String> {
         let mut splices = Vec::new();
-        if self.dropped {
+        if self.dropped || !self.values.is_empty() {
             let (references, fields) = label_refs(series)?;
+            let mut values = std::mem::take(&mut self.values).into_iter().peekable();
             let mut packed = Vec::with_capacity(references.len() * 2);
-            for pair in references.chunks_exact(2) {
+            for (at, pair) in references.chunks_exact(2).enumerate() {
                 let name = symbols.get(u64::from(pair[0]), || "labels_refs".to_string())?;
-                if !self.validation.drops(name) {
-                    encode_varint(u64::from(pair[0]), &mut packed);
-                    encode_varint(u64::from(pair[1]), &mut packed);
+                if self.validation.drops(name) {
+                    continue;
                 }
+                let value = match values.next_if(|(pair, _)| *pair as usize == at) {
+                    Some((_, text)) => appended.reference(text)?,
+                    None => pair[1],
+                };
+                encode_varint(u64::from(pair[0]), &mut packed);
+                encode_varint(u64::from(value), &mut packed);
             }
             let mut labels = Vec::with_capacity(packed.len() + 6);
             encode_key(1, WireType::LengthDelimited, &mut labels);
@@ -457,6 +656,28 @@ impl<'a, 'v> Checking<'a, 'v> {
                 *first = key[0];
             }
             splices.push(splice);
+        }
+        if let Some(edit) = metadata {
+            let mut with = match edit {
+                MetadataEdit::Cut => Vec::new(),
+                MetadataEdit::Help { fields, help } => {
+                    let message = v2_proto::Metadata {
+                        r#type: fields.metric_type as i32,
+                        help_ref: appended.reference(help)?,
+                        unit_ref: fields.unit_ref as u32,
+                    };
+                    let mut field = Vec::new();
+                    prost::encoding::message::encode(5, &message, &mut field);
+                    field
+                }
+            };
+            // The pieces merge into one: it takes the first one's place.
+            for range in field_ranges(series, 5)? {
+                splices.push(Splice {
+                    range,
+                    with: std::mem::take(&mut with),
+                });
+            }
         }
         splices.sort_by_key(|splice| splice.range.start);
         Ok(splices)
@@ -544,9 +765,9 @@ fn scan_series<'a>(
         .map(|fields| fields.resolve(symbols))
         .transpose()
         .map_err(|reason| format!("metadata: {reason}"))?;
-    let family = match (metadata, labels.metric_name) {
+    let family = match (&metadata, labels.metric_name) {
         (Some(metadata), Some(name)) if metadata.counts() && !name.is_empty() => {
-            Some(family(name, metadata.metric_type))
+            Some(family(name, metadata.fields.metric_type))
         }
         _ => None,
     };
@@ -555,6 +776,7 @@ fn scan_series<'a>(
         histograms,
         exemplars,
         family,
+        metadata,
     })
 }
 
@@ -652,22 +874,23 @@ fn scan_exemplar(mut buf: &[u8], symbols: &Symbols) -> Result<(), String> {
     labels.finish("labels_refs")
 }
 
-struct Metadata {
-    metric_type: u64,
-    has_help: bool,
-    has_unit: bool,
+/// A series' metadata, merged, its help and unit read through the symbols.
+struct Metadata<'a> {
+    fields: MetadataFields,
+    help: &'a [u8],
+    unit: &'a [u8],
 }
 
-impl Metadata {
+impl Metadata<'_> {
     /// Mimir keeps metadata that says something: a type, a help text or a unit.
     fn counts(&self) -> bool {
-        self.metric_type != 0 || self.has_help || self.has_unit
+        self.fields.metric_type != 0 || !self.help.is_empty() || !self.unit.is_empty()
     }
 }
 
 /// A series' metadata as read so far: each field's last value (0 when absent, as proto3 has
 /// it).
-#[derive(Default)]
+#[derive(Default, Clone, Copy)]
 struct MetadataFields {
     metric_type: u64,
     help_ref: u64,
@@ -676,13 +899,13 @@ struct MetadataFields {
 
 impl MetadataFields {
     /// The merged metadata, its references checked.
-    fn resolve(self, symbols: &Symbols) -> Result<Metadata, String> {
+    fn resolve<'a>(self, symbols: &Symbols<'a>) -> Result<Metadata<'a>, String> {
         let help = symbols.get(self.help_ref, || "help_ref".to_string())?;
         let unit = symbols.get(self.unit_ref, || "unit_ref".to_string())?;
         Ok(Metadata {
-            metric_type: self.metric_type,
-            has_help: !help.is_empty(),
-            has_unit: !unit.is_empty(),
+            fields: self,
+            help,
+            unit,
         })
     }
 }
@@ -762,6 +985,22 @@ fn label_refs(series: &[u8]) -> Result<(Vec<u32>, Vec<Range<usize>>), String> {
     Ok((references, fields))
 }
 
+/// Where the series' fields numbered `tag` lie in it (the cold path that rewrites them).
+fn field_ranges(series: &[u8], tag: u32) -> Result<Vec<Range<usize>>, String> {
+    let mut buf = series;
+    let mut ranges = Vec::new();
+    while !buf.is_empty() {
+        let start = series.len() - buf.len();
+        let (found, wire_type) = decode_key(&mut buf).map_err(|e| e.to_string())?;
+        skip_field(wire_type, found, &mut buf, DecodeContext::default())
+            .map_err(|e| e.to_string())?;
+        if found == tag {
+            ranges.push(start..series.len() - buf.len());
+        }
+    }
+    Ok(ranges)
+}
+
 /// A 2.0 series' labels written as 1.0's `TimeSeries.labels` fields, which is how
 /// [`SeriesCheck::verdict`] reads the labels it names a refused series with.
 fn labels_as_v1(series: &[u8], symbols: &Symbols) -> Vec<u8> {
@@ -786,8 +1025,9 @@ fn labels_as_v1(series: &[u8], symbols: &Symbols) -> Vec<u8> {
 }
 
 /// `raw` with `edits` (in body order) made, snappy-compressed: refused series cut, series
-/// written again with their splices. The symbols stay as they were.
-fn edited(raw: &[u8], edits: &[Edit]) -> Result<Vec<u8>, DecodeError> {
+/// written again with their splices. The symbols stay as they were, and `appended` follows
+/// them at the end of the body.
+fn edited(raw: &[u8], edits: &[Edit], appended: &Appended) -> Result<Vec<u8>, DecodeError> {
     let mut out = Vec::with_capacity(raw.len());
     let mut from = 0;
     for edit in edits {
@@ -819,6 +1059,11 @@ fn edited(raw: &[u8], edits: &[Edit]) -> Result<Vec<u8>, DecodeError> {
         }
     }
     out.extend_from_slice(&raw[from..]);
+    for text in &appended.texts {
+        encode_key(4, WireType::LengthDelimited, &mut out);
+        encode_varint(text.len() as u64, &mut out);
+        out.extend_from_slice(text);
+    }
     snap::raw::Encoder::new()
         .compress_vec(&out)
         .map_err(|err| DecodeError::Snappy(err.to_string()))
@@ -830,7 +1075,9 @@ mod tests {
         metadata::MetricType, Exemplar, Histogram, Metadata, Request, Sample, TimeSeries,
     };
     use super::*;
+    use crate::counts::MetadataReason;
     use proptest::prelude::*;
+    use runtime_config::validation::LabelValueLengthOverLimitStrategy;
 
     /// The validated decode as (counts, forward, refused): what these tests compare (the HA
     /// outcome is `tests/ha.rs`'s).
@@ -1167,12 +1414,20 @@ mod tests {
     /// The validation tests' clock, and limits tight enough for every reason to come up.
     const NOW: i64 = 1_700_000_000_000;
 
+    /// [`tight_with`] under `error`.
     fn tight() -> Validation {
+        tight_with(LabelValueLengthOverLimitStrategy::Error)
+    }
+
+    /// Values over 74 bytes (the hash's 71 and 3), metadata over 6.
+    fn tight_with(strategy: LabelValueLengthOverLimitStrategy) -> Validation {
         Validation::new(
             runtime_config::ValidationLimits {
                 max_label_names_per_series: 4,
                 max_label_name_length: 8,
-                max_label_value_length: 10,
+                max_label_value_length: 74,
+                label_value_length_over_limit_strategy: strategy,
+                max_metadata_length: 6,
                 creation_grace_period: std::time::Duration::from_secs(600),
                 past_grace_period: std::time::Duration::from_secs(3600),
                 ..runtime_config::ValidationLimits::default()
@@ -1182,7 +1437,10 @@ mod tests {
         .dropping(Some(std::sync::Arc::from(vec!["b".to_string()])))
     }
 
-    /// The symbols the validation property draws labels from: good and bad names and values.
+    /// The symbols the validation property draws labels and metadata from: good and bad
+    /// names and values, a value over the limit (82 bytes of two-byte characters: `truncate`
+    /// keeps 3 bytes, which would split one), and texts over the metadata limit
+    /// (`__name__`, `job:rate`).
     const CHECKED: [&str; 12] = [
         "",
         "__name__",
@@ -1194,11 +1452,15 @@ mod tests {
         "a-b",
         "nnnnnnnnnn",
         "x",
-        "vvvvvvvvvvvv",
+        "ééééééééééééééééééééééééééééééééééééééééé",
         "job:rate",
     ];
     const NAMES: [u32; 7] = [1, 4, 5, 6, 7, 8, 11];
-    const VALUES: [u32; 6] = [0, 2, 3, 9, 10, 11];
+    /// The long value twice: a series must pass every other check for it to be rewritten.
+    const VALUES: [u32; 7] = [0, 2, 3, 9, 10, 10, 11];
+    /// Help texts: none, over the limit, within it; units: none, within, over.
+    const HELPS: [u32; 3] = [0, 1, 2];
+    const UNITS: [u32; 3] = [0, 4, 1];
 
     /// Series that validation may refuse for any of its reasons, labels sorted by name as
     /// senders sort them.
@@ -1214,7 +1476,11 @@ mod tests {
             prop::collection::vec(-7_200_000i64..7_200_000, 0..3),
             prop::collection::vec(-7_200_000i64..7_200_000, 0..2),
             0usize..2,
-            prop::option::of((0i32..4, 0u32..3)),
+            prop::option::of((
+                0i32..4,
+                prop::sample::select(&HELPS[..]),
+                prop::sample::select(&UNITS[..]),
+            )),
         )
             .prop_map(|(mut labels, samples, histograms, exemplars, metadata)| {
                 labels.sort_by_key(|&(name, _)| CHECKED[name as usize]);
@@ -1246,28 +1512,69 @@ mod tests {
                             timestamp: NOW,
                         })
                         .collect(),
-                    metadata: metadata.map(|(r#type, help_ref)| Metadata {
+                    metadata: metadata.map(|(r#type, help_ref, unit_ref)| Metadata {
                         r#type,
                         help_ref,
-                        unit_ref: 0,
+                        unit_ref,
                     }),
                     created_timestamp: 0,
                 }
             })
     }
 
+    /// The oracle's symbols: the request's, then each new text once, in the order needed.
+    struct OracleSymbols(Vec<String>, usize);
+
+    impl OracleSymbols {
+        fn text(&self, reference: u32) -> &str {
+            &self.0[reference as usize]
+        }
+
+        fn reference(&mut self, text: String) -> u32 {
+            let appended = self.1;
+            match self.0[appended..].iter().position(|known| *known == text) {
+                Some(at) => (appended + at) as u32,
+                None => {
+                    self.0.push(text);
+                    self.0.len() as u32 - 1
+                }
+            }
+        }
+    }
+
+    /// A value over the limit as Mimir writes it: under `truncate`, its first `limit - 71`
+    /// bytes (fewer, to end on a character), then `(hash:<hex blake2b-256>)`; under `drop`,
+    /// the hash alone.
+    fn hashed(value: &str, strategy: LabelValueLengthOverLimitStrategy, limit: usize) -> String {
+        use blake2::Digest;
+        let digest = blake2::Blake2b::<blake2::digest::consts::U32>::digest(value.as_bytes());
+        let hex: String = digest.iter().map(|byte| format!("{byte:02x}")).collect();
+        let mut keep = match strategy {
+            LabelValueLengthOverLimitStrategy::Truncate => limit - 71,
+            _ => 0,
+        };
+        while !value.is_char_boundary(keep) {
+            keep -= 1;
+        }
+        format!("{}(hash:{hex})", &value[..keep])
+    }
+
     /// The oracle, written apart from the scan: Mimir's checks in Mimir's order on a decoded
-    /// series, after `drop_labels` ("b"), with [`tight`]'s limits. The series as it must be
-    /// forwarded, or the reason it is refused.
-    fn judged(series: &TimeSeries, symbols: &[String]) -> Result<TimeSeries, &'static str> {
-        let labels: Vec<(&str, &str, [u32; 2])> = series
+    /// series, after `drop_labels` ("b"), with [`tight_with`]'s limits. The series as it must
+    /// be forwarded (its metadata as sent) with its metric name, or the reason it is refused.
+    fn judged(
+        series: &TimeSeries,
+        symbols: &mut OracleSymbols,
+        strategy: LabelValueLengthOverLimitStrategy,
+    ) -> Result<(TimeSeries, String), &'static str> {
+        let labels: Vec<(String, String, [u32; 2])> = series
             .labels_refs
             .chunks(2)
             .map(|pair| {
-                let text = |i: u32| symbols[i as usize].as_str();
+                let text = |i: u32| symbols.text(i).to_string();
                 (text(pair[0]), text(pair[1]), [pair[0], pair[1]])
             })
-            .filter(|(name, _, _)| *name != "b")
+            .filter(|(name, _, _)| name != "b")
             .collect();
         let legacy = |name: &str, colon: bool| {
             let mut chars = name.chars();
@@ -1275,7 +1582,7 @@ mod tests {
                 first.is_ascii_alphabetic() || first == '_' || (colon && first == ':')
             }) && chars.all(|c| c.is_ascii_alphanumeric() || c == '_' || (colon && c == ':'))
         };
-        let Some((_, metric, _)) = labels.iter().find(|(name, _, _)| *name == "__name__") else {
+        let Some((_, metric, _)) = labels.iter().find(|(name, _, _)| name == "__name__") else {
             return Err("missing_metric_name");
         };
         if !legacy(metric, true) {
@@ -1284,6 +1591,7 @@ mod tests {
         if labels.len() > 4 {
             return Err("max_label_names_per_series");
         }
+        let mut long = Vec::new();
         for (i, (name, value, _)) in labels.iter().enumerate() {
             if !legacy(name, false) {
                 return Err("label_invalid");
@@ -1291,8 +1599,11 @@ mod tests {
             if name.len() > 8 {
                 return Err("label_name_too_long");
             }
-            if value.len() > 10 {
-                return Err("label_value_too_long");
+            if value.len() > 74 {
+                if strategy == LabelValueLengthOverLimitStrategy::Error {
+                    return Err("label_value_too_long");
+                }
+                long.push(i);
             }
             if i > 0 && labels[i - 1].0 == *name {
                 return Err("duplicate_label_names");
@@ -1315,10 +1626,81 @@ mod tests {
         if timestamps.iter().any(|&t| t < NOW - 3_600_000) {
             return Err("too_far_in_past");
         }
-        Ok(TimeSeries {
-            labels_refs: labels.iter().flat_map(|(_, _, pair)| *pair).collect(),
-            ..series.clone()
-        })
+        let mut labels_refs = Vec::new();
+        for (i, (_, value, pair)) in labels.iter().enumerate() {
+            labels_refs.push(pair[0]);
+            labels_refs.push(if long.contains(&i) {
+                symbols.reference(hashed(value, strategy, 74))
+            } else {
+                pair[1]
+            });
+        }
+        Ok((
+            TimeSeries {
+                labels_refs,
+                ..series.clone()
+            },
+            metric.clone(),
+        ))
+    }
+
+    /// The oracle for metadata, on the kept series in order: Mimir keeps a family's first
+    /// entry (one with a type, help or unit) and checks it: a name or unit over 6 bytes
+    /// refuses it (and the family's later entries go with it), a help over 6 is cut. A later
+    /// entry is held to the same lengths. Returns the refused entries by reason.
+    fn judged_metadata(
+        kept: &mut [(TimeSeries, String)],
+        symbols: &mut OracleSymbols,
+    ) -> [u64; MetadataReason::ALL.len()] {
+        let mut refused = [0u64; MetadataReason::ALL.len()];
+        // Family → refused. No name in CHECKED ends in a histogram's or summary's suffix,
+        // so a family is its metric name.
+        let mut families: HashMap<String, bool> = HashMap::new();
+        for (series, name) in kept.iter_mut() {
+            let Some(metadata) = series.metadata else {
+                continue;
+            };
+            let help = symbols.text(metadata.help_ref).to_string();
+            let unit = symbols.text(metadata.unit_ref).to_string();
+            if metadata.r#type == 0 && help.is_empty() && unit.is_empty() {
+                continue;
+            }
+            let first = !families.contains_key(name.as_str());
+            let reason = if families.get(name.as_str()) == Some(&true) {
+                series.metadata = None;
+                continue;
+            } else if name.len() > 6 {
+                Some("metric_name_too_long")
+            } else if unit.len() > 6 {
+                Some("unit_too_long")
+            } else {
+                None
+            };
+            match reason {
+                Some(reason) => {
+                    series.metadata = None;
+                    if first {
+                        let at = MetadataReason::ALL
+                            .iter()
+                            .position(|r| r.as_str() == reason)
+                            .unwrap();
+                        refused[at] += 1;
+                    }
+                }
+                None if help.len() > 6 => {
+                    let help_ref = symbols.reference(help[..6].to_string());
+                    series.metadata = Some(Metadata {
+                        help_ref,
+                        ..metadata
+                    });
+                }
+                None => {}
+            }
+            if first {
+                families.insert(name.clone(), reason.is_some());
+            }
+        }
+        refused
     }
 
     fn decoded(body: &[u8]) -> Request {
@@ -1326,39 +1708,64 @@ mod tests {
         <Request as prost::Message>::decode(raw.as_slice()).unwrap()
     }
 
+    fn strategy() -> impl Strategy<Value = LabelValueLengthOverLimitStrategy> {
+        prop::sample::select(vec![
+            LabelValueLengthOverLimitStrategy::Error,
+            LabelValueLengthOverLimitStrategy::Truncate,
+            LabelValueLengthOverLimitStrategy::Drop,
+        ])
+    }
+
     proptest! {
+        // A series must pass every check before its values or metadata are rewritten: more
+        // cases than the default, so that each rewrite comes up in every run.
+        #![proptest_config(ProptestConfig::with_cases(2048))]
+
         /// What validation forwards decodes with prost into exactly the series the oracle
-        /// keeps, without a dropped label, over the same symbols; it is what was counted, and
-        /// what was refused is counted under the oracle's reasons.
+        /// keeps, without a dropped label, its long values (under `truncate` or `drop`) and
+        /// long help texts as new symbols appended once each, and its refused metadata cut;
+        /// it is what was counted, and what was refused is counted under the oracle's
+        /// reasons.
         #[test]
         fn validation_forwards_what_it_counts(
             timeseries in prop::collection::vec(checked_series(), 0..8),
+            strategy in strategy(),
         ) {
+            let validation = tight_with(strategy);
             let symbols: Vec<String> = CHECKED.iter().map(|s| s.to_string()).collect();
             let request = Request { symbols: symbols.clone(), timeseries };
             let body = request.encode_snappy();
             let (counts, forward, refused) =
-                decode_validated(&body, usize::MAX, &tight()).unwrap();
+                decode_validated(&body, usize::MAX, &validation).unwrap();
 
+            let mut oracle = OracleSymbols(symbols.clone(), symbols.len());
             let mut kept = Vec::new();
             let mut refused_samples = [0u64; SeriesReason::ALL.len()];
             for series in &request.timeseries {
-                match judged(series, &symbols) {
-                    Ok(series) => kept.push(series),
+                match judged(series, &mut oracle, strategy) {
+                    Ok(kept_series) => kept.push(kept_series),
                     Err(reason) => {
                         let at = SeriesReason::ALL.iter().position(|r| r.as_str() == reason).unwrap();
                         refused_samples[at] += (series.samples.len() + series.histograms.len()) as u64;
                     }
                 }
             }
-            let expected = Request { symbols: symbols.clone(), timeseries: kept };
+            let refused_metadata = judged_metadata(&mut kept, &mut oracle);
+            let expected = Request {
+                symbols: oracle.0,
+                timeseries: kept.into_iter().map(|(series, _)| series).collect(),
+            };
             prop_assert_eq!(counts, crate::fuzzing::expected_v2(&expected));
             let refused_series = (request.timeseries.len() - expected.timeseries.len()) as u64;
             match &refused {
-                None => prop_assert_eq!(refused_series, 0),
+                None => prop_assert_eq!(
+                    (refused_series, refused_metadata.iter().sum::<u64>()),
+                    (0, 0)
+                ),
                 Some(refused) => {
                     prop_assert_eq!(refused.series, refused_series);
                     prop_assert_eq!(refused.samples.samples, refused_samples);
+                    prop_assert_eq!(refused.samples.metadata, refused_metadata);
                     prop_assert!(refused.first.contains("(err-weir-"), "{}", refused.first);
                 }
             }
@@ -1370,12 +1777,12 @@ mod tests {
                     let forwarded = decoded(&rewritten);
                     prop_assert_eq!(&forwarded, &expected);
                     let dropped_left = forwarded.timeseries.iter().any(|series| {
-                        series.labels_refs.chunks(2).any(|pair| symbols[pair[0] as usize] == "b")
+                        series.labels_refs.chunks(2).any(|pair| forwarded.symbols[pair[0] as usize] == "b")
                     });
                     prop_assert!(!dropped_left, "no dropped label is forwarded");
                     // And it passes again as it is.
                     prop_assert_eq!(
-                        decode_validated(&rewritten, usize::MAX, &tight()).unwrap(),
+                        decode_validated(&rewritten, usize::MAX, &validation).unwrap(),
                         (counts, Forward::Unchanged, None)
                     );
                 }
@@ -1385,9 +1792,10 @@ mod tests {
         #[test]
         fn validating_arbitrary_bytes_never_panics(
             bytes in prop::collection::vec(any::<u8>(), 0..512),
+            strategy in strategy(),
         ) {
             let compressed = snap::raw::Encoder::new().compress_vec(&bytes).unwrap();
-            let _ = decode_validated(&compressed, 1 << 20, &tight());
+            let _ = decode_validated(&compressed, 1 << 20, &tight_with(strategy));
         }
     }
 
@@ -1626,6 +2034,180 @@ mod tests {
                     .contains("err-weir-max-native-histogram-buckets"),
             "{}",
             refused.first
+        );
+    }
+
+    /// A body whose symbols lie both before and after its series, as protobuf allows.
+    fn symbols_around(symbols: &[String], split: usize, timeseries: Vec<TimeSeries>) -> Vec<u8> {
+        let part = |symbols: &[String], timeseries: Vec<TimeSeries>| {
+            raw(&Request {
+                symbols: symbols.to_vec(),
+                timeseries,
+            })
+        };
+        let mut body = part(&symbols[..split], vec![]);
+        body.extend(part(&[], timeseries));
+        body.extend(part(&symbols[split..], vec![]));
+        snap::raw::Encoder::new().compress_vec(&body).unwrap()
+    }
+
+    #[test]
+    fn truncate_and_drop_write_a_long_value_as_one_new_symbol_after_all_others() {
+        let long = "v".repeat(80);
+        let list = symbols(&["", "__name__", "up", "job", &long, "x", "b", "r"]);
+        let timeseries = vec![
+            TimeSeries {
+                samples: sample_at(NOW),
+                ..series(vec![1, 2, 3, 4])
+            },
+            // The same value again, with a dropped label before it.
+            TimeSeries {
+                samples: sample_at(NOW),
+                ..series(vec![1, 5, 6, 7, 3, 4])
+            },
+            TimeSeries {
+                samples: sample_at(NOW),
+                ..series(vec![1, 5, 3, 5])
+            },
+        ];
+        // The symbols `long` and after come after the series on the wire: the new symbol
+        // still follows all of them.
+        let body = symbols_around(&list, 4, timeseries.clone());
+        for strategy in [
+            LabelValueLengthOverLimitStrategy::Truncate,
+            LabelValueLengthOverLimitStrategy::Drop,
+        ] {
+            let (counts, forward, refused) =
+                decode_validated(&body, usize::MAX, &tight_with(strategy)).unwrap();
+            assert_eq!(refused, None, "{strategy:?}");
+            assert_eq!((counts.series, counts.samples), (3, 3));
+            let Forward::Rewritten(rewritten) = forward else {
+                panic!("{forward:?}")
+            };
+            let forwarded = decoded(&rewritten);
+            let new_value = hashed(&long, strategy, 74);
+            assert!(new_value.len() <= 74, "{new_value}");
+            let mut expected_symbols = list.clone();
+            expected_symbols.push(new_value);
+            assert_eq!(
+                forwarded.symbols, expected_symbols,
+                "{strategy:?}: appended once"
+            );
+            let labels: Vec<Vec<u32>> = forwarded
+                .timeseries
+                .iter()
+                .map(|series| series.labels_refs.clone())
+                .collect();
+            assert_eq!(
+                labels,
+                vec![vec![1, 2, 3, 8], vec![1, 5, 3, 8], vec![1, 5, 3, 5]]
+            );
+            assert_eq!(forwarded.timeseries[2], timeseries[2], "untouched");
+            assert_eq!(
+                decode_validated(&rewritten, usize::MAX, &tight_with(strategy)).unwrap(),
+                (counts, Forward::Unchanged, None),
+                "it passes again as it is"
+            );
+        }
+        // Under `error` the series with the value are refused.
+        let (counts, _, refused) = decode_validated(&body, usize::MAX, &tight()).unwrap();
+        assert_eq!((counts.series, refused.unwrap().series), (1, 2));
+    }
+
+    #[test]
+    fn a_long_help_is_cut_into_a_new_symbol_and_a_long_unit_cuts_its_familys_metadata() {
+        let list = symbols(&["", "__name__", "up", "help text", "seconds", "s", "x"]);
+        let metadata = |r#type: i32, help_ref: u32, unit_ref: u32| {
+            Some(Metadata {
+                r#type,
+                help_ref,
+                unit_ref,
+            })
+        };
+        // `up`'s metadata in two pieces, merged: type and help, then the unit.
+        let mut up = raw(&Request {
+            symbols: vec![],
+            timeseries: vec![TimeSeries {
+                samples: sample_at(NOW),
+                metadata: metadata(1, 3, 0),
+                ..series(vec![1, 2])
+            }],
+        });
+        let mut unit_piece = Vec::new();
+        prost::encoding::message::encode(5, &metadata(0, 0, 5).unwrap(), &mut unit_piece);
+        // The body is one `timeseries` field: its length grows by the piece.
+        assert!(up.len() < 120, "one-byte length");
+        up[1] += unit_piece.len() as u8;
+        up.extend(unit_piece);
+        let mut body = raw(&Request {
+            symbols: list.clone(),
+            timeseries: vec![],
+        });
+        body.extend(up);
+        body.extend(raw(&Request {
+            symbols: vec![],
+            timeseries: vec![
+                // `x` with a unit over the limit: its metadata is refused, the series stays.
+                TimeSeries {
+                    samples: sample_at(NOW),
+                    metadata: metadata(2, 0, 4),
+                    ..series(vec![1, 6])
+                },
+                // `x` again, within the limits: the family's entry was refused, this goes too.
+                TimeSeries {
+                    samples: sample_at(NOW),
+                    metadata: metadata(2, 0, 5),
+                    ..series(vec![1, 6])
+                },
+                // `up` again: not charged twice, its help cut to the same new symbol.
+                TimeSeries {
+                    samples: sample_at(NOW),
+                    metadata: metadata(1, 3, 5),
+                    ..series(vec![1, 2])
+                },
+            ],
+        }));
+        let body = snap::raw::Encoder::new().compress_vec(&body).unwrap();
+        let (counts, forward, refused) = decode_validated(&body, usize::MAX, &tight()).unwrap();
+        assert_eq!((counts.series, counts.metadata), (4, 1));
+        let refused = refused.unwrap();
+        assert_eq!(refused.series, 0);
+        assert_eq!(refused.samples.samples(), 0);
+        assert_eq!(
+            refused.samples.metadata[MetadataReason::UnitTooLong as usize],
+            1
+        );
+        assert_eq!(refused.samples.metadata(), 1);
+        assert!(
+            refused.first.contains("unit: 'seconds' metric name: 'x'")
+                && refused.first.contains("(err-weir-unit-too-long)"),
+            "{}",
+            refused.first
+        );
+        let Forward::Rewritten(rewritten) = forward else {
+            panic!("{forward:?}")
+        };
+        let forwarded = decoded(&rewritten);
+        let mut expected_symbols = list.clone();
+        expected_symbols.push("help t".to_string());
+        assert_eq!(forwarded.symbols, expected_symbols);
+        let metadata_of: Vec<Option<Metadata>> = forwarded
+            .timeseries
+            .iter()
+            .map(|series| series.metadata)
+            .collect();
+        assert_eq!(
+            metadata_of,
+            vec![metadata(1, 7, 5), None, None, metadata(1, 7, 5)]
+        );
+        assert!(forwarded
+            .timeseries
+            .iter()
+            .all(|series| series.samples.len() == 1 && series.labels_refs.len() == 2));
+        assert_eq!(
+            decode_validated(&rewritten, usize::MAX, &tight()).unwrap(),
+            (counts, Forward::Unchanged, None),
+            "it passes again as it is"
         );
     }
 }
