@@ -5,8 +5,8 @@
 //! `label_value_length_over_limit_strategy: error`, `creation_grace_period: 10m`,
 //! `past_grace_period: 0s`, which is off, `max_metadata_length: 1024`,
 //! `enforce_metadata_metric_name: true`, `max_native_histogram_buckets: 0`, which is off,
-//! `reduce_native_histogram_over_max_buckets: true`). weir's remote-write 1.0 scan applies
-//! them (`src/remote_write/validate.rs`).
+//! `reduce_native_histogram_over_max_buckets: true`). weir's remote-write 1.0 and 2.0 scans apply
+//! them (`src/remote_write/validate.rs`, shared by both).
 
 use std::time::Duration;
 
