@@ -520,12 +520,17 @@ fn spawn_membership_applier(
                 .metrics
                 .ring_ignored_members
                 .set(membership.ignored_members as i64);
-            let counted = state.metrics.ring_rejected_gossip.get();
-            if membership.rejected_gossip > counted {
-                state
+            for (reason, &rejected) in ring::auth::Rejection::ALL
+                .iter()
+                .zip(&membership.rejected_gossip)
+            {
+                let counter = state
                     .metrics
                     .ring_rejected_gossip
-                    .inc_by(membership.rejected_gossip - counted);
+                    .with_label_values(&[reason.as_str()]);
+                if rejected > counter.get() {
+                    counter.inc_by(rejected - counter.get());
+                }
             }
             if membership.healthy != healthy {
                 if healthy != 0 {

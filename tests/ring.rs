@@ -208,7 +208,7 @@ async fn gossip_without_the_secret_is_not_heard() {
         common::metric_at(
             &reqwest::Client::new(),
             &base,
-            "weir_ring_rejected_gossip_total",
+            "weir_ring_rejected_gossip_total{reason=\"key\"}",
         )
         .await
         .unwrap_or(0.0)

@@ -7,8 +7,8 @@
 //! - [`usage`]: per-tenant usage over gossip for `weighted`: cumulative admitted counts per
 //!   replica (a capped key, listed in turn), folded into monotonic per-tenant totals.
 //! - [`ha`]: the HA tracker's elections over gossip (the wire format; the merge rule is weir's).
-//! - [`auth`]: authenticated gossip: an HMAC on every datagram under a shared secret, with
-//!   key rotation.
+//! - [`auth`]: encrypted gossip: every datagram sealed with XChaCha20-Poly1305 under keys
+//!   derived from shared secrets (with rotation), and refused when old or replayed.
 //! - [`node`]: the edge over chitchat: join, publish state, observe peers, leave, shut down.
 //!   Consumers read a `watch::Receiver<Arc<Membership>>`; the limit maths stays a pure
 //!   function of (tenant limits, membership).

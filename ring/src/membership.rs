@@ -87,8 +87,9 @@ pub struct Membership {
     pub skipped_usage_entries: [u64; crate::usage::EntryError::ALL.len()],
     /// Live members beyond `max_members`, ignored (not counted, not listed).
     pub ignored_members: usize,
-    /// Gossip datagrams dropped since start because no key authenticated them.
-    pub rejected_gossip: u64,
+    /// Gossip datagrams dropped since start, per reason (indexed as
+    /// [`crate::auth::Rejection::ALL`]): no key opened them, too old, replayed, ….
+    pub rejected_gossip: [u64; crate::auth::Rejection::ALL.len()],
     /// The HA elections the live peers publish (see [`crate::ha`]), all peers together. A new
     /// `Arc` only when a peer's list changed.
     #[serde(skip)]
@@ -118,7 +119,7 @@ impl Membership {
             rejected_usage_reports: 0,
             skipped_usage_entries: Default::default(),
             ignored_members: 0,
-            rejected_gossip: 0,
+            rejected_gossip: Default::default(),
             peer_ha: Default::default(),
             skipped_ha_entries: 0,
         }
@@ -139,7 +140,7 @@ impl Membership {
             rejected_usage_reports: 0,
             skipped_usage_entries: Default::default(),
             ignored_members: 0,
-            rejected_gossip: 0,
+            rejected_gossip: Default::default(),
             peer_ha: Default::default(),
             skipped_ha_entries: 0,
         }

@@ -52,7 +52,7 @@ pub struct RingConfig {
     /// Most live members counted (this replica included); more are ignored, so thousands of
     /// fake members cannot divide every limit by thousands.
     pub max_members: usize,
-    /// Authenticate every gossip datagram with these keys; `None`: unauthenticated gossip.
+    /// Encrypt every gossip datagram with these keys; `None`: plain, unauthenticated gossip.
     pub gossip_keys: Option<crate::GossipKeys>,
 }
 
@@ -128,14 +128,21 @@ impl Ring {
         let mut rejected_gossip = None;
         let started = match &config.gossip_keys {
             Some(keys) => {
-                let transport = crate::auth::AuthenticatedUdp::new(keys.clone());
+                tracing::info!(
+                    "gossip is encrypted (XChaCha20-Poly1305, replay window {:?}); replicas of \
+                     an older weir, whose gossip is only signed (HMAC), cannot read it nor it \
+                     theirs",
+                    crate::auth::DEFAULT_REPLAY_WINDOW
+                );
+                let transport = crate::auth::EncryptedUdp::new(keys.clone());
                 rejected_gossip = Some(transport.rejected());
                 spawn_chitchat(chitchat_config, initial, &transport).await
             }
             None => {
                 tracing::warn!(
-                    "gossip is not authenticated: any host that reaches the gossip port can \
-                     join the ring (set --gossip-secret or --gossip-secret-file)"
+                    "gossip is neither authenticated nor encrypted: any host that reaches the \
+                     gossip port can join the ring, and read every replica and tenant name in \
+                     it (set --gossip-secret or --gossip-secret-file)"
                 );
                 spawn_chitchat(chitchat_config, initial, &UdpTransport).await
             }
@@ -261,7 +268,7 @@ const MAX_HA_BYTES: usize = 12 * 1024;
 
 struct Observation {
     max_members: usize,
-    rejected_gossip: Option<Arc<std::sync::atomic::AtomicU64>>,
+    rejected_gossip: Option<Arc<crate::auth::RejectedGossip>>,
     period: Duration,
     seeds: Vec<SocketAddr>,
     self_addr: SocketAddr,
@@ -432,9 +439,10 @@ async fn observe(
         membership.ignored_members = ignored;
         membership.rejected_usage_reports = rejected_total;
         membership.skipped_usage_entries = skipped_total;
-        membership.rejected_gossip = observation.rejected_gossip.as_ref().map_or(0, |rejected| {
-            rejected.load(std::sync::atomic::Ordering::Relaxed)
-        });
+        membership.rejected_gossip = observation
+            .rejected_gossip
+            .as_ref()
+            .map_or_else(Default::default, |rejected| rejected.snapshot());
         membership.peer_usage = Arc::clone(&peer_usage);
         membership.peer_ha = Arc::clone(&peer_ha);
         membership.skipped_ha_entries = skipped_ha;

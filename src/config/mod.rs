@@ -179,8 +179,8 @@ pub struct Config {
     #[arg(help_heading = RING, long, env = "WEIR_RING_DEAD_NODE_GRACE_PERIOD", default_value = "1m", value_parser = humantime::parse_duration)]
     pub ring_dead_node_grace_period: Duration,
 
-    /// Shared secrets that authenticate every gossip datagram (HMAC-SHA256), comma-separated:
-    /// the first signs, any verifies. Rotate with three rolling restarts: `old,new` (all
+    /// Shared secrets that encrypt and authenticate every gossip datagram (XChaCha20-Poly1305,
+    /// keys derived by HKDF), comma-separated: the first seals, any opens. Rotate with three rolling restarts: `old,new` (all
     /// accept new), then `new,old` (all sign with new), then `new`. Each at least 16 bytes.
     /// Without one, gossip is unauthenticated.
     #[arg(

@@ -35,7 +35,7 @@ pub struct Metrics {
     pub ring_rejected_usage_reports: IntCounter,
     pub ring_skipped_usage_entries: IntCounterVec,
     pub ring_ignored_members: IntGauge,
-    pub ring_rejected_gossip: IntCounter,
+    pub ring_rejected_gossip: IntCounterVec,
     pub http_refused_connections: IntCounter,
     pub http_open_connections: IntGauge,
     pub store_calls: IntCounterVec,
@@ -185,11 +185,14 @@ impl Metrics {
                 "HTTP connections closed at once because --http-max-connections were open.",
             )
             .expect("valid"),
-            ring_rejected_gossip: IntCounter::new(
+            // reason: one of ring::auth::Rejection's six, pre-created.
+            ring_rejected_gossip: counter_vec(
+                r,
                 "weir_ring_rejected_gossip_total",
-                "Gossip datagrams dropped because no configured key authenticated them.",
-            )
-            .expect("valid"),
+                "Gossip datagrams dropped (--gossip-secret): not encrypted weir gossip, no key \
+                 opens it, an older weir's, stale, replayed, or undecodable.",
+                &["reason"],
+            ),
             ring_ignored_members: IntGauge::new(
                 "weir_ring_ignored_members",
                 "Live members beyond --ring-max-members, ignored.",
@@ -310,7 +313,6 @@ impl Metrics {
             Box::new(metrics.ring_healthy_changes.clone()),
             Box::new(metrics.ring_rejected_usage_reports.clone()),
             Box::new(metrics.ring_ignored_members.clone()),
-            Box::new(metrics.ring_rejected_gossip.clone()),
             Box::new(metrics.http_refused_connections.clone()),
             Box::new(metrics.http_open_connections.clone()),
             Box::new(metrics.store_call_duration.clone()),
@@ -337,6 +339,11 @@ impl Metrics {
         }
         for outcome in ["ok", "failed"] {
             metrics.cell_syncs.with_label_values(&[outcome]);
+        }
+        for reason in ring::auth::Rejection::ALL {
+            metrics
+                .ring_rejected_gossip
+                .with_label_values(&[reason.as_str()]);
         }
         for reason in ring::usage::EntryError::ALL {
             metrics
