@@ -5,6 +5,8 @@
 //! - [`config`]: every setting as a clap flag, a `WEIR_…` env var and a `--config` YAML key.
 //! - [`server`]: `run(config, listener, shutdown)`: the HTTP routes, the background tasks
 //!   (config reload, EWMA tick, idle-tenant eviction) and graceful shutdown.
+//! - [`admin`]: the operator's pages kept from clients: the `--admin-token-file` bearer check
+//!   (the `--admin-addr` listener itself is wired in `server`).
 //! - [`state`]: `AppState`, what every handler shares (config, limiter, metrics, upstream,
 //!   store, the runtime config and membership in force), built by `server`.
 //! - [`http_serve`]: the HTTP listener with its bounds (header timeout, header size,
@@ -43,6 +45,7 @@
 //!
 //! The runtime overrides file is the `runtime-config` crate's business.
 
+pub mod admin;
 pub mod admission_common;
 pub mod admission_http;
 pub mod cells;

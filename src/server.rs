@@ -1,5 +1,10 @@
 //! `run(config, listener, shutdown)`: the HTTP routes, the background tasks, and graceful
 //! shutdown. `main` and the integration tests call the same function.
+//!
+//! Two sets of routes: what clients need (pushes, the admission API's JSON twin) and the
+//! operator's pages (metrics, ring, runtime config, HA tracker), which list every tenant and
+//! its limits. With `--admin-addr` the pages are served only on that second listener; the
+//! probes (`/ready`, `/health`) are on both, since balancers probe the public port.
 
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -19,6 +24,7 @@ use tokio::net::TcpListener;
 use tokio::sync::{oneshot, watch};
 use tokio::task::JoinHandle;
 
+use crate::admin::AdminToken;
 use crate::config::Config;
 use engine::{EngineClock, Limiter, Shared, COARSE_CLOCK_TICK};
 
@@ -45,6 +51,8 @@ pub async fn run_with_clock(
     shutdown: impl Future<Output = ()> + Send + 'static,
     clock: EngineClock,
 ) -> anyhow::Result<()> {
+    // A bad token file stops start-up before anything is bound.
+    let admin_token = config.admin_token()?.map(Arc::new);
     let metrics = Arc::new(Metrics::new());
     let reload_metrics = ReloadMetrics::new(&metrics.registry).context("registering metrics")?;
     let has_store = !config.store_url.is_empty();
@@ -118,6 +126,15 @@ pub async fn run_with_clock(
         )
     })?;
     let grpc_addr = grpc_listener.local_addr()?;
+    let admin_listener = match config.admin_addr {
+        Some(admin_addr) => Some(TcpListener::bind(admin_addr).await.with_context(|| {
+            format!(
+                "cannot listen on --admin-addr {admin_addr} (a second replica on one host \
+                 needs its own, e.g. --admin-addr 127.0.0.1:0)"
+            )
+        })?),
+        None => None,
+    };
     let ring = Arc::new(
         Ring::join(config.ring(address, grpc_addr, config.gossip_keys()?))
             .await
@@ -230,6 +247,26 @@ pub async fn run_with_clock(
         "weir listening on {scheme}://{address} (push: POST {scheme}://{address}/api/v1/push)"
     );
     println!("weir gRPC on {grpc_addr} (weir.admission.v1.Admission, Envoy RateLimitService)");
+    let token_note = if admin_token.is_some() {
+        ", behind --admin-token-file"
+    } else {
+        ""
+    };
+    match &admin_listener {
+        Some(admin) => println!(
+            "weir admin on {scheme}://{} ({ADMIN_PAGES}{token_note})",
+            admin.local_addr()?
+        ),
+        None if admin_token.is_some() => tracing::info!(
+            "no --admin-addr: the operator's pages ({ADMIN_PAGES}) are on the public HTTP \
+             port, behind --admin-token-file"
+        ),
+        None => tracing::warn!(
+            "no --admin-addr: the operator's pages ({ADMIN_PAGES}), which list every tenant \
+             and its limits, are on the public HTTP port {address} for anyone who reaches it; \
+             set --admin-addr to serve them apart, or --admin-token-file to require a token"
+        ),
+    }
     match &state.upstream {
         Some(upstream) => tracing::info!(
             upstream = %upstream.url(),
@@ -244,10 +281,37 @@ pub async fn run_with_clock(
 
     let (grpc_stop_tx, grpc_stop_rx) = oneshot::channel::<()>();
     let grpc = tokio::spawn(serve_grpc(Arc::clone(&state), grpc_listener, grpc_stop_rx));
+    // The admin listener serves through the drain (a scrape during shutdown still works)
+    // and stops after the HTTP listener. One worker thread: it serves a few scrapers.
+    let (admin_stop_tx, admin_stop_rx) = oneshot::channel::<()>();
+    let admin = admin_listener.map(|listener| {
+        tokio::spawn(crate::http_serve::serve(
+            listener,
+            admin_router(Arc::clone(&state), admin_token.clone()),
+            crate::http_serve::HttpLimits {
+                workers: 1,
+                ..state.config.http_limits()
+            },
+            tls.clone(),
+            // Counted with the HTTP listener's connections.
+            crate::http_serve::ConnectionCounters {
+                refused: state.metrics.http_refused_connections.clone(),
+                open: state.metrics.http_open_connections.clone(),
+            },
+            async move {
+                let _ = admin_stop_rx.await;
+            },
+        ))
+    });
+    let pages = if admin.is_some() {
+        AdminPages::Apart
+    } else {
+        AdminPages::Here(admin_token)
+    };
     let (drain_tx, drain_rx) = oneshot::channel::<()>();
     let server = crate::http_serve::serve(
         listener,
-        router(Arc::clone(&state)),
+        router(Arc::clone(&state), pages),
         state.config.http_limits(),
         tls,
         crate::http_serve::ConnectionCounters {
@@ -264,6 +328,7 @@ pub async fn run_with_clock(
         served = &mut server => {
             stop(tasks, stop_tx);
             let _ = grpc_stop_tx.send(());
+            let _ = admin_stop_tx.send(());
             ring.shutdown().await;
             served.context("cannot start the HTTP worker threads")?;
             anyhow::bail!("the HTTP server stopped");
@@ -302,7 +367,11 @@ pub async fn run_with_clock(
     }
     stop(tasks, stop_tx);
     let _ = grpc_stop_tx.send(());
+    let _ = admin_stop_tx.send(());
     let _ = tokio::time::timeout(Duration::from_secs(5), grpc).await;
+    if let Some(admin) = admin {
+        let _ = tokio::time::timeout(Duration::from_secs(5), admin).await;
+    }
     // Unspent leases go back to the store, so the fleet keeps them.
     state.limiter.return_leases(true).await;
     ring.shutdown().await;
@@ -310,16 +379,23 @@ pub async fn run_with_clock(
     Ok(())
 }
 
-pub fn router(state: Arc<AppState>) -> Router {
-    Router::new()
+/// The operator's pages, as the start-up messages name them.
+const ADMIN_PAGES: &str = "/metrics, /ring, /runtime_config, /distributor/ha_tracker";
+
+/// Where the public HTTP listener stands on the operator's pages.
+pub enum AdminPages {
+    /// Served here (no `--admin-addr`), behind the token if one is given.
+    Here(Option<Arc<AdminToken>>),
+    /// Served on `--admin-addr`: here they answer 404.
+    Apart,
+}
+
+/// The public HTTP listener's routes: what clients need, the probes, and the operator's pages
+/// unless they are [`AdminPages::Apart`].
+pub fn router(state: Arc<AppState>, pages: AdminPages) -> Router {
+    let router = Router::new()
         .route("/api/v1/push", post(crate::push::push))
         .route("/otlp/v1/metrics", post(crate::push::push_otlp))
-        .route("/metrics", get(metrics))
-        .route("/ready", get(ready))
-        .route("/health", get(|| async { "ok\n" }))
-        .route("/runtime_config", get(runtime_config))
-        .route("/ring", get(crate::ring_page::ring))
-        .route("/distributor/ha_tracker", get(ha_tracker))
         .route("/api/v1/allow", post(crate::admission_http::allow))
         .route(
             "/api/v1/allow_batch",
@@ -328,7 +404,41 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/api/v1/acquire", post(crate::admission_http::acquire))
         .route("/api/v1/release", post(crate::admission_http::release))
         .route("/api/v1/renew", post(crate::admission_http::renew))
-        .with_state(state)
+        .merge(probe_routes());
+    match pages {
+        AdminPages::Here(token) => router.merge(admin_routes(token)),
+        AdminPages::Apart => router,
+    }
+    .with_state(state)
+}
+
+/// The `--admin-addr` listener's routes: the operator's pages and the probes.
+pub fn admin_router(state: Arc<AppState>, token: Option<Arc<AdminToken>>) -> Router {
+    probe_routes().merge(admin_routes(token)).with_state(state)
+}
+
+/// Never behind the token: a kubelet or a balancer probes without one.
+fn probe_routes() -> Router<Arc<AppState>> {
+    Router::new()
+        .route("/ready", get(ready))
+        .route("/health", get(|| async { "ok\n" }))
+}
+
+/// The pages that list every tenant and its limits. `route_layer`: the token guards these
+/// routes only, so an unknown path is still 404 rather than 401.
+fn admin_routes(token: Option<Arc<AdminToken>>) -> Router<Arc<AppState>> {
+    let routes = Router::new()
+        .route("/metrics", get(metrics))
+        .route("/runtime_config", get(runtime_config))
+        .route("/ring", get(crate::ring_page::ring))
+        .route("/distributor/ha_tracker", get(ha_tracker));
+    match token {
+        Some(token) => routes.route_layer(axum::middleware::from_fn_with_state(
+            token,
+            crate::admin::require_token,
+        )),
+        None => routes,
+    }
 }
 
 /// `GET /distributor/ha_tracker`: the HA elections this replica holds, as JSON (Mimir's page

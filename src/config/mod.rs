@@ -45,7 +45,8 @@ pub struct Config {
     #[arg(long, env = "WEIR_CONFIG")]
     pub config: Option<PathBuf>,
 
-    /// Address for HTTP: push, metrics, readiness, runtime config.
+    /// Address for HTTP: push, readiness and, without --admin-addr, the operator's pages
+    /// (metrics, ring, runtime config).
     #[arg(help_heading = LISTENERS, long, env = "WEIR_HTTP_ADDR", default_value = "127.0.0.1:8080")]
     pub http_addr: SocketAddr,
 
@@ -58,6 +59,20 @@ pub struct Config {
     /// PEM private key of --http-tls-cert-file.
     #[arg(help_heading = TLS, long, env = "WEIR_HTTP_TLS_KEY_FILE", requires = "http_tls_cert_file")]
     pub http_tls_key_file: Option<PathBuf>,
+
+    /// Serve the operator's pages (`/metrics`, `/ring`, `/runtime_config`,
+    /// `/distributor/ha_tracker`) on this address only; --http-addr then answers 404 for them.
+    /// `/ready` and `/health` are served on both. Plain HTTP, or HTTPS with the
+    /// --http-tls-cert-file certificate when that is set. Without it, the pages are on
+    /// --http-addr (with a warning at start-up). Port 0 picks a free port.
+    #[arg(help_heading = LISTENERS, long, env = "WEIR_ADMIN_ADDR")]
+    pub admin_addr: Option<SocketAddr>,
+
+    /// File holding a bearer token that the operator's pages require (`Authorization: Bearer
+    /// <token>`: 401 without it, 403 for another), on whichever listener serves them. Read
+    /// at start-up; surrounding whitespace is ignored. `/ready` and `/health` stay open.
+    #[arg(help_heading = LISTENERS, long, env = "WEIR_ADMIN_TOKEN_FILE")]
+    pub admin_token_file: Option<PathBuf>,
 
     /// gRPC listen address of the admission API (`weir.admission.v1.Admission`) and Envoy's
     /// rate-limit service; port 0 picks a free port. Advertised in the ring.
@@ -543,6 +558,11 @@ impl Config {
                 bail!("--cell-fallback-floor must be > 0 and at most 1");
             }
         }
+        if let Some(admin) = self.admin_addr {
+            if admin == self.http_addr && admin.port() != 0 {
+                bail!("--admin-addr must differ from --http-addr ({admin})");
+            }
+        }
         if let Some(tenant) = &self.no_auth_tenant {
             crate::tenant::validate(tenant)
                 .with_context(|| format!("--no-auth-tenant {tenant:?}"))?;
@@ -643,6 +663,15 @@ mod tests {
             ),
             (vec!["--cell-slice-ttl", "2s"], "at least 3 ×"),
             (vec!["--cell-fallback-floor", "0"], "--cell-fallback-floor"),
+            (
+                vec![
+                    "--http-addr",
+                    "127.0.0.1:9000",
+                    "--admin-addr",
+                    "127.0.0.1:9000",
+                ],
+                "--admin-addr must differ",
+            ),
         ] {
             let err =
                 Config::load_from(std::iter::once("weir").chain(args.iter().copied())).unwrap_err();

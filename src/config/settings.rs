@@ -110,6 +110,18 @@ impl Config {
         }
     }
 
+    /// The token the operator's pages require, from `--admin-token-file`; `None` without.
+    pub fn admin_token(&self) -> anyhow::Result<Option<crate::admin::AdminToken>> {
+        let Some(path) = &self.admin_token_file else {
+            return Ok(None);
+        };
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("cannot read --admin-token-file {}", path.display()))?;
+        crate::admin::AdminToken::new(&text)
+            .map(Some)
+            .map_err(|why| anyhow::anyhow!("--admin-token-file {}: {why}", path.display()))
+    }
+
     /// The gossip keys, from `--gossip-secret` or `--gossip-secret-file`; `None` without.
     pub fn gossip_keys(&self) -> anyhow::Result<Option<ring::GossipKeys>> {
         let secrets: Vec<String> = match &self.gossip_secret_file {
