@@ -370,35 +370,11 @@ pub fn decode_validated(
     validation: &Validation,
 ) -> Result<Decoded, DecodeError> {
     decompressed(body, max_size, |raw| {
-        // The HA tracker first, on the first series' labels, as Mimir's distributor does: a
-        // push it does not accept is only checked and counted.
-        let ha = match &validation.ha {
-            None => HaOutcome::Off,
-            Some(check) => {
-                let (cluster, replica) = first_series_labels(
-                    raw,
-                    &check.settings.ha_cluster_label,
-                    &check.settings.ha_replica_label,
-                )?;
-                check.outcome(cluster, replica, validation.now_ms)
-            }
+        let (ha, validation) = match ha_first(raw, validation, first_series_labels, scan)? {
+            HaStep::Done(decoded) => return Ok(decoded),
+            HaStep::Go(ha, validation) => (ha, validation),
         };
-        let dropping_replica;
-        let validation = match &ha {
-            HaOutcome::Deduplicated { .. } | HaOutcome::TooManyClusters { .. } => {
-                return Ok(Decoded {
-                    counts: scan(raw)?,
-                    forward: Forward::Nothing,
-                    refused: None,
-                    ha,
-                })
-            }
-            HaOutcome::Accepted { replica_label, .. } => {
-                dropping_replica = validation.also_dropping(replica_label);
-                &dropping_replica
-            }
-            HaOutcome::Off | HaOutcome::NotHa => validation,
-        };
+        let validation = validation.as_ref();
         let mut found = RefusedSeries::default();
         let counts = scan_validating(raw, Some(validation), &mut found)?;
         let forward = if found.edits.is_empty() {
@@ -463,13 +439,60 @@ fn edited(raw: &[u8], edits: &[Edit]) -> Vec<u8> {
         .expect("snappy compresses any buffer that fits in memory")
 }
 
+/// Where a push stands after the HA tracker ([`ha_first`]).
+pub(super) enum HaStep<'v> {
+    /// Deduplicated, or a cluster too many: the push was only checked and counted.
+    Done(Decoded),
+    /// On to validation, with this validation: the tenant's, dropping the replica label too
+    /// when the push is from the elected replica.
+    Go(HaOutcome, std::borrow::Cow<'v, Validation>),
+}
+
+/// The HA tracker first, on the first series' labels (`labels` reads them, for 1.0 or 2.0),
+/// as Mimir's distributor does: a push it does not accept is only checked and counted
+/// (`scan`).
+pub(super) fn ha_first<'v>(
+    raw: &[u8],
+    validation: &'v Validation,
+    labels: for<'a> fn(&'a [u8], &str, &str) -> Result<FirstLabels<'a>, DecodeError>,
+    scan: fn(&[u8]) -> Result<WriteCounts, DecodeError>,
+) -> Result<HaStep<'v>, DecodeError> {
+    let Some(check) = &validation.ha else {
+        return Ok(HaStep::Go(
+            HaOutcome::Off,
+            std::borrow::Cow::Borrowed(validation),
+        ));
+    };
+    let settings = &check.settings;
+    let (cluster, replica) = labels(raw, &settings.ha_cluster_label, &settings.ha_replica_label)?;
+    let ha = check.outcome(cluster, replica, validation.now_ms);
+    let validation = match &ha {
+        HaOutcome::Deduplicated { .. } | HaOutcome::TooManyClusters { .. } => {
+            return Ok(HaStep::Done(Decoded {
+                counts: scan(raw)?,
+                forward: Forward::Nothing,
+                refused: None,
+                ha,
+            }))
+        }
+        HaOutcome::Accepted { replica_label, .. } => {
+            std::borrow::Cow::Owned(validation.also_dropping(replica_label))
+        }
+        HaOutcome::Off | HaOutcome::NotHa => std::borrow::Cow::Borrowed(validation),
+    };
+    Ok(HaStep::Go(ha, validation))
+}
+
+/// The values of a request's HA cluster and replica labels in its first series.
+pub(super) type FirstLabels<'a> = (Option<&'a str>, Option<&'a str>);
+
 /// The values of the labels `cluster` and `replica` in the request's first series (what
 /// Mimir's HA tracker reads), each `None` when the series lacks it.
 fn first_series_labels<'a>(
     mut buf: &'a [u8],
     cluster: &str,
     replica: &str,
-) -> Result<(Option<&'a str>, Option<&'a str>), DecodeError> {
+) -> Result<FirstLabels<'a>, DecodeError> {
     while !buf.is_empty() {
         let (tag, wire_type) = key(&mut buf, "WriteRequest")?;
         if tag != 1 {

@@ -51,8 +51,8 @@ use super::validate::{
     check_metadata, shortened_value, MetadataVerdict, SeriesCheck, Splice, Validation,
 };
 use super::wire::{check, check_sample, field, is_utf8};
+use super::{ha_first, FirstLabels, HaStep};
 use crate::counts::{DecodeError, Decoded, Discarded, Forward, Refused, SeriesReason, WriteCounts};
-use crate::ha::HaOutcome;
 
 type Families = HashSet<u64, foldhash::fast::FixedState>;
 
@@ -88,34 +88,12 @@ pub fn decode_validated(
     validation: &Validation,
 ) -> Result<Decoded, DecodeError> {
     super::decompressed(body, max_size, |raw| {
-        // The HA tracker first, on the first series' labels, as for 1.0.
-        let ha = match &validation.ha {
-            None => HaOutcome::Off,
-            Some(check) => {
-                let (cluster, replica) = first_series_labels(
-                    raw,
-                    &check.settings.ha_cluster_label,
-                    &check.settings.ha_replica_label,
-                )?;
-                check.outcome(cluster, replica, validation.now_ms)
-            }
+        // The HA tracker first, as for 1.0.
+        let (ha, validation) = match ha_first(raw, validation, first_series_labels, scan)? {
+            HaStep::Done(decoded) => return Ok(decoded),
+            HaStep::Go(ha, validation) => (ha, validation),
         };
-        let dropping_replica;
-        let validation = match &ha {
-            HaOutcome::Deduplicated { .. } | HaOutcome::TooManyClusters { .. } => {
-                return Ok(Decoded {
-                    counts: scan(raw)?,
-                    forward: Forward::Nothing,
-                    refused: None,
-                    ha,
-                })
-            }
-            HaOutcome::Accepted { replica_label, .. } => {
-                dropping_replica = validation.also_dropping(replica_label);
-                &dropping_replica
-            }
-            HaOutcome::Off | HaOutcome::NotHa => validation,
-        };
+        let validation = validation.as_ref();
         with_tables(|symbols, families| {
             let (counts, found) = scan_with(raw, symbols, families, Some(validation))?;
             let forward = if found.edits.is_empty() {
@@ -154,7 +132,7 @@ fn first_series_labels<'a>(
     body: &'a [u8],
     cluster: &str,
     replica: &str,
-) -> Result<(Option<&'a str>, Option<&'a str>), DecodeError> {
+) -> Result<FirstLabels<'a>, DecodeError> {
     let error = |reason: String| DecodeError::Protobuf(reason);
     let mut symbols: Vec<&'a [u8]> = Vec::new();
     let mut first = None;
