@@ -15,15 +15,11 @@
 
 mod common;
 
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use axum::body::Bytes;
-use axum::extract::State;
-use axum::http::StatusCode;
-use axum::routing::post;
-use axum::Router;
 use common::fleet::{forwarding_to, free_gossip_addr, spawn, until_healthy, Replica};
+use common::receiver::Receiver;
 use weir::remote_write::prompb::{Label, Sample, TimeSeries, WriteRequest};
 use weir::remote_write::v2_proto;
 
@@ -78,29 +74,6 @@ fn label(name: &str, value: &str) -> Label {
     }
 }
 
-#[derive(Clone, Default)]
-struct Receiver {
-    bodies: Arc<Mutex<Vec<Bytes>>>,
-}
-
-async fn receive(State(receiver): State<Receiver>, body: Bytes) -> StatusCode {
-    receiver.bodies.lock().unwrap().push(body);
-    StatusCode::NO_CONTENT
-}
-
-impl Receiver {
-    fn take(&self) -> Vec<Bytes> {
-        std::mem::take(&mut *self.bodies.lock().unwrap())
-    }
-
-    async fn serve(&self) -> std::net::SocketAddr {
-        let app = Router::new()
-            .route("/api/v1/write", post(receive))
-            .with_state(self.clone());
-        common::serve_on_loopback(app).await
-    }
-}
-
 fn decoded(body: &[u8]) -> WriteRequest {
     let raw = snap::raw::Decoder::new().decompress_vec(body).unwrap();
     <WriteRequest as prost::Message>::decode(raw.as_slice()).unwrap()
@@ -136,7 +109,7 @@ async fn an_ha_pair_is_charged_and_forwarded_once() {
     // a is first: elected. Its series reach the receiver without __replica__.
     let (status, text) = push(&client, &weir, &pair_push(Some("c1"), Some("a"), 60)).await;
     assert_eq!(status, 200, "{text}");
-    let forwarded = receiver.take();
+    let forwarded = receiver.take_bodies();
     assert_eq!(forwarded.len(), 1);
     let series = decoded(&forwarded[0]).timeseries;
     assert_eq!(series.len(), 60);
@@ -155,11 +128,14 @@ async fn an_ha_pair_is_charged_and_forwarded_once() {
         text.trim(),
         "replicas did not match, rejecting sample: replica=b, elected=a"
     );
-    assert!(receiver.take().is_empty(), "b's push is not forwarded");
+    assert!(
+        receiver.take_bodies().is_empty(),
+        "b's push is not forwarded"
+    );
     // The burst (100) holds a's 60 and 40 more only if b's 60 were not charged.
     let (status, text) = push(&client, &weir, &pair_push(Some("c1"), Some("a"), 40)).await;
     assert_eq!(status, 200, "b's push was charged: {text}");
-    assert_eq!(receiver.take().len(), 1);
+    assert_eq!(receiver.take_bodies().len(), 1);
     assert_eq!(
         metric(
             &client,
@@ -175,7 +151,10 @@ async fn an_ha_pair_is_charged_and_forwarded_once() {
     let plain = pair_push(Some("c1"), None, 10);
     let (status, text) = push(&client, &weir, &plain).await;
     assert_eq!(status, 200, "{text}");
-    assert_eq!(receiver.take(), vec![Bytes::from(plain.encode_snappy())]);
+    assert_eq!(
+        receiver.take_bodies(),
+        vec![Bytes::from(plain.encode_snappy())]
+    );
     assert_eq!(
         metric(
             &client,
@@ -202,7 +181,7 @@ async fn an_ha_pair_is_charged_and_forwarded_once() {
         .await,
         5.0
     );
-    receiver.take();
+    receiver.take_bodies();
 
     // Failover: a stops; b is refused until a has been silent for 3 s, then elected (a's last
     // push is timed once answered, a little after weir saw it).
@@ -303,7 +282,7 @@ async fn remote_write_2_0_pairs_are_deduplicated_too() {
 
     let (status, text) = push_v2(&client, &weir, &pair_push_v2("c1", "a")).await;
     assert_eq!(status, 200, "{text}");
-    let forwarded = receiver.take();
+    let forwarded = receiver.take_bodies();
     assert_eq!(forwarded.len(), 1);
     let raw = snap::raw::Decoder::new()
         .decompress_vec(&forwarded[0])
@@ -333,7 +312,10 @@ async fn remote_write_2_0_pairs_are_deduplicated_too() {
             "replicas did not match, rejecting sample: replica=b, elected=a"
         )
     );
-    assert!(receiver.take().is_empty(), "b's push is not forwarded");
+    assert!(
+        receiver.take_bodies().is_empty(),
+        "b's push is not forwarded"
+    );
     // 1.0 and 2.0 pushes share the election.
     let (status, _) = push(&client, &weir, &pair_push(Some("c1"), Some("b"), 1)).await;
     assert_eq!(status, 202);

@@ -18,15 +18,11 @@
 
 mod common;
 
-use std::sync::{Arc, Mutex};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use axum::body::Bytes;
-use axum::extract::State;
-use axum::http::StatusCode;
-use axum::routing::post;
-use axum::Router;
 use common::fleet::forwarding_to;
+use common::receiver::Receiver;
 use weir::remote_write::prompb::{
     histogram, BucketSpan, Histogram, Label, MetricMetadata, Sample, TimeSeries, WriteRequest,
 };
@@ -111,22 +107,6 @@ fn bad_series(now: i64) -> Vec<(&'static str, TimeSeries)> {
     ]
 }
 
-#[derive(Clone, Default)]
-struct Receiver {
-    bodies: Arc<Mutex<Vec<Bytes>>>,
-}
-
-async fn receive(State(receiver): State<Receiver>, body: Bytes) -> StatusCode {
-    receiver.bodies.lock().unwrap().push(body);
-    StatusCode::NO_CONTENT
-}
-
-impl Receiver {
-    fn take(&self) -> Vec<Bytes> {
-        std::mem::take(&mut *self.bodies.lock().unwrap())
-    }
-}
-
 fn decoded(body: &[u8]) -> WriteRequest {
     let raw = snap::raw::Decoder::new().decompress_vec(body).unwrap();
     <WriteRequest as prost::Message>::decode(raw.as_slice()).unwrap()
@@ -144,10 +124,7 @@ async fn push(client: &reqwest::Client, base: &str, body: Vec<u8>) -> (u16, Stri
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_series_are_refused_with_mimirs_reasons_and_the_rest_is_forwarded() {
     let receiver = Receiver::default();
-    let app = Router::new()
-        .route("/api/v1/write", post(receive))
-        .with_state(receiver.clone());
-    let upstream = common::serve_on_loopback(app).await;
+    let upstream = receiver.serve().await;
 
     let (replica, _dir) = forwarding_to(upstream, OVERRIDES, 51, "validation", &[]).await;
     let base = format!("http://{}", replica.http);
@@ -163,7 +140,7 @@ async fn bad_series_are_refused_with_mimirs_reasons_and_the_rest_is_forwarded() 
     let (status, text) = push(&client, &base, body.clone()).await;
     assert_eq!(status, 200, "{text}");
     assert_eq!(
-        receiver.take(),
+        receiver.take_bodies(),
         vec![Bytes::from(body)],
         "forwarded as sent"
     );
@@ -185,7 +162,7 @@ async fn bad_series_are_refused_with_mimirs_reasons_and_the_rest_is_forwarded() 
     };
     let (status, text) = push(&client, &base, dropping.encode_snappy()).await;
     assert_eq!(status, 200, "{text}");
-    let forwarded = receiver.take();
+    let forwarded = receiver.take_bodies();
     assert_eq!(forwarded.len(), 1, "one forward");
     assert_eq!(
         decoded(&forwarded[0]).timeseries,
@@ -211,7 +188,7 @@ async fn bad_series_are_refused_with_mimirs_reasons_and_the_rest_is_forwarded() 
             && text.contains("actual: 6, limit: 5"),
         "the first refusal's message: {text}"
     );
-    let forwarded = receiver.take();
+    let forwarded = receiver.take_bodies();
     assert_eq!(forwarded.len(), 1, "one forward");
     assert_eq!(
         decoded(&forwarded[0]).timeseries,
@@ -252,7 +229,10 @@ async fn bad_series_are_refused_with_mimirs_reasons_and_the_rest_is_forwarded() 
         let id = format!("err-weir-{}", reason.replace('_', "-"));
         assert_eq!(status, 400, "{reason}: {text}");
         assert!(text.contains(&id), "{reason}: {text}");
-        assert!(receiver.take().is_empty(), "{reason}: nothing forwarded");
+        assert!(
+            receiver.take_bodies().is_empty(),
+            "{reason}: nothing forwarded"
+        );
     }
 }
 
@@ -328,10 +308,7 @@ fn metadata(name: &str, help: &str, unit: &str) -> MetricMetadata {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn label_values_histograms_and_metadata_are_rewritten_or_refused_as_mimir_does() {
     let receiver = Receiver::default();
-    let app = Router::new()
-        .route("/api/v1/write", post(receive))
-        .with_state(receiver.clone());
-    let upstream = common::serve_on_loopback(app).await;
+    let upstream = receiver.serve().await;
     let (replica, _dir) = forwarding_to(upstream, REWRITES, 55, "validation-rewrites", &[]).await;
     let base = format!("http://{}", replica.http);
     let client = reqwest::Client::new();
@@ -351,7 +328,7 @@ async fn label_values_histograms_and_metadata_are_rewritten_or_refused_as_mimir_
     };
     let (status, text) = push_as(&client, &base, "t", request.encode_snappy()).await;
     assert_eq!(status, 200, "{text}");
-    let forwarded = receiver.take();
+    let forwarded = receiver.take_bodies();
     assert_eq!(forwarded.len(), 1, "one forward");
     let truncated = format!("xxxxxxxxx{}", hash_of(&long));
     assert_eq!(truncated.len(), 80);
@@ -371,7 +348,7 @@ async fn label_values_histograms_and_metadata_are_rewritten_or_refused_as_mimir_
     let (status, _) = push_as(&client, &base, "t", body.clone()).await;
     assert_eq!(status, 200);
     assert_eq!(
-        receiver.take(),
+        receiver.take_bodies(),
         vec![Bytes::from(body)],
         "forwarded as sent"
     );
@@ -379,7 +356,7 @@ async fn label_values_histograms_and_metadata_are_rewritten_or_refused_as_mimir_
     // drop: the hash alone.
     let (status, text) = push_as(&client, &base, "d", request.encode_snappy()).await;
     assert_eq!(status, 200, "{text}");
-    let forwarded = receiver.take();
+    let forwarded = receiver.take_bodies();
     assert_eq!(
         decoded(&forwarded[0]).timeseries,
         vec![series(
@@ -418,7 +395,7 @@ async fn label_values_histograms_and_metadata_are_rewritten_or_refused_as_mimir_
         text.contains("metric name: 'a_very_long_name' (err-weir-metric-name-too-long)"),
         "{text}"
     );
-    let forwarded = receiver.take();
+    let forwarded = receiver.take_bodies();
     assert_eq!(forwarded.len(), 1, "one forward");
     let sent = decoded(&forwarded[0]);
     assert_eq!(sent.timeseries, vec![good_series]);
@@ -460,7 +437,7 @@ async fn label_values_histograms_and_metadata_are_rewritten_or_refused_as_mimir_
     )
     .await;
     assert_eq!(status, 200, "{text}");
-    let forwarded = receiver.take();
+    let forwarded = receiver.take_bodies();
     assert_eq!(forwarded.len(), 1, "one forward");
     assert_eq!(
         decoded(&forwarded[0]).timeseries[0].histograms,
@@ -482,7 +459,7 @@ async fn label_values_histograms_and_metadata_are_rewritten_or_refused_as_mimir_
         text.contains("cannot reduce") && text.contains("err-weir-not-reducible-native-histogram"),
         "{text}"
     );
-    assert!(receiver.take().is_empty(), "nothing forwarded");
+    assert!(receiver.take_bodies().is_empty(), "nothing forwarded");
     // Reduction off: refused.
     let (status, text) = push_as(
         &client,
@@ -496,7 +473,7 @@ async fn label_values_histograms_and_metadata_are_rewritten_or_refused_as_mimir_
         text.contains("buckets: 4, limit: 3 (err-weir-max-native-histogram-buckets)"),
         "{text}"
     );
-    assert!(receiver.take().is_empty(), "nothing forwarded");
+    assert!(receiver.take_bodies().is_empty(), "nothing forwarded");
     for tenant in ["h", "r"] {
         let series = format!(
             "weir_discarded_samples_total{{reason=\"max_native_histogram_buckets\",user=\"{tenant}\"}}"

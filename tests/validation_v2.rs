@@ -18,15 +18,10 @@
 
 mod common;
 
-use std::sync::{Arc, Mutex};
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use axum::body::Bytes;
-use axum::extract::State;
-use axum::http::{HeaderMap, StatusCode};
-use axum::routing::post;
-use axum::Router;
 use common::fleet::forwarding_to;
+use common::receiver::Receiver;
 use weir::remote_write::v2_proto::{Exemplar, Histogram, Metadata, Request, Sample, TimeSeries};
 
 const V2: &str = "application/x-protobuf;proto=io.prometheus.write.v2.Request";
@@ -154,30 +149,6 @@ fn bad_series(builder: &mut Builder, now: i64) -> Vec<(&'static str, &'static st
     ]
 }
 
-#[derive(Clone, Default)]
-struct Receiver {
-    received: Arc<Mutex<Vec<(HeaderMap, Bytes)>>>,
-}
-
-/// A receiver that says nothing of what it wrote: weir's own count answers.
-async fn receive(State(receiver): State<Receiver>, headers: HeaderMap, body: Bytes) -> StatusCode {
-    receiver.received.lock().unwrap().push((headers, body));
-    StatusCode::NO_CONTENT
-}
-
-impl Receiver {
-    fn take(&self) -> Vec<(HeaderMap, Bytes)> {
-        std::mem::take(&mut *self.received.lock().unwrap())
-    }
-
-    /// The one request forwarded since the last look.
-    fn one(&self) -> (HeaderMap, Bytes) {
-        let mut received = self.take();
-        assert_eq!(received.len(), 1, "one forward");
-        received.remove(0)
-    }
-}
-
 fn decoded(body: &[u8]) -> Request {
     let raw = snap::raw::Decoder::new().decompress_vec(body).unwrap();
     <Request as prost::Message>::decode(raw.as_slice()).unwrap()
@@ -227,10 +198,7 @@ async fn push_as(client: &reqwest::Client, base: &str, tenant: &str, request: &R
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_2_0_series_are_refused_with_mimirs_reasons_and_the_rest_is_forwarded() {
     let receiver = Receiver::default();
-    let app = Router::new()
-        .route("/api/v1/write", post(receive))
-        .with_state(receiver.clone());
-    let upstream = common::serve_on_loopback(app).await;
+    let upstream = receiver.serve().await;
 
     let (replica, _dir) = forwarding_to(upstream, OVERRIDES, 52, "validation-v2", &[]).await;
     let base = format!("http://{}", replica.http);
@@ -420,10 +388,7 @@ fn labels(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn long_values_and_metadata_are_rewritten_or_refused_on_2_0_as_mimir_does() {
     let receiver = Receiver::default();
-    let app = Router::new()
-        .route("/api/v1/write", post(receive))
-        .with_state(receiver.clone());
-    let upstream = common::serve_on_loopback(app).await;
+    let upstream = receiver.serve().await;
     let (replica, _dir) =
         forwarding_to(upstream, REWRITES, 53, "validation-v2-rewrites", &[]).await;
     let base = format!("http://{}", replica.http);

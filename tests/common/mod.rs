@@ -3,6 +3,7 @@
 
 pub mod fleet;
 pub mod processes;
+pub mod receiver;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
