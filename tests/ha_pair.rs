@@ -27,7 +27,7 @@ use std::time::{Duration, Instant};
 
 use common::fleet::{free_gossip_addr, spawn, until_healthy, Replica};
 use common::processes::{
-    free_tcp, is_root, metrics_page, real_client_config, require, spawn_logged, sum,
+    free_tcp, metrics_page, nginx_in_front, real_client_config, require, spawn_logged, sum,
     DumpLogsOnFailure, Target,
 };
 
@@ -117,31 +117,10 @@ async fn a_prometheus_ha_pair_is_stored_once_and_fails_over() {
 
     // nginx in front, and the target.
     let target = Target::serve(SERIES).await;
-    let nginx_addr = free_tcp();
-    let nginx_dir = dir.path().join("nginx");
-    std::fs::create_dir_all(&nginx_dir).unwrap();
-    let nginx_config = real_client_config(
-        "nginx.conf",
-        &[
-            ("127.0.0.1:9009", nginx_addr.to_string()),
-            ("127.0.0.1:8081", fleet[0].http.to_string()),
-            ("127.0.0.1:8082", fleet[1].http.to_string()),
-            ("127.0.0.1:8083", fleet[2].http.to_string()),
-        ],
-    );
-    let nginx_config = if is_root() {
-        format!("user root;\n{nginx_config}")
-    } else {
-        nginx_config
-    };
-    std::fs::write(nginx_dir.join("nginx.conf"), nginx_config).unwrap();
-    let _nginx = spawn_logged(
-        Command::new(nginx)
-            .arg("-p")
-            .arg(&nginx_dir)
-            .arg("-c")
-            .arg(nginx_dir.join("nginx.conf")),
-        &dir.path().join("nginx.stderr"),
+    let (nginx_addr, _, _nginx) = nginx_in_front(
+        &nginx,
+        dir.path(),
+        [fleet[0].http, fleet[1].http, fleet[2].http],
     );
 
     // The pair.

@@ -41,7 +41,7 @@ use std::time::{Duration, Instant};
 
 use common::fleet::{free_gossip_addr, spawn_joining, until_healthy, Replica};
 use common::processes::{
-    free_tcp, is_root, metrics_page, real_client_config, require, spawn_logged, sum,
+    free_tcp, metrics_page, nginx_in_front, real_client_config, require, spawn_logged, sum,
     DumpLogsOnFailure, Target,
 };
 
@@ -418,31 +418,10 @@ impl Scenario {
 
         let target = Target::serve(self.series).await;
 
-        let nginx_addr = free_tcp();
-        let nginx_dir = dir.path().join("nginx");
-        std::fs::create_dir_all(&nginx_dir).unwrap();
-        let nginx_config = real_client_config(
-            "nginx.conf",
-            &[
-                ("127.0.0.1:9009", nginx_addr.to_string()),
-                ("127.0.0.1:8081", replicas[0].http.to_string()),
-                ("127.0.0.1:8082", replicas[1].http.to_string()),
-                ("127.0.0.1:8083", replicas[2].http.to_string()),
-            ],
-        );
-        let nginx_config = if is_root() {
-            format!("user root;\n{nginx_config}")
-        } else {
-            nginx_config
-        };
-        std::fs::write(nginx_dir.join("nginx.conf"), nginx_config).unwrap();
-        let _nginx = spawn_logged(
-            Command::new(nginx_program)
-                .arg("-p")
-                .arg(&nginx_dir)
-                .arg("-c")
-                .arg(nginx_dir.join("nginx.conf")),
-            &dir.path().join("nginx.stderr"),
+        let (nginx_addr, nginx_dir, _nginx) = nginx_in_front(
+            &nginx_program,
+            dir.path(),
+            [replicas[0].http, replicas[1].http, replicas[2].http],
         );
 
         let push_url = format!("http://{nginx_addr}/api/v1/push");

@@ -209,3 +209,41 @@ pub fn sum(page: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
         })
         .sum()
 }
+
+/// nginx (`program`) in front of three weir replicas' HTTP addresses, with the real clients'
+/// config (`tests/real_clients/nginx.conf`: round robin, `keepalive 16`, the access log of
+/// pushes); its files in `dir/nginx`, its stderr in `dir/nginx.stderr`. Returns the address it
+/// listens on, its directory (the access log is `access.log` there) and the process.
+pub fn nginx_in_front(
+    program: &Path,
+    dir: &Path,
+    replicas: [SocketAddr; 3],
+) -> (SocketAddr, PathBuf, Process) {
+    let addr = free_tcp();
+    let nginx_dir = dir.join("nginx");
+    std::fs::create_dir_all(&nginx_dir).unwrap();
+    let config = real_client_config(
+        "nginx.conf",
+        &[
+            ("127.0.0.1:9009", addr.to_string()),
+            ("127.0.0.1:8081", replicas[0].to_string()),
+            ("127.0.0.1:8082", replicas[1].to_string()),
+            ("127.0.0.1:8083", replicas[2].to_string()),
+        ],
+    );
+    let config = if is_root() {
+        format!("user root;\n{config}")
+    } else {
+        config
+    };
+    std::fs::write(nginx_dir.join("nginx.conf"), config).unwrap();
+    let process = spawn_logged(
+        Command::new(program)
+            .arg("-p")
+            .arg(&nginx_dir)
+            .arg("-c")
+            .arg(nginx_dir.join("nginx.conf")),
+        &dir.join("nginx.stderr"),
+    );
+    (addr, nginx_dir, process)
+}
