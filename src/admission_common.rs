@@ -1,7 +1,7 @@
 //! What the admission API's two doors share: the gRPC service ([`crate::grpc`]) and its
 //! HTTP/JSON twin ([`crate::admission_http`]) check names by the same rules, default a lease's
 //! lifetime alike and name engine errors with the same codes and reasons. Both adapters import
-//! this module and neither imports the other.
+//! this module and neither imports the other. Both ask [`authorized_tenant`] first.
 
 use std::time::Duration;
 
@@ -9,6 +9,7 @@ use engine::AdmissionError;
 use runtime_config::LimitSource;
 use tonic::Code;
 
+use crate::auth::{Allowed, Authenticator, Denied, Door, Source};
 use crate::tenant::{TenantError, MAX_TENANT_ID_LENGTH};
 
 /// A lease's lifetime when the caller sets none.
@@ -62,6 +63,21 @@ pub fn check_names(tenant: &str, key: &str) -> Result<(), NameError> {
         return Err(NameError::KeyTooLong(key.len()));
     }
     Ok(())
+}
+
+/// The tenant a call may spend, checked by tenant authentication before any name rule or
+/// limit: the one it names, or, when it names none (an empty `tenant`), the one tenant its
+/// credential covers. Under `--tenant-auth header` the named one, unchecked.
+pub fn authorized_tenant<'a>(
+    auth: &Authenticator,
+    door: Door,
+    source: Source<'_>,
+    tenant: &'a str,
+) -> Result<std::borrow::Cow<'a, str>, Denied> {
+    match auth.authorize(door, source, Some(tenant.as_bytes()))? {
+        Allowed::AsNamed => Ok(std::borrow::Cow::Borrowed(tenant)),
+        Allowed::Tenant(only) => Ok(std::borrow::Cow::Owned(only)),
+    }
 }
 
 /// A lease ID given back: present, and no longer than any weir issues.

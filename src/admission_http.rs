@@ -17,9 +17,44 @@ use serde::{Deserialize, Serialize};
 use tonic::Code;
 
 use crate::admission_common::{
-    check_lease_id, check_names, code_and_reason, source_name, NameError, DEFAULT_LEASE_TTL,
+    authorized_tenant, check_lease_id, check_names, code_and_reason, source_name, NameError,
+    DEFAULT_LEASE_TTL,
 };
+use crate::auth::{Denied, Door, Peer, Source};
 use crate::state::AppState;
+
+/// Who is calling: the connection's peer and the `Authorization` header, for tenant
+/// authentication.
+pub struct Caller {
+    peer: Option<Peer>,
+    authorization: Option<axum::http::HeaderValue>,
+}
+
+impl Caller {
+    fn source(&self) -> Source<'_> {
+        Source {
+            peer: self.peer.as_ref(),
+            authorization: self.authorization.as_ref().map(|value| value.as_bytes()),
+        }
+    }
+}
+
+impl<S: Send + Sync> axum::extract::FromRequestParts<S> for Caller {
+    type Rejection = std::convert::Infallible;
+
+    async fn from_request_parts(
+        parts: &mut axum::http::request::Parts,
+        _state: &S,
+    ) -> Result<Self, Self::Rejection> {
+        Ok(Caller {
+            peer: parts.extensions.get::<Peer>().cloned(),
+            authorization: parts
+                .headers
+                .get(axum::http::header::AUTHORIZATION)
+                .cloned(),
+        })
+    }
+}
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -133,6 +168,9 @@ impl ApiError {
     fn status(&self) -> StatusCode {
         match self.code {
             Code::NotFound => StatusCode::NOT_FOUND,
+            Code::Unauthenticated => StatusCode::UNAUTHORIZED,
+            Code::PermissionDenied => StatusCode::FORBIDDEN,
+            Code::ResourceExhausted => StatusCode::TOO_MANY_REQUESTS,
             Code::InvalidArgument | Code::OutOfRange => StatusCode::BAD_REQUEST,
             Code::FailedPrecondition => StatusCode::CONFLICT,
             Code::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
@@ -154,6 +192,12 @@ impl From<NameError> for ApiError {
     }
 }
 
+impl From<Denied> for ApiError {
+    fn from(denied: Denied) -> Self {
+        ApiError::new(denied.grpc_code(), denied.api_reason(), denied.to_string())
+    }
+}
+
 impl From<JsonRejection> for ApiError {
     fn from(rejection: JsonRejection) -> Self {
         ApiError::new(Code::InvalidArgument, "BAD_JSON", rejection.body_text())
@@ -162,12 +206,31 @@ impl From<JsonRejection> for ApiError {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        (self.status(), Json(self)).into_response()
+        let status = self.status();
+        let mut response = (status, Json(self)).into_response();
+        if status == StatusCode::UNAUTHORIZED {
+            response.headers_mut().insert(
+                axum::http::header::WWW_AUTHENTICATE,
+                axum::http::HeaderValue::from_static("Bearer realm=\"weir\", Basic realm=\"weir\""),
+            );
+        }
+        response
     }
 }
 
-async fn allow_one(state: &AppState, body: &AllowBody) -> Result<AllowOut, ApiError> {
-    check_names(&body.tenant, &body.key)?;
+async fn allow_one(
+    state: &AppState,
+    caller: &Caller,
+    body: &AllowBody,
+) -> Result<AllowOut, ApiError> {
+    // Authenticated first: a refused call costs the tenant it names nothing.
+    let tenant = authorized_tenant(
+        &state.auth,
+        Door::AdmissionHttp,
+        caller.source(),
+        &body.tenant,
+    )?;
+    check_names(&tenant, &body.key)?;
     let cost = u64::try_from(body.cost).map_err(|_| {
         ApiError::new(
             Code::InvalidArgument,
@@ -178,7 +241,7 @@ async fn allow_one(state: &AppState, body: &AllowBody) -> Result<AllowOut, ApiEr
     let client = body.limit.as_ref().map(JsonSpec::spec).transpose()?;
     let answer = state
         .limiter
-        .allow(&body.tenant, &body.key, cost, client)
+        .allow(&tenant, &body.key, cost, client)
         .await?;
     Ok(AllowOut {
         allowed: answer.decision.allowed,
@@ -201,10 +264,11 @@ fn answer<T: Serialize>(result: Result<T, ApiError>) -> Response {
 
 pub async fn allow(
     State(state): State<Arc<AppState>>,
+    caller: Caller,
     body: Result<Json<AllowBody>, JsonRejection>,
 ) -> Response {
     answer(match body {
-        Ok(Json(body)) => allow_one(&state, &body).await,
+        Ok(Json(body)) => allow_one(&state, &caller, &body).await,
         Err(rejection) => Err(rejection.into()),
     })
 }
@@ -226,6 +290,7 @@ enum BatchItem {
 
 pub async fn allow_batch(
     State(state): State<Arc<AppState>>,
+    caller: Caller,
     body: Result<Json<AllowBatchBody>, JsonRejection>,
 ) -> Response {
     let body = match body {
@@ -234,7 +299,7 @@ pub async fn allow_batch(
     };
     let mut results = Vec::with_capacity(body.requests.len());
     for one in &body.requests {
-        results.push(match allow_one(&state, one).await {
+        results.push(match allow_one(&state, &caller, one).await {
             Ok(answer) => BatchItem::Answer(answer),
             Err(err) => BatchItem::Error(err),
         });
@@ -264,12 +329,22 @@ fn ttl(seconds: Option<f64>) -> Result<Duration, ApiError> {
     }
 }
 
-async fn acquire_one(state: &AppState, body: AcquireBody) -> Result<serde_json::Value, ApiError> {
-    check_names(&body.tenant, &body.key)?;
+async fn acquire_one(
+    state: &AppState,
+    caller: &Caller,
+    body: AcquireBody,
+) -> Result<serde_json::Value, ApiError> {
+    let tenant = authorized_tenant(
+        &state.auth,
+        Door::AdmissionHttp,
+        caller.source(),
+        &body.tenant,
+    )?;
+    check_names(&tenant, &body.key)?;
     let client = body.limit.as_ref().map(JsonSpec::spec).transpose()?;
     let acquisition = state
         .limiter
-        .acquire(&body.tenant, &body.key, client, ttl(body.ttl)?)
+        .acquire(&tenant, &body.key, client, ttl(body.ttl)?)
         .await?;
     Ok(serde_json::json!({
         "granted": acquisition.granted,
@@ -282,10 +357,11 @@ async fn acquire_one(state: &AppState, body: AcquireBody) -> Result<serde_json::
 
 pub async fn acquire(
     State(state): State<Arc<AppState>>,
+    caller: Caller,
     body: Result<Json<AcquireBody>, JsonRejection>,
 ) -> Response {
     answer(match body {
-        Ok(Json(body)) => acquire_one(&state, body).await,
+        Ok(Json(body)) => acquire_one(&state, &caller, body).await,
         Err(rejection) => Err(rejection.into()),
     })
 }
@@ -301,8 +377,16 @@ pub struct LeaseBody {
 
 pub async fn release(
     State(state): State<Arc<AppState>>,
+    caller: Caller,
     body: Result<Json<LeaseBody>, JsonRejection>,
 ) -> Response {
+    // A lease ID names no tenant the caller must hold; the caller must still be known.
+    if let Err(denied) = state
+        .auth
+        .authenticate(Door::AdmissionHttp, caller.source())
+    {
+        return ApiError::from(denied).into_response();
+    }
     answer(match body {
         Ok(Json(body)) => match check_lease_id(&body.lease_id) {
             Ok(()) => state
@@ -319,9 +403,13 @@ pub async fn release(
 
 pub async fn renew(
     State(state): State<Arc<AppState>>,
+    caller: Caller,
     body: Result<Json<LeaseBody>, JsonRejection>,
 ) -> Response {
     let renew = async {
+        state
+            .auth
+            .authenticate(Door::AdmissionHttp, caller.source())?;
         let Json(body) = body?;
         check_lease_id(&body.lease_id)?;
         state.limiter.renew(&body.lease_id, ttl(body.ttl)?).await?;

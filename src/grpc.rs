@@ -11,8 +11,10 @@ use tonic::{Code, Request, Response, Status};
 use tonic_types::{ErrorDetails, StatusExt};
 
 use crate::admission_common::{
-    check_lease_id, check_names, code_and_reason, source_name, NameError, DEFAULT_LEASE_TTL,
+    authorized_tenant, check_lease_id, check_names, code_and_reason, source_name, NameError,
+    DEFAULT_LEASE_TTL,
 };
+use crate::auth::{Denied, Door, Peer, Source};
 use crate::state::AppState;
 
 /// The generated types, in their packages' module tree (prost's cross-references need it).
@@ -69,6 +71,28 @@ impl From<NameError> for Status {
             err.to_string(),
             ErrorDetails::with_error_info(err.reason(), "weir", no_metadata()),
         )
+    }
+}
+
+impl From<Denied> for Status {
+    fn from(denied: Denied) -> Status {
+        Status::with_error_details(
+            denied.grpc_code(),
+            denied.to_string(),
+            ErrorDetails::with_error_info(denied.api_reason(), "weir", no_metadata()),
+        )
+    }
+}
+
+/// Who is calling: the connection's peer (put in each request by the listener, see
+/// [`incoming`]) and the `authorization` metadata (`Bearer <token>` or `Basic …`).
+fn source<T>(request: &Request<T>) -> Source<'_> {
+    Source {
+        peer: request.extensions().get::<Peer>(),
+        authorization: request
+            .metadata()
+            .get("authorization")
+            .map(|value| value.as_bytes()),
     }
 }
 
@@ -161,8 +185,19 @@ pub struct AdmissionService {
 }
 
 impl AdmissionService {
-    async fn allow_one(&self, request: &api::AllowRequest) -> Result<api::AllowResponse, Status> {
-        check_names(&request.tenant, &request.key)?;
+    async fn allow_one(
+        &self,
+        source: Source<'_>,
+        request: &api::AllowRequest,
+    ) -> Result<api::AllowResponse, Status> {
+        // Authenticated first: a refused call costs the tenant it names nothing.
+        let tenant = authorized_tenant(
+            &self.state.auth,
+            Door::AdmissionGrpc,
+            source,
+            &request.tenant,
+        )?;
+        check_names(&tenant, &request.key)?;
         let client = request
             .limit
             .as_ref()
@@ -171,7 +206,7 @@ impl AdmissionService {
             .map_err(status)?;
         self.state
             .limiter
-            .allow(&request.tenant, &request.key, request.cost, client)
+            .allow(&tenant, &request.key, request.cost, client)
             .await
             .map(allow_response)
             .map_err(status)
@@ -184,7 +219,9 @@ impl api::admission_server::Admission for AdmissionService {
         &self,
         request: Request<api::AllowRequest>,
     ) -> Result<Response<api::AllowResponse>, Status> {
-        self.allow_one(request.get_ref()).await.map(Response::new)
+        self.allow_one(source(&request), request.get_ref())
+            .await
+            .map(Response::new)
     }
 
     async fn allow_batch(
@@ -194,7 +231,7 @@ impl api::admission_server::Admission for AdmissionService {
         use api::allow_batch_response::{result, Result as Item};
         let mut results = Vec::with_capacity(request.get_ref().requests.len());
         for one in &request.get_ref().requests {
-            let result = match self.allow_one(one).await {
+            let result = match self.allow_one(source(&request), one).await {
                 Ok(response) => result::Result::Response(response),
                 Err(status) => result::Result::Error(api::BatchError {
                     code: status.code() as i32,
@@ -217,8 +254,15 @@ impl api::admission_server::Admission for AdmissionService {
         &self,
         request: Request<api::AcquireRequest>,
     ) -> Result<Response<api::AcquireResponse>, Status> {
+        let caller = source(&request);
         let request = request.get_ref();
-        check_names(&request.tenant, &request.key)?;
+        let tenant = authorized_tenant(
+            &self.state.auth,
+            Door::AdmissionGrpc,
+            caller,
+            &request.tenant,
+        )?;
+        check_names(&tenant, &request.key)?;
         let ttl = from_duration(request.ttl.as_ref()).unwrap_or(DEFAULT_LEASE_TTL);
         let client = request
             .limit
@@ -229,7 +273,7 @@ impl api::admission_server::Admission for AdmissionService {
         let acquisition = self
             .state
             .limiter
-            .acquire(&request.tenant, &request.key, client, ttl)
+            .acquire(&tenant, &request.key, client, ttl)
             .await
             .map_err(status)?;
         Ok(Response::new(api::AcquireResponse {
@@ -245,6 +289,10 @@ impl api::admission_server::Admission for AdmissionService {
         &self,
         request: Request<api::ReleaseRequest>,
     ) -> Result<Response<api::ReleaseResponse>, Status> {
+        // A lease ID names no tenant the caller must hold; the caller must still be known.
+        self.state
+            .auth
+            .authenticate(Door::AdmissionGrpc, source(&request))?;
         check_lease_id(&request.get_ref().lease_id)?;
         self.state
             .limiter
@@ -258,6 +306,9 @@ impl api::admission_server::Admission for AdmissionService {
         &self,
         request: Request<api::RenewRequest>,
     ) -> Result<Response<api::RenewResponse>, Status> {
+        self.state
+            .auth
+            .authenticate(Door::AdmissionGrpc, source(&request))?;
         let request = request.get_ref();
         check_lease_id(&request.lease_id)?;
         let ttl = from_duration(request.ttl.as_ref()).unwrap_or(DEFAULT_LEASE_TTL);
@@ -285,6 +336,10 @@ impl rls::rate_limit_service_server::RateLimitService for RateLimitService {
         use rls::rate_limit_response::{
             rate_limit::Unit, Code as RlsCode, DescriptorStatus, RateLimit,
         };
+        // The caller is the proxy (Envoy), not the end user: it must be known before it
+        // learns which domains exist, and its credential must cover the domain's tenant.
+        let caller = source(&request);
+        self.state.auth.authenticate(Door::Rls, caller)?;
         let request = request.get_ref();
         let config = self.state.limiter.runtime_config();
         let Some(domain) = config
@@ -301,6 +356,9 @@ impl rls::rate_limit_service_server::RateLimitService for RateLimitService {
         // The domain's tenant comes from the config, not the request, but it names the tenant
         // in gossip and store keys like any other: the push path's rules apply.
         crate::tenant::validate(domain.tenant()).map_err(NameError::Tenant)?;
+        self.state
+            .auth
+            .authorize(Door::Rls, caller, Some(domain.tenant().as_bytes()))?;
         let mut overall = RlsCode::Ok;
         let mut statuses = Vec::with_capacity(request.descriptors.len());
         for descriptor in &request.descriptors {
@@ -389,4 +447,128 @@ impl rls::rate_limit_service_server::RateLimitService for RateLimitService {
             ..rls::RateLimitResponse::default()
         }))
     }
+}
+
+/// One gRPC connection, plain or TLS, carrying its [`Peer`] as tonic's connect info, so each
+/// request's extensions hold the caller's address and verified client certificate.
+pub struct Connection {
+    stream: Stream,
+    peer: Peer,
+}
+
+enum Stream {
+    Plain(tokio::net::TcpStream),
+    Tls(Box<tokio_rustls::server::TlsStream<tokio::net::TcpStream>>),
+}
+
+impl tonic::transport::server::Connected for Connection {
+    type ConnectInfo = Peer;
+
+    fn connect_info(&self) -> Peer {
+        self.peer.clone()
+    }
+}
+
+impl tokio::io::AsyncRead for Connection {
+    fn poll_read(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        match &mut self.get_mut().stream {
+            Stream::Plain(stream) => std::pin::Pin::new(stream).poll_read(cx, buf),
+            Stream::Tls(stream) => std::pin::Pin::new(stream.as_mut()).poll_read(cx, buf),
+        }
+    }
+}
+
+impl tokio::io::AsyncWrite for Connection {
+    fn poll_write(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        match &mut self.get_mut().stream {
+            Stream::Plain(stream) => std::pin::Pin::new(stream).poll_write(cx, buf),
+            Stream::Tls(stream) => std::pin::Pin::new(stream.as_mut()).poll_write(cx, buf),
+        }
+    }
+
+    fn poll_flush(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        match &mut self.get_mut().stream {
+            Stream::Plain(stream) => std::pin::Pin::new(stream).poll_flush(cx),
+            Stream::Tls(stream) => std::pin::Pin::new(stream.as_mut()).poll_flush(cx),
+        }
+    }
+
+    fn poll_shutdown(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        match &mut self.get_mut().stream {
+            Stream::Plain(stream) => std::pin::Pin::new(stream).poll_shutdown(cx),
+            Stream::Tls(stream) => std::pin::Pin::new(stream.as_mut()).poll_shutdown(cx),
+        }
+    }
+}
+
+/// The gRPC listener's connections. With `tls` each handshake runs in a task of its own,
+/// within `handshake_timeout`, so a slow client holds up no other; a failed one is dropped.
+/// Accepting stops when the server drops the stream.
+pub fn incoming(
+    listener: tokio::net::TcpListener,
+    tls: Option<tokio_rustls::TlsAcceptor>,
+    handshake_timeout: Duration,
+) -> tokio_stream::wrappers::ReceiverStream<Result<Connection, std::io::Error>> {
+    let (connection_tx, connection_rx) = tokio::sync::mpsc::channel(64);
+    tokio::spawn(async move {
+        loop {
+            let accepted = tokio::select! {
+                accepted = listener.accept() => accepted,
+                () = connection_tx.closed() => return,
+            };
+            let (stream, remote) = match accepted {
+                Ok(accepted) => accepted,
+                Err(err) => {
+                    tracing::warn!(%err, "accepting a gRPC connection failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            };
+            let _ = stream.set_nodelay(true);
+            let connection_tx = connection_tx.clone();
+            let Some(tls) = tls.clone() else {
+                let connection = Connection {
+                    stream: Stream::Plain(stream),
+                    peer: Peer::with_certificates(Some(remote), None),
+                };
+                if connection_tx.send(Ok(connection)).await.is_err() {
+                    return;
+                }
+                continue;
+            };
+            tokio::spawn(async move {
+                match tokio::time::timeout(handshake_timeout, tls.accept(stream)).await {
+                    Ok(Ok(stream)) => {
+                        // Verified in the handshake (--grpc-tls-client-ca-file).
+                        let peer = Peer::with_certificates(
+                            Some(remote),
+                            stream.get_ref().1.peer_certificates(),
+                        );
+                        let connection = Connection {
+                            stream: Stream::Tls(Box::new(stream)),
+                            peer,
+                        };
+                        let _ = connection_tx.send(Ok(connection)).await;
+                    }
+                    Ok(Err(err)) => tracing::debug!(%remote, %err, "gRPC TLS handshake failed"),
+                    Err(_) => tracing::debug!(%remote, "no gRPC TLS handshake in time"),
+                }
+            });
+        }
+    });
+    tokio_stream::wrappers::ReceiverStream::new(connection_rx)
 }

@@ -134,11 +134,22 @@ pub async fn serve(
                 }
             };
             let served = match tls {
-                None => serve_connection(stream, builder, router, watcher).await,
+                None => {
+                    let peer = crate::auth::Peer::with_certificates(Some(remote), None);
+                    serve_connection(stream, builder, router, watcher, peer).await
+                }
                 Some(tls) => {
                     match tokio::time::timeout(limits.header_read_timeout, tls.accept(stream)).await
                     {
-                        Ok(Ok(stream)) => serve_connection(stream, builder, router, watcher).await,
+                        Ok(Ok(stream)) => {
+                            // A client certificate here was verified in the handshake
+                            // (--http-tls-client-ca-file); its names are read once.
+                            let peer = crate::auth::Peer::with_certificates(
+                                Some(remote),
+                                stream.get_ref().1.peer_certificates(),
+                            );
+                            serve_connection(stream, builder, router, watcher, peer).await
+                        }
                         Ok(Err(err)) => Err(err.into()),
                         Err(_) => Err("no TLS handshake within --http-header-read-timeout".into()),
                     }
@@ -290,12 +301,20 @@ async fn serve_connection<S>(
     builder: Builder<StreamExecutor>,
     router: Router,
     watcher: Watcher,
+    peer: crate::auth::Peer,
 ) -> Result<(), ConnectionError>
 where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
+    use tower::ServiceExt;
+    // Every request carries its connection's peer (address, client certificate) for
+    // tenant authentication (crate::auth).
+    let service = router.map_request(move |mut request: axum::http::Request<_>| {
+        request.extensions_mut().insert(peer.clone());
+        request
+    });
     let connection = builder
-        .serve_connection_with_upgrades(TokioIo::new(stream), TowerToHyperService::new(router))
+        .serve_connection_with_upgrades(TokioIo::new(stream), TowerToHyperService::new(service))
         .into_owned();
     watcher.watch(connection).await
 }

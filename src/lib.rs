@@ -7,6 +7,8 @@
 //!   (config reload, EWMA tick, idle-tenant eviction) and graceful shutdown.
 //! - [`admin`]: the operator's pages kept from clients: the `--admin-token-file` bearer check
 //!   (the `--admin-addr` listener itself is wired in `server`).
+//! - [`auth`]: tenant authentication (`--tenant-auth header|tokens|mtls`): the credentials
+//!   file, the one check every door calls before any tenant limit, and the failure throttle.
 //! - [`state`]: `AppState`, what every handler shares (config, limiter, metrics, upstream,
 //!   store, the runtime config and membership in force), built by `server`.
 //! - [`http_serve`]: the HTTP listener with its bounds (header timeout, header size,
@@ -48,6 +50,7 @@
 pub mod admin;
 pub mod admission_common;
 pub mod admission_http;
+pub mod auth;
 pub mod cells;
 pub mod config;
 pub mod counts;

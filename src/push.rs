@@ -16,6 +16,7 @@ use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use http_body_util::{BodyExt, LengthLimitError, Limited};
 
+use crate::auth::{Allowed, Door, Peer, Source};
 use crate::counts::{DecodeError, Decoded, Forward, UnsupportedMedia};
 use crate::format::{self, Format};
 use crate::ha::{HaCheck, HaOutcome};
@@ -71,7 +72,20 @@ async fn handle(
     let mut body = Some(body);
     // What a refusal reports written: nothing, but for validation's partial answer.
     let mut refused_written = Written::default();
-    let admitted = admit(&state, &parts, &mut body, &format, &mut refused_written).await;
+    let door = if otlp.is_some() {
+        Door::Otlp
+    } else {
+        Door::Push
+    };
+    let admitted = admit(
+        &state,
+        door,
+        &parts,
+        &mut body,
+        &format,
+        &mut refused_written,
+    )
+    .await;
     let (mut response, written) = match admitted {
         Ok(written) => match otlp {
             Some(otlp) => (
@@ -149,6 +163,7 @@ fn otlp_error(response: &mut Response, format: OtlpFormat, message: &str) {
 
 async fn admit(
     state: &Arc<AppState>,
+    door: Door,
     parts: &Parts,
     body: &mut Option<Body>,
     format: &Result<Format, UnsupportedMedia>,
@@ -165,14 +180,29 @@ async fn admit(
     //    keeps the request counted in flight until the answer is ready.
     let mut inflight = state.instance.start(content_length)?;
 
-    // 2. Tenant: every later limit is per tenant.
-    let tenant_name = tenant::resolve(
-        parts
+    // 2. Tenant, authenticated (--tenant-auth): every later limit is per tenant, so the
+    //    proof comes before any of them, and a request refused here (401, 403) costs the
+    //    tenant it named nothing. It needs only headers and the connection's certificate.
+    let named = parts
+        .headers
+        .get(TENANT_HEADER)
+        .map(|value| value.as_bytes());
+    let source = Source {
+        peer: parts.extensions.get::<Peer>(),
+        authorization: parts
             .headers
-            .get(TENANT_HEADER)
+            .get(header::AUTHORIZATION)
             .map(|value| value.as_bytes()),
-        state.config.no_auth_tenant.as_deref(),
-    )?;
+    };
+    let tenant_name = match state.auth.authorize(door, source, named)? {
+        Allowed::AsNamed => std::borrow::Cow::Borrowed(tenant::resolve(
+            named,
+            state.config.no_auth_tenant.as_deref(),
+        )?),
+        // The request named none, and its credential covers exactly this one.
+        Allowed::Tenant(only) => std::borrow::Cow::Owned(only),
+    };
+    let tenant_name: &str = &tenant_name;
     let tenant = state.limiter.tenant(tenant_name).map_err(|too_many| {
         let limit = too_many.max_tenants as f64;
         state.instance.reject(InstanceLimit::MaxTenants, limit)

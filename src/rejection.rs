@@ -29,6 +29,9 @@ pub enum PushError {
     Instance { limit: InstanceLimit, value: f64 },
     #[error("{0}")]
     Tenant(#[from] TenantError),
+    /// Tenant authentication refused the request (`--tenant-auth`): 401, 403, 400 or 429.
+    #[error("{0}")]
+    Auth(#[from] crate::auth::Denied),
     #[error("{}", rate_limit_message(.0))]
     RateLimited(Rejection),
     #[error("request body is over the limit of {limit} bytes (--max-request-body-size)")]
@@ -87,6 +90,7 @@ impl PushError {
             | PushError::TenantInflight { .. } => StatusCode::TOO_MANY_REQUESTS,
             PushError::InflightUnavailable => StatusCode::SERVICE_UNAVAILABLE,
             PushError::Tenant(TenantError::Missing) => StatusCode::UNAUTHORIZED,
+            PushError::Auth(denied) => denied.status(),
             PushError::Tenant(_)
             | PushError::ReadBody(_)
             | PushError::InvalidSeries(_)
@@ -129,6 +133,7 @@ impl PushError {
             PushError::InflightUnavailable
             | PushError::Instance { .. }
             | PushError::Tenant(_)
+            | PushError::Auth(_)
             | PushError::Upstream(_)
             | PushError::UnsupportedMedia(_)
             | PushError::InvalidSeries(_)
@@ -167,6 +172,9 @@ impl PushError {
                 RejectionCause::StoreUnavailable => Some(1),
             },
             PushError::InflightUnavailable => Some(1),
+            PushError::Auth(crate::auth::Denied::Throttled { retry_after }) => {
+                Some(retry_after.as_secs_f64().ceil().max(1.0) as u64)
+            }
             // A slot frees in milliseconds, and the upstream's own recovery is unknown: no
             // header, so the client uses its own backoff (Prometheus: 30 ms doubling, by
             // default), which is nearer the truth than any whole second.
@@ -186,6 +194,12 @@ impl PushError {
         );
         if let Some(seconds) = retry_after {
             headers.insert(header::RETRY_AFTER, HeaderValue::from(seconds));
+        }
+        if status == StatusCode::UNAUTHORIZED {
+            headers.insert(
+                header::WWW_AUTHENTICATE,
+                HeaderValue::from_static("Bearer realm=\"weir\", Basic realm=\"weir\""),
+            );
         }
         // The limit's state is known unless the store could not be asked.
         if let PushError::RateLimited(rejection @ Rejection { cause, .. }) = &self {

@@ -54,6 +54,13 @@ pub async fn run_with_clock(
     // A bad token file stops start-up before anything is bound.
     let admin_token = config.admin_token()?.map(Arc::new);
     let metrics = Arc::new(Metrics::new());
+    // A bad credentials file stops start-up too; later it is reloaded like the overrides.
+    let auth = crate::auth::Authenticator::new(
+        config.tenant_auth,
+        config.auth_credentials_file.as_deref(),
+        config.auth_failure_limits(),
+        &metrics,
+    )?;
     let reload_metrics = ReloadMetrics::new(&metrics.registry).context("registering metrics")?;
     let has_store = !config.store_url.is_empty();
     let mut reloader = Reloader::new(
@@ -165,9 +172,32 @@ pub async fn run_with_clock(
         ),
         _ => None,
     };
+    let http_client_ca = config
+        .http_tls_client_ca_file
+        .as_deref()
+        .map(crate::tls::ClientCa::load)
+        .transpose()
+        .context("--http-tls-client-ca-file")?;
     let tls = server_cert
         .as_ref()
-        .map(crate::tls::ServerCert::acceptor)
+        .map(|cert| cert.acceptor_with(http_client_ca.clone(), &[b"h2", b"http/1.1"]))
+        .transpose()?;
+    // gRPC over TLS: HTTP/2 only, with its own certificate and optional client CA.
+    let grpc_cert = match (&config.grpc_tls_cert_file, &config.grpc_tls_key_file) {
+        (Some(cert), Some(key)) => Some(
+            crate::tls::ServerCert::load(cert, key).context("--grpc-tls-cert-file/-key-file")?,
+        ),
+        _ => None,
+    };
+    let grpc_client_ca = config
+        .grpc_tls_client_ca_file
+        .as_deref()
+        .map(crate::tls::ClientCa::load)
+        .transpose()
+        .context("--grpc-tls-client-ca-file")?;
+    let grpc_tls = grpc_cert
+        .as_ref()
+        .map(|cert| cert.acceptor_with(grpc_client_ca.clone(), &[b"h2"]))
         .transpose()?;
     let state = Arc::new(AppState {
         upstream,
@@ -181,6 +211,7 @@ pub async fn run_with_clock(
         draining: AtomicBool::new(false),
         ha: Arc::new(crate::ha::HaTracker::default()),
         grpc_addr,
+        auth,
         config,
     });
 
@@ -213,9 +244,14 @@ pub async fn run_with_clock(
         spawn_every(period, {
             let state = Arc::clone(&state);
             move || {
-                if let Some(cert) = &server_cert {
+                for cert in [&server_cert, &grpc_cert].into_iter().flatten() {
                     cert.reload_if_changed();
                 }
+                for ca in [&http_client_ca, &grpc_client_ca].into_iter().flatten() {
+                    ca.reload_if_changed();
+                }
+                // The credentials file, re-read when its content changes.
+                state.auth.reload_if_changed();
                 if let Some(upstream) = &state.upstream {
                     upstream.reload_tls_if_changed();
                 }
@@ -246,7 +282,16 @@ pub async fn run_with_clock(
     println!(
         "weir listening on {scheme}://{address} (push: POST {scheme}://{address}/api/v1/push)"
     );
-    println!("weir gRPC on {grpc_addr} (weir.admission.v1.Admission, Envoy RateLimitService)");
+    let grpc_scheme = if grpc_tls.is_some() {
+        "TLS"
+    } else {
+        "plaintext"
+    };
+    println!(
+        "weir gRPC on {grpc_addr} ({grpc_scheme}; weir.admission.v1.Admission, Envoy \
+         RateLimitService)"
+    );
+    log_tenant_auth(&state);
     let token_note = if admin_token.is_some() {
         ", behind --admin-token-file"
     } else {
@@ -280,7 +325,12 @@ pub async fn run_with_clock(
     }
 
     let (grpc_stop_tx, grpc_stop_rx) = oneshot::channel::<()>();
-    let grpc = tokio::spawn(serve_grpc(Arc::clone(&state), grpc_listener, grpc_stop_rx));
+    let grpc = tokio::spawn(serve_grpc(
+        Arc::clone(&state),
+        grpc_listener,
+        grpc_tls,
+        grpc_stop_rx,
+    ));
     // The admin listener serves through the drain (a scrape during shutdown still works)
     // and stops after the HTTP listener. One worker thread: it serves a few scrapers.
     let (admin_stop_tx, admin_stop_rx) = oneshot::channel::<()>();
@@ -781,21 +831,62 @@ fn settling_time(gossip_interval: Duration) -> Duration {
     (gossip_interval * 5).max(Duration::from_secs(1))
 }
 
+/// States at start-up how requests prove their tenant, and warns loudly when they do not.
+fn log_tenant_auth(state: &AppState) {
+    use crate::auth::Mode;
+    match state.auth.mode() {
+        Mode::Header => tracing::warn!(
+            "TENANT AUTHENTICATION IS OFF (--tenant-auth header): any client that reaches \
+             weir can claim any tenant in X-Scope-OrgID or an admission call, and spend (or \
+             exhaust) that tenant's limits. Run it only behind a proxy that authenticates \
+             clients and sets the tenant, or set --tenant-auth tokens or mtls"
+        ),
+        mode => {
+            tracing::info!(
+                tenant_auth = mode.as_str(),
+                credentials = state.auth.credentials(),
+                file = %state
+                    .config
+                    .auth_credentials_file
+                    .as_deref()
+                    .map_or_else(String::new, |path| path.display().to_string()),
+                "tenant authentication on every door (push, OTLP, admission API, Envoy RLS)"
+            );
+            println!(
+                "weir tenant authentication: {} ({} credentials)",
+                mode.as_str(),
+                state.auth.credentials()
+            );
+            if mode == Mode::Mtls && state.config.grpc_tls_client_ca_file.is_none() {
+                tracing::warn!(
+                    "--tenant-auth mtls without --grpc-tls-client-ca-file: every gRPC call \
+                     (admission API, Envoy RLS) will be refused as unauthenticated"
+                );
+            }
+            if mode == Mode::Mtls && state.config.http_tls_client_ca_file.is_none() {
+                tracing::warn!(
+                    "--tenant-auth mtls without --http-tls-client-ca-file: every HTTP push \
+                     and admission call will be refused as unauthenticated"
+                );
+            }
+        }
+    }
+}
+
 /// The admission API and Envoy's rate-limit service, until `stop` fires.
-async fn serve_grpc(state: Arc<AppState>, listener: TcpListener, stop: oneshot::Receiver<()>) {
+async fn serve_grpc(
+    state: Arc<AppState>,
+    listener: TcpListener,
+    tls: Option<tokio_rustls::TlsAcceptor>,
+    stop: oneshot::Receiver<()>,
+) {
     use crate::grpc::proto::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitServiceServer;
     use crate::grpc::proto::weir::admission::v1::admission_server::AdmissionServer;
-    let incoming = match tonic::transport::server::TcpIncoming::from_listener(listener, true, None)
-    {
-        Ok(incoming) => incoming,
-        Err(err) => {
-            tracing::error!(%err, "cannot serve gRPC");
-            return;
-        }
-    };
     // The same bounds as the HTTP listener where tonic has them: streams per connection,
-    // keep-alive pings that drop dead peers, header size.
+    // keep-alive pings that drop dead peers, header size; a TLS handshake within the header
+    // read timeout.
     let limits = state.config.http_limits();
+    let incoming = crate::grpc::incoming(listener, tls, limits.header_read_timeout);
     let result = tonic::transport::Server::builder()
         .max_concurrent_streams(256)
         .http2_keepalive_interval(Some(limits.header_read_timeout))

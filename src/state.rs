@@ -35,6 +35,8 @@ pub struct AppState {
     pub(crate) draining: AtomicBool,
     /// The HA tracker: the elected replica of each tenant's HA clusters.
     pub ha: Arc<crate::ha::HaTracker>,
+    /// Tenant authentication (`--tenant-auth`): every door asks it before any tenant limit.
+    pub auth: crate::auth::Authenticator,
     /// Where the admission API's gRPC service listens.
     pub grpc_addr: std::net::SocketAddr,
 }

@@ -12,6 +12,7 @@ use anyhow::Context;
 use arc_swap::ArcSwap;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use rustls::server::danger::ClientCertVerifier;
 use rustls::server::{ClientHello, ResolvesServerCert};
 use rustls::sign::CertifiedKey;
 
@@ -114,12 +115,132 @@ impl ServerCert {
 
     /// The acceptor for the listener: TLS 1.2 and 1.3, HTTP/2 and HTTP/1.1 by ALPN.
     pub fn acceptor(self: &Arc<Self>) -> anyhow::Result<tokio_rustls::TlsAcceptor> {
-        let mut config = rustls::ServerConfig::builder_with_provider(provider())
-            .with_safe_default_protocol_versions()?
-            .with_no_client_auth()
-            .with_cert_resolver(Arc::clone(self) as Arc<dyn ResolvesServerCert>);
-        config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+        self.acceptor_with(None, &[b"h2", b"http/1.1"])
+    }
+
+    /// The acceptor with these ALPN protocols, asking clients for a certificate that
+    /// `client_ca` verifies when it is given (a client without one still connects: the
+    /// doors decide what it may do, see [`crate::auth`]).
+    pub fn acceptor_with(
+        self: &Arc<Self>,
+        client_ca: Option<Arc<ClientCa>>,
+        alpn: &[&[u8]],
+    ) -> anyhow::Result<tokio_rustls::TlsAcceptor> {
+        let builder = rustls::ServerConfig::builder_with_provider(provider())
+            .with_safe_default_protocol_versions()?;
+        let builder = match client_ca {
+            Some(client_ca) => {
+                builder.with_client_cert_verifier(client_ca as Arc<dyn ClientCertVerifier>)
+            }
+            None => builder.with_no_client_auth(),
+        };
+        let mut config =
+            builder.with_cert_resolver(Arc::clone(self) as Arc<dyn ResolvesServerCert>);
+        config.alpn_protocols = alpn.iter().map(|protocol| protocol.to_vec()).collect();
         Ok(tokio_rustls::TlsAcceptor::from(Arc::new(config)))
+    }
+}
+
+/// The CAs that verify client certificates (`--http-tls-client-ca-file`,
+/// `--grpc-tls-client-ca-file`), swapped in place when the file changes. A client certificate
+/// is optional: one that is presented must chain to these CAs or the handshake fails.
+#[derive(Debug)]
+pub struct ClientCa {
+    files: Watched,
+    current: ArcSwap<Arc<dyn ClientCertVerifier>>,
+}
+
+fn client_verifier(path: &Path) -> anyhow::Result<Arc<dyn ClientCertVerifier>> {
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in read_certs(path)? {
+        roots
+            .add(cert)
+            .with_context(|| format!("{} holds a certificate that is not a CA", path.display()))?;
+    }
+    rustls::server::WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider())
+        .allow_unauthenticated()
+        .build()
+        .with_context(|| format!("{} cannot verify client certificates", path.display()))
+}
+
+impl ClientCa {
+    pub fn load(path: &Path) -> anyhow::Result<Arc<ClientCa>> {
+        let files = Watched::new(vec![path.to_path_buf()]);
+        let verifier = client_verifier(path)?;
+        Ok(Arc::new(ClientCa {
+            files,
+            current: ArcSwap::from_pointee(verifier),
+        }))
+    }
+
+    /// Re-reads the file if it changed; on error the last good CAs stay.
+    pub fn reload_if_changed(&self) {
+        if !self.files.changed() {
+            return;
+        }
+        match client_verifier(&self.files.paths[0]) {
+            Ok(verifier) => {
+                self.current.store(Arc::new(verifier));
+                tracing::info!(ca = %self.files.paths[0].display(), "reloaded the client CA");
+            }
+            Err(err) => tracing::error!(
+                error = format!("{err:#}"),
+                "the new client CA file does not load; still verifying with the last good one"
+            ),
+        }
+    }
+}
+
+/// Every call goes to the verifier in force. No CA names are sent as hints (they could not be
+/// borrowed across a swap); clients send the certificate they have.
+impl ClientCertVerifier for ClientCa {
+    fn offer_client_auth(&self) -> bool {
+        true
+    }
+
+    fn client_auth_mandatory(&self) -> bool {
+        false
+    }
+
+    fn root_hint_subjects(&self) -> &[rustls::DistinguishedName] {
+        &[]
+    }
+
+    fn verify_client_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        now: rustls::pki_types::UnixTime,
+    ) -> Result<rustls::server::danger::ClientCertVerified, rustls::Error> {
+        self.current
+            .load()
+            .verify_client_cert(end_entity, intermediates, now)
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        self.current
+            .load()
+            .verify_tls12_signature(message, cert, dss)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        self.current
+            .load()
+            .verify_tls13_signature(message, cert, dss)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+        self.current.load().supported_verify_schemes()
     }
 }
 

@@ -26,6 +26,7 @@ pub enum LogFormat {
 // `--help` groups the flags under these headings, in the order each first appears below.
 const LISTENERS: &str = "Listeners";
 const TLS: &str = "TLS";
+const AUTH: &str = "Tenant authentication (who may spend a tenant's limits)";
 const UPSTREAM: &str = "Upstream (where admitted pushes go)";
 const OVERRIDES: &str = "Runtime overrides";
 const LOGGING: &str = "Logging";
@@ -59,6 +60,51 @@ pub struct Config {
     /// PEM private key of --http-tls-cert-file.
     #[arg(help_heading = TLS, long, env = "WEIR_HTTP_TLS_KEY_FILE", requires = "http_tls_cert_file")]
     pub http_tls_key_file: Option<PathBuf>,
+
+    /// PEM CA certificates that sign client certificates: HTTPS then asks each client for
+    /// one and verifies it against these (a client without one still connects; under
+    /// `--tenant-auth mtls` its requests get 401). Re-read when it changes.
+    #[arg(help_heading = TLS, long, env = "WEIR_HTTP_TLS_CLIENT_CA_FILE", requires = "http_tls_cert_file")]
+    pub http_tls_client_ca_file: Option<PathBuf>,
+
+    /// Serve the gRPC listener (--grpc-addr) over TLS with this PEM certificate chain (and
+    /// --grpc-tls-key-file); HTTP/2 by ALPN. Re-read when it changes. Without it, plaintext
+    /// HTTP/2.
+    #[arg(help_heading = TLS, long, env = "WEIR_GRPC_TLS_CERT_FILE", requires = "grpc_tls_key_file")]
+    pub grpc_tls_cert_file: Option<PathBuf>,
+
+    /// PEM private key of --grpc-tls-cert-file.
+    #[arg(help_heading = TLS, long, env = "WEIR_GRPC_TLS_KEY_FILE", requires = "grpc_tls_cert_file")]
+    pub grpc_tls_key_file: Option<PathBuf>,
+
+    /// PEM CA certificates that sign gRPC clients' certificates (optional client
+    /// verification, as --http-tls-client-ca-file). Re-read when it changes.
+    #[arg(help_heading = TLS, long, env = "WEIR_GRPC_TLS_CLIENT_CA_FILE", requires = "grpc_tls_cert_file")]
+    pub grpc_tls_client_ca_file: Option<PathBuf>,
+
+    /// How a request proves which tenant it may use, on every door (push, OTLP, the
+    /// admission API over JSON and gRPC, Envoy's RLS): `header` (none: any client can claim
+    /// any tenant; for a trusted, authenticating proxy in front), `tokens` (`Authorization:
+    /// Bearer` or `Basic`, from --auth-credentials-file) or `mtls` (the verified client
+    /// certificate's CN or SAN, mapped in --auth-credentials-file).
+    #[arg(help_heading = AUTH, long, env = "WEIR_TENANT_AUTH", value_enum, default_value_t = crate::auth::Mode::Header)]
+    pub tenant_auth: crate::auth::Mode,
+
+    /// YAML file mapping credentials (SHA-256 digests of bearer tokens and basic-auth
+    /// passwords, or client-certificate names) to the tenants each may use. Re-read when its
+    /// content changes (checked every --runtime-config-period); a bad file keeps the last
+    /// good one in force. Required by `--tenant-auth tokens|mtls`.
+    #[arg(help_heading = AUTH, long, env = "WEIR_AUTH_CREDENTIALS_FILE")]
+    pub auth_credentials_file: Option<PathBuf>,
+
+    /// Authentication failures one source (an IP address, an IPv6 /64) may have in a row
+    /// before it is answered 429, whatever it presents, until they leak away.
+    #[arg(help_heading = AUTH, long, env = "WEIR_AUTH_FAILURE_BURST", default_value_t = 20)]
+    pub auth_failure_burst: u32,
+
+    /// How many of a source's failures leak away per second.
+    #[arg(help_heading = AUTH, long, env = "WEIR_AUTH_FAILURE_RATE", default_value_t = 1.0)]
+    pub auth_failure_rate: f64,
 
     /// Serve the operator's pages (`/metrics`, `/ring`, `/runtime_config`,
     /// `/distributor/ha_tracker`) on this address only; --http-addr then answers 404 for them.
@@ -563,6 +609,44 @@ impl Config {
                 bail!("--admin-addr must differ from --http-addr ({admin})");
             }
         }
+        use crate::auth::Mode;
+        match self.tenant_auth {
+            Mode::Header => {
+                if self.auth_credentials_file.is_some() {
+                    bail!("--auth-credentials-file needs --tenant-auth tokens or mtls");
+                }
+            }
+            mode => {
+                if self.auth_credentials_file.is_none() {
+                    bail!(
+                        "--tenant-auth {} needs --auth-credentials-file",
+                        mode.as_str()
+                    );
+                }
+                if self.no_auth_tenant.is_some() {
+                    bail!(
+                        "--no-auth-tenant lets requests in without credentials: it cannot go \
+                         with --tenant-auth {}",
+                        mode.as_str()
+                    );
+                }
+            }
+        }
+        if self.tenant_auth == Mode::Mtls
+            && self.http_tls_client_ca_file.is_none()
+            && self.grpc_tls_client_ca_file.is_none()
+        {
+            bail!(
+                "--tenant-auth mtls needs verified client certificates: set \
+                 --http-tls-client-ca-file (HTTPS) and/or --grpc-tls-client-ca-file (gRPC)"
+            );
+        }
+        if self.auth_failure_burst == 0 {
+            bail!("--auth-failure-burst must be at least 1");
+        }
+        if !(self.auth_failure_rate.is_finite() && self.auth_failure_rate > 0.0) {
+            bail!("--auth-failure-rate must be > 0");
+        }
         if let Some(tenant) = &self.no_auth_tenant {
             crate::tenant::validate(tenant)
                 .with_context(|| format!("--no-auth-tenant {tenant:?}"))?;
@@ -613,8 +697,8 @@ mod tests {
         assert_eq!(ungrouped, ["config", "help", "version"]);
         let help = command.render_help().to_string();
         for heading in [
-            LISTENERS, TLS, UPSTREAM, OVERRIDES, LOGGING, RING, LIMITS, STORE, CELLS, INSTANCE,
-            HTTP, SHUTDOWN,
+            LISTENERS, TLS, AUTH, UPSTREAM, OVERRIDES, LOGGING, RING, LIMITS, STORE, CELLS,
+            INSTANCE, HTTP, SHUTDOWN,
         ] {
             assert!(
                 help.contains(&format!("{heading}:")),
@@ -662,6 +746,31 @@ mod tests {
                 "--cell \"a b\"",
             ),
             (vec!["--cell-slice-ttl", "2s"], "at least 3 ×"),
+            (
+                vec!["--tenant-auth", "tokens"],
+                "needs --auth-credentials-file",
+            ),
+            (vec!["--tenant-auth", "magic"], "invalid value"),
+            (
+                vec!["--tenant-auth", "mtls", "--auth-credentials-file", "c.yaml"],
+                "needs verified client certificates",
+            ),
+            (
+                vec![
+                    "--tenant-auth",
+                    "tokens",
+                    "--auth-credentials-file",
+                    "c.yaml",
+                    "--no-auth-tenant",
+                    "solo",
+                ],
+                "cannot go with --tenant-auth tokens",
+            ),
+            (
+                vec!["--auth-credentials-file", "c.yaml"],
+                "needs --tenant-auth",
+            ),
+            (vec!["--auth-failure-rate", "0"], "--auth-failure-rate"),
             (vec!["--cell-fallback-floor", "0"], "--cell-fallback-floor"),
             (
                 vec![

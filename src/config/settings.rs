@@ -111,6 +111,14 @@ impl Config {
     }
 
     /// The token the operator's pages require, from `--admin-token-file`; `None` without.
+    /// The failure throttle's budget per source (`--auth-failure-burst`, `-rate`).
+    pub fn auth_failure_limits(&self) -> crate::auth::FailureLimits {
+        crate::auth::FailureLimits {
+            rate: self.auth_failure_rate,
+            burst: f64::from(self.auth_failure_burst),
+        }
+    }
+
     pub fn admin_token(&self) -> anyhow::Result<Option<crate::admin::AdminToken>> {
         let Some(path) = &self.admin_token_file else {
             return Ok(None);

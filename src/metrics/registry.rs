@@ -48,6 +48,13 @@ pub struct Metrics {
     /// Cells (`--cell`): sync rounds by outcome, and slices the store answered.
     pub cell_syncs: IntCounterVec,
     pub cell_slices: IntCounter,
+    /// Tenant authentication (`--tenant-auth`): refusals by door and reason (both pre-created,
+    /// 5 × 6 series), credentials-file reloads by outcome, and what is in force.
+    pub auth_failures: IntCounterVec,
+    pub auth_credentials_reloads: IntCounterVec,
+    pub auth_credentials_last_reload_successful: IntGauge,
+    pub auth_credentials: IntGauge,
+    pub auth_failure_sources: IntGauge,
 }
 
 fn counter_vec(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
@@ -293,6 +300,38 @@ impl Metrics {
                  refused).",
                 &["policy", "outcome"],
             ),
+            auth_failures: counter_vec(
+                r,
+                "weir_auth_failures_total",
+                "Requests refused by tenant authentication (--tenant-auth), by door (push, otlp, \
+                 admission_http, admission_grpc, rls) and reason (missing, malformed, unknown, \
+                 forbidden, ambiguous, throttled). Never labelled with a credential or tenant.",
+                &["door", "reason"],
+            ),
+            auth_credentials_reloads: counter_vec(
+                r,
+                "weir_auth_credentials_reloads_total",
+                "Loads of --auth-credentials-file by outcome (ok, error: the last good \
+                 credentials stay in force).",
+                &["outcome"],
+            ),
+            auth_credentials_last_reload_successful: IntGauge::new(
+                "weir_auth_credentials_last_reload_successful",
+                "Whether the last load of --auth-credentials-file succeeded (1) or the last good \
+                 credentials stay in force (0).",
+            )
+            .expect("valid"),
+            auth_credentials: IntGauge::new(
+                "weir_auth_credentials",
+                "Credentials in force from --auth-credentials-file.",
+            )
+            .expect("valid"),
+            auth_failure_sources: IntGauge::new(
+                "weir_auth_failure_sources",
+                "Sources (IPv4 addresses, IPv6 /64s) with recent authentication failures \
+                 tracked by the failure throttle (at most 10 000, plus one shared overflow).",
+            )
+            .expect("valid"),
             registry,
         };
         for collector in [
@@ -321,6 +360,9 @@ impl Metrics {
             Box::new(metrics.store_tokens_leased.clone()),
             Box::new(metrics.store_tokens_returned.clone()),
             Box::new(metrics.cell_slices.clone()),
+            Box::new(metrics.auth_credentials_last_reload_successful.clone()),
+            Box::new(metrics.auth_credentials.clone()),
+            Box::new(metrics.auth_failure_sources.clone()),
         ] {
             metrics.registry.register(collector).expect("unique metric");
         }
@@ -339,6 +381,13 @@ impl Metrics {
         }
         for outcome in ["ok", "failed"] {
             metrics.cell_syncs.with_label_values(&[outcome]);
+        }
+        // auth_failures' door and reason values are pre-created by crate::auth, which owns
+        // them; the reload outcomes here.
+        for outcome in ["ok", "error"] {
+            metrics
+                .auth_credentials_reloads
+                .with_label_values(&[outcome]);
         }
         for reason in ring::auth::Rejection::ALL {
             metrics
