@@ -606,10 +606,7 @@ mod tests {
         );
         assert_eq!(
             config.mimir_keys.ignored,
-            vec![(
-                "overrides.*.name_validation_scheme".to_string(),
-                validation
-            ),]
+            vec![("overrides.*.name_validation_scheme".to_string(), validation),]
         );
         // drop_labels is in force for the tenant that sets it.
         let dropping = parse("overrides:\n  a:\n    drop_labels: [replica, pod]\n").unwrap();

@@ -29,7 +29,7 @@ pub mod validation;
 
 pub use admission::{AdmissionConfig, Algorithm, LimitSource, LimitSpec, Unresolved};
 pub use config::{ConfigError, MimirKeys, RenderMode, RuntimeConfig};
+pub use ha::HaLimits;
 pub use limits::{Defaults, InstanceLimits, RateLimitStrategy, StoreFailurePolicy, TenantLimits};
 pub use reload::{ReloadMetrics, Reloader};
-pub use ha::HaLimits;
 pub use validation::ValidationLimits;
