@@ -319,6 +319,53 @@ impl api::admission_server::Admission for AdmissionService {
             .map_err(status)?;
         Ok(Response::new(api::RenewResponse {}))
     }
+
+    async fn lease(
+        &self,
+        request: Request<api::LeaseRequest>,
+    ) -> Result<Response<api::LeaseResponse>, Status> {
+        /// A token lease's lifetime when the client names none: long enough to ride out a
+        /// few missed refills, short enough that a dead client's tokens come back soon.
+        const DEFAULT_TOKEN_LEASE_TTL: Duration = Duration::from_secs(5);
+        let caller = source(&request);
+        let request = request.get_ref();
+        let tenant = authorized_tenant(
+            &self.state.auth,
+            Door::AdmissionGrpc,
+            caller,
+            &request.tenant,
+        )?;
+        check_names(&tenant, &request.key)?;
+        let previous = if request.previous_lease_id.is_empty() {
+            None
+        } else {
+            check_lease_id(&request.previous_lease_id)?;
+            Some((request.previous_lease_id.as_str(), request.spent))
+        };
+        let ttl = from_duration(request.ttl.as_ref()).unwrap_or(DEFAULT_TOKEN_LEASE_TTL);
+        let lent = self
+            .state
+            .limiter
+            .lease(
+                &tenant,
+                &request.key,
+                request.want,
+                ttl,
+                previous,
+                request.give_back,
+            )
+            .await
+            .map_err(status)?;
+        Ok(Response::new(api::LeaseResponse {
+            granted: lent.granted,
+            outstanding: lent.outstanding,
+            lease_id: lent.lease_id,
+            ttl: Some(duration(ttl)),
+            limit_in_force: Some(spec_to_proto(&lent.limit)),
+            retry_after: Some(duration(lent.retry_after)),
+            limit_source: source_name(lent.source).to_string(),
+        }))
+    }
 }
 
 /// Envoy's rate-limit service: each descriptor is matched against `envoy_domains` and

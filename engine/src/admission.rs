@@ -124,12 +124,37 @@ pub struct Acquisition {
     pub retry_after: Duration,
 }
 
+/// The answer to `Lease`: tokens lent to an embedded client to spend locally.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Lent {
+    /// Taken from the key's meter by this call.
+    pub granted: u64,
+    /// What the client may hold after this call: what it carried over, plus `granted`.
+    pub outstanding: u64,
+    /// Pass it with the next `Lease` (to carry the rest over) or to give the rest back.
+    pub lease_id: String,
+    pub limit: LimitSpec,
+    pub source: LimitSource,
+    /// Granted less than wanted: how long until the rest could pass.
+    pub retry_after: Duration,
+}
+
+/// Tokens lent to a client, not yet reported spent: they go back to the key's meter when the
+/// client gives them back or the deadline passes (a client that died).
+struct TokenLease {
+    entry: Arc<Entry>,
+    outstanding: u64,
+    deadline: u64,
+}
+
 /// The admission entries of one replica.
 #[derive(Default)]
 pub(crate) struct Entries {
     map: papaya::HashMap<Box<str>, Arc<Entry>, foldhash::fast::RandomState>,
     /// Replica-local leases: id → (entry name, deadline in engine nanoseconds).
     leases: Mutex<HashMap<u128, (Arc<str>, u64)>>,
+    /// Token leases (`Lease`): id → what is lent. Replica-local, like `L…` leases.
+    token_leases: Mutex<HashMap<u128, TokenLease>>,
 }
 
 pub(crate) struct Entry {
@@ -703,7 +728,118 @@ impl<'a, C: Clock + Clone> Keys<'a, C> {
                 entry.in_flight.fetch_sub(1, Ordering::AcqRel);
             }
         }
-        expired.len()
+        let mut lapsed = Vec::new();
+        self.admission()
+            .token_leases
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .retain(|_, lease| {
+                let keep = lease.deadline > now;
+                if !keep {
+                    lapsed.push((Arc::clone(&lease.entry), lease.outstanding));
+                }
+                keep
+            });
+        for (entry, outstanding) in &lapsed {
+            give_back(entry, *outstanding);
+        }
+        expired.len() + lapsed.len()
+    }
+
+    /// `Lease`: takes up to `want` tokens of `tenant`'s `key` at once, under the tenant's
+    /// strategy, to be spent by an embedded client until `ttl` passes. `previous` is the
+    /// client's last lease here and how much of it it spent: the rest carries over into the
+    /// new lease, less `give_back_tokens`, which go back to the meter now.
+    /// A previous lease that is unknown here (expired, or lent by another replica) carries
+    /// nothing; its replica gives its rest back at its deadline.
+    pub(crate) async fn lease(
+        &self,
+        tenant: &str,
+        key: &str,
+        want: u64,
+        ttl: Duration,
+        previous: Option<(&str, u64)>,
+        give_back_tokens: u64,
+    ) -> Result<Lent, AdmissionError> {
+        let (spec, source, entry, state) = self.entry(tenant, key, None)?;
+        let mut carried = 0;
+        if let Some((lease_id, spent)) = previous {
+            if let Some(id) = self.local_id(lease_id, 'T') {
+                let mut leases = self
+                    .admission()
+                    .token_leases
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner());
+                // Only a lease of this very tenant and key: an id is not a credential.
+                let ours = leases.get(&id).is_some_and(|old| {
+                    old.entry.tenant == entry.tenant && old.entry.key == entry.key
+                });
+                if let Some(old) = ours.then(|| leases.remove(&id)).flatten() {
+                    carried = old.outstanding.saturating_sub(spent);
+                }
+            }
+        }
+        // What the client no longer needs goes back to the meter now.
+        let returned = carried.min(give_back_tokens);
+        give_back(&entry, returned);
+        carried -= returned;
+        let id = rand_id();
+        let lease_id = format!("T{id:032x}@{}", self.node_id());
+        // The most one decision can take (more is a BadCost), less what is carried over.
+        let most = match (spec.rate == 0.0, spec.algorithm) {
+            (true, _) => want,
+            (false, Algorithm::SlidingWindow) => spec.per_window().floor() as u64,
+            (false, _) => spec.burst.max(1),
+        };
+        let take = want.min(most.saturating_sub(carried));
+        let (mut granted, mut retry_after) = (0, Duration::ZERO);
+        if take > 0 {
+            let first = self.decide(spec, source, &entry, &state, take).await?;
+            if first.decision.allowed {
+                granted = take;
+            } else {
+                retry_after = first.decision.retry_after;
+                // Take what is there now rather than nothing.
+                let there = first.decision.remaining.min(take);
+                if there > 0 {
+                    let second = self.decide(spec, source, &entry, &state, there).await?;
+                    if second.decision.allowed {
+                        granted = there;
+                    }
+                }
+            }
+        }
+        let outstanding = carried + granted;
+        if outstanding > 0 {
+            self.admission()
+                .token_leases
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(
+                    id,
+                    TokenLease {
+                        entry: Arc::clone(&entry),
+                        outstanding,
+                        deadline: self.now_nanos() + ttl.as_nanos() as u64,
+                    },
+                );
+        }
+        Ok(Lent {
+            granted,
+            outstanding,
+            lease_id,
+            limit: spec,
+            source,
+            retry_after,
+        })
+    }
+
+    /// The id of a replica-local lease of `kind` (`L`, `T`) lent by this replica.
+    fn local_id(&self, lease_id: &str, kind: char) -> Option<u128> {
+        let (id, owner) = lease_id.strip_prefix(kind)?.split_once('@')?;
+        (owner == self.node_id())
+            .then(|| u128::from_str_radix(id, 16).ok())
+            .flatten()
     }
 
     /// The entry for `tenant`'s `key` under the limit in force, rebuilt if the limit, the
@@ -922,6 +1058,32 @@ impl<'a, C: Clock + Clone> Keys<'a, C> {
 }
 
 /// The answer where nothing meters the rate: allowed, with no end to what remains.
+/// Gives lent tokens back to the key's meter they came from: the token bucket's level rises
+/// and the replica's admitted count (what gossip carries) goes down, as a push refund does.
+/// A sliding window's or a leaky bucket's tokens lapse: their meters cannot be credited.
+fn give_back(entry: &Entry, tokens: u64) {
+    if tokens == 0 {
+        return;
+    }
+    let state = entry.state.load();
+    match &state.meter {
+        Kept::Divided(Meter::TokenBucket(bucket)) | Kept::Weighted(Meter::TokenBucket(bucket)) => {
+            bucket.refund(tokens)
+        }
+        Kept::Shared(_) if state.spec.algorithm == Algorithm::TokenBucket => {
+            if let Some(lease) = entry.lease.get() {
+                lease.refund(tokens);
+            }
+        }
+        _ => return,
+    }
+    let _ = entry
+        .admitted
+        .fetch_update(Ordering::AcqRel, Ordering::Acquire, |admitted| {
+            Some(admitted.saturating_sub(tokens))
+        });
+}
+
 fn unmetered() -> Decision {
     Decision {
         allowed: true,

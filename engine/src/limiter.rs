@@ -28,7 +28,7 @@ use arc_swap::{ArcSwap, Guard};
 use governor::clock::Clock;
 use runtime_config::{LimitSpec, RuntimeConfig, TenantLimits};
 
-use crate::admission::{Acquisition, AdmissionError, Allowed, Entries, Keys};
+use crate::admission::{Acquisition, AdmissionError, Allowed, Entries, Keys, Lent};
 use crate::bucket::Bucket;
 use crate::cells::CellShares;
 use crate::clock::EngineClock;
@@ -334,8 +334,25 @@ impl<H: TenantHooks, C: Clock + Clone> Limiter<H, C> {
         self.keys().release_local(lease_id)
     }
 
-    /// Frees replica-local leases past their deadline (their holders crashed or forgot).
-    /// Returns how many.
+    /// The `Lease` RPC: lends up to `want` tokens of `tenant`'s `key` to an embedded client
+    /// for `ttl`; what it does not report spent goes back to the meter then (see
+    /// [`crate::admission`]).
+    pub async fn lease(
+        &self,
+        tenant: &str,
+        key: &str,
+        want: u64,
+        ttl: Duration,
+        previous: Option<(&str, u64)>,
+        give_back_tokens: u64,
+    ) -> Result<Lent, AdmissionError> {
+        self.keys()
+            .lease(tenant, key, want, ttl, previous, give_back_tokens)
+            .await
+    }
+
+    /// Frees replica-local leases past their deadline (their holders crashed or forgot), and
+    /// gives back the unspent tokens of token leases past theirs. Returns how many.
     pub fn expire_leases(&self) -> usize {
         self.keys().expire_leases()
     }

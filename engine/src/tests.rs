@@ -1025,6 +1025,65 @@ mod admission_tests {
         }
         granted
     }
+
+    /// `Lease`: a batch taken at once (capped at the burst), the rest carried over, given
+    /// back on request, and given back at the deadline when the client never returns.
+    #[tokio::test]
+    async fn token_leases_take_carry_give_back_and_lapse() {
+        let yaml = "overrides:\n  l:\n    limits:\n      k: {rate: 10, burst: 100}\n";
+        let (limiter, clock) = limiter(yaml);
+        let ttl = Duration::from_secs(5);
+        let lent = limiter.lease("l", "k", 1000, ttl, None, 0).await.unwrap();
+        assert_eq!(
+            (lent.granted, lent.outstanding),
+            (100, 100),
+            "capped at the burst"
+        );
+        let refused = limiter.allow("l", "k", 1, None).await.unwrap();
+        assert!(!refused.decision.allowed, "the fleet saw the spend");
+        // 40 spent, 20 given back: 40 carried over; the bucket holds the 20.
+        let rolled = limiter
+            .lease("l", "k", 0, ttl, Some((&lent.lease_id, 40)), 20)
+            .await
+            .unwrap();
+        assert_eq!((rolled.granted, rolled.outstanding), (0, 40));
+        assert!(
+            limiter
+                .allow("l", "k", 20, None)
+                .await
+                .unwrap()
+                .decision
+                .allowed
+        );
+        assert!(
+            !limiter
+                .allow("l", "k", 1, None)
+                .await
+                .unwrap()
+                .decision
+                .allowed
+        );
+        // An unknown previous lease carries nothing.
+        let fresh = limiter
+            .lease("l", "k", 0, ttl, Some(("T00@elsewhere", 0)), 0)
+            .await
+            .unwrap();
+        assert_eq!(fresh.outstanding, 0);
+        // The holder dies: its 40 come back at the deadline, not before.
+        clock.advance(Duration::from_secs(4));
+        assert_eq!(limiter.expire_leases(), 0);
+        clock.advance(Duration::from_millis(1100));
+        assert_eq!(limiter.expire_leases(), 1);
+        // 5.1 s of refill (51) capped at 100, plus nothing: the 40 are back in the bucket.
+        assert!(
+            limiter
+                .allow("l", "k", 91, None)
+                .await
+                .unwrap()
+                .decision
+                .allowed
+        );
+    }
 }
 
 /// Cells: a slice put in force reshapes a tracked tenant at once (the refusal still names the
