@@ -3,7 +3,7 @@
 //! calls to the fleet per decision); the fleet SIGKILLed under both failure policies (how
 //! soon the policy applies, and that no decision waits); a client process SIGKILLed while
 //! it holds a lease (its tokens come back to the fleet within the lease's TTL); and
-//! concurrency guards (held, renewed, released on drop).
+//! concurrency guards (held, renewed, released on drop); the tower layer in an axum router.
 
 mod common;
 
@@ -31,6 +31,7 @@ overrides:
       held: {rate: 10, burst: 1000}
       wire: {rate: 1, burst: 100}
       slots: {max_concurrent: 2}
+      "GET /limited": {rate: 0.5, burst: 5}
 "#;
 
 /// One real weir process on `ip`, with the overrides above.
@@ -387,4 +388,57 @@ async fn acquire_holds_a_slot_until_the_guard_drops_and_renews_it_meanwhile() {
     };
     assert!(third.lease_id().is_some());
     drop((second, third));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_layer_answers_an_axum_route_s_refusals_as_weir_does() {
+    use axum::body::Body;
+    use axum::extract::Request;
+    use tower::ServiceExt;
+    use weir_client::{RateLimitLayer, Target};
+
+    let (replica, _dir) = replica(146);
+    let client = Client::builder(endpoint(replica.grpc)).build().unwrap();
+    let layer = RateLimitLayer::new(client, |request: &Request| {
+        let tenant = request.headers().get("x-tenant")?.to_str().ok()?;
+        Some(Target::new(
+            tenant,
+            format!("{} {}", request.method(), request.uri().path()),
+        ))
+    });
+    let app = axum::Router::new()
+        .route("/limited", axum::routing::get(|| async { "ok" }))
+        .layer(layer);
+    let get = |path: &str, tenant: Option<&str>| {
+        let mut request = Request::get(path);
+        if let Some(tenant) = tenant {
+            request = request.header("x-tenant", tenant);
+        }
+        app.clone().oneshot(request.body(Body::empty()).unwrap())
+    };
+    let mut statuses = Vec::new();
+    let mut refusal = None;
+    for _ in 0..8 {
+        let response = get("/limited", Some("c")).await.unwrap();
+        statuses.push(response.status().as_u16());
+        if response.status() == 429 {
+            refusal = Some(response);
+        }
+    }
+    // The burst (5) passes, from the first lease; then 429 at 0.5 a second.
+    assert_eq!(statuses, [200, 200, 200, 200, 200, 429, 429, 429]);
+    let refusal = refusal.unwrap();
+    let header = |name: &str| refusal.headers()[name].to_str().unwrap().to_string();
+    assert_eq!(header("ratelimit-policy"), "\"weir\";q=1;w=2");
+    assert!(
+        header("ratelimit").starts_with("\"weir\";r=0;t="),
+        "{}",
+        header("ratelimit")
+    );
+    let retry_after: u64 = header("retry-after").parse().unwrap();
+    assert!((1..=3).contains(&retry_after), "{retry_after}");
+    // A request the closure does not name passes untouched.
+    for _ in 0..10 {
+        assert_eq!(get("/limited", None).await.unwrap().status(), 200);
+    }
 }
