@@ -12,28 +12,28 @@
 //!    admitting (its last slice for the slice TTL, then L ÷ 3), no push waits on the store,
 //!    and the cells converge again within a few intervals.
 //!
-//! Not here: one cell cut from the store while the others reach it (a real cut needs network
-//! namespaces; see DESIGN.md, "Cells").
+//! One cell cut from the store while the others reach it is `tests/cells_cut.rs` (network
+//! namespaces).
 //!
 //! Every figure is measured by this test from the answers it got (2xx admitted, 429
 //! refused), never read from weir.
 
 mod common;
 
+#[path = "common/cells_load.rs"]
+mod cells_load;
+
 #[path = "../redis-store/tests/redis_server.rs"]
 mod redis_server;
 
-use std::net::SocketAddr;
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
+use cells_load::{until, Load};
 use common::fleet::{self, Replica};
 use common::wait_until;
 use redis_server::RedisServer;
-use weir::remote_write::prompb::WriteRequest;
 
 const L: f64 = 10_000.0;
-const ITEMS_PER_PUSH: usize = 100;
 /// `--cell-sync-interval`.
 const INTERVAL: Duration = Duration::from_millis(500);
 /// `--cell-slice-ttl`.
@@ -43,121 +43,6 @@ const FLOOR: f64 = 0.05;
 
 const OVERRIDES: &str =
     "overrides:\n  t:\n    ingestion_rate: 10000\n    ingestion_burst_size: 5000\n";
-
-/// One push as this test saw it.
-#[derive(Debug, Clone, Copy)]
-struct Record {
-    cell: usize,
-    /// Seconds since the load started.
-    sent: f64,
-    latency: Duration,
-    admitted: bool,
-    refused: bool,
-}
-
-/// An open-loop sender: per cell, a demand in items/s spread over that cell's targets.
-struct Load {
-    demand: Mutex<[f64; 3]>,
-    targets: Mutex<[Vec<SocketAddr>; 3]>,
-    records: Mutex<Vec<Record>>,
-    started: Instant,
-}
-
-impl Load {
-    fn start(targets: [Vec<SocketAddr>; 3]) -> Arc<Load> {
-        let load = Arc::new(Load {
-            demand: Mutex::new([0.0; 3]),
-            targets: Mutex::new(targets),
-            records: Mutex::new(Vec::new()),
-            started: Instant::now(),
-        });
-        let driver = Arc::clone(&load);
-        tokio::spawn(async move {
-            let client = reqwest::Client::builder()
-                .timeout(Duration::from_secs(5))
-                .build()
-                .unwrap();
-            let body = WriteRequest::synthetic(ITEMS_PER_PUSH, 1, 1).encode_snappy();
-            let tick = Duration::from_millis(20);
-            let mut ticker = tokio::time::interval(tick);
-            let mut credit = [0.0f64; 3];
-            let mut next = [0usize; 3];
-            loop {
-                ticker.tick().await;
-                let demand = *driver.demand.lock().unwrap();
-                for cell in 0..3 {
-                    credit[cell] += demand[cell] * tick.as_secs_f64();
-                    while credit[cell] >= ITEMS_PER_PUSH as f64 {
-                        credit[cell] -= ITEMS_PER_PUSH as f64;
-                        let targets = driver.targets.lock().unwrap()[cell].clone();
-                        let target = targets[next[cell] % targets.len()];
-                        next[cell] += 1;
-                        let request = common::push_request(
-                            &client,
-                            &format!("http://{target}"),
-                            Some("t"),
-                            body.clone(),
-                        );
-                        let load = Arc::clone(&driver);
-                        tokio::spawn(async move {
-                            let sent = Instant::now();
-                            let status = request.send().await.map(|r| r.status().as_u16());
-                            let record = Record {
-                                cell,
-                                sent: sent.duration_since(load.started).as_secs_f64(),
-                                latency: sent.elapsed(),
-                                admitted: matches!(status, Ok(200..=299)),
-                                refused: matches!(status, Ok(429)),
-                            };
-                            load.records.lock().unwrap().push(record);
-                        });
-                    }
-                }
-            }
-        });
-        load
-    }
-
-    fn set(&self, demand: [f64; 3]) -> f64 {
-        *self.demand.lock().unwrap() = demand;
-        self.now()
-    }
-
-    fn now(&self) -> f64 {
-        self.started.elapsed().as_secs_f64()
-    }
-
-    /// Admitted items per second in `cells` for pushes sent in [from, to).
-    fn admitted(&self, cells: &[usize], from: f64, to: f64) -> f64 {
-        let records = self.records.lock().unwrap();
-        let admitted = records
-            .iter()
-            .filter(|r| cells.contains(&r.cell) && r.sent >= from && r.sent < to && r.admitted)
-            .count();
-        (admitted * ITEMS_PER_PUSH) as f64 / (to - from)
-    }
-
-    /// Pushes sent in [from, to): how many, how many were neither admitted nor refused, and
-    /// the slowest answer.
-    fn answers(&self, from: f64, to: f64) -> (usize, usize, Duration) {
-        let records = self.records.lock().unwrap();
-        let window: Vec<&Record> = records
-            .iter()
-            .filter(|r| r.sent >= from && r.sent < to)
-            .collect();
-        let failed = window.iter().filter(|r| !r.admitted && !r.refused).count();
-        let slowest = window.iter().map(|r| r.latency).max().unwrap_or_default();
-        (window.len(), failed, slowest)
-    }
-}
-
-/// Waits until the load's clock reads `at` seconds.
-async fn until(load: &Load, at: f64) {
-    let wait = at - load.now();
-    if wait > 0.0 {
-        tokio::time::sleep(Duration::from_secs_f64(wait)).await;
-    }
-}
 
 async fn metric(replica: &Replica, series: &str) -> f64 {
     let client = reqwest::Client::new();
