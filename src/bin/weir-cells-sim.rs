@@ -3,6 +3,7 @@
 //! ```text
 //! cargo run --release --bin weir-cells-sim            # every row (about a minute)
 //! cargo run --release --bin weir-cells-sim -- --only "1000 × 50"
+//! cargo run --release --bin weir-cells-sim -- --only "100 × 3" --explain --burst-seconds 2
 //! ```
 //!
 //! Time is simulated (one `FakeRelativeClock` for everything, steps of 100 ms), and nothing
@@ -29,8 +30,20 @@
 //! datagrams carry. `scripts/ring-scale.py` measures the real cost on real processes; see
 //! docs/cells.md for the comparison.
 //!
-//! Every tenant's burst is Mimir's default ratio, 20 s of its rate, and its buckets start
-//! empty (a tenant long over its limit). The scenario of every row: 10 000 tenants with Zipf sizes (limit L_r = 10^6 ÷ r items/s,
+//! Every tenant's burst is Mimir's default ratio, 20 s of its rate (`--burst-seconds`), and
+//! its buckets start empty (a tenant long over its limit).
+//!
+//! Accuracy is judged as in the rest of the project: what a tenant's cells admit ÷ what one
+//! ideal bucket of rate L and burst B admits of the same pushes (empty at 0 s too). Over a
+//! window of t seconds each cell's bucket admits ∫ its rate + the tokens it held at the start
+//! − those it holds at the end, so a tenant's cells admit at most ∫ Σ rates in force + Σ
+//! tokens held at the start ≤ L·t + Σ B_c (L·t × (1 + 1 ÷ cells) once a cut cell falls back),
+//! with Σ B_c < 2 B. Each row reports the worst tenant's admissions split that way: the rates
+//! in force are what the slices bound; the tokens drawn are bursts its cells saved while their
+//! slice exceeded their arrivals (a cell's burst is at least B ÷ cells), which one bucket would
+//! not have saved: with B = 20 s of L and windows of 5–8 s they are most of the excess, and
+//! they vanish with a small burst. `--explain` prints the ledgers of the tenants admitted
+//! most. The scenario of every row: 10 000 tenants with Zipf sizes (limit L_r = 10^6 ÷ r items/s,
 //! at least 100), one in four (and the top 10) offered 1.5 L, the others 0.6 L; a tenant is
 //! offered in `min(cells, max(2, ⌈100 ÷ r^0.7⌉))` cells chosen at random (seed 1), its demand
 //! Zipf over them. At 15 s every tenant's heaviest cell's demand moves to a cell that had
@@ -66,6 +79,14 @@ struct Args {
     /// admitted (items/s).
     #[arg(long)]
     trace: bool,
+    /// Each tenant's burst, in seconds of its rate (Mimir's default ratio is 20).
+    #[arg(long, default_value_t = 20.0)]
+    burst_seconds: f64,
+    /// Print, for the tenants admitted most in the steady and fallback windows, where their
+    /// admissions came from: the rates in force, the tokens drawn from their cells' buckets,
+    /// and what one ideal bucket (L, B) admits of the same offered pushes.
+    #[arg(long)]
+    explain: bool,
 }
 
 /// One row of the table.
@@ -134,8 +155,6 @@ const SMOOTHING: f64 = 0.5;
 const FRESH_ROUNDS: f64 = 3.0;
 const RELATIVE_CHANGE: f64 = 0.01;
 
-/// Mimir's default burst is 20 s of the rate (`ingestion_burst_size` 200 000 for 10 000).
-const BURST_SECONDS: f64 = 20.0;
 /// A push carries L ÷ 60 items (a tenant of 10 000 items/s sends pushes of 166), so even the
 /// smallest burst slice, B ÷ 1 000 cells, holds one.
 const PUSHES_PER_LIMIT: f64 = 60.0;
@@ -174,6 +193,9 @@ struct Pair {
     after: f64,
     credit: f64,
     handle: Option<Arc<Tenant<(), FakeRelativeClock>>>,
+    /// The rate and burst this cell enforces for the tenant now (its slice).
+    rate: f64,
+    burst: f64,
     /// Admitted per step over the last second (a ring of 1 ÷ STEP slots).
     window: [u64; 10],
     window_sum: u64,
@@ -205,7 +227,7 @@ fn placement(args: &Args, cells: usize) -> (Vec<TenantSpec>, Vec<Pair>) {
             limit,
             over,
             demand: limit * if over { 1.5 } else { 0.6 },
-            burst: limit * BURST_SECONDS,
+            burst: (limit * args.burst_seconds).max(1.0),
             push: ((limit / PUSHES_PER_LIMIT) as u64).max(1),
         });
         let spread = ((100.0 / (rank as f64).powf(0.7)).ceil() as usize)
@@ -244,6 +266,8 @@ fn placement(args: &Args, cells: usize) -> (Vec<TenantSpec>, Vec<Pair>) {
                 after,
                 credit: 0.0,
                 handle: None,
+                rate: 0.0,
+                burst: 0.0,
                 window: [0; 10],
                 window_sum: 0,
             });
@@ -310,7 +334,86 @@ struct Row {
     others_during: f64,
     over_peak: f64,
     worst_tenant_cut: f64,
+    /// The tenant admitted most (÷ its ideal bucket), steady and after the cut's TTL: its
+    /// rates in force and the tokens its cells' buckets gave up, each ÷ L × the window.
+    worst_split: (f64, f64),
+    worst_cut_split: (f64, f64),
+    /// The highest ∫ Σ rates in force ÷ L × the window over the over-limit tenants: steady,
+    /// after the cut's TTL.
+    rates_max: (f64, f64),
+    /// Tenants that admitted more than the burst-inclusive bound in either window: L·t
+    /// (L·t × (1 + 1 ÷ cells) after the cut's TTL) plus the bursts in force at its start.
+    over_bound: usize,
+    /// `--explain`: the ledgers of the tenants admitted most, per window.
+    explain: Vec<String>,
     wall: f64,
+}
+
+/// One tenant over one window: what its cells admitted and where it came from. For every
+/// cell's bucket, admitted = ∫ rate + (tokens at the start − tokens at the end) − what
+/// overflowed a full bucket, so over the cells: admitted ≤ ∫ Σ rates + Σ tokens held at the
+/// start ≤ ∫ Σ rates + Σ bursts.
+#[derive(Default, Clone)]
+struct Ledger {
+    admitted: f64,
+    /// ∫ Σ over the tenant's cells of the rate in force (items).
+    rates: f64,
+    /// The highest Σ of the rates in force at any moment of the window, ÷ L.
+    peak_rates: f64,
+    tokens_start: f64,
+    tokens_end: f64,
+    /// Σ of the bursts in force at the start (the most the buckets could have held).
+    bursts_start: f64,
+    /// What one bucket of rate L and burst B, fed the same pushes from 0 s (empty, as the
+    /// cells' buckets start), admits in the window.
+    ideal: f64,
+}
+
+/// A window of the run in which each tenant's admissions are accounted.
+struct Window {
+    from: f64,
+    to: f64,
+    ledgers: Vec<Ledger>,
+}
+
+impl Window {
+    fn new(from: f64, to: f64, tenants: usize) -> Window {
+        Window {
+            from,
+            to,
+            ledgers: vec![Ledger::default(); tenants],
+        }
+    }
+
+    fn contains(&self, t: f64) -> bool {
+        (self.from..self.to).contains(&t)
+    }
+
+    fn seconds(&self) -> f64 {
+        self.to - self.from
+    }
+}
+
+/// The tokens each of a cell's tenants holds now (a full bucket holds its burst).
+fn tokens(cell: &Cell) -> HashMap<String, f64> {
+    cell.limiter
+        .usage_reports()
+        .into_iter()
+        .map(|report| (report.tenant, report.items_level.unwrap_or(f64::NAN)))
+        .collect()
+}
+
+/// The rate and burst a cell enforces for `tenant` now.
+fn slice(shares: &CellShares, tenant: &TenantSpec) -> (f64, f64) {
+    let share = shares
+        .tenants
+        .get(&tenant.name)
+        .unwrap_or(&shares.default)
+        .ingestion;
+    (
+        tenant.limit * share.rate.clamp(1e-6, 1.0),
+        (tenant.burst * share.burst.clamp(0.0, 1.0)).ceil().max(1.0),
+    )
 }
 
 fn simulate(args: &Args, topology: &Topology) -> Row {
@@ -392,10 +495,8 @@ fn simulate(args: &Args, topology: &Topology) -> Row {
         replicas: topology.cells * topology.replicas,
         ..Row::default()
     };
-    // Windows summed per tenant: steady [25, 30) (also "before the cut"), fallback
-    // [CUT_FROM + TTL + 2, CUT_TO), held [CUT_FROM + 1, CUT_FROM + TTL).
-    let mut steady_by_tenant = vec![0u64; tenants.len()];
-    let mut fallback_by_tenant = vec![0u64; tenants.len()];
+    // Windows: steady [25, 30) (also "before the cut"), fallback [CUT_FROM + TTL + 2, CUT_TO)
+    // (per tenant in `windows` below), held [CUT_FROM + 1, CUT_FROM + TTL).
     let (mut cut_before, mut cut_held, mut cut_fallback) = (0u64, 0u64, 0u64);
     let (mut others_before, mut others_during) = (0u64, 0u64);
     let mut over_peak: f64 = 0.0;
@@ -417,10 +518,63 @@ fn simulate(args: &Args, topology: &Topology) -> Row {
     let steps = (END / STEP).round() as usize;
     let per_second = (1.0 / STEP).round() as usize;
     let sync_every = (INTERVAL / STEP).round() as usize;
+    // The ledgers of the steady and fallback windows, the slices each cell enforces, and one
+    // ideal bucket per tenant (its tokens, empty at 0 s).
+    let mut windows = [
+        Window::new(25.0, 30.0, tenants.len()),
+        Window::new(CUT_FROM + TTL + 2.0, CUT_TO, tenants.len()),
+    ];
+    let whole = CellShares::default();
+    for pair in pairs.iter_mut() {
+        (pair.rate, pair.burst) = slice(&whole, &tenants[pair.tenant]);
+    }
+    let mut rates_now: Vec<f64> = tenants.iter().map(|_| 0.0).collect();
+    for pair in &pairs {
+        rates_now[pair.tenant] += pair.rate;
+    }
+    let mut ideal_tokens = vec![0.0f64; tenants.len()];
     for step in 0..steps {
         let t = step as f64 * STEP;
         let shifted = t >= SHIFT_AT;
         let cut = cells_on && (CUT_FROM..CUT_TO).contains(&t);
+        for (tokens, tenant) in ideal_tokens.iter_mut().zip(&tenants) {
+            *tokens = (*tokens + tenant.limit * STEP).min(tenant.burst);
+        }
+        for window in windows.iter_mut() {
+            let at_start = (t - window.from).abs() < STEP / 2.0;
+            let at_end = (t - window.to).abs() < STEP / 2.0;
+            if !(at_start || at_end) {
+                continue;
+            }
+            let held: Vec<HashMap<String, f64>> = cells.iter().map(tokens).collect();
+            for pair in &pairs {
+                let tenant = &tenants[pair.tenant];
+                let level = held[pair.cell].get(&tenant.name).map_or(pair.burst, |l| {
+                    if l.is_nan() {
+                        pair.burst
+                    } else {
+                        *l
+                    }
+                });
+                let ledger = &mut window.ledgers[pair.tenant];
+                if at_start {
+                    ledger.tokens_start += level;
+                    ledger.bursts_start += pair.burst;
+                } else {
+                    ledger.tokens_end += level;
+                }
+            }
+        }
+        for window in windows.iter_mut().filter(|w| w.contains(t)) {
+            for (ledger, (rates, tenant)) in window
+                .ledgers
+                .iter_mut()
+                .zip(rates_now.iter().zip(&tenants))
+            {
+                ledger.rates += rates * STEP;
+                ledger.peak_rates = ledger.peak_rates.max(rates / tenant.limit);
+            }
+        }
         // The traffic of this step, checked by each cell's limiter.
         let slot = step % per_second;
         for pair in pairs.iter_mut() {
@@ -429,8 +583,14 @@ fn simulate(args: &Args, topology: &Topology) -> Row {
             pair.credit += tenant.demand * fraction * STEP;
             let cell = &cells[pair.cell];
             let mut admitted = 0;
+            let mut ideal = 0;
             while pair.credit >= tenant.push as f64 {
                 pair.credit -= tenant.push as f64;
+                let ideal_tokens = &mut ideal_tokens[pair.tenant];
+                if *ideal_tokens >= tenant.push as f64 {
+                    *ideal_tokens -= tenant.push as f64;
+                    ideal += tenant.push;
+                }
                 let handle = pair
                     .handle
                     .get_or_insert_with(|| cell.limiter.tenant(&tenant.name).unwrap());
@@ -444,8 +604,12 @@ fn simulate(args: &Args, topology: &Topology) -> Row {
             }
             pair.window_sum = pair.window_sum - pair.window[slot] + admitted;
             pair.window[slot] = admitted;
+            for window in windows.iter_mut().filter(|w| w.contains(t)) {
+                let ledger = &mut window.ledgers[pair.tenant];
+                ledger.admitted += admitted as f64;
+                ledger.ideal += ideal as f64;
+            }
             if (25.0..30.0).contains(&t) {
-                steady_by_tenant[pair.tenant] += admitted;
                 if pair.cell == cut_cell {
                     cut_before += admitted;
                 } else {
@@ -458,11 +622,8 @@ fn simulate(args: &Args, topology: &Topology) -> Row {
             if pair.cell == cut_cell && (CUT_FROM + 1.0..CUT_FROM + TTL).contains(&t) {
                 cut_held += admitted;
             }
-            if (CUT_FROM + TTL + 2.0..CUT_TO).contains(&t) {
-                fallback_by_tenant[pair.tenant] += admitted;
-                if pair.cell == cut_cell {
-                    cut_fallback += admitted;
-                }
+            if (CUT_FROM + TTL + 2.0..CUT_TO).contains(&t) && pair.cell == cut_cell {
+                cut_fallback += admitted;
             }
         }
         // Window figures, once a full second is in the windows.
@@ -628,6 +789,14 @@ fn simulate(args: &Args, topology: &Topology) -> Row {
         if measuring {
             rounds += 1;
         }
+        // The slices now in force, for the ledgers.
+        let in_force: Vec<Arc<CellShares>> =
+            cells.iter().map(|c| c.limiter.cell_shares()).collect();
+        rates_now.iter_mut().for_each(|r| *r = 0.0);
+        for pair in pairs.iter_mut() {
+            (pair.rate, pair.burst) = slice(&in_force[pair.cell], &tenants[pair.tenant]);
+            rates_now[pair.tenant] += pair.rate;
+        }
     }
     let measured_seconds = rounds as f64 * INTERVAL;
     if cells_on && measured_seconds > 0.0 {
@@ -637,41 +806,71 @@ fn simulate(args: &Args, topology: &Topology) -> Row {
         row.registry_calls = (topology.cells * topology.replicas) as f64 / INTERVAL;
         let _ = fields;
     }
-    // Accuracy: over-limit tenants, admitted ÷ L in the steady window.
+    // Accuracy: over-limit tenants, admitted ÷ what one ideal bucket (L, B) admits of the same
+    // pushes (the project's measure), all together and per tenant.
     let steady_seconds = 5.0;
-    let admitted_over: f64 = tenants
-        .iter()
-        .zip(&steady_by_tenant)
-        .filter(|(t, _)| t.over)
-        .map(|(_, a)| *a as f64)
-        .sum();
-    row.steady = admitted_over / steady_seconds / over_limit;
-    let ratios: Vec<f64> = tenants
-        .iter()
-        .zip(&steady_by_tenant)
-        .filter(|(t, _)| t.over)
-        .map(|(t, a)| *a as f64 / steady_seconds / t.limit)
-        .collect();
-    row.worst_tenant = (
-        ratios.iter().cloned().fold(f64::INFINITY, f64::min),
-        ratios.iter().cloned().fold(0.0, f64::max),
-    );
+    let over: Vec<usize> = (0..tenants.len()).filter(|&t| tenants[t].over).collect();
+    let [steady_window, fallback_window] = &windows;
+    let sum = |window: &Window, field: fn(&Ledger) -> f64| -> f64 {
+        over.iter().map(|&t| field(&window.ledgers[t])).sum()
+    };
+    row.steady = sum(steady_window, |l| l.admitted) / sum(steady_window, |l| l.ideal);
+    // Per tenant: (admitted ÷ ideal, rates in force ÷ L·t, tokens drawn ÷ L·t), the worst
+    // tenant's, the best's, and the highest rates in force.
+    let accounts = |window: &Window| {
+        let seconds = window.seconds();
+        let per = |t: usize| {
+            let l = &window.ledgers[t];
+            let lt = tenants[t].limit * seconds;
+            (
+                l.admitted / l.ideal.max(1.0),
+                l.rates / lt,
+                (l.tokens_start - l.tokens_end) / lt,
+            )
+        };
+        let mut worst = (0.0, 0.0, 0.0);
+        let mut best = f64::INFINITY;
+        let mut rates: f64 = 0.0;
+        for &t in &over {
+            let account = per(t);
+            if account.0 > worst.0 {
+                worst = account;
+            }
+            best = best.min(account.0);
+            rates = rates.max(account.1);
+        }
+        (worst, best, rates)
+    };
+    let (worst, best, rates_steady) = accounts(steady_window);
+    row.worst_tenant = (best, worst.0);
+    row.worst_split = (worst.1, worst.2);
+    row.rates_max.0 = rates_steady;
+    let over_bound = |window: &Window, rate_bound: f64| {
+        over.iter()
+            .filter(|&&t| {
+                let l = &window.ledgers[t];
+                l.admitted > rate_bound * tenants[t].limit * window.seconds() + l.bursts_start
+            })
+            .count()
+    };
+    row.over_bound = over_bound(steady_window, 1.0);
     row.converge = converged;
     if cells_on {
         let held_seconds = TTL - 1.0;
-        let fallback_seconds = CUT_TO - CUT_FROM - TTL - 2.0;
         let before = cut_before as f64 / steady_seconds;
         row.cut_held = cut_held as f64 / held_seconds / before;
-        row.cut_fallback = cut_fallback as f64 / fallback_seconds / before;
+        row.cut_fallback = cut_fallback as f64 / fallback_window.seconds() / before;
         row.others_during =
             (others_during as f64 / (CUT_TO - CUT_FROM)) / (others_before as f64 / steady_seconds);
         row.over_peak = over_peak;
-        row.worst_tenant_cut = tenants
-            .iter()
-            .zip(&fallback_by_tenant)
-            .filter(|(t, _)| t.over)
-            .map(|(t, a)| *a as f64 / fallback_seconds / t.limit)
-            .fold(0.0, f64::max);
+        let (worst, _, rates_cut) = accounts(fallback_window);
+        row.worst_tenant_cut = worst.0;
+        row.worst_cut_split = (worst.1, worst.2);
+        row.rates_max.1 = rates_cut;
+        row.over_bound += over_bound(fallback_window, 1.0 + 1.0 / topology.cells as f64);
+    }
+    if args.explain {
+        row.explain = explain(&windows, &tenants, &pairs);
     }
     // Gossip: the usage key of a replica of cell 0 (a typical one), at this ring size.
     let cell = &cells[0];
@@ -709,6 +908,75 @@ fn simulate(args: &Args, topology: &Topology) -> Row {
     row
 }
 
+/// The ledgers of the over-limit tenants admitted most in each window, all ÷ L × seconds.
+fn explain(windows: &[Window], tenants: &[TenantSpec], pairs: &[Pair]) -> Vec<String> {
+    let mut lines = Vec::new();
+    for (name, window) in ["steady", "fallback"].iter().zip(windows) {
+        let seconds = window.seconds();
+        let over: Vec<usize> = (0..tenants.len()).filter(|&t| tenants[t].over).collect();
+        let per = |t: usize, value: f64| value / (tenants[t].limit * seconds);
+        let worst_rates = over
+            .iter()
+            .map(|&t| per(t, window.ledgers[t].rates))
+            .fold(0.0, f64::max);
+        let worst_peak = over
+            .iter()
+            .map(|&t| window.ledgers[t].peak_rates)
+            .fold(0.0, f64::max);
+        let above = |limit: f64| {
+            over.iter()
+                .filter(|&&t| per(t, window.ledgers[t].admitted) > limit)
+                .count()
+        };
+        let above_bound = over
+            .iter()
+            .filter(|&&t| {
+                let l = &window.ledgers[t];
+                l.admitted > tenants[t].limit * seconds + l.bursts_start
+            })
+            .count();
+        lines.push(format!(
+            "  {name} [{}, {}) s, {} over-limit tenants: admitted > 1.05 L: {}, > 1.10 L: {}, \
+             > L·W + Σ bursts: {above_bound}; worst ∫ Σ rates in force ÷ L·W {worst_rates:.3}, \
+             highest Σ rates in force at any moment ÷ L {worst_peak:.3}",
+            window.from,
+            window.to,
+            over.len(),
+            above(1.05),
+            above(1.10),
+        ));
+        lines.push(
+            "    tenant | L/s | B ÷ L s | cells | admitted | ideal bucket | ∫ Σ rates | tokens \
+             drawn | overflowed | Σ bursts ÷ L s  (÷ L·W unless stated)"
+                .to_string(),
+        );
+        let mut ranked = over.clone();
+        ranked.sort_by(|&a, &b| {
+            per(b, window.ledgers[b].admitted).total_cmp(&per(a, window.ledgers[a].admitted))
+        });
+        for &t in ranked.iter().take(6) {
+            let l = &window.ledgers[t];
+            let tenant = &tenants[t];
+            let cells = pairs.iter().filter(|p| p.tenant == t).count();
+            let drawn = l.tokens_start - l.tokens_end;
+            let overflowed = l.rates + drawn - l.admitted;
+            lines.push(format!(
+                "    {} | {:.0} | {:.1} | {cells} | {:.3} | {:.3} | {:.3} | {:+.3} | {:.3} | {:.1}",
+                tenant.name,
+                tenant.limit,
+                tenant.burst / tenant.limit,
+                per(t, l.admitted),
+                per(t, l.ideal),
+                per(t, l.rates),
+                per(t, drawn),
+                per(t, overflowed),
+                l.bursts_start / tenant.limit,
+            ));
+        }
+    }
+    lines
+}
+
 fn si(value: f64) -> String {
     match value {
         v if v >= 1e9 => format!("{:.1} G", v / 1e9),
@@ -728,10 +996,12 @@ fn main() {
     println!(
         "| scale | topology | replicas | tenants/replica | store ops/s | store B/s per cell | \
          hottest tenant: fields read/s | registry calls/s | gossip key B (listed) | gossip B/s \
-         per replica (rounds of news) | admitted ÷ L (worst–best tenant) | converge after shift \
-         | cut cell: held, fallback | others during cut | peak global ÷ L (worst tenant) | wall |"
+         per replica (rounds of news) | admitted ÷ ideal bucket (worst–best tenant) | worst \
+         tenant ÷ L·t: rates in force + tokens drawn | converge after shift | cut cell: held, \
+         fallback | others during cut | peak global ÷ L (worst tenant ÷ ideal: rates + tokens) | \
+         highest rates in force ÷ L·t: steady, cut | tenants over L·t + ΣB_c | wall |"
     );
-    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     for topology in &TOPOLOGIES {
         let name = if topology.cells == 1 {
             format!("1 ring × {}", topology.replicas)
@@ -749,7 +1019,7 @@ fn main() {
         let dash = || "—".to_string();
         let cells_on = topology.cells > 1;
         println!(
-            "| {} | {name} | {} | {:.0} | {} | {} | {} | {} | {} ({:.0} %) | {} ({:.2}) | {:.3} ({:.2}–{:.2}) | {} | {} | {} | {} | {:.1} s |",
+            "| {} | {name} | {} | {:.0} | {} | {} | {} | {} | {} ({:.0} %) | {} ({:.2}) | {:.3} ({:.2}–{:.2}) | {:.3} {:+.3} | {} | {} | {} | {} | {} | {} | {:.1} s |",
             topology.scale,
             row.replicas,
             row.tenants_per_replica,
@@ -764,6 +1034,8 @@ fn main() {
             row.steady,
             row.worst_tenant.0,
             row.worst_tenant.1,
+            row.worst_split.0,
+            row.worst_split.1,
             match (cells_on, row.converge) {
                 (false, _) => dash(),
                 (true, Some(seconds)) => format!("{seconds:.1} s"),
@@ -776,11 +1048,31 @@ fn main() {
             },
             if cells_on { format!("{:.3}", row.others_during) } else { dash() },
             if cells_on {
-                format!("{:.3} ({:.2})", row.over_peak, row.worst_tenant_cut)
+                format!(
+                    "{:.3} ({:.2}: {:.3} {:+.3})",
+                    row.over_peak,
+                    row.worst_tenant_cut,
+                    row.worst_cut_split.0,
+                    row.worst_cut_split.1
+                )
             } else {
                 dash()
             },
+            if cells_on {
+                format!(
+                    "{:.3}, {:.3} (≤ 1, {:.3})",
+                    row.rates_max.0,
+                    row.rates_max.1,
+                    1.0 + 1.0 / topology.cells as f64
+                )
+            } else {
+                format!("{:.3}", row.rates_max.0)
+            },
+            row.over_bound,
             row.wall,
         );
+        for line in &row.explain {
+            println!("{line}");
+        }
     }
 }
