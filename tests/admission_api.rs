@@ -548,6 +548,18 @@ async fn a_tenants_pushes_in_flight_are_capped_before_the_body_is_read() {
         request.send(&body[..1]).await;
         stuck.push(request);
     }
+    // Both have taken their slots before the probe: each connection is served by its own
+    // worker, and a probe that ran before a stuck push's handler would take the slot itself
+    // (the stuck push then refused, and the probes passing forever).
+    let seen = weir
+        .eventually(Duration::from_secs(5), || async {
+            weir.metric(r#"weir_distributor_requests_in_total{user="p"}"#)
+                .await
+                == Some(2.0)
+        })
+        .await;
+    assert!(seen, "the two stuck pushes never reached the push path");
+    tokio::time::sleep(Duration::from_millis(100)).await;
     let waited = weir
         .eventually(Duration::from_secs(5), || async {
             weir.status("p", 1).await == 429
