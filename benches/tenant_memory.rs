@@ -70,7 +70,7 @@ fn bytes_per_idle_tenant(c: &mut Criterion) {
     let metric_series = std::mem::size_of::<TenantMetrics>();
     eprintln!(
         "tenant_memory: {TENANTS} idle tenants: {total:.0} bytes each in all; \
-         {metric_series} of them for the tenant's 15 metric series, {:.0} for limiter state; \
+         {metric_series} of them for the tenant's metric counters, {:.0} for limiter state; \
          one scrape: {:.0} ms, {:.1} MB of text",
         total - metric_series as f64,
         scrape.as_secs_f64() * 1e3,
