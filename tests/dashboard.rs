@@ -12,6 +12,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::fleet::{free_gossip_addr, spawn, until_healthy};
+use common::processes::free_tcp;
 use weir::remote_write::prompb::WriteRequest;
 
 const OPERATIONS: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/operations");
@@ -31,13 +32,6 @@ impl Drop for Process {
         let _ = self.0.kill();
         let _ = self.0.wait();
     }
-}
-
-fn free_tcp() -> SocketAddr {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
 }
 
 /// Every `expr` in the dashboard, with Grafana's variables set as "All" would set them.

@@ -10,7 +10,7 @@
 
 mod common;
 
-use std::net::{SocketAddr, UdpSocket};
+use std::net::SocketAddr;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
@@ -23,21 +23,6 @@ fn can_unshare() -> bool {
         .args(["--mount", "true"])
         .status()
         .is_ok_and(|status| status.success())
-}
-
-/// A UDP port free on every one of `ips`.
-fn common_free_port(ips: &[[u8; 4]]) -> u16 {
-    for _ in 0..100 {
-        let first = UdpSocket::bind(SocketAddr::from((ips[0], 0))).unwrap();
-        let port = first.local_addr().unwrap().port();
-        if ips[1..]
-            .iter()
-            .all(|ip| UdpSocket::bind(SocketAddr::from((*ip, port))).is_ok())
-        {
-            return port;
-        }
-    }
-    panic!("no UDP port free on all of {ips:?}");
 }
 
 /// Rewrites the hosts file in place (same inode: the bind mounts see it) so `NAME` resolves
@@ -74,7 +59,7 @@ async fn a_name_with_many_addresses_is_the_seed_list_and_is_resolved_again() {
         return;
     }
     let ips = [[127, 0, 0, 2], [127, 0, 0, 3], [127, 0, 0, 4]];
-    let port = common_free_port(&ips);
+    let port = common::ports::udp_port_on_all(&ips);
     let dir = tempfile::tempdir().unwrap();
     let hosts = dir.path().join("hosts");
 

@@ -14,7 +14,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use common::fleet::{free_gossip_addr, spawn, until_healthy, Replica};
-use common::processes::{DumpLogsOnFailure, Process};
+use common::processes::{free_tcp, DumpLogsOnFailure, Process};
 
 const EXAMPLES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/e2e");
 
@@ -26,13 +26,6 @@ fn require(tool: &str) -> PathBuf {
         }
     }
     panic!("`{tool}` is not installed: run ./scripts/test, which installs it");
-}
-
-fn free_tcp() -> SocketAddr {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
 }
 
 fn example(name: &str, replacements: &[(&str, String)]) -> String {

@@ -1,7 +1,6 @@
 //! Real `redis-server` processes for tests, each on a free port, killed on drop.
 #![allow(dead_code)]
 
-use std::net::TcpListener;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -11,23 +10,18 @@ pub struct RedisServer {
     pub dir: tempfile::TempDir,
 }
 
+#[path = "../../tests/common/ports.rs"]
+mod ports;
+
+/// A free port for a `redis-server` (see `ports`: below the ephemeral range).
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    ports::redis_port()
 }
 
 /// A free port for a cluster node: its cluster bus listens 10 000 above it, so that port must
-/// exist and be free too.
+/// be free too.
 pub fn free_cluster_port() -> u16 {
-    loop {
-        let port = free_port();
-        if port <= 55_535 && TcpListener::bind(("127.0.0.1", port + 10_000)).is_ok() {
-            return port;
-        }
-    }
+    ports::cluster_port()
 }
 
 fn redis_server() -> &'static str {

@@ -12,10 +12,9 @@ pub struct Replica {
     pub started: Instant,
 }
 
-/// A free UDP port on `ip` (bound, then released for the replica to take).
+/// A free UDP port on `ip` for a replica's gossip (see `ports`).
 pub fn free_gossip_addr(ip: [u8; 4]) -> SocketAddr {
-    let socket = std::net::UdpSocket::bind(SocketAddr::from((ip, 0))).unwrap();
-    socket.local_addr().unwrap()
+    super::ports::udp_addr(ip)
 }
 
 /// The HTTP and gRPC addresses a `weir` child prints on its first two lines of stdout.

@@ -2,6 +2,7 @@
 #![allow(dead_code)] // each test binary uses a different part of this
 
 pub mod fleet;
+pub mod ports;
 pub mod processes;
 pub mod receiver;
 

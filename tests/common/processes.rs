@@ -156,11 +156,9 @@ pub fn require(program: &str) -> Option<PathBuf> {
     None
 }
 
+/// A free TCP address on 127.0.0.1 for another process to listen on (see `ports`).
 pub fn free_tcp() -> SocketAddr {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
+    super::ports::tcp_addr()
 }
 
 pub fn is_root() -> bool {
