@@ -10,6 +10,9 @@ pub struct RedisServer {
     pub dir: tempfile::TempDir,
 }
 
+// Test binaries of the top-level crate load `ports.rs` through `common` too; the two copies
+// keep apart by their port ranges (see the module).
+#[allow(clippy::duplicate_mod)]
 #[path = "../../tests/common/ports.rs"]
 mod ports;
 
