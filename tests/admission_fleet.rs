@@ -214,7 +214,7 @@ async fn shared_holds_each_algorithm_and_the_cap_exactly_in_redis() {
     let fleet = fleet(
         170,
         "shared",
-        &["--store-url", &url, "--store-timeout", "250ms"],
+        &["--store-url", &url, "--store-timeout", "1s"],
     )
     .await;
     let results = accuracy(&fleet, false).await;
