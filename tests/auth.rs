@@ -1,7 +1,7 @@
 //! Tenant authentication on real `weir` processes (127.0.0.120-127), with real clients: curl
 //! and Python's http.client with tokens on every HTTP door, tonic's client on the gRPC doors
-//! (the admission API and Envoy's RLS), and client certificates made by rcgen over HTTPS and
-//! gRPC TLS. Each door answers 401 without credentials, 403 with a credential for another
+//! (the admission API and Envoy's RLS), Python's grpc over gRPC TLS with tokens, and client
+//! certificates made by rcgen over HTTPS and gRPC TLS. Each door answers 401 without credentials, 403 with a credential for another
 //! tenant (which is then not charged), 200 with its own; a flood of bad tokens from one
 //! address is throttled (429) while another address is not; the credentials file is
 //! reloaded live, and a bad one keeps the last good in force. No secret reaches the log.
@@ -681,4 +681,141 @@ async fn mtls_with_rcgen_client_certificates_over_https_and_grpc() {
     assert_eq!(status.code(), tonic::Code::PermissionDenied, "{status:?}");
     let allowed = pusher.allow(request("team-a")).await.unwrap();
     assert!(allowed.get_ref().allowed);
+}
+
+/// Python's grpc package (grpcio) calls the gRPC admission API over TLS, the server's
+/// certificate made by rcgen, trusted through `grpc.ssl_channel_credentials(root_certificates=…)`,
+/// with tenant tokens in the `authorization` metadata (and as grpcio's
+/// `access_token_call_credentials`). Plaintext and a client trusting another CA get no
+/// answer; no token and a bad token are UNAUTHENTICATED, another tenant's PERMISSION_DENIED
+/// and not charged; the tenant's own calls are allowed up to its burst, then refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn python_grpc_client_over_tls_with_tokens() {
+    let python = Command::new("python3")
+        .args(["-c", "import grpc, grpc_tools"])
+        .stderr(Stdio::null())
+        .status();
+    if !python.is_ok_and(|status| status.success()) {
+        common::cannot_run_here(
+            "the Python gRPC client over TLS",
+            "python3 with grpcio and grpcio-tools is missing (./scripts/test installs them)",
+        );
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let ca = Authority::new("weir test CA");
+    let stranger = Authority::new("another CA");
+    let (cert, key) = ca.issue(dir.path(), "server", "weir", &["127.0.0.127"]);
+    let (ca_file, other_ca_file) = (dir.path().join("ca.pem"), dir.path().join("other.pem"));
+    std::fs::write(&ca_file, ca.cert.pem()).unwrap();
+    std::fs::write(&other_ca_file, stranger.cert.pem()).unwrap();
+    std::fs::write(dir.path().join("credentials.yaml"), credentials(TOKEN_A)).unwrap();
+    let weir = start(
+        127,
+        dir,
+        &[
+            "--tenant-auth",
+            "tokens",
+            "--grpc-tls-cert-file",
+            cert.to_str().unwrap(),
+            "--grpc-tls-key-file",
+            key.to_str().unwrap(),
+        ],
+    );
+    common::wait_until("weir is ready", Duration::from_secs(20), || async {
+        reqwest::get(format!("{}/ready", weir.http))
+            .await
+            .is_ok_and(|response| response.status() == 200)
+    })
+    .await;
+
+    let output = tokio::task::spawn_blocking({
+        let args = [
+            weir.grpc.clone(),
+            ca_file.to_str().unwrap().to_string(),
+            other_ca_file.to_str().unwrap().to_string(),
+            TOKEN_A.to_string(),
+            TOKEN_AB.to_string(),
+        ];
+        move || {
+            Command::new("python3")
+                .arg(concat!(
+                    env!("CARGO_MANIFEST_DIR"),
+                    "/tests/python/admission_tls_client.py"
+                ))
+                .args(args)
+                .output()
+                .unwrap()
+        }
+    })
+    .await
+    .unwrap();
+    assert!(
+        output.status.success(),
+        "the Python client failed:\n{}\n{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let results: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+    let code = |name: &str| {
+        results[name]["code"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string()
+    };
+
+    assert_eq!(code("plaintext"), "UNAVAILABLE", "{results}");
+    assert_eq!(code("untrusted_ca"), "UNAVAILABLE", "{results}");
+    for name in ["no_token", "bad_token"] {
+        assert_eq!(code(name), "UNAUTHENTICATED", "{name}: {results}");
+        assert_eq!(results[name]["reason"], "UNAUTHENTICATED", "{results}");
+    }
+    for other in results["other_tenant"].as_array().unwrap() {
+        assert_eq!(other["code"], "PERMISSION_DENIED", "{results}");
+        assert_eq!(other["reason"], "TENANT_FORBIDDEN", "{results}");
+    }
+    assert_eq!(code("filled_in"), "OK", "{results}");
+    assert_eq!(results["filled_in"]["allowed"], true, "{results}");
+    // team-b's bucket (burst 5, refilling once in 1 000 s) is whole: the refused calls took
+    // nothing from it. Five pass, the sixth is refused with a wait.
+    let own = results["own"].as_array().unwrap();
+    let allowed: Vec<bool> = own
+        .iter()
+        .map(|answer| {
+            assert_eq!(answer["code"], "OK", "{results}");
+            answer["allowed"].as_bool().unwrap()
+        })
+        .collect();
+    assert_eq!(allowed, [true, true, true, true, true, false], "{results}");
+    let remaining: Vec<u64> = own
+        .iter()
+        .map(|answer| answer["remaining"].as_u64().unwrap())
+        .collect();
+    assert_eq!(remaining, [4, 3, 2, 1, 0, 0], "{results}");
+    assert!(
+        own[5]["retry_after"].as_f64().unwrap() > 1.0,
+        "the refusal says when: {results}"
+    );
+
+    // The refusals were counted as the gRPC door's, and no token reached the log.
+    let page = reqwest::get(format!("{}/metrics", weir.http))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let failures = |reason: &str| {
+        common::processes::sum(
+            &page,
+            "weir_auth_failures_total",
+            &[("door", "admission_grpc"), ("reason", reason)],
+        )
+    };
+    assert_eq!(failures("missing"), 1.0);
+    assert_eq!(failures("unknown"), 1.0);
+    assert_eq!(failures("forbidden"), 3.0);
+    let log = weir.log();
+    for secret in [TOKEN_A, TOKEN_AB] {
+        assert!(!log.contains(secret), "a token reached the log");
+    }
 }
