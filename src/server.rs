@@ -51,9 +51,15 @@ pub async fn run_with_clock(
     shutdown: impl Future<Output = ()> + Send + 'static,
     clock: EngineClock,
 ) -> anyhow::Result<()> {
-    // A bad token file stops start-up before anything is bound.
-    let admin_token = config.admin_token()?.map(Arc::new);
     let metrics = Arc::new(Metrics::new());
+    // A bad token file stops start-up before anything is bound; later it is reloaded like
+    // the credentials file.
+    let admin_token = config
+        .admin_token_file
+        .as_deref()
+        .map(|path| AdminToken::from_file(path, &metrics))
+        .transpose()?
+        .map(Arc::new);
     // A bad credentials file stops start-up too; later it is reloaded like the overrides.
     let auth = crate::auth::Authenticator::new(
         config.tenant_auth,
@@ -243,6 +249,7 @@ pub async fn run_with_clock(
         // Certificates renewed on disk are picked up with the runtime config's rhythm.
         spawn_every(period, {
             let state = Arc::clone(&state);
+            let admin_token = admin_token.clone();
             move || {
                 for cert in [&server_cert, &grpc_cert].into_iter().flatten() {
                     cert.reload_if_changed();
@@ -250,8 +257,12 @@ pub async fn run_with_clock(
                 for ca in [&http_client_ca, &grpc_client_ca].into_iter().flatten() {
                     ca.reload_if_changed();
                 }
-                // The credentials file, re-read when its content changes.
+                // The credentials file and the admin token, re-read when their content
+                // changes.
                 state.auth.reload_if_changed();
+                if let Some(token) = &admin_token {
+                    token.reload_if_changed();
+                }
                 if let Some(upstream) = &state.upstream {
                     upstream.reload_tls_if_changed();
                 }

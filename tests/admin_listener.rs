@@ -1,9 +1,9 @@
-//! The operator's pages kept from clients, on real `weir` processes (127.0.0.110-112):
+//! The operator's pages kept from clients, on real `weir` processes (127.0.0.110-113):
 //! `--admin-addr` serves `/metrics`, `/ring`, `/runtime_config` and `/distributor/ha_tracker`
 //! on a listener of its own and the public port answers 404 for them, while pushes and the
 //! probes stay on the public port; without it, everything is on the public port, with a
 //! warning; `--admin-token-file` answers 401 without the token, 403 with another, 200 with it,
-//! and never logs either.
+//! never logs either, and is re-read live when the file changes.
 
 mod common;
 
@@ -250,6 +250,92 @@ async fn the_admin_token_guards_the_pages_on_either_listener() {
         note.is_some_and(|line| line.contains("INFO") && line.contains("behind --admin-token")),
         "a note, not the warning: {log}"
     );
+}
+
+/// A changed token file is in force at the next check (every `--runtime-config-period`, 1 s
+/// here), with no restart: the new token opens the pages within a few seconds and the old one
+/// is refused from then on. A bad file keeps the last good token; neither reaches the log.
+#[tokio::test]
+async fn a_changed_admin_token_file_is_in_force_without_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let token_file = dir.path().join("admin-token");
+    std::fs::write(&token_file, format!("{TOKEN}\n")).unwrap();
+    let weir = start(
+        113,
+        &[
+            "--admin-addr",
+            "127.0.0.113:0",
+            "--admin-token-file",
+            token_file.to_str().unwrap(),
+            "--runtime-config-period",
+            "1s",
+        ],
+    )
+    .await;
+    let admin = weir.admin.as_deref().unwrap();
+    assert_eq!(weir.status(admin, "/metrics", Some(TOKEN)).await, 200);
+    let reloads = |outcome: &str, token: &'static str| {
+        let weir = &weir;
+        let outcome = outcome.to_string();
+        async move {
+            let page = weir.get(admin, "/metrics", Some(token)).await;
+            assert_eq!(page.status(), 200);
+            common::processes::sum(
+                &page.text().await.unwrap(),
+                "weir_admin_token_reloads_total",
+                &[("outcome", &outcome)],
+            )
+        }
+    };
+    assert_eq!(reloads("ok", TOKEN).await, 1.0, "the load at start-up");
+
+    // Replaced as the kubelet replaces a Secret's file: a new file renamed over the old.
+    const ROTATED: &str = "9e8d7c6b5a4f-rotated-admin-token-0123";
+    let replace = |text: &str| {
+        let next = dir.path().join("admin-token.next");
+        std::fs::write(&next, text).unwrap();
+        std::fs::rename(&next, &token_file).unwrap();
+    };
+    replace(&format!("{ROTATED}\n"));
+    let changed = std::time::Instant::now();
+    common::wait_until(
+        "the rotated token to open the pages",
+        Duration::from_secs(5),
+        || async { weir.status(admin, "/metrics", Some(ROTATED)).await == 200 },
+    )
+    .await;
+    let took = changed.elapsed();
+    for path in ADMIN_PAGES {
+        assert_eq!(weir.status(admin, path, Some(TOKEN)).await, 403, "{path}");
+        assert_eq!(weir.status(admin, path, Some(ROTATED)).await, 200, "{path}");
+    }
+    assert_eq!(reloads("ok", ROTATED).await, 2.0);
+    eprintln!("the rotated token was in force {took:?} after the file changed");
+
+    // A bad file: counted, and the rotated token stays in force.
+    replace("short\n");
+    common::wait_until("the bad file seen", Duration::from_secs(5), || async {
+        reloads("error", ROTATED).await == 1.0
+    })
+    .await;
+    assert_eq!(weir.status(admin, "/metrics", Some(ROTATED)).await, 200);
+    assert_eq!(weir.status(admin, "/metrics", Some(TOKEN)).await, 403);
+    let page = weir.get(admin, "/metrics", Some(ROTATED)).await;
+    let page = page.text().await.unwrap();
+    assert_eq!(
+        common::processes::sum(&page, "weir_admin_token_last_reload_successful", &[]),
+        0.0
+    );
+
+    let log = weir.log();
+    assert!(log.contains("admin token reloaded"), "{log}");
+    assert!(
+        log.contains("the last good admin token stays in force"),
+        "{log}"
+    );
+    for secret in [TOKEN, ROTATED] {
+        assert!(!log.contains(secret), "a token reached the log: {log}");
+    }
 }
 
 #[test]

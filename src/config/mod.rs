@@ -115,8 +115,10 @@ pub struct Config {
     pub admin_addr: Option<SocketAddr>,
 
     /// File holding a bearer token that the operator's pages require (`Authorization: Bearer
-    /// <token>`: 401 without it, 403 for another), on whichever listener serves them. Read
-    /// at start-up; surrounding whitespace is ignored. `/ready` and `/health` stay open.
+    /// <token>`: 401 without it, 403 for another), on whichever listener serves them. Re-read
+    /// when its content changes (checked every --runtime-config-period); a bad file keeps the
+    /// last good token in force. Surrounding whitespace is ignored. `/ready` and `/health`
+    /// stay open.
     #[arg(help_heading = LISTENERS, long, env = "WEIR_ADMIN_TOKEN_FILE")]
     pub admin_token_file: Option<PathBuf>,
 

@@ -110,24 +110,12 @@ impl Config {
         }
     }
 
-    /// The token the operator's pages require, from `--admin-token-file`; `None` without.
     /// The failure throttle's budget per source (`--auth-failure-burst`, `-rate`).
     pub fn auth_failure_limits(&self) -> crate::auth::FailureLimits {
         crate::auth::FailureLimits {
             rate: self.auth_failure_rate,
             burst: f64::from(self.auth_failure_burst),
         }
-    }
-
-    pub fn admin_token(&self) -> anyhow::Result<Option<crate::admin::AdminToken>> {
-        let Some(path) = &self.admin_token_file else {
-            return Ok(None);
-        };
-        let text = std::fs::read_to_string(path)
-            .with_context(|| format!("cannot read --admin-token-file {}", path.display()))?;
-        crate::admin::AdminToken::new(&text)
-            .map(Some)
-            .map_err(|why| anyhow::anyhow!("--admin-token-file {}: {why}", path.display()))
     }
 
     /// The gossip keys, from `--gossip-secret` or `--gossip-secret-file`; `None` without.

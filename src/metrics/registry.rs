@@ -55,6 +55,9 @@ pub struct Metrics {
     pub auth_credentials_last_reload_successful: IntGauge,
     pub auth_credentials: IntGauge,
     pub auth_failure_sources: IntGauge,
+    /// `--admin-token-file` loads by outcome, and whether the last one succeeded.
+    pub admin_token_reloads: IntCounterVec,
+    pub admin_token_last_reload_successful: IntGauge,
 }
 
 fn counter_vec(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
@@ -332,6 +335,19 @@ impl Metrics {
                  tracked by the failure throttle (at most 10 000, plus one shared overflow).",
             )
             .expect("valid"),
+            admin_token_reloads: counter_vec(
+                r,
+                "weir_admin_token_reloads_total",
+                "Loads of --admin-token-file by outcome (ok, error: the last good token stays \
+                 in force).",
+                &["outcome"],
+            ),
+            admin_token_last_reload_successful: IntGauge::new(
+                "weir_admin_token_last_reload_successful",
+                "Whether the last load of --admin-token-file succeeded (1) or the last good \
+                 token stays in force (0).",
+            )
+            .expect("valid"),
             registry,
         };
         for collector in [
@@ -363,6 +379,7 @@ impl Metrics {
             Box::new(metrics.auth_credentials_last_reload_successful.clone()),
             Box::new(metrics.auth_credentials.clone()),
             Box::new(metrics.auth_failure_sources.clone()),
+            Box::new(metrics.admin_token_last_reload_successful.clone()),
         ] {
             metrics.registry.register(collector).expect("unique metric");
         }
@@ -388,6 +405,7 @@ impl Metrics {
             metrics
                 .auth_credentials_reloads
                 .with_label_values(&[outcome]);
+            metrics.admin_token_reloads.with_label_values(&[outcome]);
         }
         for reason in ring::auth::Rejection::ALL {
             metrics
