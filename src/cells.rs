@@ -1,6 +1,8 @@
-//! The cell sync (`--cell`): every `--cell-sync-interval`, this replica reports each tenant's
-//! demand (offered per second since its last report) and spend (admitted, cumulative) to the
-//! store, and gets its cell's slice of the tenant's limits back. The store's own scripts
+//! The cell sync (`--cell`): every `--cell-sync-interval`, this replica reports each subject's
+//! demand (offered per second since its last report; for an in-flight cap, the most slots
+//! wanted at once) and spend (admitted, cumulative) to the store, and gets its cell's slice of
+//! the subject's limits back. A subject is a tenant's push limits, or one admission key of a
+//! tenant (its rate and in-flight cap; `max_inflight_push_requests` is its push key's cap). The store's own scripts
 //! reconcile (`cell_heartbeat.lua`, then `cell_slice.lua` per tenant), so every replica of
 //! every cell does this alone: no election, and the loss of any one process stops no slice.
 //!
@@ -13,8 +15,10 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
-use engine::cells::{CellReport, ReconcileParams, Reconciled};
-use engine::{CellSync, CellUsage};
+use engine::cells::{
+    key_subject, CellReport, CellSubject, ReconcileParams, Reconciled, SubjectLimits,
+};
+use engine::{CellSync, CellUsage, KeyName, KeyUsage};
 use tokio::task::{JoinHandle, JoinSet};
 use tokio::time::Instant;
 
@@ -43,8 +47,65 @@ pub fn spawn(state: Arc<AppState>) -> Option<JoinHandle<()>> {
 /// estimate becomes refusals. Half: the estimate follows a rise within 2–3 rounds.
 const SMOOTHING: f64 = 0.5;
 
-/// What this replica last reported of one tenant.
+/// One subject as this replica measures it.
+#[derive(Debug, Clone, PartialEq)]
+struct Measured {
+    /// The tenant, or `tenant/key` ([`key_subject`]): the name its share is kept under.
+    name: String,
+    tenant: String,
+    /// An admission key (percent-encoded), or `None` for the tenant's push limits.
+    key: Option<String>,
+    limits: SubjectLimits,
+    demand: [Counter; 2],
+    spent: [u64; 2],
+}
+
+/// How a limit's demand is measured.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Counter {
+    /// Offered, cumulative: the demand is its growth per second.
+    Total(u64),
+    /// Wanted at once (in-flight slots): the demand is the level itself.
+    Level(u64),
+}
+
+impl Measured {
+    fn tenant(usage: CellUsage) -> Measured {
+        Measured {
+            name: usage.tenant.clone(),
+            tenant: usage.tenant,
+            key: None,
+            limits: [usage.limits.request_rate, usage.limits.ingestion_rate].into(),
+            demand: usage.offered.map(Counter::Total),
+            spent: usage.spent,
+        }
+    }
+
+    fn key(usage: KeyUsage) -> Measured {
+        Measured {
+            name: key_subject(&usage.tenant, &usage.key),
+            limits: SubjectLimits::key(usage.limit.rate, usage.limit.max_concurrent),
+            demand: [Counter::Total(usage.offered), Counter::Level(usage.wanted)],
+            spent: [usage.spent, 0],
+            tenant: usage.tenant,
+            key: Some(usage.key),
+        }
+    }
+
+    fn subject(&self) -> CellSubject<'_> {
+        match &self.key {
+            None => CellSubject::Tenant(&self.tenant),
+            Some(key) => CellSubject::Key(KeyName {
+                tenant: &self.tenant,
+                key,
+            }),
+        }
+    }
+}
+
+/// What this replica last reported of one subject.
 struct Reported {
+    /// The totals reported (0 for a level).
     offered: [u64; 2],
     /// The demand reported (per second, smoothed).
     demand: [f64; 2],
@@ -83,7 +144,20 @@ async fn run(state: Arc<AppState>, cell: String) {
         ticker.tick().await;
         let elapsed = last_round.elapsed().as_secs_f64().max(1e-3);
         last_round = Instant::now();
-        let reports = reports_due(state.limiter.cell_usage(), &mut reported, elapsed);
+        let measured = state
+            .limiter
+            .cell_usage()
+            .into_iter()
+            .map(Measured::tenant)
+            .chain(
+                state
+                    .limiter
+                    .key_cell_usage()
+                    .into_iter()
+                    .map(Measured::key),
+            )
+            .collect();
+        let reports = reports_due(measured, &mut reported, elapsed);
         let answered = match state.store.as_ref().and_then(|store| store.redis()) {
             Some(redis) => {
                 round(
@@ -103,8 +177,8 @@ async fn run(state: Arc<AppState>, cell: String) {
             Ok((cells, slices)) => {
                 sync.store_answered(cells, now);
                 state.metrics.cell_slices.inc_by(slices.len() as u64);
-                for (tenant, reconciled) in slices {
-                    sync.answered(&tenant, reconciled, now);
+                for (subject, reconciled) in slices {
+                    sync.answered(&subject, reconciled, now);
                 }
                 state.metrics.cell_syncs.with_label_values(&["ok"]).inc();
                 if logged_failure {
@@ -131,29 +205,37 @@ async fn run(state: Arc<AppState>, cell: String) {
     }
 }
 
-/// This round's reports: every tenant offered something since the last round, and once more
-/// (with no demand) each that was and no longer is. Demand is per second over `elapsed`.
+/// This round's reports: every subject offered something since the last round, and once
+/// more (with no demand) each that was and no longer is. Demand is per second over `elapsed`
+/// (a level as it is).
 fn reports_due(
-    usage: Vec<CellUsage>,
+    usage: Vec<Measured>,
     reported: &mut HashMap<String, Reported>,
     elapsed: f64,
-) -> Vec<(CellUsage, [f64; 2])> {
+) -> Vec<(Measured, [f64; 2])> {
     let mut due = Vec::new();
     let mut seen = HashSet::with_capacity(usage.len());
-    for tenant in usage {
-        seen.insert(tenant.tenant.clone());
-        let before = reported.get(&tenant.tenant);
-        // A tenant evicted and tracked again counts from 0: nothing new until it passes.
-        let delta = |kind: usize| {
-            tenant.offered[kind].saturating_sub(before.map_or(0, |r| r.offered[kind]))
+    for subject in usage {
+        seen.insert(subject.name.clone());
+        let before = reported.get(&subject.name);
+        // A subject evicted and tracked again counts from 0: nothing new until it passes.
+        let totals = subject.demand.map(|counter| match counter {
+            Counter::Total(total) => total,
+            Counter::Level(_) => 0,
+        });
+        let measured = |kind: usize| match subject.demand[kind] {
+            Counter::Total(total) => {
+                total.saturating_sub(before.map_or(0, |r| r.offered[kind])) as f64 / elapsed
+            }
+            Counter::Level(level) => level as f64,
         };
-        let delta = [delta(0), delta(1)];
-        let busy = delta != [0, 0];
+        let measured = [measured(0), measured(1)];
+        let busy = measured != [0.0, 0.0];
         if busy || before.is_some_and(|r| r.busy) {
             // A round with nothing offered drops the estimate to 0 at once, so a cell that
-            // stops being offered a tenant gives its claim up in one round.
+            // stops being offered a subject gives its claim up in one round.
             let smooth = |kind: usize| {
-                let measured = delta[kind] as f64 / elapsed;
+                let measured = measured[kind];
                 match before {
                     Some(before) if busy => {
                         before.demand[kind] + (measured - before.demand[kind]) * SMOOTHING
@@ -163,18 +245,18 @@ fn reports_due(
             };
             let demand = [smooth(0), smooth(1)];
             reported.insert(
-                tenant.tenant.clone(),
+                subject.name.clone(),
                 Reported {
-                    offered: tenant.offered,
+                    offered: totals,
                     demand,
                     busy,
                 },
             );
-            due.push((tenant, demand));
+            due.push((subject, demand));
         }
     }
-    // Tenants the limiter no longer tracks.
-    reported.retain(|tenant, _| seen.contains(tenant));
+    // Subjects the limiter no longer tracks.
+    reported.retain(|name, _| seen.contains(name));
     due
 }
 
@@ -187,7 +269,7 @@ async fn round(
     replica: &str,
     mut params: ReconcileParams,
     call_timeout: Duration,
-    reports: Vec<(CellUsage, [f64; 2])>,
+    reports: Vec<(Measured, [f64; 2])>,
 ) -> Result<(u32, Vec<(String, Reconciled)>), String> {
     let hold = Duration::from_micros(params.hold_micros);
     let cells = match tokio::time::timeout(call_timeout, redis.cell_heartbeat(cell, hold)).await {
@@ -201,7 +283,7 @@ async fn round(
     let mut reports = reports.into_iter();
     loop {
         while calls.len() < CALLS_IN_FLIGHT {
-            let Some((usage, demand)) = reports.next() else {
+            let Some((subject, demand)) = reports.next() else {
                 break;
             };
             let redis = Arc::clone(redis);
@@ -210,13 +292,12 @@ async fn round(
                 replica: replica.to_string(),
                 at_micros: 0,
                 demand,
-                spent: usage.spent,
+                spent: subject.spent,
             };
-            let limits = [usage.limits.request_rate, usage.limits.ingestion_rate];
             calls.spawn(async move {
-                let call = redis.cell_slice(&usage.tenant, &report, limits, params);
+                let call = redis.cell_slice(subject.subject(), &report, subject.limits, params);
                 let answer = tokio::time::timeout(call_timeout, call).await;
-                (usage.tenant, answer)
+                (subject.name, answer)
             });
         }
         let Some(done) = calls.join_next().await else {
@@ -233,20 +314,20 @@ async fn round(
 mod tests {
     use super::*;
 
-    fn usage(tenant: &str, offered: u64) -> CellUsage {
-        CellUsage {
+    fn usage(tenant: &str, offered: u64) -> Measured {
+        Measured::tenant(CellUsage {
             tenant: tenant.into(),
             limits: runtime_config::TenantLimits::default(),
             offered: [0, offered],
             spent: [0, offered],
-        }
+        })
     }
 
     #[test]
     fn busy_tenants_are_reported_and_a_quiet_one_once_more() {
         let mut reported = HashMap::new();
         let due = reports_due(vec![usage("a", 100), usage("b", 0)], &mut reported, 0.5);
-        let names: Vec<(&str, f64)> = due.iter().map(|(u, d)| (u.tenant.as_str(), d[1])).collect();
+        let names: Vec<(&str, f64)> = due.iter().map(|(u, d)| (u.name.as_str(), d[1])).collect();
         assert_eq!(names, vec![("a", 200.0)]);
         // Smoothed: half way from 200 to 400.
         let due = reports_due(vec![usage("a", 300)], &mut reported, 0.5);
@@ -262,5 +343,39 @@ mod tests {
         assert!(reports_due(vec![], &mut reported, 1.0).is_empty());
         let due = reports_due(vec![usage("a", 30)], &mut reported, 1.0);
         assert_eq!(due[0].1, [0.0, 30.0]);
+    }
+
+    /// An admission key is its own subject: its rate demand per second, its in-flight demand
+    /// the slots wanted at once (a level, not a count), under `tenant/key`.
+    #[test]
+    fn a_key_reports_its_rate_and_the_slots_it_wanted() {
+        let key = |offered: u64, wanted: u64| {
+            Measured::key(KeyUsage {
+                tenant: "t".into(),
+                key: "k".into(),
+                limit: runtime_config::LimitSpec {
+                    algorithm: runtime_config::Algorithm::TokenBucket,
+                    rate: 50.0,
+                    burst: 50,
+                    window: Duration::from_secs(1),
+                    max_concurrent: 30,
+                },
+                offered,
+                spent: offered,
+                wanted,
+            })
+        };
+        let mut reported = HashMap::new();
+        let due = reports_due(vec![key(100, 12)], &mut reported, 2.0);
+        assert_eq!(due[0].0.name, "t/k");
+        assert_eq!(due[0].0.limits, SubjectLimits::key(50.0, 30));
+        assert_eq!(due[0].1, [50.0, 12.0]);
+        // Smoothed like a rate: half way to 4 slots; nothing more offered.
+        let due = reports_due(vec![key(100, 4)], &mut reported, 1.0);
+        assert_eq!(due[0].1, [25.0, 8.0]);
+        // Nothing wanted nor offered: reported once more with no demand, then not at all.
+        let due = reports_due(vec![key(100, 0)], &mut reported, 1.0);
+        assert_eq!(due[0].1, [0.0, 0.0]);
+        assert!(reports_due(vec![key(100, 0)], &mut reported, 1.0).is_empty());
     }
 }

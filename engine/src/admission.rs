@@ -180,10 +180,35 @@ pub(crate) struct Entry {
     pub(crate) last_seen: AtomicU64,
     /// `shared` token bucket: the lease.
     lease: std::sync::OnceLock<Lease>,
+    /// For the cell sync: cost offered here (admitted or not), cumulative; the most slots
+    /// wanted here at once (held, and the refusals since the last grant) since it last read
+    /// them; and those refusals. Not counted under `shared`, which cells do not slice.
+    cell_offered: AtomicU64,
+    cell_wanted: AtomicU64,
+    cell_refused: AtomicU64,
+}
+
+/// An admission key's demand and spend on this replica, for the cell sync.
+#[derive(Debug, Clone, PartialEq)]
+pub struct KeyUsage {
+    pub tenant: String,
+    /// Percent-encoded.
+    pub key: String,
+    /// As configured: the limit this cell enforces a slice of.
+    pub limit: LimitSpec,
+    /// Offered (admitted and refused) cost, cumulative.
+    pub offered: u64,
+    /// Admitted cost, cumulative.
+    pub spent: u64,
+    /// The most slots wanted at once since the last call (held, or refused).
+    pub wanted: u64,
 }
 
 struct EntryState {
+    /// The key's limit as configured (fleet-wide): what answers name.
     spec: LimitSpec,
+    /// What this replica's meter and slots enforce of it: `spec`, or the cell's slice of it.
+    enforced: LimitSpec,
     /// Where `spec` came from; a client's spec is never reused without the client sending it.
     source: LimitSource,
     healthy: usize,
@@ -194,6 +219,10 @@ struct EntryState {
     /// they are unchanged, a decision skips resolving the limit.
     generation: AtomicU64,
 }
+
+/// A cost larger than the cell's slice of a burst (but within the configured burst) is told to
+/// retry after this: about one cell sync, when the slice follows the cell's demand.
+const SLICE_TOO_SMALL_RETRY: Duration = Duration::from_secs(1);
 
 /// A refused `Acquire` is told to retry after the earliest held lease's deadline or this,
 /// whichever is sooner: holders usually release long before their deadline (and under
@@ -329,6 +358,24 @@ impl<'a, C: Clock + Clone> Keys<'a, C> {
             ))
         };
         let now = self.now_nanos();
+        // A cost the configured limit allows at once but this cell's slice does not is
+        // refused, not invalid: the slice grows with the cell's demand.
+        let configured_capacity = match spec.algorithm {
+            Algorithm::SlidingWindow => spec.per_window().floor() as u64,
+            _ => spec.burst,
+        };
+        let sliced_too_large = |_| {
+            if state.enforced == spec || cost > configured_capacity {
+                return Err(too_large());
+            }
+            Ok(Decision {
+                allowed: false,
+                remaining: 0,
+                retry_after: SLICE_TOO_SMALL_RETRY,
+                reset_after: SLICE_TOO_SMALL_RETRY,
+                delay: Duration::ZERO,
+            })
+        };
         let decision = match &state.meter {
             Kept::Shared(_) => self
                 .allow_shared(entry, state, cost, now)
@@ -336,10 +383,13 @@ impl<'a, C: Clock + Clone> Keys<'a, C> {
                 .ok_or_else(too_large)?,
             Kept::Weighted(meter) => meter
                 .check_reserving(cost, now, self.unreported(entry, now))
-                .map_err(|_| too_large())?,
-            Kept::Divided(meter) => meter.check(cost, now).map_err(|_| too_large())?,
+                .or_else(sliced_too_large)?,
+            Kept::Divided(meter) => meter.check(cost, now).or_else(sliced_too_large)?,
             Kept::None => unmetered(),
         };
+        if !state.meter.is_shared() {
+            entry.cell_offered.fetch_add(cost, Ordering::Relaxed);
+        }
         if decision.allowed {
             entry.admitted.fetch_add(cost, Ordering::Relaxed);
         }
@@ -568,12 +618,23 @@ impl<'a, C: Clock + Clone> Keys<'a, C> {
         // counts, which the peers see a round late, let 50-57 pushes in flight for a cap of
         // 30 with holds of 0.3-0.5 s. So outside the store every replica holds a fixed share,
         // and the shares sum to the cap exactly; `shared` follows skewed traffic exactly.
-        let cap = slot_share(spec.max_concurrent, state.healthy, self.rank());
+        let cap = slot_share(state.enforced.max_concurrent, state.healthy, self.rank());
         let taken = entry
             .in_flight
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |held| {
                 (held < cap).then_some(held + 1)
             });
+        // What this replica wanted in flight at once: what it holds, and the requests refused
+        // since it last granted one (refusals in a row stand for requests waiting at once; a
+        // client that retries one request counts once per retry, so this errs high).
+        let wanted = match taken {
+            Ok(held) => {
+                entry.cell_refused.store(0, Ordering::Relaxed);
+                held + 1
+            }
+            Err(held) => held + entry.cell_refused.fetch_add(1, Ordering::Relaxed) + 1,
+        };
+        entry.cell_wanted.fetch_max(wanted, Ordering::Relaxed);
         let peers = entry.peers_in_flight.load(Ordering::Relaxed);
         match taken {
             Ok(held) => {
@@ -911,6 +972,7 @@ impl<'a, C: Clock + Clone> Keys<'a, C> {
         let strategy = limits.rate_limit_strategy;
         let healthy = self.healthy_replicas();
         let name = entry_name(tenant, encoded);
+        let enforced = self.inputs.load().cells.apply_key(&name, &spec, strategy);
         let now = self.now_nanos();
         let map = self.admission().map.pin();
         let entry = map.get_or_insert_with(name.into_boxed_str(), || {
@@ -919,10 +981,14 @@ impl<'a, C: Clock + Clone> Keys<'a, C> {
                 key: encoded.into(),
                 state: ArcSwap::from_pointee(EntryState {
                     spec,
+                    enforced,
                     source,
                     healthy,
                     policy: limits.on_store_failure,
-                    meter: Kept::of(strategy, Meter::new(&spec, share(strategy, healthy), now)),
+                    meter: Kept::of(
+                        strategy,
+                        Meter::new(&enforced, share(strategy, healthy), now),
+                    ),
                     generation: AtomicU64::new(generation),
                 }),
                 admitted: AtomicU64::new(0),
@@ -936,11 +1002,15 @@ impl<'a, C: Clock + Clone> Keys<'a, C> {
                 publishes: AtomicU64::new(0),
                 last_seen: AtomicU64::new(now),
                 lease: std::sync::OnceLock::new(),
+                cell_offered: AtomicU64::new(0),
+                cell_wanted: AtomicU64::new(0),
+                cell_refused: AtomicU64::new(0),
             })
         });
         entry.last_seen.store(now, Ordering::Relaxed);
         let mut state = entry.state.load_full();
         if state.spec != spec
+            || state.enforced != enforced
             || state.source != source
             || state.meter.strategy() != Some(strategy)
             || state.healthy != healthy
@@ -948,14 +1018,15 @@ impl<'a, C: Clock + Clone> Keys<'a, C> {
         {
             let next = Arc::new(EntryState {
                 spec,
+                enforced,
                 source,
                 healthy,
                 policy: limits.on_store_failure,
                 meter: Kept::of(
                     strategy,
                     match state.meter.meter() {
-                        Some(old) => carry(old, &spec, share(strategy, healthy), now),
-                        None => Meter::new(&spec, share(strategy, healthy), now),
+                        Some(old) => carry(old, &enforced, share(strategy, healthy), now),
+                        None => Meter::new(&enforced, share(strategy, healthy), now),
                     },
                 ),
                 generation: AtomicU64::new(generation),
@@ -1036,6 +1107,33 @@ impl<'a, C: Clock + Clone> Keys<'a, C> {
             .collect()
     }
 
+    /// Every entry's demand and spend here, for the cell sync: those offered something or
+    /// asked for a slot; not `shared` ones. Reading resets the slots wanted.
+    pub(crate) fn key_cell_usage(&self) -> Vec<KeyUsage> {
+        self.admission()
+            .map
+            .pin()
+            .iter()
+            .filter_map(|(_, entry)| {
+                let state = entry.state.load();
+                if state.meter.is_shared() {
+                    return None;
+                }
+                let offered = entry.cell_offered.load(Ordering::Relaxed);
+                let wanted = entry.cell_wanted.swap(0, Ordering::Relaxed);
+                let in_flight = entry.in_flight.load(Ordering::Relaxed);
+                (offered > 0 || wanted > 0 || in_flight > 0).then(|| KeyUsage {
+                    tenant: entry.tenant.to_string(),
+                    key: entry.key.to_string(),
+                    limit: state.spec,
+                    offered,
+                    spent: entry.admitted.load(Ordering::Relaxed),
+                    wanted: wanted.max(in_flight),
+                })
+            })
+            .collect()
+    }
+
     pub(crate) fn mark_admission_listed(&self, name: &str, admitted: u64, in_flight: u64) {
         if let Some(entry) = self.admission().map.pin().get(name) {
             entry.published.fetch_max(admitted, Ordering::Relaxed);
@@ -1111,8 +1209,9 @@ fn carry(old: &Meter, spec: &LimitSpec, share: f64, now: u64) -> Meter {
     }
 }
 
+/// An entry's name is its subject's name in the cells' slices.
 fn entry_name(tenant: &str, encoded_key: &str) -> String {
-    format!("{tenant}/{encoded_key}")
+    crate::cells::key_subject(tenant, encoded_key)
 }
 
 fn rand_id() -> u128 {

@@ -25,10 +25,19 @@
 //! Burst: a cell's share of `B` is its share of `L`, but at least `1 ÷ cells`, so a cell that
 //! starts receiving a tenant can admit a request of up to `B ÷ cells` at once. The bursts in
 //! force sum to less than `2 B`.
+//!
+//! # Subjects
+//! What is sliced is a *subject* with two limits: a tenant's push limits (request rate,
+//! ingestion rate), or one admission key of a tenant (its rate, and its in-flight cap
+//! `max_concurrent`); a tenant's `max_inflight_push_requests` is the in-flight cap of its push
+//! key. An in-flight cap is counted in whole slots: its demand is the most this cell wanted
+//! in flight at once, each live cell's floor is at least one slot when the cap has one for
+//! every cell ([`SubjectLimits::units`]), and a cell holds ⌊cap × share⌋ slots, so the cells'
+//! slots sum to the cap at most.
 
 use std::collections::HashMap;
 
-use runtime_config::{RateLimitStrategy, TenantLimits};
+use runtime_config::{LimitSpec, RateLimitStrategy, TenantLimits};
 
 /// A share of one limit: fractions of the configured rate and burst, each in (0, 1].
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -59,7 +68,9 @@ impl Share {
     }
 }
 
-/// One tenant's shares in a cell, per limit.
+/// One subject's shares in a cell, per limit: a tenant's request and ingestion limits, or an
+/// admission key's rate (`request`) and in-flight cap (`ingestion`), in that order (see
+/// [`TenantShare::key_rate`], [`TenantShare::key_in_flight`]).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct TenantShare {
     pub request: Share,
@@ -83,14 +94,72 @@ impl TenantShare {
         self.request.differs(&other.request, relative)
             || self.ingestion.differs(&other.ingestion, relative)
     }
+
+    /// An admission key's share of its rate.
+    pub fn key_rate(&self) -> Share {
+        self.request
+    }
+
+    /// An admission key's share of its in-flight cap.
+    pub fn key_in_flight(&self) -> Share {
+        self.ingestion
+    }
 }
 
-/// The slices in force on one replica: a share per tenant the store has answered for, and a
-/// default for every other tenant. Outside any cell there are none, and limits pass through.
+/// A subject's two limits as the reconciler slices them, and the smallest claim of each that
+/// counts (an in-flight cap is counted in whole slots: 1; a rate: 0).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SubjectLimits {
+    /// Each limit (≤ 0: not sliced).
+    pub limits: [f64; 2],
+    pub units: [f64; 2],
+}
+
+impl From<[f64; 2]> for SubjectLimits {
+    /// Two rates.
+    fn from(limits: [f64; 2]) -> Self {
+        SubjectLimits {
+            limits,
+            units: [0.0; 2],
+        }
+    }
+}
+
+impl SubjectLimits {
+    /// An admission key: its rate, and its in-flight cap in whole slots.
+    pub fn key(rate: f64, max_concurrent: u64) -> SubjectLimits {
+        SubjectLimits {
+            limits: [rate, max_concurrent as f64],
+            units: [0.0, 1.0],
+        }
+    }
+}
+
+/// What a cell report is about, as the store names it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum CellSubject<'a> {
+    /// A tenant's push limits.
+    Tenant(&'a str),
+    /// An admission key of a tenant (the key percent-encoded).
+    Key(crate::store::KeyName<'a>),
+}
+
+/// The name under which a replica keeps an admission key's share: `tenant/encoded key`, the
+/// admission entry's name (tenant IDs hold no `/`, so it never names a tenant).
+pub fn key_subject(tenant: &str, encoded_key: &str) -> String {
+    format!("{tenant}/{encoded_key}")
+}
+
+/// The slices in force on one replica: a share per subject the store has answered for (by
+/// tenant, or `tenant/key` for an admission key: [`key_subject`]), and a default for every
+/// other. Outside any cell there are none, and limits pass through.
 #[derive(Debug, Clone, PartialEq)]
 pub struct CellShares {
     pub default: TenantShare,
     pub tenants: HashMap<String, TenantShare>,
+    /// The cells counted (0 outside cells, or before the store first answered): a cap with at
+    /// least one slot per cell gives each cell at least one.
+    pub cells: u32,
 }
 
 impl Default for CellShares {
@@ -98,6 +167,7 @@ impl Default for CellShares {
         CellShares {
             default: TenantShare::WHOLE,
             tenants: HashMap::new(),
+            cells: 0,
         }
     }
 }
@@ -139,10 +209,55 @@ impl CellShares {
         sliced
     }
 
+    /// An admission key's limit as its cell enforces it (`subject`: [`key_subject`]): the
+    /// cell's share of its rate and burst, and of its in-flight cap in whole slots. Its
+    /// `max_concurrent` may be 0 here, meaning no slot in this cell: the caller checks the
+    /// configured cap for "no cap". `shared` keys keep their one global meter and lease set
+    /// in the store.
+    pub fn apply_key(
+        &self,
+        subject: &str,
+        spec: &LimitSpec,
+        strategy: RateLimitStrategy,
+    ) -> LimitSpec {
+        if strategy == RateLimitStrategy::Shared {
+            return *spec;
+        }
+        let share = self.tenants.get(subject).unwrap_or(&self.default);
+        if *share == TenantShare::WHOLE {
+            return *spec;
+        }
+        let mut sliced = *spec;
+        let rate = share.key_rate();
+        if spec.rate > 0.0 {
+            sliced.rate = spec.rate * rate.rate.clamp(MIN_RATE_SHARE, 1.0);
+            if spec.burst > 0 {
+                sliced.burst =
+                    (((spec.burst as f64) * rate.burst.clamp(0.0, 1.0)).ceil() as u64).max(1);
+            }
+        }
+        sliced.max_concurrent = self.slots(spec.max_concurrent, share.key_in_flight());
+        sliced
+    }
+
+    /// This cell's whole slots of an in-flight cap `max` (0: no cap, kept): ⌊max × share⌋,
+    /// at least one when the cap has one for every cell (the reconciler's floor gives each
+    /// live cell one then).
+    fn slots(&self, max: u64, share: Share) -> u64 {
+        if max == 0 {
+            return 0;
+        }
+        // A share of exactly k ÷ max must give k, not k − 1, after float rounding.
+        let slots = ((max as f64) * share.rate.clamp(0.0, 1.0) + 1e-6).floor() as u64;
+        let one_each = self.cells > 0 && max >= u64::from(self.cells);
+        slots.max(u64::from(one_each)).min(max)
+    }
+
     /// Whether `other` would change some tenant's limits by more than `relative` (so a
     /// replica does not rebuild every tenant for noise in the demand).
     pub fn differs(&self, other: &CellShares, relative: f64) -> bool {
         self.default != other.default
+            || self.cells != other.cells
             || self.tenants.len() != other.tenants.len()
             || self.tenants.iter().any(|(tenant, share)| {
                 other
@@ -231,7 +346,7 @@ pub fn reconcile(
     stored: Vec<CellReport>,
     mut report: CellReport,
     now_micros: u64,
-    limits: [f64; 2],
+    limits: impl Into<SubjectLimits>,
     params: ReconcileParams,
 ) -> (Vec<CellReport>, Reconciled) {
     report.at_micros = now_micros;
@@ -252,17 +367,19 @@ pub fn reconcile(
     (kept, Reconciled { share, cells })
 }
 
-/// Every reporting cell's share of `limits` (request rate, ingestion rate; a rate ≤ 0 is not
-/// sliced: share 1), by cell name, and the cells counted. A cell's demand is the sum of its
-/// fresh reports; a cell with none fresh keeps the sum of its held ones. The cells counted
-/// are the live ones, or more if more have reported; those that have not reported the tenant
-/// claim the floor. Reports older than the hold must already be gone.
+/// Every reporting cell's share of `limits` (a limit ≤ 0 is not sliced: share 1), by cell
+/// name, and the cells counted. A cell's demand is the sum of its fresh reports; a cell with
+/// none fresh keeps the sum of its held ones. The cells counted are the live ones, or more if
+/// more have reported; those that have not reported the subject claim the floor, which is
+/// `floor_fraction × L ÷ cells` but at least a limit's unit when L holds one per cell. Reports
+/// older than the hold must already be gone.
 pub fn cell_shares(
     reports: &[CellReport],
     now_micros: u64,
-    limits: [f64; 2],
+    limits: impl Into<SubjectLimits>,
     params: ReconcileParams,
 ) -> (Vec<(String, TenantShare)>, u32) {
+    let SubjectLimits { limits, units } = limits.into();
     // Per cell, sorted by name (as the script sorts): fresh sums, held sums, any fresh.
     let mut cells: Vec<(&str, [f64; 2], [f64; 2], bool)> = Vec::new();
     for entry in reports {
@@ -291,7 +408,11 @@ pub fn cell_shares(
         if limit <= 0.0 {
             continue;
         }
-        let floor = params.floor_fraction * limit / count as f64;
+        let even = limit / count as f64;
+        let mut floor = params.floor_fraction * even;
+        if even >= units[kind] {
+            floor = floor.max(units[kind]);
+        }
         // Cells that reported the tenant first (by name), then the live cells that have not,
         // each claiming the floor.
         let mut claims: Vec<f64> = cells
@@ -409,6 +530,7 @@ impl CellSync {
         };
         CellShares {
             default,
+            cells: self.cells,
             tenants: self
                 .answers
                 .iter()
@@ -720,6 +842,60 @@ mod tests {
                 let (after, _) = cell_shares(&more, now, [0.0, 10_000.0], params);
                 let after = after.iter().find(|(name, _)| *name == cell).unwrap().1;
                 prop_assert!(after.ingestion.rate + 1e-9 >= before.ingestion.rate);
+            }
+        }
+
+        /// An in-flight cap splits into whole slots: the cells' slots never sum past the cap;
+        /// every live cell holds one when the cap has one for each; and a cell that wants no
+        /// more than an even share gets every slot it wants.
+        #[test]
+        fn an_in_flight_cap_splits_into_whole_slots_within_the_cap(
+            cap in 1u64..80,
+            wanted in prop::collection::vec(0u64..50, 1..6),
+            idle in 0u32..3,
+            floor_fraction in 0.0f64..0.3,
+        ) {
+            let reports: Vec<CellReport> = wanted
+                .iter()
+                .enumerate()
+                .map(|(cell, slots)| CellReport {
+                    cell: format!("c{cell}"),
+                    replica: "r".into(),
+                    at_micros: 0,
+                    demand: [0.0, *slots as f64],
+                    spent: [0, 0],
+                })
+                .collect();
+            let live = wanted.len() as u32 + idle;
+            let params = ReconcileParams { live_cells: live, floor_fraction, ..params(live) };
+            let (shares, counted) = cell_shares(&reports, 0, SubjectLimits::key(0.0, cap), params);
+            prop_assert_eq!(counted, live);
+            let spec = LimitSpec {
+                algorithm: runtime_config::Algorithm::TokenBucket,
+                rate: 0.0,
+                burst: 0,
+                window: std::time::Duration::from_secs(1),
+                max_concurrent: cap,
+            };
+            let slots_of = |share: Option<TenantShare>| {
+                let mut in_force = CellShares { default: TenantShare::even(floor_fraction / live as f64), cells: live, ..CellShares::default() };
+                if let Some(share) = share {
+                    in_force.tenants.insert("t/k".into(), share);
+                }
+                in_force.apply_key("t/k", &spec, RateLimitStrategy::Weighted).max_concurrent
+            };
+            let slots: Vec<u64> = shares.iter().map(|(_, share)| slots_of(Some(*share))).collect();
+            // The idle cells hold the default (floor) share until they report.
+            let total = slots.iter().sum::<u64>() + u64::from(idle) * slots_of(None);
+            prop_assert!(total <= cap, "{slots:?} + {idle} idle of {cap}");
+            let even = cap as f64 / live as f64;
+            for (cell, got) in slots.iter().enumerate() {
+                if cap >= u64::from(live) {
+                    prop_assert!(*got >= 1, "{slots:?} of {cap}");
+                }
+                if (wanted[cell] as f64) <= even.floor() {
+                    prop_assert!(*got >= wanted[cell], "{slots:?} for {wanted:?} of {cap}");
+                }
             }
         }
     }

@@ -1027,6 +1027,16 @@ impl<H: TenantHooks, C: Clock + Clone> Limiter<H, C> {
             .collect()
     }
 
+    /// Every admission key's demand and spend here (its in-flight cap's too, which is how a
+    /// tenant's `max_inflight_push_requests` is sliced): what the cell sync reports besides
+    /// the tenants (empty unless [`Limiter::with_cells`]). Reading resets the slots wanted.
+    pub fn key_cell_usage(&self) -> Vec<crate::admission::KeyUsage> {
+        if !self.count_for_cells {
+            return Vec::new();
+        }
+        self.keys().key_cell_usage()
+    }
+
     /// This replica's admissions under `weighted`, for gossip, most urgent first: tenants with
     /// unpublished admissions (largest first), then the rest, least recently listed first, so
     /// that with more tenants than one message holds every tenant is still listed in turn.

@@ -1143,3 +1143,103 @@ fn a_cell_slice_is_the_tenant_limit_inside_the_cell() {
     assert_eq!(check(&plain, "w", 10), Ok(()));
     assert!(plain.cell_usage().is_empty());
 }
+
+/// Cells: an admission key's rate and in-flight cap are its cell's slice, and so is a tenant's
+/// `max_inflight_push_requests` (its push key's cap); what is offered and wanted is counted for
+/// the cell sync; a cost the configured burst allows but the slice does not is refused, not
+/// invalid.
+#[tokio::test]
+async fn a_cell_slice_is_an_admission_key_limit_and_the_push_cap_inside_the_cell() {
+    use crate::cells::{key_subject, CellShares, Share, TenantShare};
+    let yaml = "overrides:\n  a:\n    max_inflight_push_requests: 30\n    limits:\n      rated: {rate: 100, burst: 100}\n      held: {max_concurrent: 30}\n";
+    let (limiter, _clock) = limiter(yaml);
+    let limiter = limiter.with_cells();
+    let subject = |key: &str| key_subject("a", &crate::encode_key(key));
+    let mut shares = CellShares {
+        default: TenantShare::even(0.5),
+        cells: 3,
+        ..CellShares::default()
+    };
+    let key_share = |rate: f64, in_flight: f64| TenantShare {
+        request: Share {
+            rate,
+            burst: rate.max(1.0 / 3.0),
+        },
+        ingestion: Share::even(in_flight),
+    };
+    shares.tenants.insert(subject("rated"), key_share(0.2, 1.0));
+    shares.tenants.insert(subject("held"), key_share(1.0, 0.1));
+    limiter.set_cell_shares(Arc::new(shares));
+
+    // rated: 20/s, and a burst of 100 × max(0.2, 1/3) = 34.
+    let mut allowed = 0;
+    for _ in 0..40 {
+        let answer = limiter.allow("a", "rated", 1, None).await.unwrap();
+        allowed += u64::from(answer.decision.allowed);
+        assert_eq!(
+            answer.limit.rate, 100.0,
+            "answers name the limit as configured"
+        );
+    }
+    assert_eq!(allowed, 34);
+    // A cost within the configured burst but over the slice's: refused, retry in a second.
+    let big = limiter.allow("a", "rated", 50, None).await.unwrap();
+    assert!(!big.decision.allowed);
+    assert_eq!(big.decision.retry_after, Duration::from_secs(1));
+    assert!(matches!(
+        limiter.allow("a", "rated", 101, None).await,
+        Err(AdmissionError::BadCost(_))
+    ));
+
+    // held: 30 × 0.1 = 3 slots in this cell.
+    let ttl = Duration::from_secs(60);
+    let mut granted = 0;
+    for _ in 0..5 {
+        granted += u64::from(
+            limiter
+                .acquire("a", "held", None, ttl)
+                .await
+                .unwrap()
+                .granted,
+        );
+    }
+    assert_eq!(granted, 3);
+    // The push cap: the default share, half of 30.
+    let mut pushes = 0;
+    for _ in 0..20 {
+        pushes += u64::from(limiter.acquire_push("a", 30, ttl).await.unwrap().granted);
+    }
+    assert_eq!(pushes, 15);
+
+    let mut usage = limiter.key_cell_usage();
+    usage.sort_by(|a, b| a.key.cmp(&b.key));
+    let counted: Vec<(&str, u64, u64, u64)> = usage
+        .iter()
+        .map(|u| (u.key.as_str(), u.offered, u.spent, u.wanted))
+        .collect();
+    let push_key = usage
+        .iter()
+        .find(|u| u.limit.max_concurrent == 30 && u.key != "held");
+    let push_key = push_key.expect("the push key is reported").key.clone();
+    let mut expected = vec![
+        ("held", 0, 0, 5),
+        ("rated", 40 + 50, 34, 0),
+        (push_key.as_str(), 0, 0, 20),
+    ];
+    expected.sort_by(|a, b| a.0.cmp(b.0));
+    assert_eq!(counted, expected);
+    // The slots wanted were read: now only what is held counts.
+    let held: Vec<u64> = limiter.key_cell_usage().iter().map(|u| u.wanted).collect();
+    assert_eq!(held.iter().sum::<u64>(), 3 + 15);
+    // Outside cells nothing is counted.
+    let (plain, _) = self::limiter(yaml);
+    assert!(
+        plain
+            .allow("a", "rated", 1, None)
+            .await
+            .unwrap()
+            .decision
+            .allowed
+    );
+    assert!(plain.key_cell_usage().is_empty());
+}

@@ -19,6 +19,8 @@
 -- ARGV[10] this replica's offered items per second since its last report
 -- ARGV[11] this replica's admitted requests, cumulative
 -- ARGV[12] this replica's admitted items, cumulative
+-- ARGV[13] the first limit's unit, ARGV[14] the second's (absent: 0): a live cell's floor is
+--          at least one unit when the limit holds one per cell (an in-flight cap: 1 slot)
 -- Returns  {request rate share, request burst share, ingestion rate share, ingestion burst
 --          share (strings: floats in [0, 1]), cells counted}
 --
@@ -35,6 +37,7 @@ local hold = tonumber(ARGV[4])
 local live = tonumber(ARGV[5])
 local floor_fraction = tonumber(ARGV[6])
 local limits = {tonumber(ARGV[7]), tonumber(ARGV[8])}
+local units = {tonumber(ARGV[13] or '0') or 0, tonumber(ARGV[14] or '0') or 0}
 
 redis.call('HSET', KEYS[1], me .. '|' .. ARGV[2],
   string.format('%.0f', now) .. ' ' .. ARGV[9] .. ' ' .. ARGV[10] .. ' ' .. ARGV[11] .. ' ' .. ARGV[12])
@@ -121,7 +124,11 @@ for kind = 1, 2 do
   local limit = limits[kind]
   local rate, burst = 1, 1
   if limit > 0 then
-    local floor = floor_fraction * limit / count
+    local even = limit / count
+    local floor = floor_fraction * even
+    if even >= units[kind] then
+      floor = math.max(floor, units[kind])
+    end
     local claims = {}
     for i, name in ipairs(names) do
       local sums = cells[name]

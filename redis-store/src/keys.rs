@@ -6,10 +6,12 @@
 //!   tags `weir:{tenant#j}:i` ([`shard_tag`]);
 //! - admission keys: `weir:{tenant}:k:<key>:<what>`, `what` being `t` (token bucket), `w`
 //!   (sliding window), `l` (leaky bucket) or `c` (in-flight leases);
-//! - cells: `weir:{tenant}:cells`, the tenant's demand per cell and replica; and
+//! - cells: `weir:{tenant}:cells`, the tenant's demand per cell and replica, and
+//!   `weir:{tenant}:k:<key>:s` an admission key's; and
 //!   `weir:cells`, the registry of live cells (one key for the whole store, touched once per
 //!   replica per sync interval).
 
+use engine::cells::CellSubject;
 use engine::store::{BucketKey, KeyName};
 use engine::LimitKind;
 
@@ -39,9 +41,12 @@ pub fn admission(key: &KeyName<'_>, what: char) -> String {
     format!("weir:{{{}}}:k:{}:{what}", key.tenant, key.key)
 }
 
-/// Cells: the hash of a tenant's reports, per cell and replica (`cell_slice.lua`).
-pub fn cell_reports(tenant: &str) -> String {
-    format!("weir:{{{tenant}}}:cells")
+/// Cells: the hash of a subject's reports, per cell and replica (`cell_slice.lua`).
+pub fn cell_reports(subject: CellSubject<'_>) -> String {
+    match subject {
+        CellSubject::Tenant(tenant) => format!("weir:{{{tenant}}}:cells"),
+        CellSubject::Key(key) => admission(&key, 's'),
+    }
 }
 
 /// Cells: the registry of live cells (`cell_heartbeat.lua`).
@@ -144,6 +149,11 @@ mod tests {
             ..push
         };
         assert_eq!(bucket(&token), "weir:{t}:k:GET%20%2Fa:t");
-        assert_eq!(cell_reports("t"), "weir:{t}:cells");
+        assert_eq!(cell_reports(CellSubject::Tenant("t")), "weir:{t}:cells");
+        let key = KeyName {
+            tenant: "t",
+            key: "a%2Fb",
+        };
+        assert_eq!(cell_reports(CellSubject::Key(key)), "weir:{t}:k:a%2Fb:s");
     }
 }

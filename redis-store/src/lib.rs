@@ -22,7 +22,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use engine::cells::{CellReport, ReconcileParams, Reconciled, Share, TenantShare};
+use engine::cells::{
+    CellReport, CellSubject, ReconcileParams, Reconciled, Share, SubjectLimits, TenantShare,
+};
 use engine::store::{
     Acquired, BucketKey, Grant, KeyName, Store, StoreError, StoreFuture, StoredMeter,
 };
@@ -156,16 +158,18 @@ impl RedisStore {
         self.invoke(invocation).await
     }
 
-    /// Cells: records this replica's `report` of `tenant` (its time is the store's) and
-    /// returns its cell's share of `limits` (request rate, ingestion rate). `cell_slice.lua`,
-    /// whose pure twin is [`engine::cells::reconcile`].
+    /// Cells: records this replica's `report` of `subject` (its time is the store's) and
+    /// returns its cell's share of `limits` (a tenant's request and ingestion rates, or an
+    /// admission key's rate and in-flight cap). `cell_slice.lua`, whose pure twin is
+    /// [`engine::cells::reconcile`].
     pub async fn cell_slice(
         &self,
-        tenant: &str,
+        subject: CellSubject<'_>,
         report: &CellReport,
-        limits: [f64; 2],
+        limits: impl Into<SubjectLimits>,
         params: ReconcileParams,
     ) -> Result<Reconciled, StoreError> {
+        let SubjectLimits { limits, units } = limits.into();
         let finite = |value: f64| {
             if value.is_finite() {
                 value.max(0.0)
@@ -175,7 +179,7 @@ impl RedisStore {
         };
         let mut invocation = self.scripts.cell_slice.prepare_invoke();
         invocation
-            .key(keys::cell_reports(tenant))
+            .key(keys::cell_reports(subject))
             .arg(&report.cell)
             .arg(&report.replica)
             .arg(params.fresh_micros)
@@ -187,7 +191,9 @@ impl RedisStore {
             .arg(finite(report.demand[0]).to_string())
             .arg(finite(report.demand[1]).to_string())
             .arg(report.spent[0])
-            .arg(report.spent[1]);
+            .arg(report.spent[1])
+            .arg(finite(units[0]).to_string())
+            .arg(finite(units[1]).to_string());
         let (request_rate, request_burst, items_rate, items_burst, cells): (
             String,
             String,

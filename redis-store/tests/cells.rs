@@ -6,7 +6,8 @@ mod redis_server;
 
 use std::time::Duration;
 
-use engine::cells::{self, CellReport, ReconcileParams};
+use engine::cells::{self, CellReport, CellSubject, ReconcileParams, SubjectLimits};
+use engine::KeyName;
 use proptest::prelude::*;
 use redis_server::RedisServer;
 use redis_store::{RedisConfig, RedisStore};
@@ -39,7 +40,8 @@ const STILL: ReconcileParams = ReconcileParams {
 
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(24))]
-    /// Any sequence of reports from up to 4 cells × 2 replicas: the script's share for the
+    /// Any sequence of reports from up to 4 cells × 2 replicas, of a tenant's two rates or of
+    /// an admission key's rate and in-flight cap (whole slots): the script's share for the
     /// reporting cell is the twin's, to float rounding (the sums run in another order).
     #[test]
     fn the_slice_script_matches_its_pure_twin(
@@ -47,6 +49,7 @@ proptest! {
         live in 0u32..6,
         floor_fraction in 0.0f64..0.3,
         request_limit in prop_oneof![Just(0.0), 1.0f64..100.0],
+        cap in prop_oneof![Just(None), (1u64..40).prop_map(Some)],
     ) {
         let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
         let url = SERVER.with(|server| server.url());
@@ -54,11 +57,20 @@ proptest! {
             let store = RedisStore::connect(&config(url)).await.unwrap();
             let tenant = format!("twin-{}", next());
             let params = ReconcileParams { live_cells: live, floor_fraction, ..STILL };
-            let limits = [request_limit, 10_000.0];
+            // A tenant's two rates, or a key's rate and in-flight cap (its demand in slots).
+            let (subject, limits, slots) = match cap {
+                None => (CellSubject::Tenant(&tenant), [request_limit, 10_000.0].into(), 1.0),
+                Some(cap) => (
+                    CellSubject::Key(KeyName { tenant: &tenant, key: "k" }),
+                    SubjectLimits::key(request_limit, cap),
+                    1.0 / 1_000.0,
+                ),
+            };
             let mut stored = Vec::new();
             for (cell, replica, requests, items) in steps {
+                let items = (items * slots).round();
                 let entry = report(&format!("c{cell}"), &format!("r{replica}"), requests, items);
-                let script = store.cell_slice(&tenant, &entry, limits, params).await.unwrap();
+                let script = store.cell_slice(subject, &entry, limits, params).await.unwrap();
                 let (kept, twin) = cells::reconcile(stored, entry, 0, limits, params);
                 stored = kept;
                 prop_assert_eq!(script.cells, twin.cells);
@@ -93,7 +105,12 @@ async fn stale_replicas_and_silent_cells_are_forgotten_on_the_store_clock() {
         let store = store.clone();
         async move {
             store
-                .cell_slice("t", &report(cell, replica, 0.0, items), limits, params)
+                .cell_slice(
+                    CellSubject::Tenant("t"),
+                    &report(cell, replica, 0.0, items),
+                    limits,
+                    params,
+                )
                 .await
                 .unwrap()
                 .share
