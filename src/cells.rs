@@ -293,6 +293,7 @@ async fn round(
                 at_micros: 0,
                 demand,
                 spent: subject.spent,
+                answered: [0.0; 2],
             };
             calls.spawn(async move {
                 let call = redis.cell_slice(subject.subject(), &report, subject.limits, params);

@@ -314,6 +314,9 @@ pub struct CellReport {
     pub demand: [f64; 2],
     /// Admitted since the replica started, cumulative: requests, items.
     pub spent: [u64; 2],
+    /// The rate shares the reconciler last answered this replica: what it has in force.
+    /// Recorded by [`reconcile`]; what a caller sends is ignored.
+    pub answered: [f64; 2],
 }
 
 /// How the reconciler runs: the same for every call of one replica.
@@ -342,6 +345,13 @@ pub struct Reconciled {
 /// The reconciler, as `cell_slice.lua` runs it atomically: records `report` at `now_micros`
 /// (replacing the replica's previous one), drops reports older than the hold, and returns the
 /// reports to store and the caller's cell's share of `limits` (see [`cell_shares`]).
+///
+/// A limit counted in units (an in-flight cap) is a bound at every moment, not on average:
+/// the caller's share of it is at most what the other cells leave, each holding the largest
+/// share its replicas were last answered (a live cell that has not reported holds the
+/// floor). Each answer respects those in force, so the slots in force never sum past the cap,
+/// whatever order the cells report in; a share given up reaches another cell when it has been
+/// answered less, one round later.
 pub fn reconcile(
     stored: Vec<CellReport>,
     mut report: CellReport,
@@ -349,6 +359,7 @@ pub fn reconcile(
     limits: impl Into<SubjectLimits>,
     params: ReconcileParams,
 ) -> (Vec<CellReport>, Reconciled) {
+    let limits = limits.into();
     report.at_micros = now_micros;
     let mut kept: Vec<CellReport> = stored
         .into_iter()
@@ -359,12 +370,48 @@ pub fn reconcile(
         .collect();
     kept.push(report.clone());
     let (shares, cells) = cell_shares(&kept, now_micros, limits, params);
-    let share = shares
+    let mut share = shares
         .into_iter()
         .find(|(cell, _)| *cell == report.cell)
         .map(|(_, share)| share)
         .expect("the caller's report was just added");
+    let mut parts = [&mut share.request, &mut share.ingestion];
+    for (kind, part) in parts.iter_mut().enumerate() {
+        let limit = limits.limits[kind];
+        if limit <= 0.0 || limits.units[kind] <= 0.0 {
+            continue;
+        }
+        let mut others: Vec<(&str, f64)> = Vec::new();
+        for other in kept.iter().filter(|other| other.cell != report.cell) {
+            match others.iter_mut().find(|(cell, _)| *cell == other.cell) {
+                Some((_, held)) => *held = held.max(other.answered[kind]),
+                None => others.push((&other.cell, other.answered[kind])),
+            }
+        }
+        let reporting = others.len() + 1;
+        let unreported = (cells as usize).saturating_sub(reporting) as f64;
+        let in_force: f64 = others.iter().map(|(_, held)| held).sum::<f64>()
+            + unreported * floor(params.floor_fraction, limit, cells, limits.units[kind]) / limit;
+        part.rate = part.rate.min((1.0 - in_force).max(0.0));
+        part.burst = part.burst.min(part.rate.max(1.0 / f64::from(cells.max(1))));
+    }
+    let answered = [share.request.rate, share.ingestion.rate];
+    if let Some(mine) = kept.last_mut() {
+        mine.answered = answered;
+    }
     (kept, Reconciled { share, cells })
+}
+
+/// A live cell's floor claim of `limit` among `cells`: `floor_fraction` of the even share,
+/// but at least one unit when the even share holds one.
+fn floor(floor_fraction: f64, limit: f64, cells: u32, unit: f64) -> f64 {
+    let even = limit / f64::from(cells.max(1));
+    let floor = floor_fraction * even;
+    if even >= unit {
+        floor.max(unit)
+    } else {
+        floor
+    }
 }
 
 /// Every reporting cell's share of `limits` (a limit ≤ 0 is not sliced: share 1), by cell
@@ -408,11 +455,7 @@ pub fn cell_shares(
         if limit <= 0.0 {
             continue;
         }
-        let even = limit / count as f64;
-        let mut floor = params.floor_fraction * even;
-        if even >= units[kind] {
-            floor = floor.max(units[kind]);
-        }
+        let floor = floor(params.floor_fraction, limit, count as u32, units[kind]);
         // Cells that reported the tenant first (by name), then the live cells that have not,
         // each claiming the floor.
         let mut claims: Vec<f64> = cells
@@ -572,6 +615,7 @@ mod tests {
             at_micros,
             demand: [0.0, items],
             spent: [0, 0],
+            answered: [0.0; 2],
         }
     }
 
@@ -813,6 +857,7 @@ mod tests {
                     at_micros: now - age * 1_000_000,
                     demand: [0.0, *demand],
                     spent: [0, 0],
+                    answered: [0.0; 2],
                 });
             }
             let (shares, counted) = cell_shares(&reports, now, [0.0, 10_000.0], params);
@@ -864,6 +909,7 @@ mod tests {
                     at_micros: 0,
                     demand: [0.0, *slots as f64],
                     spent: [0, 0],
+                    answered: [0.0; 2],
                 })
                 .collect();
             let live = wanted.len() as u32 + idle;
@@ -896,6 +942,43 @@ mod tests {
                 if (wanted[cell] as f64) <= even.floor() {
                     prop_assert!(*got >= wanted[cell], "{slots:?} for {wanted:?} of {cap}");
                 }
+            }
+        }
+
+        /// Whatever order replicas of cells report in, and however their demands move, the
+        /// shares of an in-flight cap in force (each replica's last answer; an unreported live
+        /// cell's floor) never sum past the cap.
+        #[test]
+        fn in_flight_shares_in_force_never_sum_past_the_cap(
+            steps in prop::collection::vec((0usize..4, 0usize..2, 0u64..40), 1..30),
+            cap in 1u64..60,
+            live in 1u32..5,
+            floor_fraction in 0.0f64..0.3,
+        ) {
+            let params = ReconcileParams { live_cells: live, floor_fraction, ..params(live) };
+            let limits = SubjectLimits::key(0.0, cap);
+            let mut stored: Vec<CellReport> = Vec::new();
+            for (step, (cell, replica, slots)) in steps.into_iter().enumerate() {
+                let entry = CellReport {
+                    cell: format!("c{cell}"),
+                    replica: format!("r{replica}"),
+                    at_micros: 0,
+                    demand: [0.0, slots as f64],
+                    spent: [0, 0],
+                    answered: [0.0; 2],
+                };
+                let (kept, reconciled) = reconcile(stored, entry, step as u64, limits, params);
+                stored = kept;
+                let mut held: HashMap<&str, f64> = HashMap::new();
+                for report in &stored {
+                    let share = held.entry(&report.cell).or_insert(0.0);
+                    *share = share.max(report.answered[1]);
+                }
+                let cells = reconciled.cells;
+                let unreported = cells.saturating_sub(held.len() as u32);
+                let floor_share = floor(floor_fraction, cap as f64, cells, 1.0) / cap as f64;
+                let total = held.values().sum::<f64>() + f64::from(unreported) * floor_share;
+                prop_assert!(total <= 1.0 + 1e-9, "{total}: {held:?}, {unreported} unreported");
             }
         }
     }

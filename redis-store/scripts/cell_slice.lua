@@ -3,9 +3,10 @@
 -- replica of every cell runs it every sync interval: there is no elected reconciler, so the
 -- loss of any one process stops nothing. The pure twin is `engine::cells::reconcile`.
 --
--- KEYS[1]  the tenant's reports: a hash `weir:{tenant}:cells`, one field per cell and
---          replica (`cell|replica`), valued `at demand_requests demand_items spent_requests
---          spent_items` (at: store microseconds; demands per second; spends cumulative)
+-- KEYS[1]  the subject's reports: a hash (`weir:{tenant}:cells` for a tenant), one field per
+--          cell and replica (`cell|replica`), valued `at demand_1 demand_2 spent_1 spent_2
+--          answered_1 answered_2` (at: store microseconds; demands per second, or slots;
+--          spends cumulative; the rate shares last answered, in force there)
 -- ARGV[1]  this cell's name (no `|`)
 -- ARGV[2]  this replica's name
 -- ARGV[3]  fresh: a report counts as current for this many microseconds
@@ -28,8 +29,12 @@
 -- is current (cut off from the store, or no longer offered the tenant) keeps the sum of its
 -- held ones, since it may still be enforcing its last slice. Each of the cells counted (the
 -- live ones, or more if more reported) claims max(demand, floor); L is water-filled over the
--- claims and what is left goes by claim, so the slices sum to L.
+-- claims and what is left goes by claim, so the slices sum to L. A limit counted in units (an
+-- in-flight cap) is a bound at every moment: the caller gets at most what the other cells
+-- leave, each holding the largest share its replicas were last answered (an unreported live
+-- cell, the floor).
 local clock = redis.call('TIME')
+local field_of_caller = ARGV[1] .. '|' .. ARGV[2]
 local now = tonumber(clock[1]) * 1000000 + tonumber(clock[2])
 local me = ARGV[1]
 local fresh_for = tonumber(ARGV[3])
@@ -56,9 +61,14 @@ for i = 1, #entries, 2 do
     local cell = string.sub(field, 1, string.find(field, '|', 1, true) - 1)
     local sums = cells[cell]
     if sums == nil then
-      sums = {fresh = {0, 0}, held = {0, 0}, any = false}
+      sums = {fresh = {0, 0}, held = {0, 0}, any = false, answered = {0, 0}}
       cells[cell] = sums
       names[#names + 1] = cell
+    end
+    if field ~= field_of_caller then
+      local a1, a2 = string.match(value, '^%S+ %S+ %S+ %S+ %S+ (%S+) (%S+)')
+      sums.answered[1] = math.max(sums.answered[1], tonumber(a1) or 0)
+      sums.answered[2] = math.max(sums.answered[2], tonumber(a2) or 0)
     end
     local demand = {tonumber(d1), tonumber(d2)}
     local current = now - at <= fresh_for
@@ -120,6 +130,7 @@ local function allocate(limit, claims)
 end
 
 local answer = {}
+local answered = {}
 for kind = 1, 2 do
   local limit = limits[kind]
   local rate, burst = 1, 1
@@ -144,11 +155,27 @@ for kind = 1, 2 do
     local slices = allocate(limit, claims)
     rate = math.max(0, math.min(1, slices[mine] / limit))
     burst = math.max(rate, 1 / count)
+    if units[kind] > 0 then
+      local in_force = (count - #names) * floor / limit
+      for i, name in ipairs(names) do
+        if name ~= me then
+          in_force = in_force + cells[name].answered[kind]
+        end
+      end
+      rate = math.min(rate, math.max(0, 1 - in_force))
+      burst = math.min(burst, math.max(rate, 1 / count))
+    end
   end
+  answered[kind] = rate
   answer[#answer + 1] = string.format('%.17g', rate)
   answer[#answer + 1] = string.format('%.17g', burst)
 end
 answer[#answer + 1] = count
+
+redis.call('HSET', KEYS[1], field_of_caller,
+  string.format('%.0f', now) .. ' ' .. ARGV[9] .. ' ' .. ARGV[10] .. ' ' .. ARGV[11] .. ' ' ..
+  ARGV[12] .. ' ' .. string.format('%.17g', answered[1]) .. ' ' ..
+  string.format('%.17g', answered[2]))
 
 redis.call('PEXPIRE', KEYS[1], math.ceil(hold / 1000) + 1000)
 return answer

@@ -27,6 +27,7 @@ fn report(cell: &str, replica: &str, requests: f64, items: f64) -> CellReport {
         at_micros: 0,
         demand: [requests, items],
         spent: [7, 700],
+        answered: [0.0; 2],
     }
 }
 

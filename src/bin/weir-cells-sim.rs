@@ -729,6 +729,7 @@ fn simulate(args: &Args, topology: &Topology) -> Row {
                     at_micros: 0,
                     demand: [0.0, demand],
                     spent: tenant_usage.spent,
+                    answered: [0.0; 2],
                 };
                 let limits = [0.0, tenant_usage.limits.ingestion_rate];
                 let stored = store.remove(&tenant_usage.tenant).unwrap_or_default();
