@@ -12,6 +12,10 @@
 //!    admitting (its last slice for the slice TTL, then L ÷ 3), no push waits on the store,
 //!    and the cells converge again within a few intervals.
 //!
+//! A second test slices an admission key's rate and in-flight cap (the path a tenant's
+//! `max_inflight_push_requests` takes too) across 3 cells of one replica each, driven by
+//! `weir-admission-bench` over gRPC.
+//!
 //! One cell cut from the store while the others reach it is `tests/cells_cut.rs` (network
 //! namespaces).
 //!
@@ -27,6 +31,8 @@ mod cells_load;
 mod redis_server;
 
 use std::time::Duration;
+
+use serde_json::Value;
 
 use cells_load::{until, Load};
 use common::fleet::{self, Replica};
@@ -55,7 +61,21 @@ const SLICES: &str = "weir_cell_slices_received_total";
 const SYNCED: &str = "weir_cell_syncs_total{outcome=\"ok\"}";
 
 fn spawn_cell(cell: &str, ips: [u8; 2], store: &str, overrides: &str) -> [Replica; 2] {
-    let extra = [
+    let extra = cell_args(cell, store, overrides);
+    let extra: Vec<&str> = extra.iter().map(String::as_str).collect();
+    let first_gossip = fleet::free_gossip_addr([127, 0, 0, ips[0]]);
+    let first = fleet::spawn(first_gossip, &[], "cells", &extra);
+    let second = fleet::spawn(
+        fleet::free_gossip_addr([127, 0, 0, ips[1]]),
+        &[first_gossip],
+        "cells",
+        &extra,
+    );
+    [first, second]
+}
+
+fn cell_args(cell: &str, store: &str, overrides: &str) -> Vec<String> {
+    [
         "--runtime-config",
         overrides,
         "--store-url",
@@ -72,16 +92,9 @@ fn spawn_cell(cell: &str, ips: [u8; 2], store: &str, overrides: &str) -> [Replic
         "0s",
         "--http-workers",
         "1",
-    ];
-    let first_gossip = fleet::free_gossip_addr([127, 0, 0, ips[0]]);
-    let first = fleet::spawn(first_gossip, &[], "cells", &extra);
-    let second = fleet::spawn(
-        fleet::free_gossip_addr([127, 0, 0, ips[1]]),
-        &[first_gossip],
-        "cells",
-        &extra,
-    );
-    [first, second]
+    ]
+    .map(String::from)
+    .to_vec()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -256,4 +269,127 @@ async fn cells_share_a_global_limit_through_the_store_and_survive_its_loss() {
     );
     assert!(c >= 0.9 * 0.6 - 0.01, "c {c:.3}");
     assert!((0.95..=1.05).contains(&global), "global {global:.3}");
+}
+
+/// Runs `weir-admission-bench` against one replica per cell, `split` across them.
+async fn bench(targets: &[&Replica], mode: &str, key: &str, split: &str, args: &[&str]) -> Value {
+    let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_weir-admission-bench"));
+    command.arg(mode);
+    for target in targets {
+        command.args(["--target", &target.grpc.to_string()]);
+    }
+    command.args(["--split", split, "--tenant", "t", "--key", key]);
+    command.args(args);
+    let output = tokio::task::spawn_blocking(move || command.output().unwrap())
+        .await
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let report: Value = serde_json::from_slice(&output.stdout).unwrap();
+    assert_eq!(report["errors"], 0, "{report}");
+    report
+}
+
+const KEY_RATE: f64 = 300.0;
+const KEY_SLOTS: u64 = 30;
+
+/// An admission key's limits are one global limit across cells: its rate (80/20/0 across
+/// the cells, 1.5× offered) and its in-flight cap (short holds from every cell at once, the
+/// case gossip could not bound). Without slices each cell would enforce the whole limit:
+/// 1.3× the rate, and up to 3× the cap.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_admission_key_rate_and_in_flight_cap_are_global_across_cells() {
+    let redis = RedisServer::start();
+    let dir = tempfile::tempdir().unwrap();
+    let overrides = dir.path().join("overrides.yaml");
+    std::fs::write(
+        &overrides,
+        format!(
+            "overrides:\n  t:\n    limits:\n      k: {{rate: {KEY_RATE}, burst: {KEY_RATE}}}\n      \
+             slots: {{max_concurrent: {KEY_SLOTS}}}\n"
+        ),
+    )
+    .unwrap();
+    let url = redis.url();
+    let replicas: Vec<Replica> = [("a", 96), ("b", 97), ("c", 98)]
+        .into_iter()
+        .map(|(cell, ip)| {
+            let extra = cell_args(cell, &url, overrides.to_str().unwrap());
+            let extra: Vec<&str> = extra.iter().map(String::as_str).collect();
+            fleet::spawn(
+                fleet::free_gossip_addr([127, 0, 0, ip]),
+                &[],
+                "keys",
+                &extra,
+            )
+        })
+        .collect();
+    let all: Vec<&Replica> = replicas.iter().collect();
+    fleet::until_healthy(&all, 1, Duration::from_secs(20)).await;
+    wait_until(
+        "every replica synced with the store",
+        Duration::from_secs(10),
+        || async {
+            for replica in &all {
+                if metric(replica, SYNCED).await < 1.0 {
+                    return false;
+                }
+            }
+            true
+        },
+    )
+    .await;
+
+    // The in-flight cap: 90 clients holding 20–100 ms, evenly over the cells.
+    let report = bench(
+        &all,
+        "concurrency",
+        "slots",
+        "1,1,1",
+        &[
+            "--clients",
+            "90",
+            "--limit",
+            "30",
+            "--hold-min",
+            "20ms",
+            "--hold-max",
+            "100ms",
+            "--duration",
+            "6s",
+        ],
+    )
+    .await;
+    let (max, mean) = (
+        report["max_in_flight"].as_u64().unwrap(),
+        report["mean_in_flight"].as_f64().unwrap(),
+    );
+    eprintln!("in flight across 3 cells, cap {KEY_SLOTS}: max {max}, mean {mean:.1}");
+    assert!(max <= KEY_SLOTS, "{report}");
+    assert!(mean >= 0.6 * KEY_SLOTS as f64, "the slices flow: {report}");
+
+    // The rate: 80/20/0 at 1.5×, 2 s to settle (the buckets drain their bursts), then 6 s
+    // measured against the rate alone.
+    let rate_args = |seconds: &'static str| {
+        [
+            "--rate",
+            "300",
+            "--burst",
+            "300",
+            "--offered",
+            "1.5",
+            "--duration",
+            seconds,
+        ]
+    };
+    bench(&all, "rate", "k", "80,20,0", &rate_args("2s")).await;
+    let report = bench(&all, "rate", "k", "80,20,0", &rate_args("6s")).await;
+    let admitted = report["admitted"].as_f64().unwrap();
+    let seconds = report["seconds"].as_f64().unwrap();
+    let global = admitted / (KEY_RATE * seconds);
+    eprintln!("key rate across 3 cells, 80/20/0 at 1.5×: admitted ÷ (rate × t) = {global:.3}");
+    assert!((0.9..=1.05).contains(&global), "{report}");
 }
