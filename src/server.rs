@@ -734,6 +734,8 @@ fn spawn_membership_applier(
                             requests_level: usage.requests_level,
                             items_level: usage.items_level,
                             in_flight: usage.in_flight,
+                            requests_refunded: usage.requests_refunded,
+                            items_refunded: usage.items_refunded,
                         };
                         (tenant.clone(), totals)
                     })

@@ -155,6 +155,9 @@ pub(crate) struct Entries {
     leases: Mutex<HashMap<u128, (Arc<str>, u64)>>,
     /// Token leases (`Lease`): id → what is lent. Replica-local, like `L…` leases.
     token_leases: Mutex<HashMap<u128, TokenLease>>,
+    /// What the peers last reported, under `weighted`: a new entry starts from their totals,
+    /// so it is not charged at once with everything they admitted before it existed here.
+    peers: ArcSwap<crate::limiter::PeerUsage>,
 }
 
 pub(crate) struct Entry {
@@ -166,6 +169,8 @@ pub(crate) struct Entry {
     pub(crate) admitted: AtomicU64,
     pub(crate) published: AtomicU64,
     pub(crate) peers_applied: AtomicU64,
+    /// The peers' refunds (tokens they lent and got back) already credited.
+    pub(crate) peers_refunded: AtomicU64,
     /// Leases held on this replica, and what the peers report they hold.
     pub(crate) in_flight: AtomicU64,
     /// The holders this replica last told the peers of (what they count it for).
@@ -974,6 +979,13 @@ impl<'a, C: Clock + Clone> Keys<'a, C> {
         let name = entry_name(tenant, encoded);
         let enforced = self.inputs.load().cells.apply_key(&name, &spec, strategy);
         let now = self.now_nanos();
+        // (Read on this slow path only: the hot path finds its entry by name first.)
+        let (peers_before, peers_refunded_before) = self
+            .admission()
+            .peers
+            .load()
+            .get(name.as_str())
+            .map_or((0, 0), |totals| (totals.items, totals.items_refunded));
         let map = self.admission().map.pin();
         let entry = map.get_or_insert_with(name.into_boxed_str(), || {
             Arc::new(Entry {
@@ -993,7 +1005,8 @@ impl<'a, C: Clock + Clone> Keys<'a, C> {
                 }),
                 admitted: AtomicU64::new(0),
                 published: AtomicU64::new(0),
-                peers_applied: AtomicU64::new(0),
+                peers_applied: AtomicU64::new(peers_before),
+                peers_refunded: AtomicU64::new(peers_refunded_before),
                 in_flight: AtomicU64::new(0),
                 published_in_flight: AtomicU64::new(0),
                 peers_in_flight: AtomicU64::new(0),
@@ -1039,13 +1052,17 @@ impl<'a, C: Clock + Clone> Keys<'a, C> {
         (Arc::clone(entry), state)
     }
 
+    /// Keeps what the peers last reported, for entries created later.
+    pub(crate) fn set_peer_usage(&self, usage: Arc<crate::limiter::PeerUsage>) {
+        self.admission().peers.store(usage);
+    }
+
     /// Charges the peers' admissions of admission keys (under `weighted`), and records what
     /// they hold in flight.
     pub(crate) fn apply_admission_usage(
         &self,
         name: &str,
-        admitted: u64,
-        in_flight: u64,
+        totals: &crate::limiter::PeerTotals,
         at: u64,
         now: u64,
     ) {
@@ -1053,13 +1070,25 @@ impl<'a, C: Clock + Clone> Keys<'a, C> {
         let Some(entry) = map.get(name) else {
             return;
         };
-        entry.peers_in_flight.store(in_flight, Ordering::Relaxed);
-        let applied = entry.peers_applied.fetch_max(admitted, Ordering::AcqRel);
-        let spent = admitted.saturating_sub(applied);
-        if spent > 0 {
-            let state = entry.state.load();
-            if let Kept::Weighted(meter) = &state.meter {
+        entry
+            .peers_in_flight
+            .store(totals.in_flight, Ordering::Relaxed);
+        let applied = entry
+            .peers_applied
+            .fetch_max(totals.items, Ordering::AcqRel);
+        let spent = totals.items.saturating_sub(applied);
+        let credited = entry
+            .peers_refunded
+            .fetch_max(totals.items_refunded, Ordering::AcqRel);
+        let credit = totals.items_refunded.saturating_sub(credited);
+        let state = entry.state.load();
+        if let Kept::Weighted(meter) = &state.meter {
+            if spent > 0 {
                 meter.charge(spent, at, now);
+            }
+            // Tokens the peers lent and got back (their meters credited them).
+            if let (true, Meter::TokenBucket(bucket)) = (credit > 0, meter) {
+                bucket.refund(credit);
             }
         }
         // The peers' admission rate, smoothed over about a second, for the sliding window's

@@ -84,6 +84,10 @@ pub struct PeerTotals {
     pub items_level: Option<f64>,
     /// Admission keys: leases the peers hold now (a sum of their latest reports).
     pub in_flight: u64,
+    /// What the peers gave back of what they counted (refunds, returned lent tokens),
+    /// cumulative and monotonic like the counts: the views credit it.
+    pub requests_refunded: u64,
+    pub items_refunded: u64,
 }
 
 impl PeerTotals {
@@ -91,6 +95,13 @@ impl PeerTotals {
         match kind {
             LimitKind::Request => self.requests,
             LimitKind::Ingestion => self.items,
+        }
+    }
+
+    fn refunded(&self, kind: LimitKind) -> u64 {
+        match kind {
+            LimitKind::Request => self.requests_refunded,
+            LimitKind::Ingestion => self.items_refunded,
         }
     }
 
@@ -160,6 +171,8 @@ struct KindUsage {
     published: AtomicU64,
     /// The peers' cumulative total already charged to the view.
     peers_applied: AtomicU64,
+    /// The peers' cumulative refunds already credited to the view.
+    peers_refunded: AtomicU64,
     /// Spent from the settling budget.
     settling_spent: AtomicU64,
     /// The peers' admissions per second, smoothed over about a second (f64 bits).
@@ -474,9 +487,13 @@ impl<H: TenantHooks, C: Clock + Clone> Limiter<H, C> {
         };
         if let Some(totals) = reported {
             for kind in [LimitKind::Request, LimitKind::Ingestion] {
-                tenant.usage[kind.index()]
+                let usage = &tenant.usage[kind.index()];
+                usage
                     .peers_applied
                     .store(totals.total(kind), Ordering::Relaxed);
+                usage
+                    .peers_refunded
+                    .store(totals.refunded(kind), Ordering::Relaxed);
             }
         }
         self.hooks.local_limits(&tenant.data, &local);
@@ -968,8 +985,7 @@ impl<H: TenantHooks, C: Clock + Clone> Limiter<H, C> {
         let tenants = self.tenants.pin();
         for (name, totals) in usage.iter() {
             if name.contains('/') {
-                self.keys()
-                    .apply_admission_usage(name, totals.items, totals.in_flight, at, now);
+                self.keys().apply_admission_usage(name, totals, at, now);
                 continue;
             }
             let Some(tenant) = tenants.get(name.as_str()) else {
@@ -984,6 +1000,14 @@ impl<H: TenantHooks, C: Clock + Clone> Limiter<H, C> {
                 if let (true, Some(fleet)) = (spent > 0, state.buckets[kind.index()].view()) {
                     fleet.charge(spent, at);
                 }
+                let refunded = totals.refunded(kind);
+                let credited = kind_usage
+                    .peers_refunded
+                    .fetch_max(refunded, Ordering::AcqRel);
+                let credit = refunded.saturating_sub(credited);
+                if let (true, Some(fleet)) = (credit > 0, state.buckets[kind.index()].view()) {
+                    fleet.refund(credit);
+                }
                 let rate = f64::from_bits(kind_usage.peer_rate.load(Ordering::Relaxed));
                 let rate = rate + (spent as f64 / seconds - rate) * weight;
                 kind_usage
@@ -991,6 +1015,7 @@ impl<H: TenantHooks, C: Clock + Clone> Limiter<H, C> {
                     .store(rate.to_bits(), Ordering::Relaxed);
             }
         }
+        self.keys().set_peer_usage(Arc::clone(&usage));
         self.peers.store(usage);
         self.peers_at.store(now, Ordering::Release);
         self.core

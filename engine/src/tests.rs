@@ -1243,3 +1243,59 @@ async fn a_cell_slice_is_an_admission_key_limit_and_the_push_cap_inside_the_cell
     );
     assert!(plain.key_cell_usage().is_empty());
 }
+
+/// Under `weighted`, an admission key's view is charged what the peers admitted, and credited
+/// what they gave back (tokens lent and returned); a key new to this replica starts from the
+/// peers' totals, not charged at once with everything they admitted before it existed here.
+#[tokio::test]
+async fn peers_refunds_are_credited_and_a_new_key_starts_from_their_totals() {
+    let yaml = "overrides:\n  a:\n    limits:\n      k: {rate: 1, burst: 100}\n      late: {rate: 1, burst: 100}\n";
+    let (limiter, _clock) = limiter(yaml);
+    limiter.set_healthy_replicas(3);
+    let remaining = |answer: Allowed| answer.decision.remaining;
+    let peers = |items: u64, items_refunded: u64| {
+        Arc::new(PeerUsage::from([
+            (
+                "a/k".to_string(),
+                PeerTotals {
+                    items,
+                    items_refunded,
+                    ..PeerTotals::default()
+                },
+            ),
+            (
+                "a/late".to_string(),
+                PeerTotals {
+                    items: 5_000,
+                    ..PeerTotals::default()
+                },
+            ),
+        ]))
+    };
+    assert_eq!(
+        remaining(limiter.allow("a", "k", 1, None).await.unwrap()),
+        99
+    );
+    limiter.apply_peer_usage(peers(50, 0), Duration::ZERO);
+    assert_eq!(
+        remaining(limiter.allow("a", "k", 1, None).await.unwrap()),
+        48
+    );
+    // 30 of those 50 given back by the peers, and the same report seen twice.
+    limiter.apply_peer_usage(peers(50, 30), Duration::ZERO);
+    limiter.apply_peer_usage(peers(50, 30), Duration::ZERO);
+    assert_eq!(
+        remaining(limiter.allow("a", "k", 1, None).await.unwrap()),
+        77
+    );
+    // `late` appears here after the peers admitted 5 000 of it: full, not 50 s in debt.
+    assert_eq!(
+        remaining(limiter.allow("a", "late", 1, None).await.unwrap()),
+        99
+    );
+    limiter.apply_peer_usage(peers(50, 30), Duration::ZERO);
+    assert_eq!(
+        remaining(limiter.allow("a", "late", 1, None).await.unwrap()),
+        98
+    );
+}

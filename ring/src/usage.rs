@@ -27,6 +27,8 @@
 //! [`UsageAggregate`] turns the peers' reports into monotonic per-tenant totals: the sum of
 //! every increase each peer incarnation reported. A peer that restarts, or that dropped a
 //! tenant and started it again, counts up from zero again; nothing it reported is taken back.
+//! A count that falls a little is what the peer gave back (refunds), summed apart for the
+//! views to credit.
 
 use std::collections::HashMap;
 use std::fmt::Write;
@@ -304,6 +306,10 @@ pub struct TenantUsage {
     pub items_level: Option<f64>,
     /// Admission keys: leases the live peers hold now (the sum of their latest reports).
     pub in_flight: u64,
+    /// What the peers gave back of what they had counted (refunded pushes, lent tokens
+    /// returned), cumulative: their views credit it, as the peers' own meters did.
+    pub requests_refunded: u64,
+    pub items_refunded: u64,
 }
 
 /// All tenants' [`TenantUsage`], as last aggregated.
@@ -315,6 +321,7 @@ pub type PeerKey = (String, u64);
 #[derive(Debug, Default)]
 struct TenantState {
     totals: (u64, u64),
+    refunded: (u64, u64),
     last_reported: Option<Instant>,
 }
 
@@ -326,6 +333,24 @@ struct PeerEntry {
     at: Instant,
     /// Kept from before the peer went away: its next count is a new base, not an increase.
     away: bool,
+}
+
+/// How a peer's cumulative count moved since its last report: (new admissions, given back).
+/// A count is net of what the peer gave back (a push refunded after its forward failed,
+/// tokens lent and returned), so it may fall a little: that is a refund, credited, never new
+/// admissions. A count that falls below half of what it was is a restarted counter (the peer
+/// forgot the tenant when it went idle, and counts again from zero): all of it is new. A
+/// returning peer's count is a new base: what it counted while away is not charged.
+/// *Departure:* this once took every fall for a restart, so a refund of 1 % re-charged the
+/// peer's whole count to every view (measured: debts of 20–30 s of the limit after a run of
+/// leases, whose unspent tokens go back).
+fn change(now: u64, before: Option<u64>, away: bool) -> (u64, u64) {
+    match before {
+        _ if away => (0, 0),
+        Some(before) if now >= before => (now - before, 0),
+        Some(before) if now.saturating_mul(2) >= before => (0, before - now),
+        _ => (now, 0),
+    }
 }
 
 /// Folds the peers' reports into monotonic per-tenant totals. Pure but for the instants it
@@ -359,22 +384,13 @@ impl UsageAggregate {
             let previous = known.get(&entry.tenant);
             let away = previous.is_some_and(|e| e.away);
             let previous = previous.map(|e| e.counts);
-            // A count lower than the last one is a restarted counter: all of it is new. What
-            // a returning peer counted while away is not.
-            let increase = |now: u64, before: Option<u64>| match before {
-                _ if away => 0,
-                Some(before) if now >= before => now - before,
-                _ => now,
-            };
             let state = self.tenants.entry(entry.tenant.clone()).or_default();
-            state.totals.0 = state
-                .totals
-                .0
-                .saturating_add(increase(counts.0, previous.map(|p| p.0)));
-            state.totals.1 = state
-                .totals
-                .1
-                .saturating_add(increase(counts.1, previous.map(|p| p.1)));
+            let (requests, requests_refunded) = change(counts.0, previous.map(|p| p.0), away);
+            let (items, items_refunded) = change(counts.1, previous.map(|p| p.1), away);
+            state.totals.0 = state.totals.0.saturating_add(requests);
+            state.totals.1 = state.totals.1.saturating_add(items);
+            state.refunded.0 = state.refunded.0.saturating_add(requests_refunded);
+            state.refunded.1 = state.refunded.1.saturating_add(items_refunded);
             state.last_reported = Some(now);
             known.insert(
                 entry.tenant.clone(),
@@ -423,6 +439,8 @@ impl UsageAggregate {
                     TenantUsage {
                         requests: state.totals.0,
                         items: state.totals.1,
+                        requests_refunded: state.refunded.0,
+                        items_refunded: state.refunded.1,
                         ..TenantUsage::default()
                     },
                 )
@@ -622,6 +640,33 @@ mod tests {
         assert_eq!(aggregate.snapshot(later)["t"].items_level, None);
         aggregate.retain_peers(|_| true, now + FORGET_AFTER);
         assert!(aggregate.snapshot(now + FORGET_AFTER).is_empty());
+    }
+
+    /// A count that falls a little is a refund: credited apart, never charged again; the
+    /// admissions after it count from the lower count. A fall below half is a restart.
+    #[test]
+    fn a_small_fall_is_a_refund_and_a_large_one_a_restart() {
+        let now = Instant::now();
+        let mut aggregate = UsageAggregate::default();
+        aggregate.observe(&peer("a", 1), &[entry("t", 10, 5_000, None)], now);
+        // 400 items and 1 request given back.
+        aggregate.observe(&peer("a", 1), &[entry("t", 9, 4_600, None)], now);
+        let usage = aggregate.snapshot(now);
+        assert_eq!((usage["t"].requests, usage["t"].items), (10, 5_000));
+        assert_eq!(
+            (usage["t"].requests_refunded, usage["t"].items_refunded),
+            (1, 400)
+        );
+        // 100 new admissions after the refund.
+        aggregate.observe(&peer("a", 1), &[entry("t", 10, 4_700, None)], now);
+        let usage = aggregate.snapshot(now);
+        assert_eq!((usage["t"].requests, usage["t"].items), (11, 5_100));
+        assert_eq!(usage["t"].items_refunded, 400);
+        // Forgotten and counted again from zero: 30 new.
+        aggregate.observe(&peer("a", 1), &[entry("t", 1, 30, None)], now);
+        let usage = aggregate.snapshot(now);
+        assert_eq!((usage["t"].requests, usage["t"].items), (12, 5_130));
+        assert_eq!(usage["t"].items_refunded, 400);
     }
 
     #[test]
