@@ -15,7 +15,7 @@ use axum::Router;
 use weir_client::{Client, FailurePolicy, RateLimitLayer, Target};
 
 #[tokio::main]
-async fn main() -> Result<(), Box<dyn std::error::Error>> {
+pub async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let weir = std::env::var("WEIR_GRPC").unwrap_or_else(|_| "http://127.0.0.1:9095".into());
     let listen = std::env::var("LISTEN").unwrap_or_else(|_| "127.0.0.1:3000".into());
 

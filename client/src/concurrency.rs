@@ -14,6 +14,8 @@ use crate::{proto, Client, FailurePolicy, Inner, Source};
 /// Holds a slot until dropped.
 pub struct Guard {
     lease_id: Option<String>,
+    /// The replica that granted it: its renewals and release go there.
+    replica: usize,
     source: Source,
     renew: Option<JoinHandle<()>>,
     inner: Arc<Inner>,
@@ -49,8 +51,9 @@ impl Drop for Guard {
             let inner = Arc::clone(&self.inner);
             // Released in the background: a drop cannot wait. If this call is lost the
             // slot frees at its TTL.
+            let replica = self.replica;
             self.inner.runtime.spawn(async move {
-                let mut api = inner.api.clone();
+                let mut api = inner.replica(replica);
                 let started = Instant::now();
                 let released = tokio::time::timeout(
                     inner.timeout,
@@ -85,7 +88,7 @@ impl Client {
     pub async fn acquire(&self, tenant: &str, key: &str) -> Result<Guard, Refused> {
         let inner = &self.inner;
         let by_policy = |inner: &Arc<Inner>| match inner.policy {
-            FailurePolicy::Open => Ok(guard(inner, None, Source::FailOpen)),
+            FailurePolicy::Open => Ok(guard(inner, None, 0, Source::FailOpen)),
             FailurePolicy::Closed => Err(Refused {
                 retry_after: Duration::ZERO,
                 in_flight: 0,
@@ -103,7 +106,7 @@ impl Client {
             limit: None,
             ttl: Some(duration(ttl)),
         };
-        let mut api = inner.api.clone();
+        let (replica, mut api) = inner.api();
         let started = Instant::now();
         let answer = tokio::time::timeout(inner.timeout, api.acquire(inner.request(request))).await;
         inner.metrics.call(
@@ -124,6 +127,7 @@ impl Client {
             }
             Ok(Err(_)) | Err(_) => {
                 fleet_answered(inner, false, inner.now());
+                inner.failed_over(replica);
                 return by_policy(inner);
             }
         };
@@ -138,7 +142,12 @@ impl Client {
                 origin: Source::Lease,
             });
         }
-        let mut held = guard(inner, Some(response.lease_id.clone()), Source::Lease);
+        let mut held = guard(
+            inner,
+            Some(response.lease_id.clone()),
+            replica,
+            Source::Lease,
+        );
         let renewer = Arc::clone(inner);
         let lease_id = response.lease_id;
         held.renew = Some(inner.runtime.spawn(async move {
@@ -146,7 +155,7 @@ impl Client {
             every.tick().await;
             loop {
                 every.tick().await;
-                let mut api = renewer.api.clone();
+                let mut api = renewer.replica(replica);
                 let request = proto::RenewRequest {
                     lease_id: lease_id.clone(),
                     ttl: Some(duration(ttl)),
@@ -166,10 +175,11 @@ impl Client {
     }
 }
 
-fn guard(inner: &Arc<Inner>, lease_id: Option<String>, source: Source) -> Guard {
+fn guard(inner: &Arc<Inner>, lease_id: Option<String>, replica: usize, source: Source) -> Guard {
     inner.metrics.held.inc();
     Guard {
         lease_id,
+        replica,
         source,
         renew: None,
         inner: Arc::clone(inner),

@@ -112,7 +112,7 @@ async fn roll_one(inner: &Inner, budget: &Budget, roll: Roll) {
     };
     let sent_at = inner.now();
     let started = Instant::now();
-    let mut api = inner.api.clone();
+    let (replica, mut api) = inner.api();
     let answer = tokio::time::timeout(inner.timeout, api.lease(inner.request(request))).await;
     let ok = matches!(&answer, Ok(Ok(_)));
     inner
@@ -182,6 +182,7 @@ async fn roll_one(inner: &Inner, budget: &Budget, roll: Roll) {
         }
         Ok(Err(_)) | Err(_) => {
             fleet_answered(inner, false, now);
+            inner.failed_over(replica);
             let mut state = budget.roll.lock().unwrap_or_else(|e| e.into_inner());
             state.failed(now, &inner.settings);
             drop(state);

@@ -48,7 +48,7 @@ pub mod proto {
 }
 
 use std::hash::{BuildHasher, BuildHasherDefault, Hasher};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -149,6 +149,8 @@ pub enum Error {
     NoRuntime,
     #[error("the bearer token is not a valid header value")]
     BadToken,
+    #[error("no weir endpoint given")]
+    NoEndpoint,
 }
 
 /// Builds a [`Client`]: `Client::builder(endpoint)…build()`.
@@ -245,16 +247,32 @@ impl Builder {
     /// Tokio runtime.
     pub fn build(self) -> Result<Client, Error> {
         let runtime = tokio::runtime::Handle::try_current().map_err(|_| Error::NoRuntime)?;
-        let bad = |source| Error::Endpoint {
-            endpoint: self.endpoint.clone(),
-            source,
-        };
-        let channel = tonic::transport::Endpoint::from_shared(self.endpoint.clone())
-            .map_err(bad)?
-            .connect_timeout(self.timeout)
-            .timeout(self.timeout)
-            .tcp_nodelay(true)
-            .connect_lazy();
+        let replicas = self
+            .endpoint
+            .split(',')
+            .map(str::trim)
+            .filter(|endpoint| !endpoint.is_empty())
+            .map(|endpoint| {
+                let bad = |source| Error::Endpoint {
+                    endpoint: endpoint.to_string(),
+                    source,
+                };
+                let channel = tonic::transport::Endpoint::from_shared(endpoint.to_string())
+                    .map_err(bad)?
+                    .connect_timeout(self.timeout)
+                    .timeout(self.timeout)
+                    .tcp_nodelay(true)
+                    .connect_lazy();
+                Ok(proto::admission_client::AdmissionClient::new(channel))
+            })
+            .collect::<Result<Vec<_>, Error>>()?;
+        if replicas.is_empty() {
+            return Err(Error::NoEndpoint);
+        }
+        // Services start on different replicas, so their leases spread over the fleet.
+        let first = foldhash::fast::RandomState::default()
+            .hash_one((std::process::id(), &self.client_id)) as usize
+            % replicas.len();
         let authorization = self
             .bearer_token
             .as_ref()
@@ -282,7 +300,8 @@ impl Builder {
             concurrency_ttl: self.concurrency_ttl,
             client_id: self.client_id,
             authorization,
-            api: proto::admission_client::AdmissionClient::new(channel),
+            replicas,
+            current: AtomicUsize::new(first),
             metrics,
             runtime: runtime.clone(),
         });
@@ -331,12 +350,41 @@ pub(crate) struct Inner {
     pub(crate) concurrency_ttl: Duration,
     pub(crate) client_id: String,
     authorization: Option<tonic::metadata::AsciiMetadataValue>,
-    pub(crate) api: proto::admission_client::AdmissionClient<tonic::transport::Channel>,
+    /// The fleet's replicas (one, or those the endpoint listed), and the one in use: every
+    /// call goes to it until a call to it fails, then to the next.
+    replicas: Vec<Api>,
+    current: AtomicUsize,
     pub(crate) metrics: metrics::Metrics,
     pub(crate) runtime: tokio::runtime::Handle,
 }
 
+/// The generated client of one replica.
+pub(crate) type Api = proto::admission_client::AdmissionClient<tonic::transport::Channel>;
+
 impl Inner {
+    /// The replica in use, and which it is (for [`Inner::failed_over`], and for calls that
+    /// must go back to it: a replica-local lease's renewals and release).
+    pub(crate) fn api(&self) -> (usize, Api) {
+        let index = self.current.load(Ordering::Relaxed) % self.replicas.len();
+        (index, self.replicas[index].clone())
+    }
+
+    /// Replica `index`'s client.
+    pub(crate) fn replica(&self, index: usize) -> Api {
+        self.replicas[index % self.replicas.len()].clone()
+    }
+
+    /// A call to replica `index` failed (not answered): later calls go to the next one. A
+    /// lease it holds is not carried over; what it held lapses there at its TTL.
+    pub(crate) fn failed_over(&self, index: usize) {
+        if self.replicas.len() > 1 {
+            let next = (index + 1) % self.replicas.len();
+            let _ =
+                self.current
+                    .compare_exchange(index, next, Ordering::Relaxed, Ordering::Relaxed);
+        }
+    }
+
     /// A call's request, with the credentials.
     pub(crate) fn request<T>(&self, message: T) -> tonic::Request<T> {
         let mut request = tonic::Request::new(message);
@@ -438,9 +486,11 @@ impl KeyHandle {
 }
 
 impl Client {
-    /// `endpoint`: a weir replica's gRPC address, e.g. `http://weir:9095`. Leases are held
-    /// by the replica that lent them, so give one replica (or a balancer that keeps a
-    /// connection on one), not a list.
+    /// `endpoint`: a weir replica's gRPC address, e.g. `http://weir:9095`, or several
+    /// separated by commas (`http://weir-0:9095,http://weir-1:9095`). A lease is held by the
+    /// replica that lent it, so the client uses one replica at a time (a different one in
+    /// each process, to spread the leases) and moves to the next when a call to it fails; a
+    /// balancer in front works too if it keeps a connection on one replica.
     pub fn builder(endpoint: impl Into<String>) -> Builder {
         Builder {
             endpoint: endpoint.into(),
@@ -457,6 +507,11 @@ impl Client {
             client_id: String::new(),
             bearer_token: None,
         }
+    }
+
+    /// Which of the endpoints given to [`Client::builder`] the client is using (0-based).
+    pub fn replica_in_use(&self) -> usize {
+        self.inner.api().0
     }
 
     /// Decides `cost` for `tenant`'s `key` from the local budget: no network, no allocation
