@@ -157,7 +157,7 @@ pub(crate) struct Entries {
     token_leases: Mutex<HashMap<u128, TokenLease>>,
     /// What the peers last reported, under `weighted`: a new entry starts from their totals,
     /// so it is not charged at once with everything they admitted before it existed here.
-    peers: ArcSwap<crate::limiter::PeerUsage>,
+    peers: ArcSwap<crate::types::PeerUsage>,
 }
 
 pub(crate) struct Entry {
@@ -223,6 +223,18 @@ struct EntryState {
     /// The limiter's inputs (config, healthy count) this state was checked against: while
     /// they are unchanged, a decision skips resolving the limit.
     generation: AtomicU64,
+}
+
+/// How often the caller should run [`crate::Limiter::expire_leases`] (weir: a task every
+/// this long).
+pub const LEASE_SWEEP: Duration = Duration::from_millis(100);
+
+/// How long a token lease lives here: its TTL, less two sweeps (at most a tenth of the TTL),
+/// so that a crashed client's tokens are back on the meter within the TTL it asked for, not
+/// a sweep after. The client stops spending at nine tenths of the TTL, counted from before
+/// it asked, so never past this.
+fn token_lease_life(ttl: Duration) -> Duration {
+    ttl - (2 * LEASE_SWEEP).min(ttl / 10)
 }
 
 /// A cost larger than the cell's slice of a burst (but within the configured burst) is told to
@@ -886,7 +898,7 @@ impl<'a, C: Clock + Clone> Keys<'a, C> {
                     TokenLease {
                         entry: Arc::clone(&entry),
                         outstanding,
-                        deadline: self.now_nanos() + ttl.as_nanos() as u64,
+                        deadline: self.now_nanos() + token_lease_life(ttl).as_nanos() as u64,
                     },
                 );
         }
@@ -1053,7 +1065,7 @@ impl<'a, C: Clock + Clone> Keys<'a, C> {
     }
 
     /// Keeps what the peers last reported, for entries created later.
-    pub(crate) fn set_peer_usage(&self, usage: Arc<crate::limiter::PeerUsage>) {
+    pub(crate) fn set_peer_usage(&self, usage: Arc<crate::types::PeerUsage>) {
         self.admission().peers.store(usage);
     }
 
@@ -1062,7 +1074,7 @@ impl<'a, C: Clock + Clone> Keys<'a, C> {
     pub(crate) fn apply_admission_usage(
         &self,
         name: &str,
-        totals: &crate::limiter::PeerTotals,
+        totals: &crate::types::PeerTotals,
         at: u64,
         now: u64,
     ) {

@@ -19,7 +19,6 @@
 //! in `strategy`, and the admission front-end in `admission`; `Limiter`'s admission methods
 //! only delegate.
 
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
@@ -41,6 +40,7 @@ use crate::strategy::{on_store_failure, Kept};
 use crate::types::{
     Admitted, LimitKind, Outcome, Rate, Rejection, RejectionCause, Taken, TakenFrom,
 };
+pub use crate::types::{PeerTotals, PeerUsage};
 
 /// Seconds over which the peers' admission rate is smoothed.
 const PEER_RATE_SMOOTHING: f64 = 1.0;
@@ -72,49 +72,6 @@ impl TenantHooks for NoHooks {
     type Data = ();
     fn create(&self, _tenant: &str) {}
 }
-
-/// The peers' admissions for one tenant under `weighted`: cumulative counts summed over
-/// peers (monotonic: a peer that restarts or forgets the tenant adds from zero again), and
-/// the lowest bucket level a peer reported, refilled to the moment the snapshot was taken.
-#[derive(Debug, Clone, Copy, Default, PartialEq)]
-pub struct PeerTotals {
-    pub requests: u64,
-    pub items: u64,
-    pub requests_level: Option<f64>,
-    pub items_level: Option<f64>,
-    /// Admission keys: leases the peers hold now (a sum of their latest reports).
-    pub in_flight: u64,
-    /// What the peers gave back of what they counted (refunds, returned lent tokens),
-    /// cumulative and monotonic like the counts: the views credit it.
-    pub requests_refunded: u64,
-    pub items_refunded: u64,
-}
-
-impl PeerTotals {
-    fn total(&self, kind: LimitKind) -> u64 {
-        match kind {
-            LimitKind::Request => self.requests,
-            LimitKind::Ingestion => self.items,
-        }
-    }
-
-    fn refunded(&self, kind: LimitKind) -> u64 {
-        match kind {
-            LimitKind::Request => self.requests_refunded,
-            LimitKind::Ingestion => self.items_refunded,
-        }
-    }
-
-    fn level(&self, kind: LimitKind) -> Option<f64> {
-        match kind {
-            LimitKind::Request => self.requests_level,
-            LimitKind::Ingestion => self.items_level,
-        }
-    }
-}
-
-/// All tenants' [`PeerTotals`], as gossip last reported them.
-pub type PeerUsage = HashMap<String, PeerTotals>;
 
 /// This replica's own admissions of one tenant under `weighted`, for gossip.
 #[derive(Debug, Clone, PartialEq)]

@@ -1,6 +1,7 @@
 //! The engine's vocabulary: the words every layer above uses, with no behaviour of their own
 //! beyond naming. Nothing here imports another module of the engine.
 
+use std::collections::HashMap;
 use std::time::Duration;
 
 /// A token bucket's shape: refill rate and capacity.
@@ -116,3 +117,46 @@ impl Admitted {
         }
     }
 }
+
+/// The peers' admissions for one tenant under `weighted`: cumulative counts summed over
+/// peers (monotonic: a peer that restarts or forgets the tenant adds from zero again), and
+/// the lowest bucket level a peer reported, refilled to the moment the snapshot was taken.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct PeerTotals {
+    pub requests: u64,
+    pub items: u64,
+    pub requests_level: Option<f64>,
+    pub items_level: Option<f64>,
+    /// Admission keys: leases the peers hold now (a sum of their latest reports).
+    pub in_flight: u64,
+    /// What the peers gave back of what they counted (refunds, returned lent tokens),
+    /// cumulative and monotonic like the counts: the views credit it.
+    pub requests_refunded: u64,
+    pub items_refunded: u64,
+}
+
+impl PeerTotals {
+    pub(crate) fn total(&self, kind: LimitKind) -> u64 {
+        match kind {
+            LimitKind::Request => self.requests,
+            LimitKind::Ingestion => self.items,
+        }
+    }
+
+    pub(crate) fn refunded(&self, kind: LimitKind) -> u64 {
+        match kind {
+            LimitKind::Request => self.requests_refunded,
+            LimitKind::Ingestion => self.items_refunded,
+        }
+    }
+
+    pub(crate) fn level(&self, kind: LimitKind) -> Option<f64> {
+        match kind {
+            LimitKind::Request => self.requests_level,
+            LimitKind::Ingestion => self.items_level,
+        }
+    }
+}
+
+/// All tenants' [`PeerTotals`], as gossip last reported them.
+pub type PeerUsage = HashMap<String, PeerTotals>;
