@@ -234,7 +234,7 @@ pub async fn run_with_clock(
         spawn_usage_publisher(Arc::clone(&state), Arc::clone(&ring)),
         spawn_ha_publisher(Arc::clone(&state), Arc::clone(&ring)),
         spawn_lease_returner(Arc::clone(&state)),
-        spawn_every(Duration::from_millis(100), {
+        spawn_every(engine::admission::LEASE_SWEEP, {
             let state = Arc::clone(&state);
             move || {
                 state.limiter.expire_leases();

@@ -358,7 +358,7 @@ async fn a_killed_client_s_lease_comes_back_within_its_ttl() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     };
     println!("a killed client's lease (TTL 2 s) came back after {back:?}");
-    assert!(back <= Duration::from_millis(2300), "{back:?}");
+    assert!(back <= Duration::from_secs(2), "within the TTL: {back:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
