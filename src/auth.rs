@@ -295,6 +295,9 @@ const MAX_FILE_BYTES: u64 = 16 << 20;
 impl Credentials {
     /// Parses and checks a credentials file. Errors name the entry, never a secret.
     pub fn parse(text: &str) -> Result<Credentials, String> {
+        if runtime_config::config::too_deeply_nested(text) {
+            return Err("not a credentials file: `[`/`{` nested too deep".to_string());
+        }
         let file: CredentialsFile = serde_yaml_ng::from_str(text)
             .map_err(|err| format!("not a credentials file: {err}"))?;
         let mut credentials = Credentials {

@@ -362,3 +362,52 @@ pub fn admission(data: &[u8]) {
     let _ = api::AcquireRequest::decode(data);
     let _ = crate::grpc::proto::envoy::service::ratelimit::v3::RateLimitRequest::decode(data);
 }
+
+/// Tenant authentication's parsers: no panic, and
+/// - an `Authorization` value: a bearer token is what follows the scheme, trimmed and not
+///   empty; a basic credential re-encodes to a value that reads back the same; anything over
+///   8 KiB is malformed;
+/// - a credentials file: when accepted, it holds one credential per entry of its
+///   `credentials` list, as a generic YAML parse of the same text counts them.
+pub fn auth(data: &[u8]) {
+    use crate::auth::{parse_authorization, Credentials, Presented};
+    use base64::Engine;
+    match parse_authorization(Some(data)) {
+        Ok(Some(Presented::Bearer(token))) => {
+            assert!(data.len() <= 8192);
+            let token = std::str::from_utf8(&token).expect("a token read from UTF-8");
+            assert!(!token.is_empty() && token.trim() == token, "{token:?}");
+        }
+        Ok(Some(Presented::Basic { user, password })) => {
+            assert!(!user.contains(':'), "{user:?}");
+            let mut pair = user.clone().into_bytes();
+            pair.push(b':');
+            pair.extend_from_slice(&password);
+            let again = format!(
+                "Basic {}",
+                base64::engine::general_purpose::STANDARD.encode(&pair)
+            );
+            assert_eq!(
+                parse_authorization(Some(again.as_bytes())),
+                Ok(Some(Presented::Basic { user, password }))
+            );
+        }
+        Ok(None) => panic!("a header was given"),
+        Err(_) => {}
+    }
+    let Ok(text) = std::str::from_utf8(data) else {
+        return;
+    };
+    if let Ok(credentials) = Credentials::parse(text) {
+        // A generic parse cannot hold every scalar the typed one reads as a string (an
+        // integer past i128, in a name or a tenant): then there is nothing to compare with.
+        let Ok(value) = serde_yaml_ng::from_str::<serde_yaml_ng::Value>(text) else {
+            return;
+        };
+        let listed = value
+            .get("credentials")
+            .and_then(serde_yaml_ng::Value::as_sequence)
+            .map_or(0, Vec::len);
+        assert_eq!(credentials.len(), listed);
+    }
+}

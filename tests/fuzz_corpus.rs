@@ -88,3 +88,13 @@ fn usage_report() {
 fn admission() {
     replay("admission", weir::fuzzing::admission);
 }
+
+#[test]
+fn gossip_frame() {
+    replay("gossip_frame", ring::auth::fuzz_open);
+}
+
+#[test]
+fn auth() {
+    replay("auth", weir::fuzzing::auth);
+}

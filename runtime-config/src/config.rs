@@ -428,9 +428,10 @@ impl KeySorter {
 /// fuzzing found 29 KB of `{` taking a second to refuse. A real file nests a few levels.
 const MAX_FLOW_DEPTH: usize = 64;
 
-fn decode_single_document(content: &str) -> Result<FileContent, ConfigError> {
-    // Counted over every bracket, quoted or not: a string with 64 unclosed brackets is not
-    // worth the parser's time either.
+/// Whether a YAML text nests `[`/`{` deeper than any real file does ([`MAX_FLOW_DEPTH`]):
+/// such a text is refused before the parser sees it. Counted over every bracket, quoted or
+/// not: a string with 64 unclosed brackets is not worth the parser's time either.
+pub fn too_deeply_nested(content: &str) -> bool {
     let mut depth = 0usize;
     for byte in content.bytes() {
         match byte {
@@ -439,8 +440,15 @@ fn decode_single_document(content: &str) -> Result<FileContent, ConfigError> {
             _ => continue,
         }
         if depth > MAX_FLOW_DEPTH {
-            return Err(ConfigError::TooDeep);
+            return true;
         }
+    }
+    false
+}
+
+fn decode_single_document(content: &str) -> Result<FileContent, ConfigError> {
+    if too_deeply_nested(content) {
+        return Err(ConfigError::TooDeep);
     }
     let mut documents = serde_yaml_ng::Deserializer::from_str(content);
     let Some(first) = documents.next() else {

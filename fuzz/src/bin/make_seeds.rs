@@ -112,6 +112,20 @@ fn main() {
     ] {
         write(&dir, "usage_report", name, report);
     }
+    for (name, seed) in [
+        ("bearer", &b"Bearer s3cr3t-token"[..]),
+        ("basic", b"Basic dXNlcjpwYXNz"),
+        ("basic-lower", b"basic  dXNlcjo= "),
+        ("no-colon", b"Basic dXNlcg=="),
+        ("other", b"Digest x"),
+        (
+            "file",
+            b"credentials:\n  - name: team-a\n    bearer_sha256: 9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08\n    tenants: [team-a]\n  - name: ops\n    basic_user: ops\n    basic_password_sha256: 5e884898da28047151d0e56f8dc6292773603d0d6aabbdd62a11ef721d1542d8\n    any_tenant: true\n  - name: proxy\n    certificate: proxy.example\n    tenants: [a, b]\n",
+        ),
+        ("empty-file", b"credentials: []\n"),
+    ] {
+        write(&dir, "auth", name, seed);
+    }
     write(&dir, "admission", "allow", br#"{"tenant":"a","key":"GET /s","cost":2,"limit":{"algorithm":"sliding_window","rate":10,"window":1.5}}"#);
     write(
         &dir,
