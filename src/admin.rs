@@ -87,20 +87,6 @@ fn parse(text: &str) -> Result<[u8; 64], String> {
     Ok(digest(token.as_bytes()))
 }
 
-fn read_limited(path: &Path) -> std::io::Result<Vec<u8>> {
-    use std::io::Read;
-    let mut bytes = Vec::new();
-    std::fs::File::open(path)?
-        .take(MAX_FILE_BYTES + 1)
-        .read_to_end(&mut bytes)?;
-    if bytes.len() as u64 > MAX_FILE_BYTES {
-        return Err(std::io::Error::other(format!(
-            "larger than {MAX_FILE_BYTES} bytes"
-        )));
-    }
-    Ok(bytes)
-}
-
 fn parse_bytes(bytes: &[u8]) -> Result<[u8; 64], String> {
     parse(std::str::from_utf8(bytes).map_err(|_| "not UTF-8".to_string())?)
 }
@@ -117,7 +103,7 @@ impl AdminToken {
     /// The token in `path` (`--admin-token-file`): a missing or bad file is an error (fatal at
     /// start-up). Later changes are picked up by [`AdminToken::reload_if_changed`].
     pub fn from_file(path: &Path, metrics: &Metrics) -> anyhow::Result<AdminToken> {
-        let bytes = read_limited(path).map_err(|err| {
+        let bytes = crate::auth::read_limited(path, MAX_FILE_BYTES).map_err(|err| {
             anyhow::anyhow!("cannot read --admin-token-file {}: {err}", path.display())
         })?;
         let token = parse_bytes(&bytes)
@@ -144,7 +130,7 @@ impl AdminToken {
         };
         let path = file.path.display();
         let mut last = file.last_seen.lock().unwrap_or_else(|err| err.into_inner());
-        let bytes = match read_limited(&file.path) {
+        let bytes = match crate::auth::read_limited(&file.path, MAX_FILE_BYTES) {
             Ok(bytes) => bytes,
             Err(err) => {
                 let seen = Seen::ReadError(err.to_string());

@@ -695,7 +695,7 @@ impl Authenticator {
         let Some(path) = &self.file else {
             return;
         };
-        let bytes = match read_limited(path) {
+        let bytes = match read_limited(path, MAX_FILE_BYTES) {
             Ok(bytes) => bytes,
             Err(err) => {
                 self.failed(path, &format!("read error: {err}"), &err);
@@ -868,22 +868,21 @@ fn tenant_of(grant: &Grant, named: Option<&[u8]>) -> Result<Allowed, Denied> {
     }
 }
 
-fn read_limited(path: &Path) -> std::io::Result<Vec<u8>> {
+/// A secrets file's bytes, refused past `max` (a file that size is not what was meant).
+pub(crate) fn read_limited(path: &Path, max: u64) -> std::io::Result<Vec<u8>> {
     use std::io::Read;
     let mut bytes = Vec::new();
     std::fs::File::open(path)?
-        .take(MAX_FILE_BYTES + 1)
+        .take(max + 1)
         .read_to_end(&mut bytes)?;
-    if bytes.len() as u64 > MAX_FILE_BYTES {
-        return Err(std::io::Error::other(format!(
-            "larger than {MAX_FILE_BYTES} bytes"
-        )));
+    if bytes.len() as u64 > max {
+        return Err(std::io::Error::other(format!("larger than {max} bytes")));
     }
     Ok(bytes)
 }
 
 fn read_credentials(path: &Path) -> Result<Credentials, String> {
-    let bytes = read_limited(path).map_err(|err| err.to_string())?;
+    let bytes = read_limited(path, MAX_FILE_BYTES).map_err(|err| err.to_string())?;
     let text = String::from_utf8(bytes).map_err(|_| "not UTF-8".to_string())?;
     Credentials::parse(&text)
 }

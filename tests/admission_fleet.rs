@@ -8,7 +8,6 @@ mod common;
 #[path = "../redis-store/tests/redis_server.rs"]
 mod redis_server;
 
-use std::process::Command;
 use std::time::Duration;
 
 use common::fleet::{free_gossip_addr, spawn, until_healthy, Replica};
@@ -84,22 +83,7 @@ impl Fleet {
 
 /// Runs the bench binary with `args` against `targets` (split as given) and parses its report.
 async fn bench(targets: Vec<String>, mode: &str, key: &str, split: &str, args: &[String]) -> Value {
-    let mut command = Command::new(env!("CARGO_BIN_EXE_weir-admission-bench"));
-    command.arg(mode);
-    for target in &targets {
-        command.args(["--target", target]);
-    }
-    command.args(["--split", split, "--tenant", "t", "--key", key]);
-    command.args(args);
-    let output = tokio::task::spawn_blocking(move || command.output().unwrap())
-        .await
-        .unwrap();
-    assert!(
-        output.status.success(),
-        "{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    serde_json::from_slice(&output.stdout).unwrap()
+    common::processes::admission_bench(&targets, mode, key, split, args).await
 }
 
 /// admitted ÷ allowance for each algorithm, evenly spread and all on one replica, all at once.

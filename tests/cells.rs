@@ -273,22 +273,9 @@ async fn cells_share_a_global_limit_through_the_store_and_survive_its_loss() {
 
 /// Runs `weir-admission-bench` against one replica per cell, `split` across them.
 async fn bench(targets: &[&Replica], mode: &str, key: &str, split: &str, args: &[&str]) -> Value {
-    let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_weir-admission-bench"));
-    command.arg(mode);
-    for target in targets {
-        command.args(["--target", &target.grpc.to_string()]);
-    }
-    command.args(["--split", split, "--tenant", "t", "--key", key]);
-    command.args(args);
-    let output = tokio::task::spawn_blocking(move || command.output().unwrap())
-        .await
-        .unwrap();
-    assert!(
-        output.status.success(),
-        "{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    let report: Value = serde_json::from_slice(&output.stdout).unwrap();
+    let targets: Vec<String> = targets.iter().map(|r| r.grpc.to_string()).collect();
+    let args: Vec<String> = args.iter().map(ToString::to_string).collect();
+    let report = common::processes::admission_bench(&targets, mode, key, split, &args).await;
     assert_eq!(report["errors"], 0, "{report}");
     report
 }

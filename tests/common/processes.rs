@@ -245,3 +245,30 @@ pub fn nginx_in_front(
     );
     (addr, nginx_dir, process)
 }
+
+/// Runs `weir-admission-bench` in `mode` on tenant `t`'s `key` against `targets` (gRPC
+/// `host:port`), `split` across them, and parses its JSON report.
+pub async fn admission_bench(
+    targets: &[String],
+    mode: &str,
+    key: &str,
+    split: &str,
+    args: &[String],
+) -> serde_json::Value {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_weir-admission-bench"));
+    command.arg(mode);
+    for target in targets {
+        command.args(["--target", target]);
+    }
+    command.args(["--split", split, "--tenant", "t", "--key", key]);
+    command.args(args);
+    let output = tokio::task::spawn_blocking(move || command.output().unwrap())
+        .await
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    serde_json::from_slice(&output.stdout).unwrap()
+}
