@@ -34,7 +34,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-use cells_load::{until, Load};
+use cells_load::{metric, until, until_synced, Load, SYNCED};
 use common::fleet::{self, Replica};
 use common::wait_until;
 use redis_server::RedisServer;
@@ -50,15 +50,7 @@ const FLOOR: f64 = 0.05;
 const OVERRIDES: &str =
     "overrides:\n  t:\n    ingestion_rate: 10000\n    ingestion_burst_size: 5000\n";
 
-async fn metric(replica: &Replica, series: &str) -> f64 {
-    let client = reqwest::Client::new();
-    common::metric_at(&client, &format!("http://{}", replica.http), series)
-        .await
-        .unwrap_or(0.0)
-}
-
 const SLICES: &str = "weir_cell_slices_received_total";
-const SYNCED: &str = "weir_cell_syncs_total{outcome=\"ok\"}";
 
 fn spawn_cell(cell: &str, ips: [u8; 2], store: &str, overrides: &str) -> [Replica; 2] {
     let extra = cell_args(cell, store, overrides);
@@ -117,19 +109,7 @@ async fn cells_share_a_global_limit_through_the_store_and_survive_its_loss() {
         let ring = replica.ring().await.unwrap();
         assert_eq!(ring["cluster_id"], format!("cells/{cell}"), "{ring}");
     }
-    wait_until(
-        "every replica synced with the store",
-        Duration::from_secs(10),
-        || async {
-            for replica in all {
-                if metric(replica, SYNCED).await < 1.0 {
-                    return false;
-                }
-            }
-            true
-        },
-    )
-    .await;
+    until_synced(&all).await;
 
     let load = Load::start([
         vec![a1.http, a2.http],
@@ -316,19 +296,7 @@ async fn an_admission_key_rate_and_in_flight_cap_are_global_across_cells() {
         .collect();
     let all: Vec<&Replica> = replicas.iter().collect();
     fleet::until_healthy(&all, 1, Duration::from_secs(20)).await;
-    wait_until(
-        "every replica synced with the store",
-        Duration::from_secs(10),
-        || async {
-            for replica in &all {
-                if metric(replica, SYNCED).await < 1.0 {
-                    return false;
-                }
-            }
-            true
-        },
-    )
-    .await;
+    until_synced(&all).await;
 
     // The in-flight cap: 90 clients holding 20–100 ms, evenly over the cells.
     let report = bench(

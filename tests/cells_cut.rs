@@ -35,7 +35,7 @@ use std::net::SocketAddr;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use cells_load::{until, Load};
+use cells_load::{metric, until, until_synced, Load, SYNCED};
 use common::fleet::{self, Replica};
 use common::wait_until;
 use redis_server::RedisServer;
@@ -208,14 +208,6 @@ fn spawn_cell(
     [first, second]
 }
 
-async fn metric(replica: &Replica, series: &str) -> f64 {
-    let client = reqwest::Client::new();
-    common::metric_at(&client, &format!("http://{}", replica.http), series)
-        .await
-        .unwrap_or(0.0)
-}
-
-const SYNCED: &str = "weir_cell_syncs_total{outcome=\"ok\"}";
 const FAILED: &str = "weir_cell_syncs_total{outcome=\"failed\"}";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -270,19 +262,7 @@ async fn one_cell_cut_from_the_store_leaves_the_others_alone() {
         let ring = replica.ring().await.unwrap();
         assert_eq!(ring["cluster_id"], format!("cut/{cell}"), "{ring}");
     }
-    wait_until(
-        "every replica synced with the store",
-        Duration::from_secs(10),
-        || async {
-            for replica in all {
-                if metric(replica, SYNCED).await < 1.0 {
-                    return false;
-                }
-            }
-            true
-        },
-    )
-    .await;
+    until_synced(&all).await;
 
     let load = Load::start([
         a.iter().map(|r| r.http).collect(),

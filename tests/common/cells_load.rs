@@ -13,6 +13,8 @@ use std::time::{Duration, Instant};
 
 use weir::remote_write::prompb::WriteRequest;
 
+use crate::common::fleet::Replica;
+
 pub const ITEMS_PER_PUSH: usize = 100;
 
 /// One push as the test saw it.
@@ -145,4 +147,32 @@ pub async fn until(load: &Load, at: f64) {
     if wait > 0.0 {
         tokio::time::sleep(Duration::from_secs_f64(wait)).await;
     }
+}
+
+/// A counter of `replica`'s `/metrics` (0 when absent).
+pub async fn metric(replica: &Replica, series: &str) -> f64 {
+    let client = reqwest::Client::new();
+    crate::common::metric_at(&client, &format!("http://{}", replica.http), series)
+        .await
+        .unwrap_or(0.0)
+}
+
+/// Cell syncs the store answered.
+pub const SYNCED: &str = "weir_cell_syncs_total{outcome=\"ok\"}";
+
+/// Waits (at most 10 s) until every one of `replicas` has synced with the store once.
+pub async fn until_synced(replicas: &[&Replica]) {
+    crate::common::wait_until(
+        "every replica synced with the store",
+        Duration::from_secs(10),
+        || async {
+            for replica in replicas {
+                if metric(replica, SYNCED).await < 1.0 {
+                    return false;
+                }
+            }
+            true
+        },
+    )
+    .await;
 }
