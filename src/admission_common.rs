@@ -105,6 +105,7 @@ pub fn code_and_reason(err: &AdmissionError) -> (Code, &'static str) {
         AdmissionError::BadCost(_) => (Code::OutOfRange, "COST_OVER_LIMIT"),
         AdmissionError::NotConcurrent(_) => (Code::FailedPrecondition, "NOT_CONCURRENT"),
         AdmissionError::WrongReplica { .. } => (Code::FailedPrecondition, "WRONG_REPLICA"),
+        AdmissionError::TooManyKeys { .. } => (Code::ResourceExhausted, "TOO_MANY_KEYS"),
         AdmissionError::StoreUnavailable => (Code::Unavailable, "STORE_UNAVAILABLE"),
     }
 }

@@ -117,6 +117,7 @@ pub async fn run_with_clock(
         clock,
     )
     .with_max_tenants(config.max_tenants)
+    .with_max_admission_keys_per_tenant(config.admission_max_keys_per_tenant)
     .with_settling(settling_time(config.gossip_interval))
     .with_node_id(config.node_id.clone());
     if config.cell.is_some() {

@@ -433,3 +433,79 @@ async fn no_name_can_poison_the_ring() {
         );
     }
 }
+
+/// Resident memory of a process, in KiB, from `/proc/PID/status`.
+fn rss_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    status
+        .lines()
+        .find_map(|line| line.strip_prefix("VmRSS:"))
+        .and_then(|rest| rest.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("VmRSS in /proc/PID/status")
+}
+
+/// A flood of distinct admission keys for one tenant: the first
+/// `--admission-max-keys-per-tenant` are kept, the rest refused with RESOURCE_EXHAUSTED (429 on
+/// the JSON door) and not kept, so memory stays flat; another tenant is unaffected.
+#[tokio::test]
+async fn a_flood_of_distinct_keys_is_capped_per_tenant() {
+    const CAP: usize = 100;
+    const FLOOD: usize = 10_000;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("overrides.yaml");
+    std::fs::write(&path, OVERRIDES).unwrap();
+    let gossip = free_gossip_addr([127, 0, 0, 174]);
+    let cap = CAP.to_string();
+    let replica = spawn(
+        gossip,
+        &[gossip],
+        &format!("flood-{}", std::process::id()),
+        &[
+            "--runtime-config",
+            path.to_str().unwrap(),
+            "--admission-max-keys-per-tenant",
+            &cap,
+        ],
+    );
+    until_healthy(&[&replica], 1, Duration::from_secs(20)).await;
+    let mut client = grpc(&replica).await;
+    // Warm: the tenant's first keys, and the allocator's arenas for the calls.
+    for i in 0..CAP {
+        let answer = client.allow(allow("flooder", &format!("k{i}"))).await;
+        assert!(answer.is_ok(), "key {i} of {CAP}: {answer:?}");
+    }
+    let before = rss_kib(replica.child.id());
+    let mut refused = 0;
+    for i in CAP..FLOOD {
+        // Each key of 200 bytes: kept, 10 000 of them would take megabytes.
+        let key = format!("{i:0>200}");
+        match client.allow(allow("flooder", &key)).await {
+            Err(status) if status.code() == Code::ResourceExhausted => {
+                assert!(status.message().contains("admission keys"), "{status:?}");
+                refused += 1;
+            }
+            other => panic!("key {i} past the cap: {other:?}"),
+        }
+    }
+    let grown = rss_kib(replica.child.id()).saturating_sub(before);
+    eprintln!("{refused} new keys refused past a cap of {CAP}; resident memory grew {grown} KiB");
+    assert_eq!(refused, FLOOD - CAP);
+    // 9 900 kept entries of 200-byte names would be several MiB; refused, they take nothing.
+    assert!(
+        grown < 2048,
+        "resident memory grew {grown} KiB over the flood"
+    );
+    // A key the tenant has is still answered, another tenant's new key too, and the JSON
+    // door names the reason with 429.
+    assert!(client.allow(allow("flooder", "k0")).await.is_ok());
+    assert!(client.allow(allow("other", "new")).await.is_ok());
+    let (status, body) = post_json(
+        &reqwest::Client::new(),
+        &replica,
+        "/api/v1/allow",
+        json!({"tenant": "flooder", "key": "one more", "cost": 1}),
+    )
+    .await;
+    assert_eq!(status, 429, "{body}");
+    assert_eq!(body["reason"], "TOO_MANY_KEYS", "{body}");
+}

@@ -59,6 +59,9 @@ pub enum AdmissionError {
     UnknownLease(String),
     /// A replica-local lease sent to another replica (FAILED_PRECONDITION, naming the owner).
     WrongReplica { lease: String, owner: String },
+    /// The tenant already has this replica's most keys (RESOURCE_EXHAUSTED); an idle key is
+    /// evicted after the idle timeout, freeing its place.
+    TooManyKeys { tenant: String, max: usize },
     /// `shared`, the store could not answer, and the tenant's policy is closed (UNAVAILABLE).
     StoreUnavailable,
 }
@@ -93,6 +96,12 @@ impl std::fmt::Display for AdmissionError {
             AdmissionError::WrongReplica { lease, owner } => write!(
                 f,
                 "lease {lease:?} is held by replica {owner:?}: release or renew it there"
+            ),
+            AdmissionError::TooManyKeys { tenant, max } => write!(
+                f,
+                "tenant {tenant:?} already has {max} admission keys on this replica \
+                 (--admission-max-keys-per-tenant); a new key is admitted once an idle one is \
+                 evicted"
             ),
             AdmissionError::StoreUnavailable => write!(
                 f,
@@ -158,6 +167,48 @@ pub(crate) struct Entries {
     /// What the peers last reported, under `weighted`: a new entry starts from their totals,
     /// so it is not charged at once with everything they admitted before it existed here.
     peers: ArcSwap<crate::types::PeerUsage>,
+    /// Most keys a tenant may have here at once (the push key aside); 0 = no cap. Keys come
+    /// from callers, so without a cap one caller could fill the memory with distinct keys.
+    max_keys_per_tenant: usize,
+    /// Keys per tenant in `map` (the push key aside), kept only under a cap. Changed on the
+    /// slow path alone: when an entry is made or evicted.
+    keys_per_tenant: Mutex<HashMap<Box<str>, usize>>,
+}
+
+impl Entries {
+    pub(crate) fn with_max_keys_per_tenant(max: usize) -> Entries {
+        Entries {
+            max_keys_per_tenant: max,
+            ..Entries::default()
+        }
+    }
+
+    /// Takes a place for a new key of `tenant`, unless it has the most already.
+    fn reserve_key(&self, tenant: &str) -> Result<(), AdmissionError> {
+        let mut counts = self.keys_per_tenant.lock().expect("not poisoned");
+        let count = counts.entry(tenant.into()).or_default();
+        if *count >= self.max_keys_per_tenant {
+            return Err(AdmissionError::TooManyKeys {
+                tenant: tenant.to_string(),
+                max: self.max_keys_per_tenant,
+            });
+        }
+        *count += 1;
+        Ok(())
+    }
+
+    /// Counts a key of `tenant` made (`made`) or given back (`!made`).
+    fn count_key(&self, tenant: &str, made: bool) {
+        let mut counts = self.keys_per_tenant.lock().expect("not poisoned");
+        if made {
+            *counts.entry(tenant.into()).or_default() += 1;
+        } else if let Some(count) = counts.get_mut(tenant) {
+            *count = count.saturating_sub(1);
+            if *count == 0 {
+                counts.remove(tenant);
+            }
+        }
+    }
 }
 
 pub(crate) struct Entry {
@@ -336,7 +387,7 @@ impl<'a, C: Clock + Clone> Keys<'a, C> {
             LimitSource::Key,
             &config,
             generation,
-        );
+        )?;
         self.decide(spec, LimitSource::Key, &entry, &state, cost)
             .await
     }
@@ -566,7 +617,7 @@ impl<'a, C: Clock + Clone> Keys<'a, C> {
             LimitSource::Key,
             &config,
             generation,
-        );
+        )?;
         self.take_slot(&entry, &state, spec, ttl).await
     }
 
@@ -970,7 +1021,7 @@ impl<'a, C: Clock + Clone> Keys<'a, C> {
             },
         )?;
         let (entry, state) =
-            self.entry_named(tenant, &encode_key(key), spec, source, &config, generation);
+            self.entry_named(tenant, &encode_key(key), spec, source, &config, generation)?;
         Ok((spec, source, entry, state))
     }
 
@@ -984,7 +1035,7 @@ impl<'a, C: Clock + Clone> Keys<'a, C> {
         source: LimitSource,
         config: &runtime_config::RuntimeConfig,
         generation: u64,
-    ) -> (Arc<Entry>, Arc<EntryState>) {
+    ) -> Result<(Arc<Entry>, Arc<EntryState>), AdmissionError> {
         let limits = config.tenant_limits(tenant);
         let strategy = limits.rate_limit_strategy;
         let healthy = self.healthy_replicas();
@@ -999,8 +1050,14 @@ impl<'a, C: Clock + Clone> Keys<'a, C> {
             .get(name.as_str())
             .map_or((0, 0), |totals| (totals.items, totals.items_refunded));
         let map = self.admission().map.pin();
+        let capped = self.admission().max_keys_per_tenant > 0 && encoded != PUSH_KEY;
+        let reserved = capped && map.get(name.as_str()).is_none();
+        if reserved {
+            self.admission().reserve_key(tenant)?;
+        }
+        let mut made = None;
         let entry = map.get_or_insert_with(name.into_boxed_str(), || {
-            Arc::new(Entry {
+            let entry = Arc::new(Entry {
                 tenant: tenant.into(),
                 key: encoded.into(),
                 state: ArcSwap::from_pointee(EntryState {
@@ -1030,8 +1087,16 @@ impl<'a, C: Clock + Clone> Keys<'a, C> {
                 cell_offered: AtomicU64::new(0),
                 cell_wanted: AtomicU64::new(0),
                 cell_refused: AtomicU64::new(0),
-            })
+            });
+            made = Some(Arc::clone(&entry));
+            entry
         });
+        // Another call may have made the same key, or an eviction removed it, between the
+        // look and the insert: the count follows what happened.
+        let inserted = made.is_some_and(|made| Arc::ptr_eq(&made, entry));
+        if capped && reserved != inserted {
+            self.admission().count_key(tenant, inserted);
+        }
         entry.last_seen.store(now, Ordering::Relaxed);
         let mut state = entry.state.load_full();
         if state.spec != spec
@@ -1061,7 +1126,7 @@ impl<'a, C: Clock + Clone> Keys<'a, C> {
         } else {
             state.generation.store(generation, Ordering::Release);
         }
-        (Arc::clone(entry), state)
+        Ok((Arc::clone(entry), state))
     }
 
     /// Keeps what the peers last reported, for entries created later.
@@ -1188,10 +1253,15 @@ impl<'a, C: Clock + Clone> Keys<'a, C> {
     /// Drops entries unused for the idle timeout that hold no lease and are full again.
     pub(crate) fn evict_admission(&self, idle: Duration) {
         let now = self.now_nanos();
+        let counted = self.admission().max_keys_per_tenant > 0;
         self.admission().map.pin().retain(|_, entry| {
             let used = now.saturating_sub(entry.last_seen.load(Ordering::Relaxed))
                 <= idle.as_nanos() as u64;
-            used || entry.in_flight.load(Ordering::Relaxed) > 0
+            let kept = used || entry.in_flight.load(Ordering::Relaxed) > 0;
+            if !kept && counted && &*entry.key != PUSH_KEY {
+                self.admission().count_key(&entry.tenant, false);
+            }
+            kept
         });
     }
 }

@@ -345,6 +345,13 @@ impl<H: TenantHooks, C: Clock + Clone> Limiter<H, C> {
         self
     }
 
+    /// Most admission keys one tenant may have on this replica at once; 0 = no cap. A call
+    /// for a new key past it is refused ([`AdmissionError::TooManyKeys`]).
+    pub fn with_max_admission_keys_per_tenant(mut self, max: usize) -> Self {
+        self.admission = Entries::with_max_keys_per_tenant(max);
+        self
+    }
+
     /// This replica is in a cell: count each tenant's demand and spend for the cell sync
     /// ([`Limiter::cell_usage`]). Outside cells nothing is counted.
     pub fn with_cells(mut self) -> Self {

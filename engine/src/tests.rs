@@ -878,6 +878,45 @@ mod admission_tests {
     }
 
     #[tokio::test]
+    async fn a_tenant_s_keys_are_capped_per_replica_until_idle_ones_are_evicted() {
+        let (limiter, clock) = limiter(ADMISSION);
+        let limiter = limiter.with_max_admission_keys_per_tenant(3);
+        for key in ["k1", "k2", "k3"] {
+            assert!(limiter.allow("a", key, 1, None).await.is_ok());
+        }
+        assert!(
+            limiter.allow("a", "k1", 1, None).await.is_ok(),
+            "a key it has is no new key"
+        );
+        assert_eq!(
+            limiter.allow("a", "k4", 1, None).await.unwrap_err(),
+            AdmissionError::TooManyKeys {
+                tenant: "a".into(),
+                max: 3
+            }
+        );
+        assert!(
+            limiter.allow("d", "k4", 1, None).await.is_ok(),
+            "another tenant has its own places"
+        );
+        // The push path's in-flight key is not the tenant's to spend.
+        assert!(limiter
+            .acquire_push("a", 5, Duration::from_secs(5))
+            .await
+            .is_ok());
+        // k1..k3 idle past the timeout: evicted, their places free (and only theirs).
+        clock.advance(Duration::from_secs(61));
+        limiter.evict_idle();
+        for key in ["k5", "k6", "k7"] {
+            assert!(limiter.allow("a", key, 1, None).await.is_ok(), "{key}");
+        }
+        assert!(matches!(
+            limiter.allow("a", "k8", 1, None).await,
+            Err(AdmissionError::TooManyKeys { .. })
+        ));
+    }
+
+    #[tokio::test]
     async fn leases_cap_what_is_in_flight_and_expire() {
         let (limiter, clock) = limiter(ADMISSION);
         let limiter = limiter.with_node_id("me");

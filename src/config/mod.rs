@@ -391,6 +391,13 @@ pub struct Config {
     #[arg(help_heading = INSTANCE, long, env = "WEIR_MAX_TENANTS", default_value_t = 100_000)]
     pub max_tenants: usize,
 
+    /// Most admission-API keys one tenant may have on this replica at once (callers name
+    /// keys, so this bounds the memory a flood of distinct keys can take); a call for a new
+    /// key past it is refused with RESOURCE_EXHAUSTED (429) until idle keys are evicted.
+    /// 0 = off.
+    #[arg(help_heading = INSTANCE, long, env = "WEIR_ADMISSION_MAX_KEYS_PER_TENANT", default_value_t = 10_000)]
+    pub admission_max_keys_per_tenant: usize,
+
     /// Largest push body, in bytes, compressed and decompressed alike (Mimir's default, 100 MiB).
     #[arg(help_heading = HTTP, long, env = "WEIR_MAX_REQUEST_BODY_SIZE", default_value_t = 100 << 20)]
     pub max_request_body_size: u64,
