@@ -54,6 +54,9 @@ pub struct RingConfig {
     pub max_members: usize,
     /// Encrypt every gossip datagram with these keys; `None`: plain, unauthenticated gossip.
     pub gossip_keys: Option<crate::GossipKeys>,
+    /// A tenant a peer has not listed in its usage for this long is forgotten: set it past
+    /// how long the replicas keep an idle tenant (see [`UsageAggregate`]).
+    pub usage_forget_after: Duration,
 }
 
 /// A joined replica. Dropping it without [`Ring::shutdown`] stops gossip abruptly, as a crash
@@ -178,6 +181,7 @@ impl Ring {
                 seeds,
                 self_addr: advertise_addr,
                 join_timeout: config.join_timeout,
+                usage_forget_after: config.usage_forget_after,
             },
         ));
         tracing::info!(
@@ -273,6 +277,7 @@ struct Observation {
     seeds: Vec<SocketAddr>,
     self_addr: SocketAddr,
     join_timeout: Duration,
+    usage_forget_after: Duration,
 }
 
 /// Reads the live nodes from chitchat every `period` and publishes the membership. Polling,
@@ -291,7 +296,7 @@ async fn observe(
     let mut ha_lists: HashMap<PeerKey, (u64, Vec<HaEntry>)> = HashMap::new();
     let mut peer_ha = Arc::new(Vec::new());
     let mut skipped_ha = 0u64;
-    let mut aggregate = UsageAggregate::default();
+    let mut aggregate = UsageAggregate::new(observation.usage_forget_after);
     let mut peer_usage = Arc::new(crate::PeerUsage::default());
     let mut rejected: HashMap<PeerKey, u64> = HashMap::new();
     let mut rejected_total = 0u64;

@@ -49,7 +49,9 @@ const MAX_COUNT: u64 = 1 << 53;
 const MAX_ENTRIES: usize = 100_000;
 /// A level report older than this is not used to start a tenant new to this replica.
 const LEVEL_MAX_AGE: Duration = Duration::from_secs(2);
-/// A tenant no peer has reported for this long is forgotten.
+/// A departed peer's last counts are kept this long for its return (a peer comes back under
+/// the same incarnation after a partition or a false death; forgotten, its counts would be
+/// taken in again whole).
 const FORGET_AFTER: Duration = Duration::from_secs(3600);
 
 /// One tenant's usage on one replica.
@@ -362,15 +364,35 @@ fn change(now: u64, before: Option<u64>, away: bool) -> (u64, u64) {
 /// long, and the tenant was refused everything for that long after the heal (measured:
 /// nothing admitted for 15 s after a 20 s split). So a split fleet over-admits while split,
 /// each side keeping a whole limit as Mimir's replicas would, and not after.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct UsageAggregate {
     peers: HashMap<PeerKey, HashMap<String, PeerEntry>>,
     /// Peers no longer live: since when, and their last counts, kept for their return.
     departed: HashMap<PeerKey, (Instant, HashMap<String, PeerEntry>)>,
     tenants: HashMap<String, TenantState>,
+    /// A tenant a live peer has not listed for this long is forgotten (of that peer; of all,
+    /// once none has). Longer than the peers keep an idle tenant, so that by then the peer
+    /// has dropped it and starts it again from zero: a tenant forgotten while the peer still
+    /// had it would have its whole count taken in again when next listed.
+    forget_after: Duration,
+}
+
+impl Default for UsageAggregate {
+    fn default() -> Self {
+        UsageAggregate::new(FORGET_AFTER)
+    }
 }
 
 impl UsageAggregate {
+    pub fn new(forget_after: Duration) -> Self {
+        UsageAggregate {
+            peers: HashMap::new(),
+            departed: HashMap::new(),
+            tenants: HashMap::new(),
+            forget_after,
+        }
+    }
+
     /// Takes in one report from `peer`, received at `now`.
     pub fn observe(&mut self, peer: &PeerKey, entries: &[UsageEntry], now: Instant) {
         if !self.peers.contains_key(peer) {
@@ -406,8 +428,8 @@ impl UsageAggregate {
     }
 
     /// Sets aside peer incarnations that are no longer live (what they reported stays
-    /// counted; their last counts wait an hour for their return), and forgets tenants nobody
-    /// has reported for an hour.
+    /// counted; their last counts wait an hour for their return), and forgets tenants a peer
+    /// has not listed for `forget_after`.
     pub fn retain_peers(&mut self, live: impl Fn(&PeerKey) -> bool, now: Instant) {
         let gone: Vec<PeerKey> = self.peers.keys().filter(|p| !live(p)).cloned().collect();
         for peer in gone {
@@ -418,13 +440,14 @@ impl UsageAggregate {
         }
         self.departed
             .retain(|_, (since, _)| now.duration_since(*since) < FORGET_AFTER);
+        let forget_after = self.forget_after;
         self.tenants.retain(|_, state| {
             state
                 .last_reported
-                .is_some_and(|at| now.duration_since(at) < FORGET_AFTER)
+                .is_some_and(|at| now.duration_since(at) < forget_after)
         });
         for entries in self.peers.values_mut() {
-            entries.retain(|_, entry| now.duration_since(entry.at) < FORGET_AFTER);
+            entries.retain(|_, entry| now.duration_since(entry.at) < forget_after);
         }
     }
 
@@ -640,6 +663,44 @@ mod tests {
         assert_eq!(aggregate.snapshot(later)["t"].items_level, None);
         aggregate.retain_peers(|_| true, now + FORGET_AFTER);
         assert!(aggregate.snapshot(now + FORGET_AFTER).is_empty());
+    }
+
+    /// The view holds the tenants listed within `forget_after`: one a live peer stopped
+    /// listing is forgotten then, while another it keeps listing stays; a departed peer's
+    /// counts wait the hour for its return either way.
+    #[test]
+    fn tenants_a_peer_stopped_listing_are_forgotten_after_forget_after() {
+        let now = Instant::now();
+        let forget = Duration::from_secs(360);
+        let mut aggregate = UsageAggregate::new(forget);
+        let a = peer("a", 1);
+        aggregate.observe(
+            &a,
+            &[entry("idle", 0, 10, None), entry("busy", 0, 10, None)],
+            now,
+        );
+        aggregate.observe(&peer("b", 1), &[entry("gone", 0, 7, None)], now);
+        aggregate.retain_peers(|p| p.0 == "a", now);
+        let later = now + forget - Duration::from_secs(1);
+        aggregate.observe(&a, &[entry("busy", 0, 40, None)], later);
+        aggregate.retain_peers(|p| p.0 == "a", later);
+        assert_eq!(aggregate.snapshot(later).len(), 3, "nothing forgotten yet");
+        let past = now + forget;
+        aggregate.retain_peers(|p| p.0 == "a", past);
+        let view = aggregate.snapshot(past);
+        assert_eq!(view.keys().collect::<Vec<_>>(), ["busy"]);
+        assert_eq!(view["busy"].items, 40);
+        // "idle" comes back at the peer, started again from zero: counted from zero, not
+        // as a fall from 10.
+        aggregate.observe(&a, &[entry("idle", 0, 3, None)], past);
+        assert_eq!(aggregate.snapshot(past)["idle"].items, 3);
+        assert_eq!(aggregate.snapshot(past)["idle"].items_refunded, 0);
+        // The departed peer's entries are still kept for its return (the hour): what it
+        // admitted while away is not charged, and what it admits after is.
+        aggregate.observe(&peer("b", 1), &[entry("gone", 0, 9, None)], past);
+        assert_eq!(aggregate.snapshot(past)["gone"].items, 0);
+        aggregate.observe(&peer("b", 1), &[entry("gone", 0, 12, None)], past);
+        assert_eq!(aggregate.snapshot(past)["gone"].items, 3);
     }
 
     /// A count that falls a little is a refund: credited apart, never charged again; the

@@ -21,6 +21,7 @@ fn config(node_id: &str, listen: std::net::SocketAddr, seeds: Vec<String>) -> Ri
         version: "test".into(),
         max_members: 1000,
         gossip_keys: None,
+        usage_forget_after: Duration::from_secs(3600),
     }
 }
 

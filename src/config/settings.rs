@@ -173,6 +173,16 @@ impl Config {
             http_addr: http_addr.to_string(),
             version: env!("CARGO_PKG_VERSION").to_string(),
             max_members: self.ring_max_members,
+            usage_forget_after: usage_forget_after(self.tenant_idle_timeout),
         }
     }
+}
+
+/// How long a tenant a peer no longer lists stays in this replica's view of the peers' usage:
+/// past the idle timeout, after which the peer drops an idle tenant (later only while its
+/// buckets refill), with room for a listing cycle (a peer with many tenants lists them in
+/// turn, a minute for 100 000). Bounds the view by the tenants active in the last
+/// idle timeout plus five minutes, not the last hour.
+pub fn usage_forget_after(tenant_idle_timeout: Duration) -> Duration {
+    tenant_idle_timeout + Duration::from_secs(300)
 }
