@@ -726,6 +726,10 @@ fn spawn_membership_applier(
             }
             if !Arc::ptr_eq(&membership.peer_usage, &peer_usage) {
                 peer_usage = Arc::clone(&membership.peer_usage);
+                state
+                    .metrics
+                    .ring_peer_usage_tenants
+                    .set(peer_usage.len() as i64);
                 let totals: engine::PeerUsage = peer_usage
                     .iter()
                     .map(|(tenant, usage)| {

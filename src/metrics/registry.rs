@@ -31,6 +31,7 @@ pub struct Metrics {
     pub upstream_duration: Histogram,
     pub ring_members: IntGaugeVec,
     pub ring_healthy_replicas: IntGauge,
+    pub ring_peer_usage_tenants: IntGauge,
     pub ring_healthy_changes: IntCounter,
     pub ring_rejected_usage_reports: IntCounter,
     pub ring_skipped_usage_entries: IntCounterVec,
@@ -165,6 +166,12 @@ impl Metrics {
             ring_healthy_replicas: IntGauge::new(
                 "weir_ring_healthy_replicas",
                 "Live ACTIVE replicas including this one: what divided limits divide by.",
+            )
+            .expect("valid"),
+            ring_peer_usage_tenants: IntGauge::new(
+                "weir_ring_peer_usage_tenants",
+                "Tenants in this replica's view of the peers' usage (weighted): those a peer \
+                 listed within the tenant idle timeout + 5 min.",
             )
             .expect("valid"),
             ring_healthy_changes: IntCounter::new(
@@ -365,6 +372,7 @@ impl Metrics {
             Box::new(metrics.upstream_duration.clone()),
             Box::new(metrics.ring_members.clone()),
             Box::new(metrics.ring_healthy_replicas.clone()),
+            Box::new(metrics.ring_peer_usage_tenants.clone()),
             Box::new(metrics.ring_healthy_changes.clone()),
             Box::new(metrics.ring_rejected_usage_reports.clone()),
             Box::new(metrics.ring_ignored_members.clone()),
