@@ -53,6 +53,8 @@ pub struct HttpLimits {
 pub struct ConnectionCounters {
     pub refused: prometheus::IntCounter,
     pub open: prometheus::IntGauge,
+    /// Told each worker runtime's handle once it starts (to count the tasks on it).
+    pub on_worker: Option<Arc<dyn Fn(tokio::runtime::Handle) + Send + Sync>>,
 }
 
 /// Serves `router` on `listener` until `stop` resolves, then stops accepting and waits for the
@@ -67,6 +69,11 @@ pub async fn serve(
     stop: impl Future<Output = ()>,
 ) -> std::io::Result<()> {
     let mut workers = Workers::start(limits.workers)?;
+    if let Some(on_worker) = &counters.on_worker {
+        for worker in &workers.workers {
+            on_worker(worker.handle.clone());
+        }
+    }
     let mut builder = Builder::new(workers.stream_executor());
     builder
         .http1()
@@ -376,6 +383,7 @@ mod tests {
         let counters = ConnectionCounters {
             refused: prometheus::IntCounter::new("refused", "refused").unwrap(),
             open: open.clone(),
+            on_worker: None,
         };
         let (stop, stopped) = oneshot::channel::<()>();
         let server = tokio::spawn(serve(listener, router, limits, None, counters, async {

@@ -52,6 +52,7 @@ pub async fn run_with_clock(
     clock: EngineClock,
 ) -> anyhow::Result<()> {
     let metrics = Arc::new(Metrics::new());
+    metrics.count_tasks_of(tokio::runtime::Handle::current());
     // A bad token file stops start-up before anything is bound; later it is reloaded like
     // the credentials file.
     let admin_token = config
@@ -359,6 +360,7 @@ pub async fn run_with_clock(
             crate::http_serve::ConnectionCounters {
                 refused: state.metrics.http_refused_connections.clone(),
                 open: state.metrics.http_open_connections.clone(),
+                on_worker: Some(count_tasks_on(&state)),
             },
             async move {
                 let _ = admin_stop_rx.await;
@@ -379,6 +381,7 @@ pub async fn run_with_clock(
         crate::http_serve::ConnectionCounters {
             refused: state.metrics.http_refused_connections.clone(),
             open: state.metrics.http_open_connections.clone(),
+            on_worker: Some(count_tasks_on(&state)),
         },
         async move {
             let _ = drain_rx.await;
@@ -951,4 +954,10 @@ fn stop(tasks: Vec<JoinHandle<()>>, stop_tx: watch::Sender<()>) {
     for task in tasks {
         task.abort();
     }
+}
+
+/// Counts the tasks on an HTTP worker's runtime in `weir_runtime_alive_tasks`.
+fn count_tasks_on(state: &Arc<AppState>) -> Arc<dyn Fn(tokio::runtime::Handle) + Send + Sync> {
+    let metrics = Arc::clone(&state.metrics);
+    Arc::new(move |handle| metrics.count_tasks_of(handle))
 }

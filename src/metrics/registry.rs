@@ -22,6 +22,9 @@ pub struct Metrics {
     pub admission_delay: Histogram,
     pub tracked_tenants: IntGauge,
     pub runtime_alive_tasks: IntGauge,
+    /// The runtimes whose tasks `runtime_alive_tasks` sums (the main one and the HTTP
+    /// workers'); none: the runtime rendering.
+    runtimes: std::sync::Mutex<Vec<tokio::runtime::Handle>>,
     pub sink_requests: IntCounter,
     pub refunded_requests: IntCounter,
     pub ha_deduped_samples: IntCounterVec,
@@ -129,10 +132,11 @@ impl Metrics {
             .expect("valid"),
             runtime_alive_tasks: IntGauge::new(
                 "weir_runtime_alive_tasks",
-                "Tasks alive in this replica's async runtime (as Go's go_goroutines): flat under \
-                 steady load, or something leaks.",
+                "Tasks alive in this replica's async runtimes, the HTTP workers' included (as \
+                 Go's go_goroutines): flat under steady load, or something leaks.",
             )
             .expect("valid"),
+            runtimes: Default::default(),
             tracked_tenants: IntGauge::new(
                 "weir_limiter_tracked_tenants",
                 "Tenants with limiter state on this replica.",
@@ -453,14 +457,29 @@ impl Metrics {
         out
     }
 
+    /// Adds `handle`'s tasks to `weir_runtime_alive_tasks`.
+    pub fn count_tasks_of(&self, handle: tokio::runtime::Handle) {
+        self.runtimes.lock().expect("not poisoned").push(handle);
+    }
+
     /// [`Metrics::render`] in chunks of about [`SCRAPE_CHUNK_BYTES`], handed to `sink` as
     /// they fill, so a scrape of many tenants never holds the whole text (100 000 tenants:
     /// about 100 MB). Stops writing once `sink` says the reader is gone.
     pub fn render_chunks(&self, tenants: &dyn TenantSource, sink: &mut dyn FnMut(String) -> bool) {
-        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-            self.runtime_alive_tasks
-                .set(runtime.metrics().num_alive_tasks() as i64);
+        let runtimes = self.runtimes.lock().expect("not poisoned");
+        if runtimes.is_empty() {
+            if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+                self.runtime_alive_tasks
+                    .set(runtime.metrics().num_alive_tasks() as i64);
+            }
+        } else {
+            let alive: usize = runtimes
+                .iter()
+                .map(|runtime| runtime.metrics().num_alive_tasks())
+                .sum();
+            self.runtime_alive_tasks.set(alive as i64);
         }
+        drop(runtimes);
         let mut out = prometheus::TextEncoder::new()
             .encode_to_string(&self.registry.gather())
             .unwrap_or_else(|err| format!("# error encoding metrics: {err}\n"));
