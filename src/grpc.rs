@@ -229,9 +229,12 @@ impl api::admission_server::Admission for AdmissionService {
         request: Request<api::AllowBatchRequest>,
     ) -> Result<Response<api::AllowBatchResponse>, Status> {
         use api::allow_batch_response::{result, Result as Item};
+        // One caller for the whole batch: looking the `authorization` metadata up again for
+        // each item cost 2 % of the server's CPU on batches of 100.
+        let caller = source(&request);
         let mut results = Vec::with_capacity(request.get_ref().requests.len());
         for one in &request.get_ref().requests {
-            let result = match self.allow_one(source(&request), one).await {
+            let result = match self.allow_one(caller, one).await {
                 Ok(response) => result::Result::Response(response),
                 Err(status) => result::Result::Error(api::BatchError {
                     code: status.code() as i32,
@@ -538,6 +541,28 @@ impl tokio::io::AsyncWrite for Connection {
         match &mut self.get_mut().stream {
             Stream::Plain(stream) => std::pin::Pin::new(stream).poll_write(cx, buf),
             Stream::Tls(stream) => std::pin::Pin::new(stream.as_mut()).poll_write(cx, buf),
+        }
+    }
+
+    // Vectored writes passed through: without them h2 sends a frame's header and a payload
+    // over 1 KiB (an AllowBatch answer) in two writes where one writev does.
+    fn poll_write_vectored(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        match &mut self.get_mut().stream {
+            Stream::Plain(stream) => std::pin::Pin::new(stream).poll_write_vectored(cx, bufs),
+            Stream::Tls(stream) => {
+                std::pin::Pin::new(stream.as_mut()).poll_write_vectored(cx, bufs)
+            }
+        }
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        match &self.stream {
+            Stream::Plain(stream) => stream.is_write_vectored(),
+            Stream::Tls(stream) => stream.is_write_vectored(),
         }
     }
 

@@ -10,12 +10,19 @@
 //! # Fleet-wide in flight: 500 clients holding leases 50–500 ms:
 //! weir-admission-bench concurrency --target A --target B --target C --tenant t --key slots \
 //!     --clients 500 --limit 100 --duration 20s
+//! # The yardstick: a bare tonic server for weir.admission.v1 that allows everything:
+//! weir-admission-bench serve-bare --listen 127.0.0.1:0
 //! ```
 //!
 //! `rate` paces single `Allow`s open loop (every millisecond, the due count is sent whether
 //! or not earlier calls answered). `concurrency` counts, client side, the leases granted and
 //! not yet released: a lease is counted once its grant arrives and uncounted just before its
 //! release is sent, so the count can only under-read the server's by one round trip.
+//!
+//! `serve-bare` is what weir's admission API costs without weir: the same generated types and
+//! the same tonic server settings as `server::serve_grpc`, and an `Allow` answered with a
+//! fixed response as large as weir's, with no authentication, name check or limiter.
+//! `scripts/admission-bench.py` drives both with `throughput` and divides their CPU per call.
 
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -25,8 +32,13 @@ use clap::{Parser, Subcommand};
 use rand::{Rng, SeedableRng};
 use serde_json::json;
 use tonic::transport::Channel;
+use tonic::{Request, Response, Status};
 use weir::grpc::proto::weir::admission::v1 as api;
 use weir::grpc::proto::weir::admission::v1::admission_client::AdmissionClient;
+
+/// weir's allocator, so the bare server differs from weir only in what weir does per call.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 #[derive(Parser)]
 #[command(
@@ -98,6 +110,12 @@ enum Mode {
         hold_min: Duration,
         #[arg(long, default_value = "500ms", value_parser = humantime::parse_duration)]
         hold_max: Duration,
+    },
+    /// Serve weir.admission.v1 with tonic alone, allowing every call; prints
+    /// `listening on ADDR` and serves until killed.
+    ServeBare {
+        #[arg(long, default_value = "127.0.0.1:0")]
+        listen: std::net::SocketAddr,
     },
 }
 
@@ -180,6 +198,8 @@ async fn throughput(
             let mut latencies = Vec::new();
             let mut decisions = 0u64;
             let mut allowed = 0u64;
+            // An item's error by its reason (AllowBatch answers each item on its own).
+            let mut errors = std::collections::BTreeMap::<String, u64>::new();
             let requests: Vec<_> = (0..batch.max(1)).map(|_| request(&common, 1)).collect();
             while Instant::now() < deadline {
                 let sent = Instant::now();
@@ -188,6 +208,7 @@ async fn throughput(
                     allowed += answer.allowed as u64;
                     decisions += 1;
                 } else {
+                    use api::allow_batch_response::result::Result as Item;
                     let answer = client
                         .allow_batch(api::AllowBatchRequest {
                             requests: requests.clone(),
@@ -195,30 +216,32 @@ async fn throughput(
                         .await?
                         .into_inner();
                     decisions += answer.results.len() as u64;
-                    allowed += answer
-                        .results
-                        .iter()
-                        .filter(|result| {
-                            matches!(
-                                &result.result,
-                                Some(api::allow_batch_response::result::Result::Response(r))
-                                    if r.allowed
-                            )
-                        })
-                        .count() as u64;
+                    for result in answer.results {
+                        match result.result {
+                            Some(Item::Response(response)) => allowed += response.allowed as u64,
+                            Some(Item::Error(error)) => {
+                                *errors.entry(error.reason).or_default() += 1
+                            }
+                            None => *errors.entry("NO_RESULT".into()).or_default() += 1,
+                        }
+                    }
                 }
                 latencies.push(sent.elapsed());
             }
-            anyhow::Ok((latencies, decisions, allowed))
+            anyhow::Ok((latencies, decisions, allowed, errors))
         }));
     }
     let mut latencies = Vec::new();
     let (mut decisions, mut allowed) = (0, 0);
+    let mut errors = std::collections::BTreeMap::<String, u64>::new();
     for task in tasks {
-        let (mine, d, a) = task.await??;
+        let (mine, d, a, e) = task.await??;
         latencies.extend(mine);
         decisions += d;
         allowed += a;
+        for (reason, count) in e {
+            *errors.entry(reason).or_default() += count;
+        }
     }
     let elapsed = started.elapsed().as_secs_f64();
     latencies.sort();
@@ -231,6 +254,7 @@ async fn throughput(
         "calls": latencies.len(),
         "decisions": decisions,
         "allowed": allowed,
+        "item_errors": errors,
         "decisions_per_second": decisions as f64 / elapsed,
         "calls_per_second": latencies.len() as f64 / elapsed,
         "call_p50_ms": percentile(&latencies, 0.50),
@@ -431,6 +455,109 @@ async fn concurrency(
     }))
 }
 
+/// Answers `Allow` and `AllowBatch` with `allowed`; the rest are unimplemented.
+struct BareAdmission {
+    /// weir's answer for the bench key of `scripts/admission-bench.py` (rate 1e12, burst 4e9),
+    /// so both servers encode and send the same 42 bytes.
+    allowed: api::AllowResponse,
+}
+
+impl BareAdmission {
+    fn new() -> BareAdmission {
+        let zero = Some(prost_types::Duration::default());
+        BareAdmission {
+            allowed: api::AllowResponse {
+                allowed: true,
+                remaining: 4_000_000_000,
+                retry_after: zero,
+                reset_after: zero,
+                limit_in_force: Some(api::LimitSpec {
+                    algorithm: api::Algorithm::TokenBucket as i32,
+                    rate: 1e12,
+                    burst: 4_000_000_000,
+                    window: Some(prost_types::Duration {
+                        seconds: 1,
+                        nanos: 0,
+                    }),
+                    max_concurrent: 0,
+                }),
+                delay: zero,
+                limit_source: "key".to_string(),
+            },
+        }
+    }
+}
+
+#[tonic::async_trait]
+impl api::admission_server::Admission for BareAdmission {
+    async fn allow(
+        &self,
+        _: Request<api::AllowRequest>,
+    ) -> Result<Response<api::AllowResponse>, Status> {
+        Ok(Response::new(self.allowed.clone()))
+    }
+
+    async fn allow_batch(
+        &self,
+        request: Request<api::AllowBatchRequest>,
+    ) -> Result<Response<api::AllowBatchResponse>, Status> {
+        use api::allow_batch_response::{result, Result as Item};
+        let results = (request.get_ref().requests.iter())
+            .map(|_| Item {
+                result: Some(result::Result::Response(self.allowed.clone())),
+            })
+            .collect();
+        Ok(Response::new(api::AllowBatchResponse { results }))
+    }
+
+    async fn acquire(
+        &self,
+        _: Request<api::AcquireRequest>,
+    ) -> Result<Response<api::AcquireResponse>, Status> {
+        Err(Status::unimplemented("bare server"))
+    }
+
+    async fn release(
+        &self,
+        _: Request<api::ReleaseRequest>,
+    ) -> Result<Response<api::ReleaseResponse>, Status> {
+        Err(Status::unimplemented("bare server"))
+    }
+
+    async fn renew(
+        &self,
+        _: Request<api::RenewRequest>,
+    ) -> Result<Response<api::RenewResponse>, Status> {
+        Err(Status::unimplemented("bare server"))
+    }
+
+    async fn lease(
+        &self,
+        _: Request<api::LeaseRequest>,
+    ) -> Result<Response<api::LeaseResponse>, Status> {
+        Err(Status::unimplemented("bare server"))
+    }
+}
+
+/// The settings of `server::serve_grpc` with weir's defaults (--http-header-read-timeout 30s,
+/// --http-max-header-bytes 1 MiB), and TCP_NODELAY as `grpc::incoming` sets it.
+async fn serve_bare(listen: std::net::SocketAddr) -> anyhow::Result<()> {
+    use api::admission_server::AdmissionServer;
+    let listener = tokio::net::TcpListener::bind(listen).await?;
+    println!("listening on {}", listener.local_addr()?);
+    let incoming = tonic::transport::server::TcpIncoming::from_listener(listener, true, None)
+        .map_err(|err| anyhow::anyhow!("{err}"))?;
+    tonic::transport::Server::builder()
+        .max_concurrent_streams(256)
+        .http2_keepalive_interval(Some(Duration::from_secs(30)))
+        .http2_keepalive_timeout(Some(Duration::from_secs(30)))
+        .http2_max_header_list_size(1 << 20)
+        .add_service(AdmissionServer::new(BareAdmission::new()))
+        .serve_with_incoming(incoming)
+        .await?;
+    Ok(())
+}
+
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let report = match Args::parse().mode {
@@ -453,6 +580,7 @@ async fn main() -> anyhow::Result<()> {
             hold_min,
             hold_max,
         } => concurrency(common, clients, limit, hold_min, hold_max).await?,
+        Mode::ServeBare { listen } => return serve_bare(listen).await,
     };
     println!("{}", serde_json::to_string_pretty(&report)?);
     Ok(())
