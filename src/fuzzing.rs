@@ -7,6 +7,9 @@
 //!   with the protocols' own types. They must agree on accept and reject and on every count;
 //!   the only refusals a decode does not make are weir's documented rules, which are checked
 //!   on the decoded request independently.
+//! - [`otlp_scan`]: the zero-copy OTLP scan against a full prost decode counted by
+//!   [`otlp::count`]: the same counts or the same refusal, and every body prost refuses is
+//!   refused.
 //! - [`snappy`]: decompression within the size limit never panics and never exceeds it.
 //! - [`overrides`]: the runtime config parser; what it accepts renders and parses again.
 //! - [`tenant`]: tenant IDs; what is accepted follows Mimir's rules.
@@ -29,6 +32,7 @@ use prost::Message;
 
 use crate::counts::{DecodeError, WriteCounts};
 use crate::format::{self, Format};
+use crate::otlp;
 use crate::remote_write::{self, prompb, v2_proto};
 
 /// The most one allocation may take while a property runs on one input. Inputs are at most
@@ -243,6 +247,25 @@ fn top_level_tags(mut data: &[u8]) -> impl Iterator<Item = u32> + '_ {
         skip_field(wire_type, tag, &mut data, DecodeContext::default()).ok()?;
         Some(tag)
     })
+}
+
+/// The OTLP scan against `ExportMetricsServiceRequest` decoded by prost and counted by
+/// [`otlp::count`]. Where prost decodes, the two give the same answer: the same counts, or
+/// the same refusal word for word (Mimir's "nothing in the request can be ingested", which
+/// lists each refused metric). Where prost refuses, the scan refuses too, as invalid
+/// protobuf; only the wording of that error differs (the scan names the field its own way).
+pub fn otlp_scan(data: &[u8]) {
+    let scanned = otlp::scan(data);
+    match otlp::proto::ExportMetricsServiceRequest::decode(data) {
+        Ok(request) => assert_eq!(scanned, otlp::count(&request)),
+        Err(err) => {
+            let invalid = |message: &str| message.starts_with("invalid protobuf: ");
+            assert!(
+                matches!(&scanned, Err(DecodeError::Otlp(message)) if invalid(message)),
+                "the scan gave {scanned:?} for what prost refuses: {err}"
+            );
+        }
+    }
 }
 
 /// Snappy and the size limit: no panic, and nothing larger than the limit is ever scanned.

@@ -20,17 +20,27 @@
 //! is a 400. Exemplars are charged as weir charges them in remote write, that is as for a
 //! tenant with exemplars enabled (Mimir's default, `max_global_exemplars_per_user: 0`, drops
 //! them before its limiter).
+//!
+//! A protobuf body is counted by [`scan`], a zero-copy walk of the wire format, and never
+//! decoded: the count is all weir needs from it, as the forward sends the client's bytes.
+//! [`count`] of a full prost decode is the reference the scan is held to (the `otlp_scan`
+//! fuzz target and the property tests in `tests.rs`) and the baseline `benches/hot_path.rs`
+//! measures it against. OTLP/JSON is still decoded in full ([`json`]) and counted by [`count`].
 
 mod json;
 pub mod proto;
+mod scan;
 
+pub use scan::scan;
+
+use std::borrow::Cow;
 use std::collections::HashSet;
 use std::io::Read;
 
 use prost::Message;
 
 use crate::counts::{DecodeError, UnsupportedMedia, WriteCounts};
-use proto::metrics::{metric::Data, AggregationTemporality, Metric, ResourceMetrics};
+use proto::metrics::{metric::Data, AggregationTemporality, Metric};
 
 /// How an OTLP body is encoded, from its headers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -138,37 +148,55 @@ pub fn grpc_code(status: u16) -> i32 {
     }
 }
 
-/// Decompresses (gzip, at most `max_size` bytes out) and counts an OTLP metrics body.
+/// Decompresses (gzip, at most `max_size` bytes out) and counts an OTLP metrics body: a
+/// protobuf body with [`scan`], without decoding it; OTLP/JSON decoded in full and [`count`]ed.
 pub fn decode(
     body: &[u8],
     max_size: usize,
     format: OtlpFormat,
 ) -> Result<WriteCounts, DecodeError> {
-    let inflated;
-    let raw = if format.gzip {
-        let mut out = Vec::new();
-        flate2::read::GzDecoder::new(body)
-            .take(max_size as u64 + 1)
-            .read_to_end(&mut out)
-            .map_err(|err| DecodeError::Otlp(format!("invalid gzip body: {err}")))?;
-        if out.len() > max_size {
-            return Err(DecodeError::TooLarge {
-                size: out.len(),
-                limit: max_size,
-            });
-        }
-        inflated = out;
-        &inflated[..]
+    let raw = inflate(body, max_size, format)?;
+    if format.json {
+        count(&json::decode(&raw)?)
     } else {
-        body
-    };
+        scan(&raw)
+    }
+}
+
+/// [`decode`] with a full prost decode of protobuf bodies instead of the scan: the reference
+/// the scan is held to, and the baseline it is measured against.
+pub fn decode_full(
+    body: &[u8],
+    max_size: usize,
+    format: OtlpFormat,
+) -> Result<WriteCounts, DecodeError> {
+    let raw = inflate(body, max_size, format)?;
     let request = if format.json {
-        json::decode(raw)?
+        json::decode(&raw)?
     } else {
-        proto::ExportMetricsServiceRequest::decode(raw)
+        proto::ExportMetricsServiceRequest::decode(&raw[..])
             .map_err(|err| DecodeError::Otlp(format!("invalid protobuf: {err}")))?
     };
     count(&request)
+}
+
+/// The body as sent, or gunzipped into at most `max_size` bytes.
+fn inflate(body: &[u8], max_size: usize, format: OtlpFormat) -> Result<Cow<'_, [u8]>, DecodeError> {
+    if !format.gzip {
+        return Ok(Cow::Borrowed(body));
+    }
+    let mut out = Vec::new();
+    flate2::read::GzDecoder::new(body)
+        .take(max_size as u64 + 1)
+        .read_to_end(&mut out)
+        .map_err(|err| DecodeError::Otlp(format!("invalid gzip body: {err}")))?;
+    if out.len() > max_size {
+        return Err(DecodeError::TooLarge {
+            size: out.len(),
+            limit: max_size,
+        });
+    }
+    Ok(Cow::Owned(out))
 }
 
 /// What the request costs, as Mimir's translation and limiter count it.
@@ -191,21 +219,36 @@ pub fn count(request: &proto::ExportMetricsServiceRequest) -> Result<WriteCounts
                 Err(why) => refused.push(format!("metric {:?}: {why}", metric.name)),
             }
         }
-        if let Some(samples) = target_info_samples(resource, &times) {
+        let mut keys = TargetKeys::default();
+        for kv in resource.resource.iter().flat_map(|r| &r.attributes) {
+            keys.see(kv.key.as_bytes());
+        }
+        if let Some(samples) = target_info_samples(&keys, &times) {
             counts.series += 1;
             counts.samples = counts.samples.saturating_add(samples);
-            families.insert("target_info".to_string());
+            families.insert(TARGET_INFO.to_string());
         }
     }
     counts.metadata = families.len() as u64;
     if counts.cost() == 0 && !refused.is_empty() {
-        return Err(DecodeError::Otlp(format!(
-            "nothing in the request can be ingested: {}",
-            refused.join("; ")
-        )));
+        return Err(nothing_ingested(refused.join("; ")));
     }
     Ok(counts)
 }
+
+/// The 400 for a request of which nothing converts: `refused` lists each refused metric.
+fn nothing_ingested(refused: String) -> DecodeError {
+    DecodeError::Otlp(format!("nothing in the request can be ingested: {refused}"))
+}
+
+/// Why Mimir's translator refuses a metric.
+const NOT_CUMULATIVE: &str =
+    "only cumulative temporality is ingested (delta or unspecified is refused)";
+const SCALE_BELOW_MINUS_4: &str = "an exponential histogram's scale is below -4";
+const NO_DATA: &str = "the metric has no data";
+
+/// The series (and metric family) Mimir adds per resource.
+const TARGET_INFO: &str = "target_info";
 
 /// The earliest and latest point of one resource, in Unix nanoseconds.
 #[derive(Debug, Default)]
@@ -222,6 +265,14 @@ impl TimeRange {
         );
         self.latest = self.latest.max(time_unix_nano);
     }
+
+    /// Widens this range to cover `other`.
+    fn cover(&mut self, other: &TimeRange) {
+        if let Some(earliest) = other.earliest {
+            self.see(earliest);
+            self.see(other.latest);
+        }
+    }
 }
 
 /// Adds one metric's items to `counts`; returns how many points it had, or why Mimir's
@@ -235,11 +286,11 @@ fn count_metric(
         if temporality == AggregationTemporality::Cumulative as i32 {
             Ok(())
         } else {
-            Err("only cumulative temporality is ingested (delta or unspecified is refused)")
+            Err(NOT_CUMULATIVE)
         }
     };
     let add = |total: &mut u64, n: usize| *total = total.saturating_add(n as u64);
-    let points = match metric.data.as_ref().ok_or("the metric has no data")? {
+    let points = match metric.data.as_ref().ok_or(NO_DATA)? {
         Data::Gauge(gauge) => {
             for point in &gauge.data_points {
                 times.see(point.time_unix_nano);
@@ -280,7 +331,7 @@ fn count_metric(
             }
             cumulative(histogram.aggregation_temporality)?;
             if histogram.data_points.iter().any(|point| point.scale < -4) {
-                return Err("an exponential histogram's scale is below -4");
+                return Err(SCALE_BELOW_MINUS_4);
             }
             for point in &histogram.data_points {
                 add(&mut counts.histograms, 1);
@@ -300,23 +351,33 @@ fn count_metric(
     Ok(points)
 }
 
-/// The samples of the `target_info` series Mimir adds for a resource, if it adds one: when
-/// the resource has points, an attribute other than `service.name`, `service.namespace` and
-/// `service.instance.id`, and one of `service.name` or `service.instance.id`. One sample
-/// every 150 s (half the default 5 m lookback) from the resource's earliest point to before
-/// its latest, plus one at the latest: 1 when all points share a timestamp.
-fn target_info_samples(resource: &ResourceMetrics, times: &TimeRange) -> Option<u64> {
+/// What a resource's attribute keys say about its `target_info` series: Mimir adds one when
+/// the resource has an attribute other than `service.name`, `service.namespace` and
+/// `service.instance.id`, and one of `service.name` or `service.instance.id`.
+#[derive(Debug, Default)]
+struct TargetKeys {
+    other: bool,
+    identity: bool,
+}
+
+impl TargetKeys {
+    fn see(&mut self, key: &[u8]) {
+        match key {
+            b"service.name" | b"service.instance.id" => self.identity = true,
+            b"service.namespace" => {}
+            _ => self.other = true,
+        }
+    }
+}
+
+/// The samples of the `target_info` series Mimir adds for a resource, if it adds one (see
+/// [`TargetKeys`]; and the resource has points). One sample every 150 s (half the default
+/// 5 m lookback) from the resource's earliest point to before its latest, plus one at the
+/// latest: 1 when all points share a timestamp.
+fn target_info_samples(keys: &TargetKeys, times: &TimeRange) -> Option<u64> {
     const STEP_NANOS: u64 = 150_000_000_000;
     let earliest = times.earliest?;
-    let attributes = &resource.resource.as_ref()?.attributes;
-    let identifying = ["service.name", "service.namespace", "service.instance.id"];
-    let has_other = attributes
-        .iter()
-        .any(|kv| !identifying.contains(&kv.key.as_str()));
-    let has_identity = attributes
-        .iter()
-        .any(|kv| kv.key == "service.name" || kv.key == "service.instance.id");
-    if !(has_other && has_identity) {
+    if !(keys.other && keys.identity) {
         return None;
     }
     let span = times.latest - earliest;
@@ -327,6 +388,14 @@ fn target_info_samples(resource: &ResourceMetrics, times: &TimeRange) -> Option<
 /// Mimir's default): metadata is one entry per family, and two OTLP names can share one.
 fn family_name(name: &str) -> String {
     let mut out = String::with_capacity(name.len());
+    escape_family_name(name, &mut out);
+    out
+}
+
+/// Writes `name`'s family name into `out` (cleared first): every character outside
+/// `[A-Za-z0-9_:]` becomes `_`, and runs of `_` collapse into one.
+fn escape_family_name(name: &str, out: &mut String) {
+    out.clear();
     for c in name.chars() {
         let c = if c.is_ascii_alphanumeric() || c == '_' || c == ':' {
             c
@@ -337,7 +406,15 @@ fn family_name(name: &str) -> String {
             out.push(c);
         }
     }
-    out
+}
+
+/// Whether `name` is its own family name ([`family_name`] leaves it as it is).
+fn is_family_name(name: &str) -> bool {
+    let bytes = name.as_bytes();
+    bytes
+        .iter()
+        .all(|&b| b.is_ascii_alphanumeric() || b == b'_' || b == b':')
+        && !bytes.windows(2).any(|pair| pair == b"__")
 }
 
 #[cfg(test)]

@@ -269,3 +269,660 @@ fn the_default_otlp_upstream_follows_the_receiver() {
         "https://r:1/otlp/v1/metrics"
     );
 }
+
+// The scan against the full decode. `crate::fuzzing::otlp_scan` is the property: where prost
+// decodes, the scan gives `count`'s answer (counts, or the same refusal word for word); where
+// prost refuses, the scan refuses.
+
+use proptest::prelude::*;
+
+use metrics::metric::Data as MetricData;
+
+/// The property, and the scan's own answer for the test to check by hand.
+fn scanned(body: &[u8]) -> Result<WriteCounts, DecodeError> {
+    crate::fuzzing::otlp_scan(body);
+    scan(body)
+}
+
+#[test]
+fn the_scan_counts_the_fixture_as_mimir_charges() {
+    let raw = json::decode(SAMPLE).unwrap().encode_to_vec();
+    sample_counts(scanned(&raw).unwrap());
+    sample_counts(decode_full(&raw, 1 << 20, protobuf()).unwrap());
+    let gzipped = OtlpFormat {
+        json: false,
+        gzip: true,
+    };
+    sample_counts(decode(&gzip(&raw), 1 << 20, gzipped).unwrap());
+}
+
+/// Hand-written protobuf, for what prost's encoder never writes: fields repeated, packed and
+/// unpacked mixed, unknown fields and groups, out-of-range enums, nesting to the limit.
+mod wire {
+    use prost::encoding::{encode_key, encode_varint, WireType};
+
+    pub fn message(tag: u32, body: &[u8]) -> Vec<u8> {
+        let mut out = Vec::new();
+        encode_key(tag, WireType::LengthDelimited, &mut out);
+        encode_varint(body.len() as u64, &mut out);
+        out.extend_from_slice(body);
+        out
+    }
+
+    pub fn varint(tag: u32, value: u64) -> Vec<u8> {
+        let mut out = Vec::new();
+        encode_key(tag, WireType::Varint, &mut out);
+        encode_varint(value, &mut out);
+        out
+    }
+
+    pub fn fixed64(tag: u32, value: u64) -> Vec<u8> {
+        let mut out = Vec::new();
+        encode_key(tag, WireType::SixtyFourBit, &mut out);
+        out.extend_from_slice(&value.to_le_bytes());
+        out
+    }
+
+    pub fn key(tag: u32, wire_type: WireType) -> Vec<u8> {
+        let mut out = Vec::new();
+        encode_key(tag, wire_type, &mut out);
+        out
+    }
+
+    /// A request of one resource (with `resource`'s fields, if any) and one scope holding
+    /// `metrics` (each a `Metric` message's fields).
+    pub fn request(resource: Option<&[u8]>, metrics: &[Vec<u8>]) -> Vec<u8> {
+        let scope: Vec<u8> = metrics.iter().flat_map(|m| message(2, m)).collect();
+        let mut resource_metrics = Vec::new();
+        if let Some(resource) = resource {
+            resource_metrics.extend(message(1, resource));
+        }
+        resource_metrics.extend(message(2, &scope));
+        message(1, &resource_metrics)
+    }
+
+    /// A gauge `NumberDataPoint` at `time` with `extra` fields.
+    pub fn gauge_point(time: u64, extra: &[u8]) -> Vec<u8> {
+        let mut point = fixed64(3, time);
+        point.extend_from_slice(extra);
+        message(1, &point)
+    }
+
+    pub fn attribute(key: &[u8], value: &[u8]) -> Vec<u8> {
+        let mut kv = message(1, key);
+        kv.extend(message(2, value));
+        kv
+    }
+
+    pub fn cat(parts: &[&[u8]]) -> Vec<u8> {
+        parts.concat()
+    }
+}
+
+fn counted(counts: WriteCounts) -> (u64, u64, u64, u64) {
+    (
+        counts.samples,
+        counts.histograms,
+        counts.exemplars,
+        counts.metadata,
+    )
+}
+
+#[test]
+fn a_oneof_sent_twice_merges_and_a_new_variant_starts_afresh() {
+    use wire::*;
+    let name = message(1, b"g");
+    let gauge = |points: usize| {
+        let body: Vec<u8> = (0..points).flat_map(|_| gauge_point(5, &[])).collect();
+        message(5, &body)
+    };
+    // Two gauges: prost merges their points.
+    let twice = request(None, &[cat(&[&name, &gauge(1), &gauge(2)])]);
+    assert_eq!(counted(scanned(&twice).unwrap()), (3, 0, 0, 1));
+    // Gauge, sum, gauge: the sum replaced the first gauge, the last gauge replaced the sum.
+    let sum = message(7, &cat(&[&gauge_point(5, &[]), &varint(2, 2)]));
+    let switched = request(None, &[cat(&[&name, &gauge(2), &sum, &gauge(1)])]);
+    assert_eq!(counted(scanned(&switched).unwrap()), (1, 0, 0, 1));
+    // A sum's temporality in a second sum message still applies, and the last one wins.
+    let points = message(7, &gauge_point(5, &[]));
+    let cumulative = request(None, &[cat(&[&name, &points, &message(7, &varint(2, 2))])]);
+    assert_eq!(counted(scanned(&cumulative).unwrap()), (1, 0, 0, 1));
+    let both = cat(&[&varint(2, 2), &varint(2, 1)]);
+    let delta = request(None, &[cat(&[&name, &points, &message(7, &both)])]);
+    let err = scanned(&delta).unwrap_err();
+    assert!(err.to_string().contains("cumulative"), "{err}");
+    // An enum is the varint cut to 32 bits: 2^32 + 2 reads as cumulative.
+    let wide = message(7, &cat(&[&gauge_point(5, &[]), &varint(2, (1 << 32) + 2)]));
+    let wide = request(None, &[cat(&[&name, &wide])]);
+    assert_eq!(counted(scanned(&wide).unwrap()), (1, 0, 0, 1));
+}
+
+#[test]
+fn repeated_numbers_count_packed_or_not() {
+    use prost::encoding::WireType;
+    use wire::*;
+    // Bounds: 3 packed and 2 unpacked; bucket counts: 4 unpacked and 2 packed; a sum.
+    let packed = |tag: u32, values: usize| message(tag, &vec![0u8; 8 * values]);
+    let point = cat(&[
+        &fixed64(3, 5),
+        &packed(7, 3),
+        &fixed64(7, 0),
+        &fixed64(7, 0),
+        &fixed64(6, 1),
+        &fixed64(6, 1),
+        &fixed64(6, 1),
+        &fixed64(6, 1),
+        &packed(6, 2),
+        &fixed64(5, 0),
+    ]);
+    let histogram = message(9, &cat(&[&message(1, &point), &varint(2, 2)]));
+    let body = request(None, &[cat(&[&message(1, b"h"), &histogram])]);
+    // min(5 bounds, 6 counts) + `+Inf` + `_count` + `_sum`.
+    assert_eq!(counted(scanned(&body).unwrap()), (5 + 3, 0, 0, 1));
+    // Packed doubles that are not a whole number of 8 bytes: both refuse.
+    let ragged = cat(&[&fixed64(3, 5), &message(7, &[0u8; 12])]);
+    let histogram = message(9, &cat(&[&message(1, &ragged), &varint(2, 2)]));
+    let body = request(None, &[cat(&[&message(1, b"h"), &histogram])]);
+    assert!(scanned(&body).is_err());
+    // An exponential histogram's packed bucket counts that end inside a varint: both refuse.
+    let buckets = message(8, &message(2, &[0x01, 0x80]));
+    let point = cat(&[&fixed64(3, 5), &buckets]);
+    let exponential = message(10, &cat(&[&message(1, &point), &varint(2, 2)]));
+    let body = request(None, &[cat(&[&message(1, b"e"), &exponential])]);
+    assert!(scanned(&body).is_err());
+    // The same field, whole, passes; and a wrong wire type for a known field is refused.
+    let buckets = message(8, &message(2, &[0x01, 0x80, 0x01]));
+    let point = cat(&[&fixed64(3, 5), &buckets]);
+    let exponential = message(10, &cat(&[&message(1, &point), &varint(2, 2)]));
+    let body = request(None, &[cat(&[&message(1, b"e"), &exponential])]);
+    assert_eq!(counted(scanned(&body).unwrap()), (0, 1, 0, 1));
+    let point = cat(&[&varint(3, 5)]);
+    let body = request(
+        None,
+        &[cat(&[&message(1, b"g"), &message(5, &message(1, &point))])],
+    );
+    assert!(scanned(&body).is_err());
+    let point = cat(&[&fixed64(3, 5), &key(100, WireType::ThirtyTwoBit), &[0; 4]]);
+    let body = request(
+        None,
+        &[cat(&[&message(1, b"g"), &message(5, &message(1, &point))])],
+    );
+    assert_eq!(counted(scanned(&body).unwrap()), (1, 0, 0, 1));
+}
+
+#[test]
+fn an_exponential_scale_is_a_zigzag_of_32_bits() {
+    use wire::*;
+    let with_scale = |scale: u64| {
+        let point = cat(&[&fixed64(3, 5), &varint(6, scale)]);
+        let exponential = message(10, &cat(&[&message(1, &point), &varint(2, 2)]));
+        request(None, &[cat(&[&message(1, b"e"), &exponential])])
+    };
+    // Zigzag 8 is 4, 9 is -5 (refused), 7 is -4; the high bits of a wide varint are cut.
+    assert_eq!(counted(scanned(&with_scale(8)).unwrap()), (0, 1, 0, 1));
+    assert_eq!(counted(scanned(&with_scale(7)).unwrap()), (0, 1, 0, 1));
+    assert!(scanned(&with_scale(9)).is_err());
+    assert!(scanned(&with_scale((1 << 32) + 9)).is_err());
+    assert_eq!(
+        counted(scanned(&with_scale((1 << 40) + 8)).unwrap()),
+        (0, 1, 0, 1)
+    );
+}
+
+#[test]
+fn a_resource_sent_twice_merges_its_attributes() {
+    use wire::*;
+    let string = |text: &[u8]| message(1, text);
+    let name = message(1, &attribute(b"service.name", &string(b"s")));
+    let host = message(1, &attribute(b"host.name", &string(b"h")));
+    let gauge = [cat(&[&message(1, b"g"), &message(5, &gauge_point(5, &[]))])];
+    // One `resource` with both attributes, or two with one each: target_info either way.
+    let mut resource_metrics = message(1, &name);
+    resource_metrics.extend(message(1, &host));
+    resource_metrics.extend(message(2, &message(2, &gauge[0])));
+    let twice = message(1, &resource_metrics);
+    assert_eq!(counted(scanned(&twice).unwrap()), (2, 0, 0, 2));
+    let once = request(Some(&cat(&[&name, &host])), &gauge);
+    assert_eq!(scanned(&once), scanned(&twice));
+    // A key sent twice in one attribute: the last one counts.
+    let renamed = cat(&[&message(1, b"host.name"), &attribute(b"service.name", b"")]);
+    let only_identity = request(Some(&cat(&[&name, &message(1, &renamed)])), &gauge);
+    assert_eq!(counted(scanned(&only_identity).unwrap()), (1, 0, 0, 1));
+}
+
+#[test]
+fn strings_must_be_utf8_and_bytes_need_not_be() {
+    use wire::*;
+    let point = |value: &[u8]| {
+        let attribute = message(7, &attribute(b"k", value));
+        cat(&[&message(1, b"g"), &message(5, &gauge_point(5, &attribute))])
+    };
+    let good = request(None, &[point(&message(1, "é".as_bytes()))]);
+    assert_eq!(counted(scanned(&good).unwrap()), (1, 0, 0, 1));
+    let bad = request(None, &[point(&message(1, b"\xff"))]);
+    let err = scanned(&bad).unwrap_err();
+    assert!(err
+        .to_string()
+        .starts_with("invalid OTLP metrics request: invalid protobuf: "));
+    let bytes = request(None, &[point(&message(7, b"\xff"))]);
+    assert_eq!(counted(scanned(&bytes).unwrap()), (1, 0, 0, 1));
+    let bad_name = request(
+        None,
+        &[cat(&[
+            &message(1, b"\xc3"),
+            &message(5, &gauge_point(5, &[])),
+        ])],
+    );
+    assert!(scanned(&bad_name).is_err());
+}
+
+#[test]
+fn unknown_fields_and_groups_are_skipped_as_prost_skips_them() {
+    use prost::encoding::WireType;
+    use wire::*;
+    let gauge = cat(&[&message(1, b"g"), &message(5, &gauge_point(5, &[]))]);
+    let group = cat(&[
+        &key(20, WireType::StartGroup),
+        &varint(1, 7),
+        &key(21, WireType::StartGroup),
+        &key(21, WireType::EndGroup),
+        &key(20, WireType::EndGroup),
+    ]);
+    let body = request(None, &[cat(&[&gauge, &group])]);
+    assert_eq!(counted(scanned(&body).unwrap()), (1, 0, 0, 1));
+    let mismatched = cat(&[&key(20, WireType::StartGroup), &key(21, WireType::EndGroup)]);
+    assert!(scanned(&request(None, &[cat(&[&gauge, &mismatched])])).is_err());
+    let lone_end = key(20, WireType::EndGroup);
+    assert!(scanned(&request(None, &[cat(&[&gauge, &lone_end])])).is_err());
+    // Reserved and unknown fields of every wire type, at the top level too.
+    let mut body = request(None, &[cat(&[&gauge, &varint(4, 1), &fixed64(6, 1)])]);
+    body.extend(message(9, b"anything"));
+    assert_eq!(counted(scanned(&body).unwrap()), (1, 0, 0, 1));
+}
+
+/// An attribute value of `levels` nested arrays, holding `innermost` (an `AnyValue`'s fields).
+fn nested_attribute(levels: usize, innermost: &[u8]) -> Vec<u8> {
+    use wire::*;
+    let mut value = innermost.to_vec();
+    for _ in 0..levels {
+        // AnyValue { array_value: ArrayValue { values: [value] } }
+        value = message(5, &message(1, &value));
+    }
+    let attribute = message(7, &attribute(b"k", &value));
+    request(
+        None,
+        &[cat(&[
+            &message(1, b"g"),
+            &message(5, &gauge_point(5, &attribute)),
+        ])],
+    )
+}
+
+#[test]
+fn nesting_is_refused_exactly_where_prost_refuses_it() {
+    use prost::encoding::WireType;
+    // The deepest attribute value prost accepts, found by prost itself.
+    let decodes = |levels: usize, innermost: &[u8]| {
+        ExportMetricsServiceRequest::decode(&nested_attribute(levels, innermost)[..]).is_ok()
+    };
+    let string = wire::message(1, b"v");
+    let deepest = (0..100)
+        .take_while(|&n| decodes(n, &string))
+        .last()
+        .unwrap();
+    assert!((30..50).contains(&deepest), "{deepest}");
+    // An unknown field is skipped at its message's depth, which may be one too deep.
+    let unknown = wire::cat(&[&string, &wire::key(9, WireType::Varint), &[1]]);
+    let group = wire::cat(&[
+        &wire::key(9, WireType::StartGroup),
+        &wire::varint(1, 1),
+        &wire::key(9, WireType::EndGroup),
+    ]);
+    let mut accepted = 0;
+    for levels in deepest.saturating_sub(3)..deepest + 3 {
+        for innermost in [&string, &unknown, &group, &wire::message(6, b"")] {
+            let body = nested_attribute(levels, innermost);
+            accepted += usize::from(scanned(&body).is_ok());
+        }
+    }
+    // Both answers were seen, so the limit was crossed.
+    assert!((1..24).contains(&accepted), "{accepted}");
+    assert!(scanned(&nested_attribute(deepest, &string)).is_ok());
+    assert!(scanned(&nested_attribute(deepest + 1, &string)).is_err());
+}
+
+#[test]
+fn a_request_of_only_refused_metrics_is_refused_in_the_same_words() {
+    use wire::*;
+    let delta = message(7, &cat(&[&gauge_point(5, &[]), &varint(2, 1)]));
+    let body = request(
+        None,
+        &[
+            cat(&[&message(1, b"d.one"), &delta]),
+            message(1, b"no data"),
+            cat(&[&message(1, b"empty"), &message(5, b"")]),
+        ],
+    );
+    let err = scanned(&body).unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "invalid OTLP metrics request: nothing in the request can be ingested: metric \
+         \"d.one\": only cumulative temporality is ingested (delta or unspecified is refused); \
+         metric \"no data\": the metric has no data"
+    );
+}
+
+fn any_value() -> impl Strategy<Value = common::AnyValue> {
+    use common::any_value::Value;
+    let leaf = prop_oneof![
+        "[a-zé]{0,4}".prop_map(Value::StringValue),
+        any::<bool>().prop_map(Value::BoolValue),
+        any::<i64>().prop_map(Value::IntValue),
+        any::<f64>().prop_map(Value::DoubleValue),
+        prop::collection::vec(any::<u8>(), 0..4).prop_map(Value::BytesValue),
+    ]
+    .prop_map(|value| common::AnyValue { value: Some(value) });
+    leaf.prop_recursive(3, 12, 3, |inner| {
+        prop_oneof![
+            prop::collection::vec(inner.clone(), 0..3).prop_map(|values| common::AnyValue {
+                value: Some(common::any_value::Value::ArrayValue(common::ArrayValue {
+                    values
+                })),
+            }),
+            prop::collection::vec(("[a-z]{0,3}", inner), 0..3).prop_map(|pairs| {
+                common::AnyValue {
+                    value: Some(common::any_value::Value::KvlistValue(
+                        common::KeyValueList {
+                            values: pairs
+                                .into_iter()
+                                .map(|(key, value)| common::KeyValue {
+                                    key,
+                                    value: Some(value),
+                                })
+                                .collect(),
+                        },
+                    )),
+                }
+            }),
+        ]
+    })
+}
+
+fn attributes() -> impl Strategy<Value = Vec<common::KeyValue>> {
+    let key = prop::sample::select(vec![
+        "service.name",
+        "service.namespace",
+        "service.instance.id",
+        "host.name",
+        "k",
+    ]);
+    prop::collection::vec((key, prop::option::of(any_value())), 0..3).prop_map(|pairs| {
+        pairs
+            .into_iter()
+            .map(|(key, value)| common::KeyValue {
+                key: key.into(),
+                value,
+            })
+            .collect()
+    })
+}
+
+/// Times that share a timestamp, spread over minutes, or sit at the ends of the range.
+fn time() -> impl Strategy<Value = u64> {
+    const T: u64 = 1_700_000_000_000_000_000;
+    prop::sample::select(vec![
+        0,
+        T,
+        T + 1,
+        T + 150_000_000_000,
+        T + 601_000_000_000,
+        u64::MAX,
+    ])
+}
+
+fn exemplars() -> impl Strategy<Value = Vec<metrics::Exemplar>> {
+    prop::collection::vec(
+        (
+            attributes(),
+            time(),
+            prop::collection::vec(any::<u8>(), 0..9),
+        )
+            .prop_map(
+                |(filtered_attributes, time_unix_nano, span_id)| metrics::Exemplar {
+                    filtered_attributes,
+                    time_unix_nano,
+                    span_id,
+                    value: Some(metrics::exemplar::Value::AsInt(3)),
+                    ..Default::default()
+                },
+            ),
+        0..3,
+    )
+}
+
+fn number_points() -> impl Strategy<Value = Vec<metrics::NumberDataPoint>> {
+    prop::collection::vec(
+        (attributes(), time(), exemplars(), any::<u32>()).prop_map(
+            |(attributes, time_unix_nano, exemplars, flags)| metrics::NumberDataPoint {
+                attributes,
+                time_unix_nano,
+                exemplars,
+                flags,
+                value: Some(metrics::number_data_point::Value::AsDouble(1.5)),
+                ..Default::default()
+            },
+        ),
+        0..4,
+    )
+}
+
+/// Mostly cumulative, and the refused ones: unspecified, delta, out of the enum's range.
+fn temporality() -> impl Strategy<Value = i32> {
+    prop::sample::select(vec![2, 2, 2, 0, 1, 3, -2])
+}
+
+fn data() -> impl Strategy<Value = MetricData> {
+    let histogram_point = (
+        attributes(),
+        time(),
+        prop::collection::vec(any::<u64>(), 0..5),
+        prop::collection::vec(any::<f64>(), 0..5),
+        prop::option::of(any::<f64>()),
+        exemplars(),
+    )
+        .prop_map(
+            |(attributes, time_unix_nano, bucket_counts, explicit_bounds, sum, exemplars)| {
+                metrics::HistogramDataPoint {
+                    attributes,
+                    time_unix_nano,
+                    bucket_counts,
+                    explicit_bounds,
+                    sum,
+                    exemplars,
+                    ..Default::default()
+                }
+            },
+        );
+    let buckets = (any::<i32>(), prop::collection::vec(any::<u64>(), 0..4)).prop_map(
+        |(offset, bucket_counts)| metrics::exponential_histogram_data_point::Buckets {
+            offset,
+            bucket_counts,
+        },
+    );
+    let exponential_point = (
+        attributes(),
+        time(),
+        -6i32..10,
+        prop::option::of(buckets),
+        exemplars(),
+    )
+        .prop_map(|(attributes, time_unix_nano, scale, positive, exemplars)| {
+            metrics::ExponentialHistogramDataPoint {
+                attributes,
+                time_unix_nano,
+                scale,
+                positive,
+                exemplars,
+                ..Default::default()
+            }
+        });
+    let summary_point =
+        (attributes(), time(), 0usize..4).prop_map(|(attributes, time_unix_nano, quantiles)| {
+            metrics::SummaryDataPoint {
+                attributes,
+                time_unix_nano,
+                quantile_values: vec![Default::default(); quantiles],
+                ..Default::default()
+            }
+        });
+    prop_oneof![
+        number_points().prop_map(|data_points| MetricData::Gauge(metrics::Gauge { data_points })),
+        (number_points(), temporality(), any::<bool>()).prop_map(
+            |(data_points, aggregation_temporality, is_monotonic)| MetricData::Sum(metrics::Sum {
+                data_points,
+                aggregation_temporality,
+                is_monotonic,
+            })
+        ),
+        (prop::collection::vec(histogram_point, 0..3), temporality()).prop_map(
+            |(data_points, aggregation_temporality)| MetricData::Histogram(metrics::Histogram {
+                data_points,
+                aggregation_temporality,
+            })
+        ),
+        (
+            prop::collection::vec(exponential_point, 0..3),
+            temporality()
+        )
+            .prop_map(|(data_points, aggregation_temporality)| {
+                MetricData::ExponentialHistogram(metrics::ExponentialHistogram {
+                    data_points,
+                    aggregation_temporality,
+                })
+            }),
+        prop::collection::vec(summary_point, 0..3)
+            .prop_map(|data_points| MetricData::Summary(metrics::Summary { data_points })),
+    ]
+}
+
+fn metric() -> impl Strategy<Value = metrics::Metric> {
+    // Names that share a family (`a.b`, `a_b`, `a__b`), collide with `target_info`, or
+    // need escaping beyond ASCII.
+    let name = prop::sample::select(vec![
+        "a.b",
+        "a_b",
+        "a__b",
+        "target.info",
+        "é",
+        "",
+        "x:y",
+        "_a_",
+    ]);
+    (name, prop::option::of(data()), attributes()).prop_map(|(name, data, metadata)| {
+        metrics::Metric {
+            name: name.into(),
+            description: "d".into(),
+            unit: "s".into(),
+            data,
+            metadata,
+        }
+    })
+}
+
+fn request_strategy() -> impl Strategy<Value = ExportMetricsServiceRequest> {
+    let scope = (
+        prop::option::of(attributes()),
+        prop::collection::vec(metric(), 0..4),
+    )
+        .prop_map(|(scope, metrics)| metrics::ScopeMetrics {
+            scope: scope.map(|attributes| common::InstrumentationScope {
+                name: "lib".into(),
+                attributes,
+                ..Default::default()
+            }),
+            metrics,
+            schema_url: String::new(),
+        });
+    let resource = (
+        prop::option::of(attributes()),
+        prop::collection::vec(scope, 0..3),
+    )
+        .prop_map(|(attributes, scope_metrics)| metrics::ResourceMetrics {
+            resource: attributes.map(|attributes| resource::Resource {
+                attributes,
+                ..Default::default()
+            }),
+            scope_metrics,
+            schema_url: "https://opentelemetry.io/schemas/1.0".into(),
+        });
+    prop::collection::vec(resource, 0..3)
+        .prop_map(|resource_metrics| ExportMetricsServiceRequest { resource_metrics })
+}
+
+proptest! {
+    /// Every kind of metric, refused ones included: the scan of the encoded request gives
+    /// what `count` of the request gives, refusals word for word.
+    #[test]
+    fn the_scan_counts_what_a_decode_counts(request in request_strategy()) {
+        let body = request.encode_to_vec();
+        prop_assert_eq!(scan(&body), count(&request));
+        let full = decode_full(&body, usize::MAX, protobuf());
+        prop_assert_eq!(decode(&body, usize::MAX, protobuf()), full);
+    }
+
+    /// Damaged requests (bytes changed, cut short, or spliced in): the scan and prost accept
+    /// and refuse alike, and count alike what both accept.
+    #[test]
+    fn damaged_requests_are_refused_as_prost_refuses_them(
+        request in request_strategy(),
+        flips in prop::collection::vec((any::<prop::sample::Index>(), any::<u8>()), 0..3),
+        cut in prop::option::of(any::<prop::sample::Index>()),
+        splice in prop::option::of(
+            (any::<prop::sample::Index>(), prop::collection::vec(any::<u8>(), 1..6))
+        ),
+    ) {
+        let mut body = request.encode_to_vec();
+        if !body.is_empty() {
+            for (index, byte) in flips {
+                let i = index.index(body.len());
+                body[i] = byte;
+            }
+            if let Some((index, bytes)) = splice {
+                let i = index.index(body.len());
+                body.splice(i..i, bytes);
+            }
+            if let Some(index) = cut {
+                body.truncate(index.index(body.len()));
+            }
+        }
+        crate::fuzzing::otlp_scan(&body);
+    }
+
+    #[test]
+    fn arbitrary_bytes_are_refused_as_prost_refuses_them(
+        body in prop::collection::vec(any::<u8>(), 0..256),
+    ) {
+        crate::fuzzing::otlp_scan(&body);
+    }
+}
+
+/// The `otlp_scan` fuzz target's committed corpus and past crashes, replayed through its
+/// property (as `tests/fuzz_corpus.rs` does for the other targets).
+#[test]
+fn the_fuzz_corpus_replays() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz");
+    let mut replayed = 0;
+    for dir in ["corpus", "crashes"] {
+        let Ok(entries) = std::fs::read_dir(root.join(dir).join("otlp_scan")) else {
+            continue;
+        };
+        for entry in entries {
+            let path = entry.unwrap().path();
+            if path.is_file() && !path.file_name().unwrap().to_string_lossy().starts_with('.') {
+                crate::fuzzing::otlp_scan(&std::fs::read(&path).unwrap());
+                replayed += 1;
+            }
+        }
+    }
+    assert!(replayed > 0, "no committed otlp_scan corpus");
+}

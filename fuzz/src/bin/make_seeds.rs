@@ -3,6 +3,7 @@
 use std::path::Path;
 
 use prost::Message;
+use weir::otlp::proto::{common, metrics, resource, ExportMetricsServiceRequest};
 use weir::remote_write::prompb::{self, WriteRequest};
 use weir::remote_write::v2_proto;
 
@@ -147,4 +148,175 @@ fn main() {
         }),
     };
     write(&dir, "admission", "proto", &allow.encode_to_vec());
+    for (name, request) in otlp_seeds() {
+        write(&dir, "otlp_scan", name, &request.encode_to_vec());
+    }
+}
+
+/// OTLP exports for `otlp_scan`: every kind of metric, exemplars, nested attribute values,
+/// `target_info`, refused metrics, and an export of nothing but refused ones.
+fn otlp_seeds() -> Vec<(&'static str, ExportMetricsServiceRequest)> {
+    use metrics::metric::Data;
+    let string = |text: &str| common::AnyValue {
+        value: Some(common::any_value::Value::StringValue(text.into())),
+    };
+    let attribute = |key: &str, value: common::AnyValue| common::KeyValue {
+        key: key.into(),
+        value: Some(value),
+    };
+    let nested = common::AnyValue {
+        value: Some(common::any_value::Value::KvlistValue(
+            common::KeyValueList {
+                values: vec![attribute(
+                    "list",
+                    common::AnyValue {
+                        value: Some(common::any_value::Value::ArrayValue(common::ArrayValue {
+                            values: vec![string("a"), string("é")],
+                        })),
+                    },
+                )],
+            },
+        )),
+    };
+    const T: u64 = 1_700_000_000_000_000_000;
+    let exemplar = metrics::Exemplar {
+        filtered_attributes: vec![attribute("k", string("v"))],
+        time_unix_nano: T,
+        span_id: vec![1; 8],
+        trace_id: vec![2; 16],
+        value: Some(metrics::exemplar::Value::AsDouble(0.5)),
+    };
+    let number = |time: u64| metrics::NumberDataPoint {
+        attributes: vec![
+            attribute("route", string("/a")),
+            attribute("deep", nested.clone()),
+        ],
+        time_unix_nano: time,
+        exemplars: vec![exemplar.clone()],
+        value: Some(metrics::number_data_point::Value::AsInt(3)),
+        ..Default::default()
+    };
+    let metric = |name: &str, data: Data| metrics::Metric {
+        name: name.into(),
+        description: "d".into(),
+        unit: "s".into(),
+        data: Some(data),
+        metadata: vec![attribute("m", string("x"))],
+    };
+    let gauge = metric(
+        "a.gauge",
+        Data::Gauge(metrics::Gauge {
+            data_points: vec![number(T), number(T + 600_000_000_000)],
+        }),
+    );
+    let sum = |temporality: i32| {
+        metric(
+            "a_sum",
+            Data::Sum(metrics::Sum {
+                data_points: vec![number(T)],
+                aggregation_temporality: temporality,
+                is_monotonic: true,
+            }),
+        )
+    };
+    let histogram = metric(
+        "a.histogram",
+        Data::Histogram(metrics::Histogram {
+            data_points: vec![metrics::HistogramDataPoint {
+                time_unix_nano: T,
+                bucket_counts: vec![1, 2, 3, 4],
+                explicit_bounds: vec![0.1, 0.5, 1.0],
+                sum: Some(2.5),
+                exemplars: vec![exemplar.clone()],
+                ..Default::default()
+            }],
+            aggregation_temporality: 2,
+        }),
+    );
+    let exponential = |scale: i32| {
+        metric(
+            "a.exponential",
+            Data::ExponentialHistogram(metrics::ExponentialHistogram {
+                data_points: vec![metrics::ExponentialHistogramDataPoint {
+                    time_unix_nano: T,
+                    scale,
+                    positive: Some(metrics::exponential_histogram_data_point::Buckets {
+                        offset: -2,
+                        bucket_counts: vec![1, 300, 0],
+                    }),
+                    exemplars: vec![exemplar.clone()],
+                    ..Default::default()
+                }],
+                aggregation_temporality: 2,
+            }),
+        )
+    };
+    let summary = metric(
+        "a.summary",
+        Data::Summary(metrics::Summary {
+            data_points: vec![metrics::SummaryDataPoint {
+                time_unix_nano: T,
+                quantile_values: vec![Default::default(); 2],
+                ..Default::default()
+            }],
+        }),
+    );
+    let export = |resource_attributes: Vec<common::KeyValue>, metrics: Vec<metrics::Metric>| {
+        ExportMetricsServiceRequest {
+            resource_metrics: vec![metrics::ResourceMetrics {
+                resource: Some(resource::Resource {
+                    attributes: resource_attributes,
+                    ..Default::default()
+                }),
+                scope_metrics: vec![metrics::ScopeMetrics {
+                    scope: Some(common::InstrumentationScope {
+                        name: "lib".into(),
+                        version: "1".into(),
+                        attributes: vec![attribute("s", string("t"))],
+                        ..Default::default()
+                    }),
+                    metrics,
+                    ..Default::default()
+                }],
+                ..Default::default()
+            }],
+        }
+    };
+    let service = vec![
+        attribute("service.name", string("svc")),
+        attribute("service.instance.id", string("i-1")),
+        attribute("host.name", string("h")),
+    ];
+    vec![
+        (
+            "every-kind",
+            export(
+                service.clone(),
+                vec![
+                    gauge.clone(),
+                    sum(2),
+                    sum(1),
+                    histogram,
+                    exponential(3),
+                    exponential(-5),
+                    summary,
+                    metrics::Metric {
+                        name: "no.data".into(),
+                        ..Default::default()
+                    },
+                ],
+            ),
+        ),
+        ("gauge", export(vec![], vec![gauge])),
+        // A refused metric's points still give its resource a `target_info`.
+        (
+            "refused-with-target-info",
+            export(service, vec![sum(1), exponential(-6)]),
+        ),
+        (
+            "only-refused",
+            export(vec![], vec![sum(0), exponential(-6)]),
+        ),
+        ("empty", ExportMetricsServiceRequest::default()),
+    ]
 }

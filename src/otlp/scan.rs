@@ -1,0 +1,877 @@
+//! A zero-copy scan of a protobuf `ExportMetricsServiceRequest`: the charge [`super::count`]
+//! gives for a full prost decode, and the same refusals, without building the request.
+//!
+//! weir forwards an OTLP body as the client sent it, so a decode was only ever needed for the
+//! count; this walk reads the wire format in place instead, as the remote-write scans do, and
+//! allocates nothing per point (a family name that needs escaping is written once, into a
+//! reused buffer, and kept when new). It accepts exactly what prost's generated decoder
+//! accepts:
+//! - every known field must have its wire type (a repeated number may be packed or not), a
+//!   length must fit in what remains, a string must be UTF-8;
+//! - nested messages count against prost's recursion limit of 100 (attribute values nest:
+//!   an `AnyValue` holds arrays and key-value lists), and so does skipping an unknown field;
+//! - unknown fields (groups too) are skipped by prost's rules.
+//!
+//! What it counts follows the decoded request: where prost merges (a singular message sent
+//! twice, the `data` oneof sent twice with one variant), the scan adds up; where prost keeps
+//! the last (a scalar or string sent twice, the oneof changing variant), so does the scan.
+//! The `otlp_scan` fuzz target and `tests.rs` hold it to [`super::count`] of a prost decode:
+//! the same counts, or the same refusal; for a body prost cannot decode only the error's
+//! wording differs.
+
+use std::borrow::Cow;
+use std::collections::HashSet;
+
+use prost::encoding::{decode_key, decode_varint, WireType};
+
+use super::{
+    escape_family_name, is_family_name, nothing_ingested, target_info_samples, TargetKeys,
+    TimeRange, NOT_CUMULATIVE, NO_DATA, SCALE_BELOW_MINUS_4, TARGET_INFO,
+};
+use crate::counts::{DecodeError, WriteCounts};
+
+/// How many messages deep prost decodes before it refuses ("recursion limit reached"): the
+/// request's own fields are read at this depth left, each nested message at one less.
+const RECURSION_LIMIT: u32 = 100;
+
+/// The scan's own errors: what was wrong, where. Built only on the way out.
+type Scanned<T> = Result<T, String>;
+
+/// Scans an uncompressed protobuf `ExportMetricsServiceRequest` and counts what Mimir would
+/// charge for it ([`super::count`]'s rules), refusing what a prost decode refuses.
+pub fn scan(body: &[u8]) -> Result<WriteCounts, DecodeError> {
+    let invalid = |err: String| DecodeError::Otlp(format!("invalid protobuf: {err}"));
+    let mut charge = Charge::default();
+    let mut buf = body;
+    let mut index = 0u64;
+    while !buf.is_empty() {
+        let (tag, wire_type) = key(&mut buf).map_err(invalid)?;
+        if tag == 1 {
+            let (resource, depth) = message(
+                &mut buf,
+                wire_type,
+                RECURSION_LIMIT,
+                "ExportMetricsServiceRequest.resource_metrics",
+            )
+            .map_err(invalid)?;
+            charge
+                .resource_metrics(resource, depth)
+                .map_err(|err| invalid(format!("resource_metrics[{index}]: {err}")))?;
+            index += 1;
+        } else {
+            skip(&mut buf, wire_type, tag, RECURSION_LIMIT).map_err(invalid)?;
+        }
+    }
+    charge.finish()
+}
+
+/// The request's charge so far, metric by metric.
+#[derive(Default)]
+struct Charge<'a> {
+    counts: WriteCounts,
+    /// Family names: borrowed from the body when a name is its own family name.
+    families: HashSet<Cow<'a, str>>,
+    /// A reused buffer for escaping a name.
+    escaped: String,
+    /// Each refused metric's name and why, in the request's order.
+    refused: Vec<(&'a str, &'static str)>,
+}
+
+impl<'a> Charge<'a> {
+    fn family(&mut self, name: &'a str) {
+        if is_family_name(name) {
+            if !self.families.contains(name) {
+                self.families.insert(Cow::Borrowed(name));
+            }
+        } else {
+            escape_family_name(name, &mut self.escaped);
+            if !self.families.contains(self.escaped.as_str()) {
+                self.families.insert(Cow::Owned(self.escaped.clone()));
+            }
+        }
+    }
+
+    fn finish(mut self) -> Result<WriteCounts, DecodeError> {
+        self.counts.metadata = self.families.len() as u64;
+        if self.counts.cost() == 0 && !self.refused.is_empty() {
+            let refused: Vec<String> = self
+                .refused
+                .iter()
+                .map(|(name, why)| format!("metric {name:?}: {why}"))
+                .collect();
+            return Err(nothing_ingested(refused.join("; ")));
+        }
+        Ok(self.counts)
+    }
+
+    /// `ResourceMetrics`: its metrics, then its `target_info`.
+    fn resource_metrics(&mut self, mut buf: &'a [u8], depth: u32) -> Scanned<()> {
+        let mut keys = TargetKeys::default();
+        let mut times = TimeRange::default();
+        while !buf.is_empty() {
+            let (tag, wire_type) = key(&mut buf)?;
+            match tag {
+                1 => {
+                    let (resource, depth) =
+                        message(&mut buf, wire_type, depth, "ResourceMetrics.resource")?;
+                    resource_attributes(resource, depth, &mut keys)?;
+                }
+                2 => {
+                    let (scope, depth) =
+                        message(&mut buf, wire_type, depth, "ResourceMetrics.scope_metrics")?;
+                    self.scope_metrics(scope, depth, &mut times)?;
+                }
+                3 => {
+                    string(&mut buf, wire_type, "ResourceMetrics.schema_url")?;
+                }
+                _ => skip(&mut buf, wire_type, tag, depth)?,
+            }
+        }
+        if let Some(samples) = target_info_samples(&keys, &times) {
+            self.counts.series += 1;
+            self.counts.samples = self.counts.samples.saturating_add(samples);
+            self.family(TARGET_INFO);
+        }
+        Ok(())
+    }
+
+    fn scope_metrics(
+        &mut self,
+        mut buf: &'a [u8],
+        depth: u32,
+        times: &mut TimeRange,
+    ) -> Scanned<()> {
+        while !buf.is_empty() {
+            let (tag, wire_type) = key(&mut buf)?;
+            match tag {
+                1 => {
+                    let (scope, depth) = message(&mut buf, wire_type, depth, "ScopeMetrics.scope")?;
+                    instrumentation_scope(scope, depth)?;
+                }
+                2 => {
+                    let (metric, depth) =
+                        message(&mut buf, wire_type, depth, "ScopeMetrics.metrics")?;
+                    self.metric(metric, depth, times)?;
+                }
+                3 => {
+                    string(&mut buf, wire_type, "ScopeMetrics.schema_url")?;
+                }
+                _ => skip(&mut buf, wire_type, tag, depth)?,
+            }
+        }
+        Ok(())
+    }
+
+    /// `Metric`: its data's points, charged once the whole metric is read (its name, its
+    /// temporality and its oneof's final variant can come in any order).
+    fn metric(&mut self, mut buf: &'a [u8], depth: u32, times: &mut TimeRange) -> Scanned<()> {
+        let mut name = "";
+        let mut data: Option<Data> = None;
+        while !buf.is_empty() {
+            let (tag, wire_type) = key(&mut buf)?;
+            match tag {
+                1 => name = text(&mut buf, wire_type, "Metric.name")?,
+                2 => {
+                    string(&mut buf, wire_type, "Metric.description")?;
+                }
+                3 => {
+                    string(&mut buf, wire_type, "Metric.unit")?;
+                }
+                5 | 7 | 9 | 10 | 11 => {
+                    let kind = Kind::of_tag(tag);
+                    let (body, depth) = message(&mut buf, wire_type, depth, kind.field())?;
+                    // prost merges a variant sent again into the one it has, and starts
+                    // afresh when the variant changes.
+                    if data.as_ref().is_some_and(|data| data.kind != kind) {
+                        data = None;
+                    }
+                    data.get_or_insert_with(|| Data::new(kind))
+                        .add(body, depth)?;
+                }
+                12 => {
+                    let (kv, depth) = message(&mut buf, wire_type, depth, "Metric.metadata")?;
+                    key_value(kv, depth)?;
+                }
+                _ => skip(&mut buf, wire_type, tag, depth)?,
+            }
+        }
+        match data
+            .ok_or(NO_DATA)
+            .and_then(|data| data.settle(&mut self.counts, times))
+        {
+            Ok(0) => {}
+            Ok(_) => self.family(name),
+            Err(why) => self.refused.push((name, why)),
+        }
+        Ok(())
+    }
+}
+
+/// The variant of a metric's `data` oneof.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Gauge,
+    Sum,
+    Histogram,
+    Exponential,
+    Summary,
+}
+
+impl Kind {
+    fn of_tag(tag: u32) -> Kind {
+        match tag {
+            5 => Kind::Gauge,
+            7 => Kind::Sum,
+            9 => Kind::Histogram,
+            10 => Kind::Exponential,
+            _ => Kind::Summary,
+        }
+    }
+
+    fn field(self) -> &'static str {
+        match self {
+            Kind::Gauge => "Metric.gauge",
+            Kind::Sum => "Metric.sum",
+            Kind::Histogram => "Metric.histogram",
+            Kind::Exponential => "Metric.exponential_histogram",
+            Kind::Summary => "Metric.summary",
+        }
+    }
+}
+
+/// One metric's data as decoded so far: what its points would charge, before the metric's
+/// temporality and scale decide whether it is charged at all.
+struct Data {
+    kind: Kind,
+    points: u64,
+    times: TimeRange,
+    samples: u64,
+    histograms: u64,
+    exemplars: u64,
+    /// `aggregation_temporality` as prost reads an enum: the varint cut to `i32`.
+    temporality: i32,
+    scale_below_minus_4: bool,
+}
+
+impl Data {
+    fn new(kind: Kind) -> Data {
+        Data {
+            kind,
+            points: 0,
+            times: TimeRange::default(),
+            samples: 0,
+            histograms: 0,
+            exemplars: 0,
+            temporality: 0,
+            scale_below_minus_4: false,
+        }
+    }
+
+    /// One `Gauge`, `Sum`, `Histogram`, `ExponentialHistogram` or `Summary` message.
+    fn add(&mut self, mut buf: &[u8], depth: u32) -> Scanned<()> {
+        let kind = self.kind;
+        while !buf.is_empty() {
+            let (tag, wire_type) = key(&mut buf)?;
+            match (tag, kind) {
+                (1, _) => {
+                    let (point, depth) = message(&mut buf, wire_type, depth, "data_points")?;
+                    self.point(point, depth)?;
+                }
+                (2, Kind::Sum | Kind::Histogram | Kind::Exponential) => {
+                    self.temporality =
+                        varint(&mut buf, wire_type, "aggregation_temporality")? as i32;
+                }
+                (3, Kind::Sum) => {
+                    varint(&mut buf, wire_type, "Sum.is_monotonic")?;
+                }
+                _ => skip(&mut buf, wire_type, tag, depth)?,
+            }
+        }
+        Ok(())
+    }
+
+    fn point(&mut self, buf: &[u8], depth: u32) -> Scanned<()> {
+        let time = match self.kind {
+            Kind::Gauge | Kind::Sum => {
+                let point = number_point(buf, depth)?;
+                self.samples += 1;
+                self.exemplars += point.exemplars;
+                point.time
+            }
+            Kind::Histogram => {
+                let point = histogram_point(buf, depth)?;
+                // The buckets, `+Inf`, `_count`, and `_sum` when the point has one.
+                self.samples += point.bounds.min(point.bucket_counts) + 2 + u64::from(point.sum);
+                self.exemplars += point.exemplars;
+                point.time
+            }
+            Kind::Exponential => {
+                let point = exponential_point(buf, depth)?;
+                self.histograms += 1;
+                self.exemplars += point.exemplars;
+                self.scale_below_minus_4 |= point.scale < -4;
+                point.time
+            }
+            Kind::Summary => {
+                let point = summary_point(buf, depth)?;
+                self.samples += point.quantiles + 2;
+                point.time
+            }
+        };
+        self.points += 1;
+        self.times.see(time);
+        Ok(())
+    }
+
+    /// Charges the metric to `counts` and returns its points, or why Mimir's translator
+    /// refuses it. Its points' times count for `target_info` either way.
+    fn settle(self, counts: &mut WriteCounts, times: &mut TimeRange) -> Result<u64, &'static str> {
+        times.cover(&self.times);
+        let temporal = matches!(self.kind, Kind::Sum | Kind::Histogram | Kind::Exponential);
+        if temporal && self.temporality != super::AggregationTemporality::Cumulative as i32 {
+            return Err(NOT_CUMULATIVE);
+        }
+        if self.scale_below_minus_4 {
+            return Err(SCALE_BELOW_MINUS_4);
+        }
+        counts.samples = counts.samples.saturating_add(self.samples);
+        counts.histograms = counts.histograms.saturating_add(self.histograms);
+        // Gauge exemplars are never translated.
+        if self.kind != Kind::Gauge {
+            counts.exemplars = counts.exemplars.saturating_add(self.exemplars);
+        }
+        counts.series = counts.series.saturating_add(self.points);
+        Ok(self.points)
+    }
+}
+
+/// What a `NumberDataPoint` (gauge or sum) contributes.
+struct NumberPoint {
+    time: u64,
+    exemplars: u64,
+}
+
+fn number_point(mut buf: &[u8], depth: u32) -> Scanned<NumberPoint> {
+    let mut point = NumberPoint {
+        time: 0,
+        exemplars: 0,
+    };
+    while !buf.is_empty() {
+        let (tag, wire_type) = key(&mut buf)?;
+        match tag {
+            7 => attribute(&mut buf, wire_type, depth, "NumberDataPoint.attributes")?,
+            3 => point.time = fixed64(&mut buf, wire_type, "NumberDataPoint.time_unix_nano")?,
+            2 | 4 | 6 => {
+                fixed64(&mut buf, wire_type, "NumberDataPoint")?;
+            }
+            5 => {
+                let (exemplar_body, depth) =
+                    message(&mut buf, wire_type, depth, "NumberDataPoint.exemplars")?;
+                exemplar(exemplar_body, depth)?;
+                point.exemplars += 1;
+            }
+            8 => {
+                varint(&mut buf, wire_type, "NumberDataPoint.flags")?;
+            }
+            _ => skip(&mut buf, wire_type, tag, depth)?,
+        }
+    }
+    Ok(point)
+}
+
+/// What a `HistogramDataPoint` contributes.
+struct HistogramPoint {
+    time: u64,
+    bounds: u64,
+    bucket_counts: u64,
+    sum: bool,
+    exemplars: u64,
+}
+
+fn histogram_point(mut buf: &[u8], depth: u32) -> Scanned<HistogramPoint> {
+    let mut point = HistogramPoint {
+        time: 0,
+        bounds: 0,
+        bucket_counts: 0,
+        sum: false,
+        exemplars: 0,
+    };
+    while !buf.is_empty() {
+        let (tag, wire_type) = key(&mut buf)?;
+        match tag {
+            9 => attribute(&mut buf, wire_type, depth, "HistogramDataPoint.attributes")?,
+            3 => point.time = fixed64(&mut buf, wire_type, "HistogramDataPoint.time_unix_nano")?,
+            5 => {
+                fixed64(&mut buf, wire_type, "HistogramDataPoint.sum")?;
+                point.sum = true;
+            }
+            2 | 4 | 11 | 12 => {
+                fixed64(&mut buf, wire_type, "HistogramDataPoint")?;
+            }
+            6 => {
+                point.bucket_counts +=
+                    repeated_fixed64(&mut buf, wire_type, "HistogramDataPoint.bucket_counts")?
+            }
+            7 => {
+                point.bounds +=
+                    repeated_fixed64(&mut buf, wire_type, "HistogramDataPoint.explicit_bounds")?
+            }
+            8 => {
+                let (exemplar_body, depth) =
+                    message(&mut buf, wire_type, depth, "HistogramDataPoint.exemplars")?;
+                exemplar(exemplar_body, depth)?;
+                point.exemplars += 1;
+            }
+            10 => {
+                varint(&mut buf, wire_type, "HistogramDataPoint.flags")?;
+            }
+            _ => skip(&mut buf, wire_type, tag, depth)?,
+        }
+    }
+    Ok(point)
+}
+
+/// What an `ExponentialHistogramDataPoint` contributes.
+struct ExponentialPoint {
+    time: u64,
+    scale: i32,
+    exemplars: u64,
+}
+
+fn exponential_point(mut buf: &[u8], depth: u32) -> Scanned<ExponentialPoint> {
+    let mut point = ExponentialPoint {
+        time: 0,
+        scale: 0,
+        exemplars: 0,
+    };
+    let name = "ExponentialHistogramDataPoint";
+    while !buf.is_empty() {
+        let (tag, wire_type) = key(&mut buf)?;
+        match tag {
+            1 => attribute(&mut buf, wire_type, depth, name)?,
+            3 => point.time = fixed64(&mut buf, wire_type, name)?,
+            2 | 4 | 5 | 7 | 12 | 13 | 14 => {
+                fixed64(&mut buf, wire_type, name)?;
+            }
+            6 => point.scale = sint32(varint(&mut buf, wire_type, name)?),
+            8 | 9 => {
+                let (buckets_body, depth) = message(&mut buf, wire_type, depth, name)?;
+                buckets(buckets_body, depth)?;
+            }
+            10 => {
+                varint(&mut buf, wire_type, name)?;
+            }
+            11 => {
+                let (exemplar_body, depth) = message(&mut buf, wire_type, depth, name)?;
+                exemplar(exemplar_body, depth)?;
+                point.exemplars += 1;
+            }
+            _ => skip(&mut buf, wire_type, tag, depth)?,
+        }
+    }
+    Ok(point)
+}
+
+/// `sint32` as prost decodes it: the varint cut to 32 bits, then zigzag.
+fn sint32(value: u64) -> i32 {
+    let value = value as u32;
+    ((value >> 1) as i32) ^ (-((value & 1) as i32))
+}
+
+/// `ExponentialHistogramDataPoint.Buckets`: checked, not counted.
+fn buckets(mut buf: &[u8], depth: u32) -> Scanned<()> {
+    while !buf.is_empty() {
+        let (tag, wire_type) = key(&mut buf)?;
+        match tag {
+            1 => {
+                varint(&mut buf, wire_type, "Buckets.offset")?;
+            }
+            2 => repeated_varint(&mut buf, wire_type, "Buckets.bucket_counts")?,
+            _ => skip(&mut buf, wire_type, tag, depth)?,
+        }
+    }
+    Ok(())
+}
+
+/// What a `SummaryDataPoint` contributes.
+struct SummaryPoint {
+    time: u64,
+    quantiles: u64,
+}
+
+fn summary_point(mut buf: &[u8], depth: u32) -> Scanned<SummaryPoint> {
+    let mut point = SummaryPoint {
+        time: 0,
+        quantiles: 0,
+    };
+    while !buf.is_empty() {
+        let (tag, wire_type) = key(&mut buf)?;
+        match tag {
+            7 => attribute(&mut buf, wire_type, depth, "SummaryDataPoint.attributes")?,
+            3 => point.time = fixed64(&mut buf, wire_type, "SummaryDataPoint.time_unix_nano")?,
+            2 | 4 | 5 => {
+                fixed64(&mut buf, wire_type, "SummaryDataPoint")?;
+            }
+            6 => {
+                let (quantile, depth) = message(
+                    &mut buf,
+                    wire_type,
+                    depth,
+                    "SummaryDataPoint.quantile_values",
+                )?;
+                value_at_quantile(quantile, depth)?;
+                point.quantiles += 1;
+            }
+            8 => {
+                varint(&mut buf, wire_type, "SummaryDataPoint.flags")?;
+            }
+            _ => skip(&mut buf, wire_type, tag, depth)?,
+        }
+    }
+    Ok(point)
+}
+
+fn value_at_quantile(mut buf: &[u8], depth: u32) -> Scanned<()> {
+    while !buf.is_empty() {
+        let (tag, wire_type) = key(&mut buf)?;
+        match tag {
+            1 | 2 => {
+                fixed64(&mut buf, wire_type, "ValueAtQuantile")?;
+            }
+            _ => skip(&mut buf, wire_type, tag, depth)?,
+        }
+    }
+    Ok(())
+}
+
+/// `Exemplar`: checked; its point counts it.
+fn exemplar(mut buf: &[u8], depth: u32) -> Scanned<()> {
+    while !buf.is_empty() {
+        let (tag, wire_type) = key(&mut buf)?;
+        match tag {
+            7 => attribute(&mut buf, wire_type, depth, "Exemplar.filtered_attributes")?,
+            2 | 3 | 6 => {
+                fixed64(&mut buf, wire_type, "Exemplar")?;
+            }
+            4 | 5 => {
+                bytes(&mut buf, wire_type, "Exemplar")?;
+            }
+            _ => skip(&mut buf, wire_type, tag, depth)?,
+        }
+    }
+    Ok(())
+}
+
+/// `Resource`: the keys of its attributes decide its `target_info`.
+fn resource_attributes(mut buf: &[u8], depth: u32, keys: &mut TargetKeys) -> Scanned<()> {
+    while !buf.is_empty() {
+        let (tag, wire_type) = key(&mut buf)?;
+        match tag {
+            1 => {
+                let (kv, depth) = message(&mut buf, wire_type, depth, "Resource.attributes")?;
+                keys.see(key_value(kv, depth)?);
+            }
+            2 => {
+                varint(&mut buf, wire_type, "Resource.dropped_attributes_count")?;
+            }
+            _ => skip(&mut buf, wire_type, tag, depth)?,
+        }
+    }
+    Ok(())
+}
+
+fn instrumentation_scope(mut buf: &[u8], depth: u32) -> Scanned<()> {
+    while !buf.is_empty() {
+        let (tag, wire_type) = key(&mut buf)?;
+        match tag {
+            1 | 2 => {
+                string(&mut buf, wire_type, "InstrumentationScope")?;
+            }
+            3 => attribute(
+                &mut buf,
+                wire_type,
+                depth,
+                "InstrumentationScope.attributes",
+            )?,
+            4 => {
+                varint(&mut buf, wire_type, "InstrumentationScope")?;
+            }
+            _ => skip(&mut buf, wire_type, tag, depth)?,
+        }
+    }
+    Ok(())
+}
+
+/// One attribute (a `KeyValue` field) of a point, scope or exemplar: checked.
+#[inline(always)]
+fn attribute(buf: &mut &[u8], wire_type: WireType, depth: u32, field: &str) -> Scanned<()> {
+    let (kv, depth) = message(buf, wire_type, depth, field)?;
+    key_value(kv, depth).map(|_| ())
+}
+
+/// `KeyValue`: checked; returns its key (the last one sent, as a decode keeps).
+fn key_value(mut buf: &[u8], depth: u32) -> Scanned<&[u8]> {
+    let mut name: &[u8] = b"";
+    while !buf.is_empty() {
+        let (tag, wire_type) = key(&mut buf)?;
+        match tag {
+            1 => name = string(&mut buf, wire_type, "KeyValue.key")?,
+            2 => {
+                let (value, depth) = message(&mut buf, wire_type, depth, "KeyValue.value")?;
+                match value {
+                    // Most values are one short string (`string_value`, under 128 bytes): the
+                    // general walk would find just that.
+                    [0x0a, len, text @ ..] if *len < 0x80 && usize::from(*len) == text.len() => {
+                        utf8(text, "AnyValue.string_value")?
+                    }
+                    _ => any_value(value, depth)?,
+                }
+            }
+            _ => skip(&mut buf, wire_type, tag, depth)?,
+        }
+    }
+    Ok(name)
+}
+
+/// `AnyValue`: checked, arrays and key-value lists to any depth prost allows.
+fn any_value(mut buf: &[u8], depth: u32) -> Scanned<()> {
+    while !buf.is_empty() {
+        let (tag, wire_type) = key(&mut buf)?;
+        match tag {
+            1 => {
+                string(&mut buf, wire_type, "AnyValue.string_value")?;
+            }
+            2 | 3 => {
+                varint(&mut buf, wire_type, "AnyValue")?;
+            }
+            4 => {
+                fixed64(&mut buf, wire_type, "AnyValue.double_value")?;
+            }
+            5 | 6 => {
+                let (list, depth) = message(&mut buf, wire_type, depth, "AnyValue")?;
+                list_values(list, depth, tag == 6)?;
+            }
+            7 => {
+                bytes(&mut buf, wire_type, "AnyValue.bytes_value")?;
+            }
+            _ => skip(&mut buf, wire_type, tag, depth)?,
+        }
+    }
+    Ok(())
+}
+
+/// `ArrayValue` (of `AnyValue`s) or `KeyValueList` (of `KeyValue`s, `pairs`).
+fn list_values(mut buf: &[u8], depth: u32, pairs: bool) -> Scanned<()> {
+    while !buf.is_empty() {
+        let (tag, wire_type) = key(&mut buf)?;
+        if tag == 1 {
+            let (value, depth) = message(&mut buf, wire_type, depth, "values")?;
+            if pairs {
+                key_value(value, depth)?;
+            } else {
+                any_value(value, depth)?;
+            }
+        } else {
+            skip(&mut buf, wire_type, tag, depth)?;
+        }
+    }
+    Ok(())
+}
+
+// The wire format, by prost's rules.
+
+/// A field's number and wire type, as `prost::encoding::decode_key` reads them.
+#[inline(always)]
+fn key(buf: &mut &[u8]) -> Scanned<(u32, WireType)> {
+    // Fields 1 to 15 have one-byte keys: nearly every key in a request.
+    if let Some(&byte) = buf.first() {
+        let wire_type = match byte & 7 {
+            0 => Some(WireType::Varint),
+            1 => Some(WireType::SixtyFourBit),
+            2 => Some(WireType::LengthDelimited),
+            5 => Some(WireType::ThirtyTwoBit),
+            _ => None,
+        };
+        if let (true, Some(wire_type)) = ((8..0x80).contains(&byte), wire_type) {
+            *buf = &buf[1..];
+            return Ok((u32::from(byte >> 3), wire_type));
+        }
+    }
+    decode_key(buf).map_err(|err| prost_error("a field key", err))
+}
+
+/// A nested message's bytes and the depth left inside it, as `prost::encoding::message::merge`
+/// checks them: the wire type, the recursion limit, the length.
+#[inline(always)]
+fn message<'a>(
+    buf: &mut &'a [u8],
+    wire_type: WireType,
+    depth: u32,
+    field: &str,
+) -> Scanned<(&'a [u8], u32)> {
+    expect(wire_type, WireType::LengthDelimited, field)?;
+    if depth == 0 {
+        return Err(too_deep(field));
+    }
+    Ok((delimited(buf, field)?, depth - 1))
+}
+
+/// A length-delimited field's bytes (its wire type already checked).
+#[inline(always)]
+fn delimited<'a>(buf: &mut &'a [u8], field: &str) -> Scanned<&'a [u8]> {
+    let len = decode_varint(buf).map_err(|err| prost_error(field, err))?;
+    if len > buf.len() as u64 {
+        return Err(underflow(field));
+    }
+    let (bytes, rest) = buf.split_at(len as usize);
+    *buf = rest;
+    Ok(bytes)
+}
+
+#[inline(always)]
+fn bytes<'a>(buf: &mut &'a [u8], wire_type: WireType, field: &str) -> Scanned<&'a [u8]> {
+    expect(wire_type, WireType::LengthDelimited, field)?;
+    delimited(buf, field)
+}
+
+/// A string's bytes, checked to be UTF-8.
+#[inline(always)]
+fn string<'a>(buf: &mut &'a [u8], wire_type: WireType, field: &str) -> Scanned<&'a [u8]> {
+    let bytes = bytes(buf, wire_type, field)?;
+    utf8(bytes, field)?;
+    Ok(bytes)
+}
+
+#[inline(always)]
+fn utf8(bytes: &[u8], field: &str) -> Scanned<()> {
+    // Names and most values are ASCII, which a word at a time checks faster than the
+    // general validator does for strings this short.
+    if bytes.is_ascii() || std::str::from_utf8(bytes).is_ok() {
+        Ok(())
+    } else {
+        Err(not_utf8(field))
+    }
+}
+
+/// A string, read as one.
+fn text<'a>(buf: &mut &'a [u8], wire_type: WireType, field: &str) -> Scanned<&'a str> {
+    let bytes = bytes(buf, wire_type, field)?;
+    std::str::from_utf8(bytes).map_err(|_| not_utf8(field))
+}
+
+#[inline(always)]
+fn varint(buf: &mut &[u8], wire_type: WireType, field: &str) -> Scanned<u64> {
+    expect(wire_type, WireType::Varint, field)?;
+    decode_varint(buf).map_err(|err| prost_error(field, err))
+}
+
+/// A `fixed64`, `sfixed64` or `double`: 8 bytes, little-endian.
+#[inline(always)]
+fn fixed64(buf: &mut &[u8], wire_type: WireType, field: &str) -> Scanned<u64> {
+    expect(wire_type, WireType::SixtyFourBit, field)?;
+    let Some((value, rest)) = buf.split_first_chunk::<8>() else {
+        return Err(underflow(field));
+    };
+    *buf = rest;
+    Ok(u64::from_le_bytes(*value))
+}
+
+/// A repeated `fixed64` or `double`, packed or not: how many values the field holds.
+fn repeated_fixed64(buf: &mut &[u8], wire_type: WireType, field: &str) -> Scanned<u64> {
+    if wire_type == WireType::LengthDelimited {
+        let packed = delimited(buf, field)?;
+        // prost reads 8 bytes at a time and refuses to end past the field's length.
+        if packed.len() % 8 != 0 {
+            return Err(format!("{field}: delimited length exceeded"));
+        }
+        Ok(packed.len() as u64 / 8)
+    } else {
+        fixed64(buf, wire_type, field).map(|_| 1)
+    }
+}
+
+/// A repeated varint, packed or not.
+fn repeated_varint(buf: &mut &[u8], wire_type: WireType, field: &str) -> Scanned<()> {
+    if wire_type == WireType::LengthDelimited {
+        let mut packed = delimited(buf, field)?;
+        while !packed.is_empty() {
+            decode_varint(&mut packed).map_err(|err| prost_error(field, err))?;
+        }
+        Ok(())
+    } else {
+        varint(buf, wire_type, field).map(|_| ())
+    }
+}
+
+/// Skips a field this walk does not read, as `prost::encoding::skip_field` does: at the
+/// depth of the message it is in, groups one deeper per level.
+fn skip(buf: &mut &[u8], wire_type: WireType, tag: u32, depth: u32) -> Scanned<()> {
+    if depth == 0 {
+        return Err(too_deep("an unknown field"));
+    }
+    let len = match wire_type {
+        WireType::Varint => decode_varint(buf)
+            .map(|_| 0)
+            .map_err(|err| prost_error("an unknown field", err))?,
+        WireType::ThirtyTwoBit => 4,
+        WireType::SixtyFourBit => 8,
+        WireType::LengthDelimited => {
+            decode_varint(buf).map_err(|err| prost_error("an unknown field", err))?
+        }
+        WireType::StartGroup => loop {
+            let (inner_tag, inner_wire_type) = key(buf)?;
+            if inner_wire_type == WireType::EndGroup {
+                if inner_tag != tag {
+                    return Err(format!("group {tag}: unexpected end group tag"));
+                }
+                break 0;
+            }
+            skip(buf, inner_wire_type, inner_tag, depth - 1)?;
+        },
+        WireType::EndGroup => return Err(format!("field {tag}: unexpected end group tag")),
+    };
+    if len > buf.len() as u64 {
+        return Err(underflow("an unknown field"));
+    }
+    *buf = &buf[len as usize..];
+    Ok(())
+}
+
+#[inline(always)]
+fn expect(actual: WireType, expected: WireType, field: &str) -> Scanned<()> {
+    if actual == expected {
+        Ok(())
+    } else {
+        Err(wrong_wire_type(field, actual, expected))
+    }
+}
+
+#[cold]
+#[inline(never)]
+fn wrong_wire_type(field: &str, actual: WireType, expected: WireType) -> String {
+    format!("{field}: invalid wire type {actual:?} (expected {expected:?})")
+}
+
+#[cold]
+#[inline(never)]
+fn underflow(field: &str) -> String {
+    format!("{field}: buffer underflow")
+}
+
+#[cold]
+#[inline(never)]
+fn too_deep(field: &str) -> String {
+    format!("{field}: recursion limit reached")
+}
+
+#[cold]
+#[inline(never)]
+fn not_utf8(field: &str) -> String {
+    format!("{field}: invalid string value: data is not UTF-8 encoded")
+}
+
+#[cold]
+#[inline(never)]
+fn prost_error(field: &str, err: prost::DecodeError) -> String {
+    format!("{field}: {err}")
+}
