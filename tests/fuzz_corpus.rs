@@ -98,3 +98,8 @@ fn gossip_frame() {
 fn auth() {
     replay("auth", weir::fuzzing::auth);
 }
+
+#[test]
+fn otlp_scan() {
+    replay("otlp_scan", weir::fuzzing::otlp_scan);
+}
