@@ -29,6 +29,7 @@
 
 mod json;
 pub mod proto;
+mod rules;
 mod scan;
 
 pub use scan::scan;
@@ -41,6 +42,10 @@ use prost::Message;
 
 use crate::counts::{DecodeError, UnsupportedMedia, WriteCounts};
 use proto::metrics::{metric::Data, AggregationTemporality, Metric};
+use rules::{
+    family_name, nothing_ingested, target_info_samples, TargetKeys, TimeRange, NOT_CUMULATIVE,
+    NO_DATA, SCALE_BELOW_MINUS_4, TARGET_INFO,
+};
 
 /// How an OTLP body is encoded, from its headers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -236,45 +241,6 @@ pub fn count(request: &proto::ExportMetricsServiceRequest) -> Result<WriteCounts
     Ok(counts)
 }
 
-/// The 400 for a request of which nothing converts: `refused` lists each refused metric.
-fn nothing_ingested(refused: String) -> DecodeError {
-    DecodeError::Otlp(format!("nothing in the request can be ingested: {refused}"))
-}
-
-/// Why Mimir's translator refuses a metric.
-const NOT_CUMULATIVE: &str =
-    "only cumulative temporality is ingested (delta or unspecified is refused)";
-const SCALE_BELOW_MINUS_4: &str = "an exponential histogram's scale is below -4";
-const NO_DATA: &str = "the metric has no data";
-
-/// The series (and metric family) Mimir adds per resource.
-const TARGET_INFO: &str = "target_info";
-
-/// The earliest and latest point of one resource, in Unix nanoseconds.
-#[derive(Debug, Default)]
-struct TimeRange {
-    earliest: Option<u64>,
-    latest: u64,
-}
-
-impl TimeRange {
-    fn see(&mut self, time_unix_nano: u64) {
-        self.earliest = Some(
-            self.earliest
-                .map_or(time_unix_nano, |e| e.min(time_unix_nano)),
-        );
-        self.latest = self.latest.max(time_unix_nano);
-    }
-
-    /// Widens this range to cover `other`.
-    fn cover(&mut self, other: &TimeRange) {
-        if let Some(earliest) = other.earliest {
-            self.see(earliest);
-            self.see(other.latest);
-        }
-    }
-}
-
 /// Adds one metric's items to `counts`; returns how many points it had, or why Mimir's
 /// translator refuses it.
 fn count_metric(
@@ -349,72 +315,6 @@ fn count_metric(
     };
     counts.series = counts.series.saturating_add(points as u64);
     Ok(points)
-}
-
-/// What a resource's attribute keys say about its `target_info` series: Mimir adds one when
-/// the resource has an attribute other than `service.name`, `service.namespace` and
-/// `service.instance.id`, and one of `service.name` or `service.instance.id`.
-#[derive(Debug, Default)]
-struct TargetKeys {
-    other: bool,
-    identity: bool,
-}
-
-impl TargetKeys {
-    fn see(&mut self, key: &[u8]) {
-        match key {
-            b"service.name" | b"service.instance.id" => self.identity = true,
-            b"service.namespace" => {}
-            _ => self.other = true,
-        }
-    }
-}
-
-/// The samples of the `target_info` series Mimir adds for a resource, if it adds one (see
-/// [`TargetKeys`]; and the resource has points). One sample every 150 s (half the default
-/// 5 m lookback) from the resource's earliest point to before its latest, plus one at the
-/// latest: 1 when all points share a timestamp.
-fn target_info_samples(keys: &TargetKeys, times: &TimeRange) -> Option<u64> {
-    const STEP_NANOS: u64 = 150_000_000_000;
-    let earliest = times.earliest?;
-    if !(keys.other && keys.identity) {
-        return None;
-    }
-    let span = times.latest - earliest;
-    Some(span.div_ceil(STEP_NANOS) + 1)
-}
-
-/// The Prometheus name a metric family gets (underscore escaping, no unit or type suffixes,
-/// Mimir's default): metadata is one entry per family, and two OTLP names can share one.
-fn family_name(name: &str) -> String {
-    let mut out = String::with_capacity(name.len());
-    escape_family_name(name, &mut out);
-    out
-}
-
-/// Writes `name`'s family name into `out` (cleared first): every character outside
-/// `[A-Za-z0-9_:]` becomes `_`, and runs of `_` collapse into one.
-fn escape_family_name(name: &str, out: &mut String) {
-    out.clear();
-    for c in name.chars() {
-        let c = if c.is_ascii_alphanumeric() || c == '_' || c == ':' {
-            c
-        } else {
-            '_'
-        };
-        if !(c == '_' && out.ends_with('_')) {
-            out.push(c);
-        }
-    }
-}
-
-/// Whether `name` is its own family name ([`family_name`] leaves it as it is).
-fn is_family_name(name: &str) -> bool {
-    let bytes = name.as_bytes();
-    bytes
-        .iter()
-        .all(|&b| b.is_ascii_alphanumeric() || b == b'_' || b == b':')
-        && !bytes.windows(2).any(|pair| pair == b"__")
 }
 
 #[cfg(test)]

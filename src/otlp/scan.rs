@@ -24,7 +24,7 @@ use std::collections::HashSet;
 
 use prost::encoding::{decode_key, decode_varint, WireType};
 
-use super::{
+use super::rules::{
     escape_family_name, is_family_name, nothing_ingested, target_info_samples, TargetKeys,
     TimeRange, NOT_CUMULATIVE, NO_DATA, SCALE_BELOW_MINUS_4, TARGET_INFO,
 };
@@ -328,7 +328,10 @@ impl Data {
     fn settle(self, counts: &mut WriteCounts, times: &mut TimeRange) -> Result<u64, &'static str> {
         times.cover(&self.times);
         let temporal = matches!(self.kind, Kind::Sum | Kind::Histogram | Kind::Exponential);
-        if temporal && self.temporality != super::AggregationTemporality::Cumulative as i32 {
+        if temporal
+            && self.temporality
+                != crate::otlp::proto::metrics::AggregationTemporality::Cumulative as i32
+        {
             return Err(NOT_CUMULATIVE);
         }
         if self.scale_below_minus_4 {

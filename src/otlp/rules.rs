@@ -1,0 +1,110 @@
+//! What both ways of counting an OTLP export share ([`super::count`] over a prost decode,
+//! [`super::scan`] over the bytes): Mimir's refusal reasons, its `target_info` rule and its
+//! family names. Below both, so that neither imports the other.
+
+use crate::counts::DecodeError;
+
+/// The 400 for a request of which nothing converts: `refused` lists each refused metric.
+pub(super) fn nothing_ingested(refused: String) -> DecodeError {
+    DecodeError::Otlp(format!("nothing in the request can be ingested: {refused}"))
+}
+
+/// Why Mimir's translator refuses a metric.
+pub(super) const NOT_CUMULATIVE: &str =
+    "only cumulative temporality is ingested (delta or unspecified is refused)";
+pub(super) const SCALE_BELOW_MINUS_4: &str = "an exponential histogram's scale is below -4";
+pub(super) const NO_DATA: &str = "the metric has no data";
+
+/// The series (and metric family) Mimir adds per resource.
+pub(super) const TARGET_INFO: &str = "target_info";
+
+/// The earliest and latest point of one resource, in Unix nanoseconds.
+#[derive(Debug, Default)]
+pub(super) struct TimeRange {
+    pub(super) earliest: Option<u64>,
+    pub(super) latest: u64,
+}
+
+impl TimeRange {
+    pub(super) fn see(&mut self, time_unix_nano: u64) {
+        self.earliest = Some(
+            self.earliest
+                .map_or(time_unix_nano, |e| e.min(time_unix_nano)),
+        );
+        self.latest = self.latest.max(time_unix_nano);
+    }
+
+    /// Widens this range to cover `other`.
+    pub(super) fn cover(&mut self, other: &TimeRange) {
+        if let Some(earliest) = other.earliest {
+            self.see(earliest);
+            self.see(other.latest);
+        }
+    }
+}
+
+/// What a resource's attribute keys say about its `target_info` series: Mimir adds one when
+/// the resource has an attribute other than `service.name`, `service.namespace` and
+/// `service.instance.id`, and one of `service.name` or `service.instance.id`.
+#[derive(Debug, Default)]
+pub(super) struct TargetKeys {
+    pub(super) other: bool,
+    pub(super) identity: bool,
+}
+
+impl TargetKeys {
+    pub(super) fn see(&mut self, key: &[u8]) {
+        match key {
+            b"service.name" | b"service.instance.id" => self.identity = true,
+            b"service.namespace" => {}
+            _ => self.other = true,
+        }
+    }
+}
+
+/// The samples of the `target_info` series Mimir adds for a resource, if it adds one (see
+/// [`TargetKeys`]; and the resource has points). One sample every 150 s (half the default
+/// 5 m lookback) from the resource's earliest point to before its latest, plus one at the
+/// latest: 1 when all points share a timestamp.
+pub(super) fn target_info_samples(keys: &TargetKeys, times: &TimeRange) -> Option<u64> {
+    const STEP_NANOS: u64 = 150_000_000_000;
+    let earliest = times.earliest?;
+    if !(keys.other && keys.identity) {
+        return None;
+    }
+    let span = times.latest - earliest;
+    Some(span.div_ceil(STEP_NANOS) + 1)
+}
+
+/// The Prometheus name a metric family gets (underscore escaping, no unit or type suffixes,
+/// Mimir's default): metadata is one entry per family, and two OTLP names can share one.
+pub(super) fn family_name(name: &str) -> String {
+    let mut out = String::with_capacity(name.len());
+    escape_family_name(name, &mut out);
+    out
+}
+
+/// Writes `name`'s family name into `out` (cleared first): every character outside
+/// `[A-Za-z0-9_:]` becomes `_`, and runs of `_` collapse into one.
+pub(super) fn escape_family_name(name: &str, out: &mut String) {
+    out.clear();
+    for c in name.chars() {
+        let c = if c.is_ascii_alphanumeric() || c == '_' || c == ':' {
+            c
+        } else {
+            '_'
+        };
+        if !(c == '_' && out.ends_with('_')) {
+            out.push(c);
+        }
+    }
+}
+
+/// Whether `name` is its own family name ([`family_name`] leaves it as it is).
+pub(super) fn is_family_name(name: &str) -> bool {
+    let bytes = name.as_bytes();
+    bytes
+        .iter()
+        .all(|&b| b.is_ascii_alphanumeric() || b == b'_' || b == b':')
+        && !bytes.windows(2).any(|pair| pair == b"__")
+}
