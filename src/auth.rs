@@ -749,6 +749,10 @@ impl Authenticator {
         source: Source<'_>,
         named: Option<&[u8]>,
     ) -> Result<Allowed, Denied> {
+        // Header mode checks nothing, so it needs no clock: a clock read is 3 % of a batch.
+        if self.mode == Mode::Header {
+            return Ok(Allowed::AsNamed);
+        }
         self.authorize_at(door, source, named, Instant::now())
     }
 
