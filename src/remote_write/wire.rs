@@ -11,7 +11,42 @@ use prost::encoding::{decode_key, decode_varint, skip_field, DecodeContext, Wire
 ///
 /// Returns the sample's timestamp (the last one, as a decode keeps; 0 when missing), which
 /// series validation reads.
-pub(crate) fn check_sample(mut buf: &[u8]) -> Result<i64, String> {
+#[inline]
+pub(crate) fn check_sample(buf: &[u8]) -> Result<i64, String> {
+    match plain_sample(buf) {
+        Some(timestamp) => Ok(timestamp),
+        None => check_any_sample(buf),
+    }
+}
+
+/// A sample as senders write it: the value (key 0x09, 8 bytes), then the timestamp (key
+/// 0x10, a varint of at most 10 bytes that ends the message); its timestamp. `None` for any
+/// other encoding, which [`check_any_sample`] reads.
+#[inline(always)]
+fn plain_sample(buf: &[u8]) -> Option<i64> {
+    let [0x09, _, _, _, _, _, _, _, _, 0x10, ref varint @ ..] = *buf else {
+        return None;
+    };
+    // A well-formed varint that is the rest of the message: every byte but the last has the
+    // continuation bit, and the tenth may only be 0 or 1 (prost's own rule).
+    let (last, more) = varint.split_last()?;
+    if varint.len() > 10
+        || *last >= 0x80
+        || more.iter().any(|b| *b < 0x80)
+        || (varint.len() == 10 && *last > 1)
+    {
+        return None;
+    }
+    let value = varint
+        .iter()
+        .rev()
+        .fold(0u64, |value, b| (value << 7) | u64::from(b & 0x7f));
+    Some(value as i64)
+}
+
+/// [`check_sample`] for any encoding of a sample, and its errors.
+#[inline(never)]
+fn check_any_sample(mut buf: &[u8]) -> Result<i64, String> {
     let mut timestamp = 0;
     while !buf.is_empty() {
         let (tag, wire_type) = decode_key(&mut buf).map_err(|e| e.to_string())?;
@@ -57,6 +92,26 @@ pub(crate) fn check<M: prost::Message + Default>(buf: &[u8]) -> Result<(), Strin
 #[inline]
 pub(crate) fn is_utf8(bytes: &[u8]) -> bool {
     bytes.is_ascii() || std::str::from_utf8(bytes).is_ok()
+}
+
+/// A label as senders write it: the name (key 0x0a), then the value (key 0x12), each once,
+/// both under 128 bytes; its name and value, not yet checked as UTF-8. `None` for any other
+/// encoding (an empty value, which proto3 leaves out, among them), which the general
+/// reader takes.
+#[inline(always)]
+pub(crate) fn plain_label(buf: &[u8]) -> Option<(&[u8], &[u8])> {
+    let [0x0a, name_len, ref rest @ ..] = *buf else {
+        return None;
+    };
+    let name_len = name_len as usize;
+    if name_len >= 0x80 || rest.len() < name_len + 2 {
+        return None;
+    }
+    let (name, rest) = rest.split_at(name_len);
+    let [0x12, value_len, ref value @ ..] = *rest else {
+        return None;
+    };
+    (value_len < 0x80 && value.len() == value_len as usize).then_some((name, value))
 }
 
 /// A length-delimited field's bytes, after checking its wire type and length. On the scan's
