@@ -47,6 +47,8 @@ pub struct HttpLimits {
     pub http2_max_concurrent_streams: u32,
     /// Threads serving connections, at least 1.
     pub workers: usize,
+    /// Whether each is pinned to a core of its own.
+    pub pin_workers: crate::affinity::PinWorkers,
 }
 
 /// The listener's metrics: connections refused at the cap, and open now.
@@ -68,7 +70,7 @@ pub async fn serve(
     counters: ConnectionCounters,
     stop: impl Future<Output = ()>,
 ) -> std::io::Result<()> {
-    let mut workers = Workers::start(limits.workers)?;
+    let mut workers = Workers::start(limits.workers, limits.pin_workers)?;
     if let Some(on_worker) = &counters.on_worker {
         for worker in &workers.workers {
             on_worker(worker.handle.clone());
@@ -208,9 +210,16 @@ struct Worker {
 }
 
 impl Workers {
-    fn start(count: usize) -> std::io::Result<Workers> {
+    fn start(count: usize, pin: crate::affinity::PinWorkers) -> std::io::Result<Workers> {
+        let count = count.max(1);
+        let cpus = crate::affinity::plan(pin, &crate::affinity::allowed_cpus(), count);
+        match &cpus {
+            Some(cpus) => tracing::info!(?cpus, "HTTP workers pinned, one to each of these CPUs"),
+            None => tracing::debug!(?pin, "HTTP workers not pinned"),
+        }
         let mut workers = Vec::with_capacity(count);
-        for index in 0..count.max(1) {
+        for index in 0..count {
+            let cpu = cpus.as_ref().map(|cpus| cpus[index]);
             let runtime = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .build()?;
@@ -220,6 +229,11 @@ impl Workers {
                 .name(format!("weir-http-{index}"))
                 .spawn(move || {
                     WORKER.with(|worker| worker.set(Some(index)));
+                    if let Some(cpu) = cpu {
+                        if let Err(err) = crate::affinity::pin_current_thread(cpu) {
+                            tracing::warn!(%err, cpu, "cannot pin HTTP worker {index}; it runs unpinned");
+                        }
+                    }
                     runtime.block_on(async {
                         let mut anchor = tokio::time::interval(TIMER_ANCHOR);
                         anchor.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -394,6 +408,7 @@ mod tests {
             max_connections: 0,
             http2_max_concurrent_streams: 16,
             workers: 3,
+            pin_workers: crate::affinity::PinWorkers::Off,
         };
         let open = prometheus::IntGauge::new("open", "open").unwrap();
         let counters = ConnectionCounters {

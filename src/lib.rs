@@ -13,6 +13,7 @@
 //!   store, the runtime config and membership in force), built by `server`.
 //! - [`http_serve`]: the HTTP listener with its bounds (header timeout, header size,
 //!   connections).
+//! - [`affinity`]: pinning the HTTP workers to cores (`--http-pin-workers`).
 //! - [`push`]: the push path (remote-write and OTLP), in order: instance limits → tenant →
 //!   format → tenant pushes in flight → request rate → decode → ingestion rate → forward (or
 //!   sink).
@@ -50,6 +51,7 @@
 pub mod admin;
 pub mod admission_common;
 pub mod admission_http;
+pub mod affinity;
 pub mod auth;
 pub mod cells;
 pub mod config;

@@ -353,6 +353,7 @@ pub async fn run_with_clock(
             admin_router(Arc::clone(&state), admin_token.clone()),
             crate::http_serve::HttpLimits {
                 workers: 1,
+                pin_workers: crate::affinity::PinWorkers::Off,
                 ..state.config.http_limits()
             },
             tls.clone(),

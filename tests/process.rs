@@ -248,3 +248,63 @@ async fn drain_timeout_bounds_shutdown() {
         started.elapsed()
     );
 }
+
+/// The HTTP workers' allowed CPUs, by worker index, read from `/proc` (`Cpus_allowed_list`).
+fn worker_cpus(pid: u32) -> Vec<(usize, String)> {
+    let mut workers = Vec::new();
+    for task in std::fs::read_dir(format!("/proc/{pid}/task")).unwrap() {
+        let task = task.unwrap().path();
+        let comm = std::fs::read_to_string(task.join("comm")).unwrap_or_default();
+        let Some(index) = comm.trim().strip_prefix("weir-http-") else {
+            continue;
+        };
+        let status = std::fs::read_to_string(task.join("status")).unwrap();
+        let cpus = status
+            .lines()
+            .find_map(|line| line.strip_prefix("Cpus_allowed_list:"))
+            .unwrap()
+            .trim()
+            .to_string();
+        workers.push((index.parse().unwrap(), cpus));
+    }
+    workers.sort();
+    workers
+}
+
+/// `--http-pin-workers on` pins worker i to the i-th CPU the process may use (round robin),
+/// and `off` leaves every worker the process's own set.
+#[tokio::test]
+async fn http_workers_are_pinned_one_to_a_core() {
+    let own = std::fs::read_to_string("/proc/self/status")
+        .unwrap()
+        .lines()
+        .find_map(|line| {
+            line.strip_prefix("Cpus_allowed_list:")
+                .map(str::trim)
+                .map(String::from)
+        })
+        .unwrap();
+    let cpus = weir::affinity::allowed_cpus();
+    assert!(!cpus.is_empty(), "sched_getaffinity read nothing");
+    let (mut pinned, _) = spawn(&["--http-workers", "3", "--http-pin-workers", "on"]);
+    let (mut free, _) = spawn(&["--http-workers", "3", "--http-pin-workers", "off"]);
+    let expected: Vec<(usize, String)> = (0..3)
+        .map(|i| (i, cpus[i % cpus.len()].to_string()))
+        .collect();
+    let unpinned: Vec<(usize, String)> = (0..3).map(|i| (i, own.clone())).collect();
+    // The workers start (and pin themselves) after the address is printed: wait a while for
+    // the sets to settle, then compare.
+    let (pinned_id, free_id) = (pinned.id(), free.id());
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while (worker_cpus(pinned_id) != expected || worker_cpus(free_id) != unpinned)
+        && Instant::now() < deadline
+    {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(worker_cpus(pinned_id), expected);
+    assert_eq!(worker_cpus(free_id), unpinned);
+    for child in [&mut pinned, &mut free] {
+        child.kill().unwrap();
+        child.wait().unwrap();
+    }
+}

@@ -425,6 +425,12 @@ pub struct Config {
     #[arg(help_heading = HTTP, long, env = "WEIR_HTTP_WORKERS", default_value_t = 0)]
     pub http_workers: usize,
 
+    /// Pin each HTTP worker to a core of its own: `auto` pins when the process may use
+    /// exactly as many CPUs as there are workers (it was given its cores), `on` always, `off`
+    /// never. Pinned, a request and its forward stay on the core whose caches hold them.
+    #[arg(help_heading = HTTP, long, env = "WEIR_HTTP_PIN_WORKERS", value_enum, default_value_t = crate::affinity::PinWorkers::Auto)]
+    pub http_pin_workers: crate::affinity::PinWorkers,
+
     /// Longest time to receive a push body: reading it to admit it, or draining it after a
     /// refusal so the client sees the answer. A slower body is cut off (408, or the
     /// connection closed after the refusal).

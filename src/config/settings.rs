@@ -99,6 +99,7 @@ impl Config {
             max_connections: self.http_max_connections,
             http2_max_concurrent_streams: self.http2_max_concurrent_streams,
             workers: self.http_workers(),
+            pin_workers: self.http_pin_workers,
         }
     }
 
