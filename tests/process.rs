@@ -286,15 +286,18 @@ async fn http_workers_are_pinned_one_to_a_core() {
         .unwrap();
     let cpus = weir::affinity::allowed_cpus();
     assert!(!cpus.is_empty(), "sched_getaffinity read nothing");
-    let (mut pinned, _) = spawn(&["--http-workers", "3", "--http-pin-workers", "on"]);
-    let (mut free, _) = spawn(&["--http-workers", "3", "--http-pin-workers", "off"]);
+    // Stopped when the test ends, passed or failed.
+    let pinned =
+        common::processes::Process(spawn(&["--http-workers", "3", "--http-pin-workers", "on"]).0);
+    let free =
+        common::processes::Process(spawn(&["--http-workers", "3", "--http-pin-workers", "off"]).0);
     let expected: Vec<(usize, String)> = (0..3)
         .map(|i| (i, cpus[i % cpus.len()].to_string()))
         .collect();
     let unpinned: Vec<(usize, String)> = (0..3).map(|i| (i, own.clone())).collect();
     // The workers start (and pin themselves) after the address is printed: wait a while for
     // the sets to settle, then compare.
-    let (pinned_id, free_id) = (pinned.id(), free.id());
+    let (pinned_id, free_id) = (pinned.0.id(), free.0.id());
     let deadline = Instant::now() + Duration::from_secs(10);
     while (worker_cpus(pinned_id) != expected || worker_cpus(free_id) != unpinned)
         && Instant::now() < deadline
@@ -303,8 +306,4 @@ async fn http_workers_are_pinned_one_to_a_core() {
     }
     assert_eq!(worker_cpus(pinned_id), expected);
     assert_eq!(worker_cpus(free_id), unpinned);
-    for child in [&mut pinned, &mut free] {
-        child.kill().unwrap();
-        child.wait().unwrap();
-    }
 }

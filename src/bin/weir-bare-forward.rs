@@ -1,0 +1,161 @@
+//! weir-bare-forward: the floor under weir's push path. A hyper server that reads each
+//! request's body whole, forwards it unchanged to `--upstream` with the hyper client weir
+//! uses, and answers with the upstream's status: no tenant, no decode, no validation, no
+//! limit, no metrics, no timeouts.
+//!
+//! ```text
+//! weir-bare-forward --listen 127.0.0.1:18190 --upstream http://127.0.0.1:18199/api/v1/push
+//! ```
+//!
+//! Its threads are weir's: one current-thread runtime a core, pinned as weir pins them by
+//! default, each with its own upstream pool, and an accept loop that hands each connection to
+//! a worker. So what it costs a request is what the HTTP exchange in, the forward and the
+//! answer cost on this machine, and weir's CPU above it is what weir does per request.
+//! `scripts/mimir-side-by-side --systems mimir,weir,bare` measures it beside the other two.
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+
+use bytes::Bytes;
+use clap::Parser;
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use hyper::{Request, Response, StatusCode, Uri};
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+
+/// weir's allocator, so the floor differs from weir only in what weir does per request.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+#[derive(Parser)]
+#[command(
+    name = "weir-bare-forward",
+    about = "Forwards every request unchanged: the floor under weir's push path"
+)]
+struct Args {
+    /// Where to listen, host:port.
+    #[arg(long)]
+    listen: SocketAddr,
+    /// Where every request's body goes, as a POST.
+    #[arg(long)]
+    upstream: Uri,
+    /// Worker threads; 0 = one per core.
+    #[arg(long, default_value_t = 0)]
+    workers: usize,
+}
+
+/// The headers a remote-write receiver reads, passed on as weir passes them.
+const FORWARDED: [&str; 4] = [
+    "content-type",
+    "content-encoding",
+    "x-prometheus-remote-write-version",
+    "x-scope-orgid",
+];
+
+thread_local! {
+    /// Each worker's own pool of upstream connections, as weir keeps one a worker.
+    static CLIENT: Client<HttpConnector, Full<Bytes>> = {
+        let mut connector = HttpConnector::new();
+        connector.set_nodelay(true);
+        Client::builder(TokioExecutor::new()).build(connector)
+    };
+}
+
+fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    let count = match args.workers {
+        0 => std::thread::available_parallelism().map_or(1, usize::from),
+        workers => workers,
+    };
+    let cpus = weir::affinity::plan(
+        weir::affinity::PinWorkers::Auto,
+        &weir::affinity::allowed_cpus(),
+        count,
+    );
+    let mut workers = Vec::with_capacity(count);
+    for index in 0..count {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?;
+        workers.push(runtime.handle().clone());
+        let cpu = cpus.as_ref().map(|cpus| cpus[index]);
+        std::thread::Builder::new()
+            .name(format!("bare-http-{index}"))
+            .spawn(move || {
+                if let Some(cpu) = cpu {
+                    if let Err(err) = weir::affinity::pin_current_thread(cpu) {
+                        eprintln!("worker {index} runs unpinned: {err}");
+                    }
+                }
+                runtime.block_on(std::future::pending::<()>());
+            })?;
+    }
+    let accept = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    accept.block_on(async move {
+        let listener = tokio::net::TcpListener::bind(args.listen).await?;
+        println!(
+            "weir-bare-forward listening on http://{}",
+            listener.local_addr()?
+        );
+        let mut next = 0;
+        loop {
+            let (stream, _) = listener.accept().await?;
+            stream.set_nodelay(true)?;
+            let stream = stream.into_std()?;
+            let upstream = args.upstream.clone();
+            workers[next % workers.len()].spawn(serve(stream, upstream));
+            next += 1;
+        }
+    })
+}
+
+/// One client connection, HTTP/1.1, on the worker it was handed to.
+async fn serve(stream: std::net::TcpStream, upstream: Uri) {
+    let Ok(stream) = tokio::net::TcpStream::from_std(stream) else {
+        return;
+    };
+    let client = CLIENT.with(Clone::clone);
+    let service = hyper::service::service_fn(move |request| {
+        forward(client.clone(), upstream.clone(), request)
+    });
+    let _ = hyper::server::conn::http1::Builder::new()
+        .serve_connection(TokioIo::new(stream), service)
+        .await;
+}
+
+/// The request's body, whole, to the upstream; the upstream's status, or 502, back.
+async fn forward(
+    client: Client<HttpConnector, Full<Bytes>>,
+    upstream: Uri,
+    request: Request<Incoming>,
+) -> Result<Response<Full<Bytes>>, Infallible> {
+    let (parts, body) = request.into_parts();
+    let status = match body.collect().await {
+        Err(_) => StatusCode::BAD_REQUEST,
+        Ok(body) => {
+            let mut out = Request::post(upstream)
+                .body(Full::new(body.to_bytes()))
+                .expect("a POST to a parsed URI is a valid request");
+            for name in FORWARDED {
+                if let Some(value) = parts.headers.get(name) {
+                    out.headers_mut().insert(name, value.clone());
+                }
+            }
+            match client.request(out).await {
+                Ok(response) => {
+                    let status = response.status();
+                    let _ = response.into_body().collect().await;
+                    status
+                }
+                Err(_) => StatusCode::BAD_GATEWAY,
+            }
+        }
+    };
+    let mut response = Response::new(Full::new(Bytes::new()));
+    *response.status_mut() = status;
+    Ok(response)
+}
