@@ -272,3 +272,47 @@ async fn upstream_redirects_are_not_followed() {
     assert_eq!(*followed.lock().unwrap(), 0);
     weir.stop().await.unwrap();
 }
+
+/// `weir-bare-forward`, the floor `scripts/mimir-side-by-side --systems …,bare` measures: a
+/// real push through the real binary reaches the receiver byte for byte with the headers a
+/// receiver reads, and the receiver's status comes back.
+#[tokio::test]
+async fn the_bare_forwarder_passes_bodies_through_unchanged() {
+    let receiver = common::receiver::Receiver::default();
+    let upstream = receiver.serve().await;
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_weir-bare-forward"))
+        .args(["--listen", "127.0.0.1:0", "--workers", "2"])
+        .args(["--upstream", &format!("http://{upstream}/api/v1/write")])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(child.stdout.take().unwrap()),
+        &mut line,
+    )
+    .unwrap();
+    let _stop = common::processes::Process(child);
+    let address = line
+        .trim()
+        .strip_prefix("weir-bare-forward listening on http://")
+        .unwrap_or_else(|| panic!("{line:?}"))
+        .to_string();
+    let body = WriteRequest::synthetic(10, 1, 1).encode_snappy();
+    let client = reqwest::Client::new();
+    for _ in 0..3 {
+        let response = client
+            .post(format!("http://{address}/api/v1/push"))
+            .header("Content-Encoding", "snappy")
+            .header("X-Scope-OrgID", "t1")
+            .body(body.clone())
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 204);
+        let (headers, forwarded) = receiver.one();
+        assert_eq!(forwarded, body);
+        assert_eq!(headers["x-scope-orgid"], "t1");
+        assert_eq!(headers["content-encoding"], "snappy");
+    }
+}
