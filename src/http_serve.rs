@@ -212,7 +212,12 @@ struct Worker {
 impl Workers {
     fn start(count: usize, pin: crate::affinity::PinWorkers) -> std::io::Result<Workers> {
         let count = count.max(1);
-        let cpus = crate::affinity::plan(pin, &crate::affinity::allowed_cpus(), count);
+        let cpus = crate::affinity::plan(
+            pin,
+            &crate::affinity::allowed_cpus(),
+            crate::affinity::online_cpus(),
+            count,
+        );
         match &cpus {
             Some(cpus) => tracing::info!(?cpus, "HTTP workers pinned, one to each of these CPUs"),
             None => tracing::debug!(?pin, "HTTP workers not pinned"),

@@ -7,8 +7,8 @@
 //! weir-bare-forward --listen 127.0.0.1:18190 --upstream http://127.0.0.1:18199/api/v1/push
 //! ```
 //!
-//! Its threads are weir's: one current-thread runtime a core, pinned as weir pins them by
-//! default, each with its own upstream pool, and an accept loop that hands each connection to
+//! Its threads are weir's: one current-thread runtime a core, pinned as weir pins them
+//! (`--pin-workers`), each with its own upstream pool, and an accept loop that hands each connection to
 //! a worker. So what it costs a request is what the HTTP exchange in, the forward and the
 //! answer cost on this machine, and weir's CPU above it is what weir does per request.
 //! `scripts/mimir-side-by-side --systems mimir,weir,bare` measures it beside the other two.
@@ -44,6 +44,9 @@ struct Args {
     /// Worker threads; 0 = one per core.
     #[arg(long, default_value_t = 0)]
     workers: usize,
+    /// Pin the workers to cores, as weir's `--http-pin-workers`.
+    #[arg(long, value_enum, default_value_t = weir::affinity::PinWorkers::Auto)]
+    pin_workers: weir::affinity::PinWorkers,
 }
 
 /// The headers a remote-write receiver reads, passed on as weir passes them.
@@ -70,8 +73,9 @@ fn main() -> anyhow::Result<()> {
         workers => workers,
     };
     let cpus = weir::affinity::plan(
-        weir::affinity::PinWorkers::Auto,
+        args.pin_workers,
         &weir::affinity::allowed_cpus(),
+        weir::affinity::online_cpus(),
         count,
     );
     let mut workers = Vec::with_capacity(count);

@@ -425,9 +425,10 @@ pub struct Config {
     #[arg(help_heading = HTTP, long, env = "WEIR_HTTP_WORKERS", default_value_t = 0)]
     pub http_workers: usize,
 
-    /// Pin each HTTP worker to a core of its own: `auto` pins when the process may use
-    /// exactly as many CPUs as there are workers (it was given its cores), `on` always, `off`
-    /// never. Pinned, a request and its forward stay on the core whose caches hold them.
+    /// Pin each HTTP worker to a core of its own: `auto` pins when the process was given its
+    /// cores (it may use only some of the machine's CPUs, as many as there are workers), `on`
+    /// always (a machine of its own), `off` never. Pinned, a request and its forward stay on
+    /// the core whose caches hold them.
     #[arg(help_heading = HTTP, long, env = "WEIR_HTTP_PIN_WORKERS", value_enum, default_value_t = crate::affinity::PinWorkers::Auto)]
     pub http_pin_workers: crate::affinity::PinWorkers,
 
