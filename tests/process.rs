@@ -249,6 +249,17 @@ async fn drain_timeout_bounds_shutdown() {
     );
 }
 
+/// A task's `Cpus_allowed_list`, from its `/proc/…/status` file.
+fn cpus_allowed(status: impl AsRef<std::path::Path>) -> String {
+    std::fs::read_to_string(status)
+        .unwrap()
+        .lines()
+        .find_map(|line| line.strip_prefix("Cpus_allowed_list:"))
+        .unwrap()
+        .trim()
+        .to_string()
+}
+
 /// The HTTP workers' allowed CPUs, by worker index, read from `/proc` (`Cpus_allowed_list`).
 fn worker_cpus(pid: u32) -> Vec<(usize, String)> {
     let mut workers = Vec::new();
@@ -258,14 +269,7 @@ fn worker_cpus(pid: u32) -> Vec<(usize, String)> {
         let Some(index) = comm.trim().strip_prefix("weir-http-") else {
             continue;
         };
-        let status = std::fs::read_to_string(task.join("status")).unwrap();
-        let cpus = status
-            .lines()
-            .find_map(|line| line.strip_prefix("Cpus_allowed_list:"))
-            .unwrap()
-            .trim()
-            .to_string();
-        workers.push((index.parse().unwrap(), cpus));
+        workers.push((index.parse().unwrap(), cpus_allowed(task.join("status"))));
     }
     workers.sort();
     workers
@@ -275,15 +279,7 @@ fn worker_cpus(pid: u32) -> Vec<(usize, String)> {
 /// and `off` leaves every worker the process's own set.
 #[tokio::test]
 async fn http_workers_are_pinned_one_to_a_core() {
-    let own = std::fs::read_to_string("/proc/self/status")
-        .unwrap()
-        .lines()
-        .find_map(|line| {
-            line.strip_prefix("Cpus_allowed_list:")
-                .map(str::trim)
-                .map(String::from)
-        })
-        .unwrap();
+    let own = cpus_allowed("/proc/self/status");
     let cpus = weir::affinity::allowed_cpus();
     assert!(!cpus.is_empty(), "sched_getaffinity read nothing");
     // Stopped when the test ends, passed or failed.
