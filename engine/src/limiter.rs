@@ -20,11 +20,12 @@
 //! only delegate.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use arc_swap::{ArcSwap, Guard};
 use governor::clock::Clock;
+use once_cell::race::OnceBox;
 use runtime_config::{LimitSpec, RuntimeConfig, TenantLimits};
 
 use crate::admission::{Acquisition, AdmissionError, Allowed, Entries, Keys, Lent};
@@ -110,14 +111,29 @@ pub struct Tenant<D, C: Clock = EngineClock> {
     last_seen: AtomicU64,
     /// Per [`LimitKind::index`].
     usage: [KindUsage; 2],
-    /// Until then (engine nanoseconds) the tenant is settling: see [`settling_budget`].
-    settling_until: u64,
+    /// When (engine nanoseconds) the tenant started settling, for the limiter's `settling`
+    /// time after (see [`settling_budget`]); [`NEVER_SETTLED`] for one the peers already
+    /// reported.
     settling_from: u64,
     /// Coarse time this tenant was last listed in a usage report (rotation).
     listed_at: AtomicU64,
     /// `shared`: the leases, per [`LimitKind::index`], made on first use.
-    leases: [OnceLock<Box<Lease>>; 2],
+    leases: [OnceBox<Lease>; 2],
+    /// In a cell: what the cell sync reports, per [`LimitKind::index`], made on first use.
+    cell: OnceBox<[CellCounts; 2]>,
     pub data: D,
+}
+
+/// [`Tenant::settling_from`] of a tenant that does not settle.
+const NEVER_SETTLED: u64 = u64::MAX;
+
+/// In a cell, every strategy but `shared`: offered and admitted here, cumulative (the cell
+/// sync's demand and spend). Apart from [`KindUsage`] because most replicas are in no cell:
+/// an idle tenant's state is what a replica holds most of.
+#[derive(Default)]
+struct CellCounts {
+    offered: AtomicU64,
+    spent: AtomicU64,
 }
 
 #[derive(Default)]
@@ -136,10 +152,6 @@ struct KindUsage {
     peer_rate: AtomicU64,
     /// When this replica last refused one (engine nanoseconds + 1; 0: never).
     refused_at: AtomicU64,
-    /// In a cell, every strategy but `shared`: offered and admitted here, cumulative (what
-    /// the cell sync reports as demand and spend).
-    cell_offered: AtomicU64,
-    cell_spent: AtomicU64,
 }
 
 /// A tenant's buckets under one generation of inputs.
@@ -152,8 +164,10 @@ struct TenantState<C: Clock> {
 }
 
 /// A push limit under its tenant's strategy: a governor bucket (`divided`) or a view of the
-/// fleet-wide bucket (`weighted`, `shared`).
-type KindBucket<C> = Kept<Bucket<C>, FleetBucket>;
+/// fleet-wide bucket (`weighted`, `shared`). The governor bucket is boxed: it is 168 bytes
+/// where the view is 32, and the enum is as large as its largest variant, so inline it would
+/// make every `weighted` tenant (the default) pay for it twice.
+type KindBucket<C> = Kept<Box<Bucket<C>>, FleetBucket>;
 
 /// A tenant's limits as this replica enforces them, for status pages.
 #[derive(Debug, Clone, PartialEq)]
@@ -410,7 +424,9 @@ impl<H: TenantHooks, C: Clock + Clone> Limiter<H, C> {
         let since_report = now.saturating_sub(self.peers_at.load(Ordering::Acquire));
         let fresh = |kind: LimitKind, limit: LocalLimit| match limit {
             LocalLimit::Unlimited | LocalLimit::Deny => Kept::None,
-            LocalLimit::Divided(rate) => Kept::Divided(Bucket::new(rate, self.core.clock())),
+            LocalLimit::Divided(rate) => {
+                Kept::Divided(Box::new(Bucket::new(rate, self.core.clock())))
+            }
             LocalLimit::Fleet(rate) | LocalLimit::Shared(rate) => {
                 let level = reported
                     .and_then(|totals| totals.level(kind))
@@ -439,14 +455,14 @@ impl<H: TenantHooks, C: Clock + Clone> Limiter<H, C> {
             rebuild: Mutex::new(()),
             last_seen: AtomicU64::new(self.core.coarse_nanos()),
             usage: Default::default(),
-            settling_until: if reported.is_some() {
-                0
+            settling_from: if reported.is_some() {
+                NEVER_SETTLED
             } else {
-                now + self.settling.as_nanos() as u64
+                now
             },
-            settling_from: now,
             listed_at: AtomicU64::new(0),
-            leases: [OnceLock::new(), OnceLock::new()],
+            leases: [OnceBox::new(), OnceBox::new()],
+            cell: OnceBox::new(),
             data: self.hooks.create(name),
         };
         if let Some(totals) = reported {
@@ -532,10 +548,10 @@ impl<H: TenantHooks, C: Clock + Clone> Limiter<H, C> {
         };
         // `shared` keeps one global bucket in the store: no cell slices it.
         if self.count_for_cells && !state.buckets[kind.index()].is_shared() {
-            let usage = &tenant.usage[kind.index()];
-            usage.cell_offered.fetch_add(cost, Ordering::Relaxed);
+            let counts = &tenant.cell.get_or_init(Default::default)[kind.index()];
+            counts.offered.fetch_add(cost, Ordering::Relaxed);
             if decided.is_ok() {
-                usage.cell_spent.fetch_add(cost, Ordering::Relaxed);
+                counts.spent.fetch_add(cost, Ordering::Relaxed);
             }
         }
         decided
@@ -630,12 +646,12 @@ impl<H: TenantHooks, C: Clock + Clone> Limiter<H, C> {
         }
         let state = self.current(tenant);
         let usage = &tenant.usage[taken.kind.index()];
-        if self.count_for_cells {
-            let _ = usage
-                .cell_spent
-                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |spent| {
-                    Some(spent.saturating_sub(taken.cost))
-                });
+        if let Some(counts) = tenant.cell.get() {
+            let _ = counts[taken.kind.index()].spent.fetch_update(
+                Ordering::AcqRel,
+                Ordering::Acquire,
+                |spent| Some(spent.saturating_sub(taken.cost)),
+            );
         }
         let uncount = |fleet: &FleetBucket| {
             fleet.refund(taken.cost);
@@ -649,7 +665,7 @@ impl<H: TenantHooks, C: Clock + Clone> Limiter<H, C> {
             (TakenFrom::Divided, Kept::Divided(bucket)) => bucket.refund(taken.cost),
             (TakenFrom::View, Kept::Weighted(fleet) | Kept::Shared(fleet)) => {
                 uncount(fleet);
-                if self.now() < tenant.settling_until {
+                if self.now() < self.settling_until(tenant) {
                     let _ = usage.settling_spent.fetch_update(
                         Ordering::AcqRel,
                         Ordering::Acquire,
@@ -746,7 +762,7 @@ impl<H: TenantHooks, C: Clock + Clone> Limiter<H, C> {
             max_delay
         };
         let usage = &tenant.usage[kind.index()];
-        let settling = now < tenant.settling_until;
+        let settling = now < self.settling_until(tenant);
         let mut settling_wait = Duration::ZERO;
         if settling {
             let rate = fleet.rate();
@@ -827,6 +843,14 @@ impl<H: TenantHooks, C: Clock + Clone> Limiter<H, C> {
         }
     }
 
+    /// Until then (engine nanoseconds) the tenant is settling: see [`settling_budget`].
+    fn settling_until(&self, tenant: &Tenant<H::Data, C>) -> u64 {
+        match tenant.settling_from {
+            NEVER_SETTLED => 0,
+            from => from.saturating_add(self.settling.as_nanos() as u64),
+        }
+    }
+
     /// The tenant's buckets for the current inputs, rebuilt first if the inputs moved on
     /// (only for a tenant created while new inputs were being put in force).
     fn current(&self, tenant: &Tenant<H::Data, C>) -> Guard<Arc<TenantState<C>>> {
@@ -865,13 +889,17 @@ impl<H: TenantHooks, C: Clock + Clone> Limiter<H, C> {
                 (_, LocalLimit::Fleet(rate)) => Kept::Weighted(view(rate)),
                 (_, LocalLimit::Shared(rate)) => Kept::Shared(view(rate)),
                 (Kept::None, LocalLimit::Divided(rate)) => {
-                    Kept::Divided(Bucket::new(rate, self.core.clock()))
+                    Kept::Divided(Box::new(Bucket::new(rate, self.core.clock())))
                 }
                 (Kept::Divided(old), LocalLimit::Divided(rate)) => {
-                    Kept::Divided(old.carry_over(rate))
+                    Kept::Divided(Box::new(old.carry_over(rate)))
                 }
                 (Kept::Weighted(old) | Kept::Shared(old), LocalLimit::Divided(rate)) => {
-                    Kept::Divided(Bucket::with_tokens(rate, old.level(now), self.core.clock()))
+                    Kept::Divided(Box::new(Bucket::with_tokens(
+                        rate,
+                        old.level(now),
+                        self.core.clock(),
+                    )))
                 }
             }
         };
@@ -998,19 +1026,19 @@ impl<H: TenantHooks, C: Clock + Clone> Limiter<H, C> {
             .pin()
             .iter()
             .filter_map(|(name, tenant)| {
-                let state = tenant.state.load();
-                let count = |kind: usize, field: fn(&KindUsage) -> &AtomicU64| {
-                    field(&tenant.usage[kind]).load(Ordering::Relaxed)
+                let counts = tenant.cell.get()?;
+                let count = |field: fn(&CellCounts) -> &AtomicU64| {
+                    [0, 1].map(|kind| field(&counts[kind]).load(Ordering::Relaxed))
                 };
-                let offered = [count(0, |u| &u.cell_offered), count(1, |u| &u.cell_offered)];
+                let offered = count(|c| &c.offered);
                 if offered == [0, 0] {
                     return None;
                 }
                 Some(CellUsage {
                     tenant: name.to_string(),
-                    limits: state.limits,
+                    limits: tenant.state.load().limits,
                     offered,
-                    spent: [count(0, |u| &u.cell_spent), count(1, |u| &u.cell_spent)],
+                    spent: count(|c| &c.spent),
                 })
             })
             .collect()
@@ -1167,7 +1195,7 @@ impl<H: TenantHooks, C: Clock + Clone> Limiter<H, C> {
                         tenant.usage[1].admitted.load(Ordering::Relaxed),
                     ),
                     admitted_by_peers: (totals.requests, totals.items),
-                    settling: now < tenant.settling_until,
+                    settling: now < self.settling_until(tenant),
                 }
             })
             .collect();
