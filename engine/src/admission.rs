@@ -169,20 +169,16 @@ pub(crate) struct Entries {
     peers: ArcSwap<crate::types::PeerUsage>,
     /// Most keys a tenant may have here at once (the push key aside); 0 = no cap. Keys come
     /// from callers, so without a cap one caller could fill the memory with distinct keys.
-    max_keys_per_tenant: usize,
+    pub(crate) max_keys_per_tenant: usize,
     /// Keys per tenant in `map` (the push key aside), kept only under a cap. Changed on the
     /// slow path alone: when an entry is made or evicted.
     keys_per_tenant: Mutex<HashMap<Box<str>, usize>>,
+    /// This replica is in a cell: count each key's demand for the cell sync. Outside cells
+    /// the count is not kept: on a hot key it is one more cache line the cores pass around.
+    pub(crate) count_for_cells: bool,
 }
 
 impl Entries {
-    pub(crate) fn with_max_keys_per_tenant(max: usize) -> Entries {
-        Entries {
-            max_keys_per_tenant: max,
-            ..Entries::default()
-        }
-    }
-
     /// Takes a place for a new key of `tenant`, unless it has the most already.
     fn reserve_key(&self, tenant: &str) -> Result<(), AdmissionError> {
         let mut counts = self.keys_per_tenant.lock().expect("not poisoned");
@@ -329,6 +325,22 @@ thread_local! {
     static ENTRY_NAME: std::cell::RefCell<String> = std::cell::RefCell::new(String::with_capacity(128));
 }
 
+/// A cost the limit can never allow at once: a bad request, not a refusal.
+fn too_large(spec: &LimitSpec, cost: u64) -> AdmissionError {
+    AdmissionError::BadCost(format!(
+        "cost {cost} is more than the limit ever allows at once ({} {})",
+        match spec.algorithm {
+            Algorithm::SlidingWindow => spec.per_window().floor() as u64,
+            _ => spec.burst,
+        },
+        match spec.algorithm {
+            Algorithm::TokenBucket => "burst",
+            Algorithm::SlidingWindow => "per window",
+            Algorithm::LeakyBucket => "queue",
+        }
+    ))
+}
+
 /// The admission front-end: this replica's entries, read with the engine's [`Core`] (the
 /// clock, the inputs in force, the ring place and the store).
 pub(crate) struct Keys<'a, C: Clock> {
@@ -363,8 +375,45 @@ impl<'a, C: Clock + Clone> Keys<'a, C> {
         cost: u64,
         client: Option<LimitSpec>,
     ) -> Result<Allowed, AdmissionError> {
+        if client.is_none() {
+            if let Some(decided) = self.allow_known(tenant, key, cost) {
+                return decided;
+            }
+        }
         let (spec, source, entry, state) = self.entry(tenant, key, client)?;
         self.decide(spec, source, &entry, &state, cost).await
+    }
+
+    /// The hot path: a key already checked against the inputs in force, metered on this
+    /// replica, decided under the map's guard. No reference count is taken (on a hot key two
+    /// cores would pass its cache lines back and forth for them) and nothing is allocated.
+    /// `None`: the key is not there yet, is stale, or is `shared` (which may wait on the
+    /// store): [`Keys::entry`] and [`Keys::decide`] take it.
+    fn allow_known(
+        &self,
+        tenant: &str,
+        key: &str,
+        cost: u64,
+    ) -> Option<Result<Allowed, AdmissionError>> {
+        let generation = self.generation();
+        ENTRY_NAME.with(|name| {
+            let mut name = name.borrow_mut();
+            name.clear();
+            name.push_str(tenant);
+            name.push('/');
+            encode_key_into(key, &mut name);
+            let map = self.admission().map.pin();
+            let entry = map.get(name.as_str())?;
+            let state = entry.state.load();
+            let current = state.generation.load(Ordering::Acquire) == generation
+                && state.source != LimitSource::Client
+                && !state.meter.is_shared();
+            if !current {
+                return None;
+            }
+            crate::core::touch(&entry.last_seen, self.coarse_nanos());
+            Some(self.decide_here(state.spec, state.source, entry, &state, cost))
+        })
     }
 
     /// Decides `cost` for `tenant`'s `key` under a limit the caller resolved itself (Envoy's
@@ -400,6 +449,32 @@ impl<'a, C: Clock + Clone> Keys<'a, C> {
         state: &EntryState,
         cost: u64,
     ) -> Result<Allowed, AdmissionError> {
+        if !state.meter.is_shared() || cost == 0 || spec.rate == 0.0 {
+            return self.decide_here(spec, source, entry, state, cost);
+        }
+        let decision = self
+            .allow_shared(entry, state, cost, self.now_nanos())
+            .await?
+            .ok_or_else(|| too_large(&spec, cost))?;
+        if decision.allowed {
+            entry.admitted.fetch_add(cost, Ordering::Relaxed);
+        }
+        Ok(Allowed {
+            decision,
+            limit: spec,
+            source,
+        })
+    }
+
+    /// [`Keys::decide`] for every meter but `shared`'s, which never waits.
+    fn decide_here(
+        &self,
+        spec: LimitSpec,
+        source: LimitSource,
+        entry: &Entry,
+        state: &EntryState,
+        cost: u64,
+    ) -> Result<Allowed, AdmissionError> {
         if cost == 0 {
             return Err(AdmissionError::BadCost("cost must be at least 1".into()));
         }
@@ -411,20 +486,7 @@ impl<'a, C: Clock + Clone> Keys<'a, C> {
                 source,
             });
         }
-        let too_large = || {
-            AdmissionError::BadCost(format!(
-                "cost {cost} is more than the limit ever allows at once ({} {})",
-                match spec.algorithm {
-                    Algorithm::SlidingWindow => spec.per_window().floor() as u64,
-                    _ => spec.burst,
-                },
-                match spec.algorithm {
-                    Algorithm::TokenBucket => "burst",
-                    Algorithm::SlidingWindow => "per window",
-                    Algorithm::LeakyBucket => "queue",
-                }
-            ))
-        };
+        let too_large = || too_large(&spec, cost);
         let now = self.now_nanos();
         // A cost the configured limit allows at once but this cell's slice does not is
         // refused, not invalid: the slice grows with the cell's demand.
@@ -445,17 +507,14 @@ impl<'a, C: Clock + Clone> Keys<'a, C> {
             })
         };
         let decision = match &state.meter {
-            Kept::Shared(_) => self
-                .allow_shared(entry, state, cost, now)
-                .await?
-                .ok_or_else(too_large)?,
+            Kept::Shared(_) => unreachable!("decided in `decide`"),
             Kept::Weighted(meter) => meter
                 .check_reserving(cost, now, self.unreported(entry, now))
                 .or_else(sliced_too_large)?,
             Kept::Divided(meter) => meter.check(cost, now).or_else(sliced_too_large)?,
             Kept::None => unmetered(),
         };
-        if !state.meter.is_shared() {
+        if self.admission().count_for_cells {
             entry.cell_offered.fetch_add(cost, Ordering::Relaxed);
         }
         if decision.allowed {
@@ -997,9 +1056,7 @@ impl<'a, C: Clock + Clone> Keys<'a, C> {
                 if state.generation.load(Ordering::Acquire) == generation
                     && state.source != LimitSource::Client
                 {
-                    entry
-                        .last_seen
-                        .store(self.coarse_nanos(), Ordering::Relaxed);
+                    crate::core::touch(&entry.last_seen, self.coarse_nanos());
                     return Ok((state.spec, state.source, entry, state));
                 }
             }

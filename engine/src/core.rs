@@ -177,3 +177,12 @@ impl<C: Clock> Core<C> {
         self.generation.store(generation, Ordering::Release);
     }
 }
+
+/// Marks something used at `coarse`, a reading of the coarse clock (which moves once a
+/// second): written only when it moved, so the decisions in between on a hot tenant or key
+/// only read the cache line, and the cores serving it do not pass it back and forth.
+pub(crate) fn touch(last_seen: &AtomicU64, coarse: u64) {
+    if last_seen.load(Ordering::Relaxed) != coarse {
+        last_seen.store(coarse, Ordering::Relaxed);
+    }
+}

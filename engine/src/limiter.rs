@@ -362,7 +362,7 @@ impl<H: TenantHooks, C: Clock + Clone> Limiter<H, C> {
     /// Most admission keys one tenant may have on this replica at once; 0 = no cap. A call
     /// for a new key past it is refused ([`AdmissionError::TooManyKeys`]).
     pub fn with_max_admission_keys_per_tenant(mut self, max: usize) -> Self {
-        self.admission = Entries::with_max_keys_per_tenant(max);
+        self.admission.max_keys_per_tenant = max;
         self
     }
 
@@ -370,6 +370,7 @@ impl<H: TenantHooks, C: Clock + Clone> Limiter<H, C> {
     /// ([`Limiter::cell_usage`]). Outside cells nothing is counted.
     pub fn with_cells(mut self) -> Self {
         self.count_for_cells = true;
+        self.admission.count_for_cells = true;
         self
     }
 
@@ -403,11 +404,7 @@ impl<H: TenantHooks, C: Clock + Clone> Limiter<H, C> {
                 tenant
             }
         };
-        // Write only when the coarse clock moved: no cache-line ping-pong between cores
-        // serving the same tenant.
-        if tenant.last_seen.load(Ordering::Relaxed) != coarse {
-            tenant.last_seen.store(coarse, Ordering::Relaxed);
-        }
+        crate::core::touch(&tenant.last_seen, coarse);
         Ok(Arc::clone(tenant))
     }
 
