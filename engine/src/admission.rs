@@ -325,6 +325,24 @@ thread_local! {
     static ENTRY_NAME: std::cell::RefCell<String> = std::cell::RefCell::new(String::with_capacity(128));
 }
 
+/// The answer to a decision made, its cost counted as admitted if it was (what gossip carries).
+fn answer(
+    entry: &Entry,
+    cost: u64,
+    decision: Decision,
+    limit: LimitSpec,
+    source: LimitSource,
+) -> Allowed {
+    if decision.allowed {
+        entry.admitted.fetch_add(cost, Ordering::Relaxed);
+    }
+    Allowed {
+        decision,
+        limit,
+        source,
+    }
+}
+
 /// A cost the limit can never allow at once: a bad request, not a refusal.
 fn too_large(spec: &LimitSpec, cost: u64) -> AdmissionError {
     AdmissionError::BadCost(format!(
@@ -456,14 +474,7 @@ impl<'a, C: Clock + Clone> Keys<'a, C> {
             .allow_shared(entry, state, cost, self.now_nanos())
             .await?
             .ok_or_else(|| too_large(&spec, cost))?;
-        if decision.allowed {
-            entry.admitted.fetch_add(cost, Ordering::Relaxed);
-        }
-        Ok(Allowed {
-            decision,
-            limit: spec,
-            source,
-        })
+        Ok(answer(entry, cost, decision, spec, source))
     }
 
     /// [`Keys::decide`] for every meter but `shared`'s, which never waits.
@@ -517,14 +528,7 @@ impl<'a, C: Clock + Clone> Keys<'a, C> {
         if self.admission().count_for_cells {
             entry.cell_offered.fetch_add(cost, Ordering::Relaxed);
         }
-        if decision.allowed {
-            entry.admitted.fetch_add(cost, Ordering::Relaxed);
-        }
-        Ok(Allowed {
-            decision,
-            limit: spec,
-            source,
-        })
+        Ok(answer(entry, cost, decision, spec, source))
     }
 
     /// `shared`: `None` when the cost is too large.
