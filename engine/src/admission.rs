@@ -173,8 +173,9 @@ pub(crate) struct Entries {
     /// Keys per tenant in `map` (the push key aside), kept only under a cap. Changed on the
     /// slow path alone: when an entry is made or evicted.
     keys_per_tenant: Mutex<HashMap<Box<str>, usize>>,
-    /// This replica is in a cell: count each key's demand for the cell sync. Outside cells
-    /// the count is not kept: on a hot key it is one more cache line the cores pass around.
+    /// This replica is in a cell: count each key's and each tenant's demand for the cell
+    /// sync. Outside cells the counts are not kept: on a hot key one is one more cache line
+    /// the cores pass around.
     pub(crate) count_for_cells: bool,
 }
 

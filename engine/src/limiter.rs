@@ -205,10 +205,9 @@ pub struct Limiter<H: TenantHooks = NoHooks, C: Clock = EngineClock> {
     max_tenants: usize,
     /// How long a tenant new to the whole fleet is held to the even share.
     settling: Duration,
-    /// The admission API's keys and leases.
+    /// The admission API's keys and leases; its `count_for_cells` says for the tenants too
+    /// whether this replica is in a cell.
     admission: Entries,
-    /// In a cell: count each tenant's demand and spend for the cell sync.
-    count_for_cells: bool,
     hooks: H,
 }
 
@@ -234,7 +233,6 @@ impl<H: TenantHooks, C: Clock + Clone> Limiter<H, C> {
             max_tenants: 0,
             settling: Duration::from_secs(1),
             admission: Default::default(),
-            count_for_cells: false,
             hooks,
         }
     }
@@ -369,7 +367,6 @@ impl<H: TenantHooks, C: Clock + Clone> Limiter<H, C> {
     /// This replica is in a cell: count each tenant's demand and spend for the cell sync
     /// ([`Limiter::cell_usage`]). Outside cells nothing is counted.
     pub fn with_cells(mut self) -> Self {
-        self.count_for_cells = true;
         self.admission.count_for_cells = true;
         self
     }
@@ -544,7 +541,7 @@ impl<H: TenantHooks, C: Clock + Clone> Limiter<H, C> {
             .map(|_| at_once(TakenFrom::View)),
         };
         // `shared` keeps one global bucket in the store: no cell slices it.
-        if self.count_for_cells && !state.buckets[kind.index()].is_shared() {
+        if self.admission.count_for_cells && !state.buckets[kind.index()].is_shared() {
             let counts = &tenant.cell.get_or_init(Default::default)[kind.index()];
             counts.offered.fetch_add(cost, Ordering::Relaxed);
             if decided.is_ok() {
@@ -1016,7 +1013,7 @@ impl<H: TenantHooks, C: Clock + Clone> Limiter<H, C> {
     /// what the cell sync reports (empty unless [`Limiter::with_cells`]). Tenants under
     /// `shared`, and those offered nothing, are left out.
     pub fn cell_usage(&self) -> Vec<CellUsage> {
-        if !self.count_for_cells {
+        if !self.admission.count_for_cells {
             return Vec::new();
         }
         self.tenants
@@ -1045,7 +1042,7 @@ impl<H: TenantHooks, C: Clock + Clone> Limiter<H, C> {
     /// tenant's `max_inflight_push_requests` is sliced): what the cell sync reports besides
     /// the tenants (empty unless [`Limiter::with_cells`]). Reading resets the slots wanted.
     pub fn key_cell_usage(&self) -> Vec<crate::admission::KeyUsage> {
-        if !self.count_for_cells {
+        if !self.admission.count_for_cells {
             return Vec::new();
         }
         self.keys().key_cell_usage()
