@@ -395,25 +395,40 @@ impl<'a, C: Clock + Clone> Keys<'a, C> {
         client: Option<LimitSpec>,
     ) -> Result<Allowed, AdmissionError> {
         if client.is_none() {
-            if let Some(decided) = self.allow_known(tenant, key, cost) {
-                return decided;
+            // A key metered on this replica is decided under the map's guard: no reference
+            // count is taken (on a hot key two cores would pass its cache lines back and
+            // forth for them) and no future is built. A `shared` one may wait on the store.
+            let known = self.with_known(tenant, key, |entry, state| {
+                if state.meter.is_shared() {
+                    Err((Arc::clone(entry), Arc::clone(state)))
+                } else {
+                    Ok(self.decide_here(state.spec, state.source, entry, state, cost))
+                }
+            });
+            match known {
+                Some(Ok(decided)) => return decided,
+                Some(Err((entry, state))) => {
+                    return self
+                        .decide(state.spec, state.source, &entry, &state, cost)
+                        .await
+                }
+                None => {}
             }
         }
         let (spec, source, entry, state) = self.entry(tenant, key, client)?;
         self.decide(spec, source, &entry, &state, cost).await
     }
 
-    /// The hot path: a key already checked against the inputs in force, metered on this
-    /// replica, decided under the map's guard. No reference count is taken (on a hot key two
-    /// cores would pass its cache lines back and forth for them) and nothing is allocated.
-    /// `None`: the key is not there yet, is stale, or is `shared` (which may wait on the
-    /// store): [`Keys::entry`] and [`Keys::decide`] take it.
-    fn allow_known(
+    /// The hot path: hands `found` the entry `tenant/key` under the map's guard, marked used,
+    /// if it is already checked against the inputs in force and its limit is not a caller's.
+    /// The name is built in a reused buffer: no allocation, no limit resolution. `None`: the
+    /// key is not there yet or is stale.
+    fn with_known<R>(
         &self,
         tenant: &str,
         key: &str,
-        cost: u64,
-    ) -> Option<Result<Allowed, AdmissionError>> {
+        found: impl FnOnce(&Arc<Entry>, &Arc<EntryState>) -> R,
+    ) -> Option<R> {
         let generation = self.generation();
         ENTRY_NAME.with(|name| {
             let mut name = name.borrow_mut();
@@ -425,13 +440,12 @@ impl<'a, C: Clock + Clone> Keys<'a, C> {
             let entry = map.get(name.as_str())?;
             let state = entry.state.load();
             let current = state.generation.load(Ordering::Acquire) == generation
-                && state.source != LimitSource::Client
-                && !state.meter.is_shared();
+                && state.source != LimitSource::Client;
             if !current {
                 return None;
             }
             crate::core::touch(&entry.last_seen, self.coarse_nanos());
-            Some(self.decide_here(state.spec, state.source, entry, &state, cost))
+            Some(found(entry, &state))
         })
     }
 
@@ -1044,26 +1058,18 @@ impl<'a, C: Clock + Clone> Keys<'a, C> {
         key: &str,
         client: Option<LimitSpec>,
     ) -> Result<(LimitSpec, LimitSource, Arc<Entry>, Arc<EntryState>), AdmissionError> {
-        // The hot path: an entry already checked against the inputs in force, found by a name
-        // built in a reused buffer (no allocation, no limit resolution).
         let generation = self.generation();
         if client.is_none() {
-            let found = ENTRY_NAME.with(|name| {
-                let mut name = name.borrow_mut();
-                name.clear();
-                name.push_str(tenant);
-                name.push('/');
-                encode_key_into(key, &mut name);
-                self.admission().map.pin().get(name.as_str()).cloned()
+            let found = self.with_known(tenant, key, |entry, state| {
+                (
+                    state.spec,
+                    state.source,
+                    Arc::clone(entry),
+                    Arc::clone(state),
+                )
             });
-            if let Some(entry) = found {
-                let state = entry.state.load_full();
-                if state.generation.load(Ordering::Acquire) == generation
-                    && state.source != LimitSource::Client
-                {
-                    crate::core::touch(&entry.last_seen, self.coarse_nanos());
-                    return Ok((state.spec, state.source, entry, state));
-                }
+            if let Some(found) = found {
+                return Ok(found);
             }
         }
         if let Some(client) = client {
