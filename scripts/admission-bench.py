@@ -48,7 +48,8 @@ def overrides(strategy):
     """The accuracy keys of tenant t, and bench's key k that never runs dry. k's bucket holds
     4e9 tokens refilled at 1e12/s, only 4 ms of refill: a decision whose clock was read over
     4 ms before another's (its worker preempted on a loaded machine) is refused, a few in
-    millions (none at rate 1e9). Kept so, as serve-bare answers k's exact 42 bytes."""
+    millions for Allow, about one in 10 000 for AllowBatch, which reads the clock once a
+    batch (none at rate 1e9). Kept so, as serve-bare answers k's exact 42 bytes."""
     limits = "".join(f"      {name}-{split}: {spec}\n" for name, spec in ALGORITHMS.items()
                      for split in ("even", "one"))
     return (f"overrides:\n  t:\n    rate_limit_strategy: {strategy}\n    on_store_failure: closed\n"

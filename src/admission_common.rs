@@ -59,10 +59,44 @@ pub fn check_names(tenant: &str, key: &str) -> Result<(), NameError> {
         return Err(NameError::Missing("tenant"));
     }
     crate::tenant::validate(tenant)?;
+    check_key(key)
+}
+
+fn check_key(key: &str) -> Result<(), NameError> {
     if key.len() > MAX_KEY_LENGTH {
         return Err(NameError::KeyTooLong(key.len()));
     }
     Ok(())
+}
+
+/// A batch's tenants, each checked as [`authorized_tenant`] and [`check_names`] check one:
+/// an item naming the tenant the item before it named, and passed, takes that answer (a
+/// batch names one tenant again and again; the caller is the same for the whole batch).
+#[derive(Default)]
+pub struct BatchTenants<'a> {
+    last: Option<(&'a str, std::borrow::Cow<'a, str>)>,
+}
+
+impl<'a> BatchTenants<'a> {
+    pub fn check<E: From<Denied> + From<NameError>>(
+        &mut self,
+        auth: &Authenticator,
+        door: Door,
+        source: Source<'_>,
+        tenant: &'a str,
+        key: &str,
+    ) -> Result<std::borrow::Cow<'a, str>, E> {
+        if let Some((named, authorized)) = &self.last {
+            if *named == tenant {
+                check_key(key)?;
+                return Ok(authorized.clone());
+            }
+        }
+        let authorized = authorized_tenant(auth, door, source, tenant)?;
+        check_names(&authorized, key)?;
+        self.last = Some((tenant, authorized.clone()));
+        Ok(authorized)
+    }
 }
 
 /// The tenant a call may spend, checked by tenant authentication before any name rule or

@@ -11,14 +11,14 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use engine::AdmissionError;
+use engine::{AdmissionError, Allowed, Ask};
 use runtime_config::{Algorithm, LimitSpec};
 use serde::{Deserialize, Serialize};
 use tonic::Code;
 
 use crate::admission_common::{
-    authorized_tenant, check_lease_id, check_names, code_and_reason, source_name, NameError,
-    DEFAULT_LEASE_TTL,
+    authorized_tenant, check_lease_id, check_names, code_and_reason, source_name, BatchTenants,
+    NameError, DEFAULT_LEASE_TTL,
 };
 use crate::auth::{Denied, Door, Peer, Source};
 use crate::state::AppState;
@@ -231,6 +231,16 @@ async fn allow_one(
         &body.tenant,
     )?;
     check_names(&tenant, &body.key)?;
+    let (cost, client) = cost_and_limit(body)?;
+    let answer = state
+        .limiter
+        .allow(&tenant, &body.key, cost, client)
+        .await?;
+    Ok(allow_out(answer))
+}
+
+/// The cost and the caller's limit of an ask, checked.
+fn cost_and_limit(body: &AllowBody) -> Result<(u64, Option<LimitSpec>), ApiError> {
     let cost = u64::try_from(body.cost).map_err(|_| {
         ApiError::new(
             Code::InvalidArgument,
@@ -238,12 +248,11 @@ async fn allow_one(
             format!("cost must be at least 1, got {}", body.cost),
         )
     })?;
-    let client = body.limit.as_ref().map(JsonSpec::spec).transpose()?;
-    let answer = state
-        .limiter
-        .allow(&tenant, &body.key, cost, client)
-        .await?;
-    Ok(AllowOut {
+    Ok((cost, body.limit.as_ref().map(JsonSpec::spec).transpose()?))
+}
+
+fn allow_out(answer: Allowed) -> AllowOut {
+    AllowOut {
         allowed: answer.decision.allowed,
         remaining: answer.decision.remaining,
         retry_after: answer.decision.retry_after.as_secs_f64(),
@@ -251,7 +260,7 @@ async fn allow_one(
         delay: answer.decision.delay.as_secs_f64(),
         limit_in_force: answer.limit.into(),
         limit_source: source_name(answer.source),
-    })
+    }
 }
 
 /// The answer of a handler: JSON, or an [`ApiError`].
@@ -297,13 +306,46 @@ pub async fn allow_batch(
         Ok(Json(body)) => body,
         Err(rejection) => return ApiError::from(rejection).into_response(),
     };
-    let mut results = Vec::with_capacity(body.requests.len());
-    for one in &body.requests {
-        results.push(match allow_one(&state, &caller, one).await {
-            Ok(answer) => BatchItem::Answer(answer),
-            Err(err) => BatchItem::Error(err),
-        });
-    }
+    // Each item checked as `allow` checks it, authentication first; then the engine decides
+    // the asks that passed in one batch.
+    let mut tenants = BatchTenants::default();
+    let checked: Vec<Result<_, ApiError>> = (body.requests.iter())
+        .map(|one| {
+            let source = caller.source();
+            let tenant = tenants.check::<ApiError>(
+                &state.auth,
+                Door::AdmissionHttp,
+                source,
+                &one.tenant,
+                &one.key,
+            )?;
+            Ok((tenant, cost_and_limit(one)?))
+        })
+        .collect();
+    let asks: Vec<Ask> = (body.requests.iter().zip(&checked))
+        .filter_map(|(one, checked)| {
+            let (tenant, (cost, limit)) = checked.as_ref().ok()?;
+            Some(Ask {
+                tenant,
+                key: &one.key,
+                cost: *cost,
+                limit: *limit,
+            })
+        })
+        .collect();
+    let mut answers = state.limiter.allow_batch(&asks).await.into_iter();
+    let results: Vec<BatchItem> = (checked.into_iter())
+        .map(|checked| {
+            let answer = checked.and_then(|_| {
+                let answer = answers.next().expect("an answer for each ask");
+                answer.map(allow_out).map_err(ApiError::from)
+            });
+            match answer {
+                Ok(answer) => BatchItem::Answer(answer),
+                Err(err) => BatchItem::Error(err),
+            }
+        })
+        .collect();
     Json(serde_json::json!({ "results": results })).into_response()
 }
 

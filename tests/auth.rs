@@ -362,6 +362,45 @@ print(json.dumps(results))
         3,
         "only the one JSON call took from team-b"
     );
+    // AllowBatch checks each item's tenant: one refused item is refused alone, and an item
+    // naming the tenant the one before it named is held to the same rules.
+    let items = ["team-a", "team-b", "team-a", "", "team-a"].map(|tenant| api::AllowRequest {
+        tenant: tenant.into(),
+        key: "k".into(),
+        cost: 1,
+        ..Default::default()
+    });
+    let mut items = items.to_vec();
+    items[4].key = "k".repeat(1025);
+    let mut batch = tonic::Request::new(api::AllowBatchRequest { requests: items });
+    batch.metadata_mut().insert(
+        "authorization",
+        format!("Bearer {TOKEN_A}").parse().unwrap(),
+    );
+    let codes: Vec<i32> = (admission
+        .allow_batch(batch)
+        .await
+        .unwrap()
+        .into_inner()
+        .results)
+        .into_iter()
+        .map(|item| match item.result {
+            Some(api::allow_batch_response::result::Result::Response(_)) => 0,
+            Some(api::allow_batch_response::result::Result::Error(err)) => err.code,
+            None => -1,
+        })
+        .collect();
+    assert_eq!(
+        codes,
+        [
+            tonic::Code::Ok,
+            tonic::Code::PermissionDenied,
+            tonic::Code::Ok,
+            tonic::Code::Ok,
+            tonic::Code::InvalidArgument
+        ]
+        .map(|code| code as i32)
+    );
     let mut envoy = rls::rate_limit_service_client::RateLimitServiceClient::new(channel);
     let should = |token: Option<&str>| {
         let mut request = tonic::Request::new(rls::RateLimitRequest {

@@ -122,6 +122,16 @@ pub struct Allowed {
     pub source: LimitSource,
 }
 
+/// One question of a batch ([`crate::Limiter::allow_batch`]): what `allow` takes.
+#[derive(Debug, Clone, Copy)]
+pub struct Ask<'a> {
+    pub tenant: &'a str,
+    pub key: &'a str,
+    pub cost: u64,
+    /// The caller's own limit, if it sent one.
+    pub limit: Option<LimitSpec>,
+}
+
 /// The answer to `Acquire`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Acquisition {
@@ -157,6 +167,15 @@ struct TokenLease {
 }
 
 /// The admission entries of one replica.
+/// The entries by name, under a guard.
+type EntryMap<'g> = papaya::HashMapRef<
+    'g,
+    Box<str>,
+    Arc<Entry>,
+    foldhash::fast::RandomState,
+    papaya::LocalGuard<'g>,
+>;
+
 #[derive(Default)]
 pub(crate) struct Entries {
     map: papaya::HashMap<Box<str>, Arc<Entry>, foldhash::fast::RandomState>,
@@ -431,22 +450,74 @@ impl<'a, C: Clock + Clone> Keys<'a, C> {
     ) -> Option<R> {
         let generation = self.generation();
         ENTRY_NAME.with(|name| {
-            let mut name = name.borrow_mut();
-            name.clear();
-            name.push_str(tenant);
-            name.push('/');
-            encode_key_into(key, &mut name);
             let map = self.admission().map.pin();
-            let entry = map.get(name.as_str())?;
-            let state = entry.state.load();
-            let current = state.generation.load(Ordering::Acquire) == generation
-                && state.source != LimitSource::Client;
-            if !current {
-                return None;
-            }
-            crate::core::touch(&entry.last_seen, self.coarse_nanos());
+            let (entry, state) =
+                self.known(&map, &mut name.borrow_mut(), tenant, key, generation)?;
             Some(found(entry, &state))
         })
+    }
+
+    /// The entry `tenant/key` in `map`, marked used, if it is checked against the inputs of
+    /// `generation` and its limit is not a caller's; `name` is the buffer its name is built
+    /// in.
+    fn known<'m>(
+        &self,
+        map: &'m EntryMap<'_>,
+        name: &mut String,
+        tenant: &str,
+        key: &str,
+        generation: u64,
+    ) -> Option<(&'m Arc<Entry>, arc_swap::Guard<Arc<EntryState>>)> {
+        name.clear();
+        name.push_str(tenant);
+        name.push('/');
+        encode_key_into(key, name);
+        let entry = map.get(name.as_str())?;
+        let state = entry.state.load();
+        let current = state.generation.load(Ordering::Acquire) == generation
+            && state.source != LimitSource::Client;
+        if !current {
+            return None;
+        }
+        crate::core::touch(&entry.last_seen, self.coarse_nanos());
+        Some((entry, state))
+    }
+
+    /// Decides each ask in order, each as [`Keys::allow`] would. The keys already known and
+    /// metered on this replica, most of a busy caller's, are decided first, under one guard
+    /// of the map and at one reading of the clock; the rest (new, stale, a caller's limit,
+    /// `shared`) then, one at a time. An ask's answer never depends on another key's, and a
+    /// key is in one pass or the other for the whole batch, so each key sees its asks in
+    /// order.
+    pub(crate) async fn allow_batch(
+        &self,
+        asks: &[Ask<'_>],
+    ) -> Vec<Result<Allowed, AdmissionError>> {
+        let mut answers = Vec::with_capacity(asks.len());
+        let generation = self.generation();
+        let now = self.now_nanos();
+        ENTRY_NAME.with(|name| {
+            let name = &mut name.borrow_mut();
+            let map = self.admission().map.pin();
+            for ask in asks {
+                let answer = (ask.limit.is_none())
+                    .then(|| self.known(&map, name, ask.tenant, ask.key, generation))
+                    .flatten()
+                    .filter(|(_, state)| !state.meter.is_shared())
+                    .map(|(entry, state)| {
+                        self.decide_at(state.spec, state.source, entry, &state, ask.cost, now)
+                    });
+                answers.push(answer);
+            }
+        });
+        let mut decided = Vec::with_capacity(asks.len());
+        for (ask, answer) in asks.iter().zip(answers) {
+            decided.push(match answer {
+                Some(answer) => answer,
+                None => self.allow(ask.tenant, ask.key, ask.cost, ask.limit).await,
+            });
+        }
+        decided
     }
 
     /// Decides `cost` for `tenant`'s `key` under a limit the caller resolved itself (Envoy's
@@ -501,6 +572,19 @@ impl<'a, C: Clock + Clone> Keys<'a, C> {
         state: &EntryState,
         cost: u64,
     ) -> Result<Allowed, AdmissionError> {
+        self.decide_at(spec, source, entry, state, cost, self.now_nanos())
+    }
+
+    /// [`Keys::decide_here`] at `now`.
+    fn decide_at(
+        &self,
+        spec: LimitSpec,
+        source: LimitSource,
+        entry: &Entry,
+        state: &EntryState,
+        cost: u64,
+        now: u64,
+    ) -> Result<Allowed, AdmissionError> {
         if cost == 0 {
             return Err(AdmissionError::BadCost("cost must be at least 1".into()));
         }
@@ -513,7 +597,6 @@ impl<'a, C: Clock + Clone> Keys<'a, C> {
             });
         }
         let too_large = || too_large(&spec, cost);
-        let now = self.now_nanos();
         // A cost the configured limit allows at once but this cell's slice does not is
         // refused, not invalid: the slice grows with the cell's demand.
         let configured_capacity = match spec.algorithm {

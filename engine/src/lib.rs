@@ -49,7 +49,7 @@ pub mod store;
 mod strategy;
 pub mod types;
 
-pub use admission::{encode_key, Acquisition, AdmissionError, Allowed, KeyUsage, Lent};
+pub use admission::{encode_key, Acquisition, AdmissionError, Allowed, Ask, KeyUsage, Lent};
 pub use algorithms::Decision;
 pub use cells::{CellShares, CellSync, CellSyncConfig};
 pub use clock::EngineClock;

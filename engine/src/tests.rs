@@ -753,7 +753,7 @@ mod shared_tests {
 
 mod admission_tests {
     use super::*;
-    use crate::admission::AdmissionError;
+    use crate::admission::{AdmissionError, Ask};
     use runtime_config::LimitSource;
 
     const ADMISSION: &str = "admission:\n  default_limit: {rate: 5}\noverrides:\n  a:\n    allow_client_limits: true\n    limits:\n      \"GET /s\": {algorithm: sliding_window, rate: 10, window: 1s}\n      \"POST /u\": {max_concurrent: 2}\n      wide: {max_concurrent: 30}\n      odd: {max_concurrent: 31}\n      slow: {algorithm: leaky_bucket, rate: 10, burst: 3}\n  strict-free:\n    limits:\n      k: {rate: 1}\n  d:\n    rate_limit_strategy: divided\n    limits:\n      c: {max_concurrent: 10}\n";
@@ -808,6 +808,70 @@ mod admission_tests {
                 .decision
                 .allowed
         );
+    }
+
+    #[tokio::test]
+    async fn a_batch_answers_as_one_call_an_ask_would() {
+        // The same asks, as one batch to one limiter and one call at a time to another, on
+        // clocks that move alike: new keys first (the batch's second pass), then the same
+        // keys known (its first pass), each time with errors, a caller's limit and keys
+        // asked again and again within the batch.
+        let (batched, batched_clock) = limiter(ADMISSION);
+        let (single, single_clock) = limiter(ADMISSION);
+        let generous = runtime_config::LimitSpec::rate(1e6);
+        let mut asks = vec![
+            Ask {
+                tenant: "a",
+                key: "GET /s",
+                cost: 1,
+                limit: None,
+            };
+            12
+        ];
+        for (tenant, key, cost, limit) in [
+            ("a", "other", 2, None),
+            ("a", "other", 0, None),
+            ("a", "other", 6, None),
+            ("a", "client-key", 3, Some(generous)),
+            ("a", "slow", 1, None),
+            ("a", "slow", 1, None),
+            ("a", "slow", 1, None),
+            ("a", "slow", 1, None),
+            ("d", "c", 1, None),
+            ("strict-free", "k", 1, None),
+            ("strict-free", "k", 1, None),
+            ("a", "other", 2, None),
+            ("a", "other", 2, None),
+        ] {
+            asks.push(Ask {
+                tenant,
+                key,
+                cost,
+                limit,
+            });
+        }
+        for round in 0..3 {
+            let answers = batched.allow_batch(&asks).await;
+            let mut expected = Vec::new();
+            for ask in &asks {
+                expected.push(single.allow(ask.tenant, ask.key, ask.cost, ask.limit).await);
+            }
+            assert_eq!(
+                format!("{answers:?}"),
+                format!("{expected:?}"),
+                "round {round}"
+            );
+            let allowed = answers
+                .iter()
+                .filter(|answer| matches!(answer, Ok(a) if a.decision.allowed))
+                .count();
+            assert!(
+                allowed > 0 && allowed < asks.len(),
+                "round {round}: {allowed}"
+            );
+            batched_clock.advance(Duration::from_millis(300));
+            single_clock.advance(Duration::from_millis(300));
+        }
     }
 
     async fn futures_delays(limiter: &TestLimiter, key: &str, n: usize) -> Vec<Duration> {
