@@ -129,9 +129,13 @@ async fn under_the_limit(client: Client, first_ip: u8) {
 /// 20 000 series a second: weir admits the limit, no less and no more; the client falls
 /// behind, which is right.
 async fn over_the_limit(client: Client, first_ip: u8, burst_in_seconds: u64) {
-    // A burst wider than a second drains at 2 L − L = L, so in `burst_in_seconds` seconds;
-    // the warm-up outlasts it.
-    let warm_up = Duration::from_secs_f64(10.0 + 1.2 * (burst_in_seconds - 1) as f64);
+    // A burst wider than a second drains at what the client sends over L: 2 L − L = L for
+    // a sender that keeps up its rate, but about half that for vmagent's 10 000-row blocks,
+    // which wait 2–4 s after a refusal. After a warm-up sized for L (32.8 s at B = 20 L)
+    // the rest of the burst was still there: vmagent read 1.023 L over a 30 s window
+    // (2026-12-02), within a token bucket's rate × window + B but not the steady rate this
+    // asserts. The warm-up outlasts the drain at L / 2.
+    let warm_up = Duration::from_secs_f64(10.0 + 2.4 * (burst_in_seconds - 1) as f64);
     let scenario = Scenario {
         client,
         series: 20_000,
