@@ -421,7 +421,14 @@ impl<'a, C: Clock + Clone> Keys<'a, C> {
                 if state.meter.is_shared() {
                     Err((Arc::clone(entry), Arc::clone(state)))
                 } else {
-                    Ok(self.decide_here(state.spec, state.source, entry, state, cost))
+                    Ok(self.decide_at(
+                        state.spec,
+                        state.source,
+                        entry,
+                        state,
+                        cost,
+                        self.now_nanos(),
+                    ))
                 }
             });
             match known {
@@ -554,7 +561,7 @@ impl<'a, C: Clock + Clone> Keys<'a, C> {
         cost: u64,
     ) -> Result<Allowed, AdmissionError> {
         if !state.meter.is_shared() || cost == 0 || spec.rate == 0.0 {
-            return self.decide_here(spec, source, entry, state, cost);
+            return self.decide_at(spec, source, entry, state, cost, self.now_nanos());
         }
         let decision = self
             .allow_shared(entry, state, cost, self.now_nanos())
@@ -563,19 +570,7 @@ impl<'a, C: Clock + Clone> Keys<'a, C> {
         Ok(answer(entry, cost, decision, spec, source))
     }
 
-    /// [`Keys::decide`] for every meter but `shared`'s, which never waits.
-    fn decide_here(
-        &self,
-        spec: LimitSpec,
-        source: LimitSource,
-        entry: &Entry,
-        state: &EntryState,
-        cost: u64,
-    ) -> Result<Allowed, AdmissionError> {
-        self.decide_at(spec, source, entry, state, cost, self.now_nanos())
-    }
-
-    /// [`Keys::decide_here`] at `now`.
+    /// [`Keys::decide`] at `now`, for every meter but `shared`'s, which never waits.
     fn decide_at(
         &self,
         spec: LimitSpec,
