@@ -166,7 +166,6 @@ struct TokenLease {
     deadline: u64,
 }
 
-/// The admission entries of one replica.
 /// The entries by name, under a guard.
 type EntryMap<'g> = papaya::HashMapRef<
     'g,
@@ -176,6 +175,7 @@ type EntryMap<'g> = papaya::HashMapRef<
     papaya::LocalGuard<'g>,
 >;
 
+/// The admission entries of one replica.
 #[derive(Default)]
 pub(crate) struct Entries {
     map: papaya::HashMap<Box<str>, Arc<Entry>, foldhash::fast::RandomState>,
@@ -493,9 +493,9 @@ impl<'a, C: Clock + Clone> Keys<'a, C> {
     /// Decides each ask in order, each as [`Keys::allow`] would. The keys already known and
     /// metered on this replica, most of a busy caller's, are decided first, under one guard
     /// of the map and at one reading of the clock; the rest (new, stale, a caller's limit,
-    /// `shared`) then, one at a time. An ask's answer never depends on another key's, and a
-    /// key is in one pass or the other for the whole batch, so each key sees its asks in
-    /// order.
+    /// `shared`) then, one at a time. An ask's answer never depends on another key's, and
+    /// once an ask of a key is left for later, so are the key's asks after it: each key
+    /// sees its asks in order.
     pub(crate) async fn allow_batch(
         &self,
         asks: &[Ask<'_>],
@@ -506,14 +506,22 @@ impl<'a, C: Clock + Clone> Keys<'a, C> {
         ENTRY_NAME.with(|name| {
             let name = &mut name.borrow_mut();
             let map = self.admission().map.pin();
+            // The keys left for later; almost always none.
+            let mut later: std::collections::HashSet<(&str, &str), foldhash::fast::RandomState> =
+                Default::default();
             for ask in asks {
-                let answer = (ask.limit.is_none())
+                let key = (ask.tenant, ask.key);
+                let left = !later.is_empty() && later.contains(&key);
+                let answer = (ask.limit.is_none() && !left)
                     .then(|| self.known(&map, name, ask.tenant, ask.key, generation))
                     .flatten()
                     .filter(|(_, state)| !state.meter.is_shared())
                     .map(|(entry, state)| {
                         self.decide_at(state.spec, state.source, entry, &state, ask.cost, now)
                     });
+                if answer.is_none() && !left {
+                    later.insert(key);
+                }
                 answers.push(answer);
             }
         });

@@ -874,6 +874,37 @@ mod admission_tests {
         }
     }
 
+    #[tokio::test]
+    async fn a_batch_keeps_a_key_s_asks_in_order_when_one_is_left_for_later() {
+        // strict-free's k holds one token. An ask with the caller's own limit (not allowed
+        // there, so k's limit applies: the same meter) is left for the batch's second pass;
+        // the plain ask after it must not take the token first.
+        let generous = runtime_config::LimitSpec::rate(1e6);
+        let asks = [
+            Ask {
+                tenant: "strict-free",
+                key: "k",
+                cost: 1,
+                limit: Some(generous),
+            },
+            Ask {
+                tenant: "strict-free",
+                key: "k",
+                cost: 1,
+                limit: None,
+            },
+        ];
+        let (batched, clock) = limiter(ADMISSION);
+        batched.allow("strict-free", "k", 1, None).await.unwrap();
+        clock.advance(Duration::from_secs(1));
+        let answers = batched.allow_batch(&asks).await;
+        let allowed: Vec<bool> = answers
+            .iter()
+            .map(|answer| answer.as_ref().unwrap().decision.allowed)
+            .collect();
+        assert_eq!(allowed, [true, false]);
+    }
+
     async fn futures_delays(limiter: &TestLimiter, key: &str, n: usize) -> Vec<Duration> {
         let mut delays = Vec::new();
         for _ in 0..n {
