@@ -194,7 +194,8 @@ pub fn current_worker() -> Option<usize> {
 const TIMER_ANCHOR: Duration = Duration::from_secs(1);
 
 /// The `--http-workers` threads, each running a current-thread runtime until dropped.
-struct Workers {
+/// `weir-bare-forward`, the floor under the push path, runs on the same threads.
+pub struct Workers {
     workers: Vec<Worker>,
     /// Where the search for the least-loaded worker starts: ties rotate.
     next: usize,
@@ -210,7 +211,8 @@ struct Worker {
 }
 
 impl Workers {
-    fn start(count: usize, pin: crate::affinity::PinWorkers) -> std::io::Result<Workers> {
+    /// `count` workers (at least one), pinned to cores as `pin` and the machine say.
+    pub fn start(count: usize, pin: crate::affinity::PinWorkers) -> std::io::Result<Workers> {
         let count = count.max(1);
         let cpus = crate::affinity::plan(
             pin,
@@ -269,6 +271,11 @@ impl Workers {
                 .collect(),
             next: Arc::default(),
         }
+    }
+
+    /// The runtime of the worker with the fewest open connections: where the next one goes.
+    pub fn least_busy(&mut self) -> &tokio::runtime::Handle {
+        &self.pick().handle
     }
 
     /// The worker with the fewest open connections.

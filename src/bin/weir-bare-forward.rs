@@ -7,9 +7,9 @@
 //! weir-bare-forward --listen 127.0.0.1:18190 --upstream http://127.0.0.1:18199/api/v1/push
 //! ```
 //!
-//! Its threads are weir's: one current-thread runtime a core, pinned as weir pins them
-//! (`--pin-workers`), each with its own upstream pool, and an accept loop that hands each connection to
-//! a worker. So what it costs a request is what the HTTP exchange in, the forward and the
+//! Its threads are weir's own (`http_serve::Workers`): one current-thread runtime a core,
+//! pinned as weir pins them (`--pin-workers`), each with its own upstream pool, and an accept
+//! loop that hands each connection to the worker with the fewest (here, to each in turn). So what it costs a request is what the HTTP exchange in, the forward and the
 //! answer cost on this machine, and weir's CPU above it is what weir does per request.
 //! `scripts/mimir-side-by-side --systems mimir,weir,bare` measures it beside the other two.
 
@@ -72,30 +72,7 @@ fn main() -> anyhow::Result<()> {
         0 => std::thread::available_parallelism().map_or(1, usize::from),
         workers => workers,
     };
-    let cpus = weir::affinity::plan(
-        args.pin_workers,
-        &weir::affinity::allowed_cpus(),
-        weir::affinity::online_cpus(),
-        count,
-    );
-    let mut workers = Vec::with_capacity(count);
-    for index in 0..count {
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()?;
-        workers.push(runtime.handle().clone());
-        let cpu = cpus.as_ref().map(|cpus| cpus[index]);
-        std::thread::Builder::new()
-            .name(format!("bare-http-{index}"))
-            .spawn(move || {
-                if let Some(cpu) = cpu {
-                    if let Err(err) = weir::affinity::pin_current_thread(cpu) {
-                        eprintln!("worker {index} runs unpinned: {err}");
-                    }
-                }
-                runtime.block_on(std::future::pending::<()>());
-            })?;
-    }
+    let mut workers = weir::http_serve::Workers::start(count, args.pin_workers)?;
     let accept = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
@@ -105,14 +82,12 @@ fn main() -> anyhow::Result<()> {
             "weir-bare-forward listening on http://{}",
             listener.local_addr()?
         );
-        let mut next = 0;
         loop {
             let (stream, _) = listener.accept().await?;
             stream.set_nodelay(true)?;
             let stream = stream.into_std()?;
             let upstream = args.upstream.clone();
-            workers[next % workers.len()].spawn(serve(stream, upstream));
-            next += 1;
+            workers.least_busy().spawn(serve(stream, upstream));
         }
     })
 }
