@@ -5,8 +5,8 @@
 
 use std::time::Duration;
 
-use engine::AdmissionError;
-use runtime_config::LimitSource;
+use engine::{AdmissionError, Ask, Limiter, TenantHooks};
+use runtime_config::{LimitSource, LimitSpec};
 use tonic::Code;
 
 use crate::auth::{Allowed, Authenticator, Denied, Door, Source};
@@ -97,6 +97,35 @@ impl<'a> BatchTenants<'a> {
         self.last = Some((tenant, authorized.clone()));
         Ok(authorized)
     }
+}
+
+/// A batch item its door has checked (authentication, names, cost, the caller's limit): what
+/// the engine is asked.
+pub struct CheckedAsk<'a> {
+    pub tenant: std::borrow::Cow<'a, str>,
+    pub key: &'a str,
+    pub cost: u64,
+    pub limit: Option<LimitSpec>,
+}
+
+/// Decides a batch at either door, one answer an item, in order: the items that passed their
+/// door's checks are asked of the engine as one batch; an item refused before keeps its error.
+pub async fn allow_checked<H: TenantHooks, E>(
+    limiter: &Limiter<H>,
+    checked: Vec<Result<CheckedAsk<'_>, E>>,
+) -> Vec<Result<Result<engine::Allowed, AdmissionError>, E>> {
+    let asks: Vec<Ask> = (checked.iter().filter_map(|item| item.as_ref().ok()))
+        .map(|item| Ask {
+            tenant: &item.tenant,
+            key: item.key,
+            cost: item.cost,
+            limit: item.limit,
+        })
+        .collect();
+    let mut answers = limiter.allow_batch(&asks).await.into_iter();
+    (checked.into_iter())
+        .map(|item| item.map(|_| answers.next().expect("an answer for each ask")))
+        .collect()
 }
 
 /// The tenant a call may spend, checked by tenant authentication before any name rule or

@@ -11,14 +11,14 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use engine::{AdmissionError, Allowed, Ask};
+use engine::{AdmissionError, Allowed};
 use runtime_config::{Algorithm, LimitSpec};
 use serde::{Deserialize, Serialize};
 use tonic::Code;
 
 use crate::admission_common::{
-    authorized_tenant, check_lease_id, check_names, code_and_reason, source_name, BatchTenants,
-    NameError, DEFAULT_LEASE_TTL,
+    allow_checked, authorized_tenant, check_lease_id, check_names, code_and_reason, source_name,
+    BatchTenants, CheckedAsk, NameError, DEFAULT_LEASE_TTL,
 };
 use crate::auth::{Denied, Door, Peer, Source};
 use crate::state::AppState;
@@ -309,7 +309,7 @@ pub async fn allow_batch(
     // Each item checked as `allow` checks it, authentication first; then the engine decides
     // the asks that passed in one batch.
     let mut tenants = BatchTenants::default();
-    let checked: Vec<Result<_, ApiError>> = (body.requests.iter())
+    let checked = (body.requests.iter())
         .map(|one| {
             let source = caller.source();
             let tenant = tenants.check::<ApiError>(
@@ -319,32 +319,22 @@ pub async fn allow_batch(
                 &one.tenant,
                 &one.key,
             )?;
-            Ok((tenant, cost_and_limit(one)?))
-        })
-        .collect();
-    let asks: Vec<Ask> = (body.requests.iter().zip(&checked))
-        .filter_map(|(one, checked)| {
-            let (tenant, (cost, limit)) = checked.as_ref().ok()?;
-            Some(Ask {
+            let (cost, limit) = cost_and_limit(one)?;
+            Ok(CheckedAsk {
                 tenant,
                 key: &one.key,
-                cost: *cost,
-                limit: *limit,
+                cost,
+                limit,
             })
         })
         .collect();
-    let mut answers = state.limiter.allow_batch(&asks).await.into_iter();
-    let results: Vec<BatchItem> = (checked.into_iter())
-        .map(|checked| {
-            let answer = checked.and_then(|_| {
-                let answer = answers.next().expect("an answer for each ask");
-                answer.map(allow_out).map_err(ApiError::from)
-            });
-            match answer {
-                Ok(answer) => BatchItem::Answer(answer),
+    let results: Vec<BatchItem> = (allow_checked(&state.limiter, checked).await.into_iter())
+        .map(
+            |answer| match answer.and_then(|answer| answer.map_err(ApiError::from)) {
+                Ok(answer) => BatchItem::Answer(allow_out(answer)),
                 Err(err) => BatchItem::Error(err),
-            }
-        })
+            },
+        )
         .collect();
     Json(serde_json::json!({ "results": results })).into_response()
 }

@@ -5,14 +5,14 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use engine::{AdmissionError, Allowed, Ask};
+use engine::{AdmissionError, Allowed};
 use runtime_config::{Algorithm, LimitSpec};
 use tonic::{Code, Request, Response, Status};
 use tonic_types::{ErrorDetails, StatusExt};
 
 use crate::admission_common::{
-    authorized_tenant, check_lease_id, check_names, code_and_reason, source_name, BatchTenants,
-    NameError, DEFAULT_LEASE_TTL,
+    allow_checked, authorized_tenant, check_lease_id, check_names, code_and_reason, source_name,
+    BatchTenants, CheckedAsk, NameError, DEFAULT_LEASE_TTL,
 };
 use crate::auth::{Denied, Door, Peer, Source};
 use crate::state::AppState;
@@ -205,7 +205,7 @@ impl AdmissionService {
         tenants: &mut BatchTenants<'a>,
         caller: Source<'_>,
         one: &'a api::AllowRequest,
-    ) -> Result<(std::borrow::Cow<'a, str>, Option<LimitSpec>), api::BatchError> {
+    ) -> Result<CheckedAsk<'a>, api::BatchError> {
         let tenant = tenants
             .check::<Status>(
                 &self.state.auth,
@@ -216,7 +216,12 @@ impl AdmissionService {
             )
             .map_err(batch_error)?;
         let client = one.limit.as_ref().map(spec_from_proto).transpose();
-        Ok((tenant, client.map_err(|err| batch_error(status(err)))?))
+        Ok(CheckedAsk {
+            tenant,
+            key: &one.key,
+            cost: one.cost,
+            limit: client.map_err(|err| batch_error(status(err)))?,
+        })
     }
 
     async fn allow_one(
@@ -268,35 +273,23 @@ impl api::admission_server::Admission for AdmissionService {
         let caller = source(&request);
         let requests = &request.get_ref().requests;
         let mut tenants = BatchTenants::default();
-        let checked: Vec<Result<_, api::BatchError>> = (requests.iter())
+        let checked = (requests.iter())
             .map(|one| self.check_item(&mut tenants, caller, one))
             .collect();
-        let asks: Vec<Ask> = (requests.iter().zip(&checked))
-            .filter_map(|(one, checked)| {
-                let (tenant, limit) = checked.as_ref().ok()?;
-                Some(Ask {
-                    tenant,
-                    key: &one.key,
-                    cost: one.cost,
-                    limit: *limit,
-                })
-            })
-            .collect();
-        let mut answers = self.state.limiter.allow_batch(&asks).await.into_iter();
-        let results = (checked.into_iter())
-            .map(|checked| {
-                let result = match checked {
-                    Ok(_) => match answers.next().expect("an answer for each ask") {
-                        Ok(answer) => result::Result::Response(allow_response(answer)),
-                        Err(err) => result::Result::Error(batch_error(status(err))),
-                    },
-                    Err(err) => result::Result::Error(err),
-                };
-                Item {
-                    result: Some(result),
-                }
-            })
-            .collect();
+        let results = (allow_checked(&self.state.limiter, checked)
+            .await
+            .into_iter())
+        .map(|answer| {
+            let result = match answer {
+                Ok(Ok(answer)) => result::Result::Response(allow_response(answer)),
+                Ok(Err(err)) => result::Result::Error(batch_error(status(err))),
+                Err(err) => result::Result::Error(err),
+            };
+            Item {
+                result: Some(result),
+            }
+        })
+        .collect();
         Ok(Response::new(api::AllowBatchResponse { results }))
     }
 
