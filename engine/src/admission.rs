@@ -441,7 +441,8 @@ impl<'a, C: Clock + Clone> Keys<'a, C> {
                 None => {}
             }
         }
-        let (spec, source, entry, state) = self.entry(tenant, key, client)?;
+        // Not known here (or under the caller's own limit): `with_known` has looked already.
+        let (spec, source, entry, state) = self.resolve_entry(tenant, key, client)?;
         self.decide(spec, source, &entry, &state, cost).await
     }
 
@@ -1144,7 +1145,6 @@ impl<'a, C: Clock + Clone> Keys<'a, C> {
         key: &str,
         client: Option<LimitSpec>,
     ) -> Result<(LimitSpec, LimitSource, Arc<Entry>, Arc<EntryState>), AdmissionError> {
-        let generation = self.generation();
         if client.is_none() {
             let found = self.with_known(tenant, key, |entry, state| {
                 (
@@ -1158,6 +1158,18 @@ impl<'a, C: Clock + Clone> Keys<'a, C> {
                 return Ok(found);
             }
         }
+        self.resolve_entry(tenant, key, client)
+    }
+
+    /// [`Keys::entry`] for a key not known here, stale, or under the caller's own limit: its
+    /// limit resolved from the inputs in force, its entry made or brought up to date.
+    fn resolve_entry(
+        &self,
+        tenant: &str,
+        key: &str,
+        client: Option<LimitSpec>,
+    ) -> Result<(LimitSpec, LimitSource, Arc<Entry>, Arc<EntryState>), AdmissionError> {
+        let generation = self.generation();
         if let Some(client) = client {
             client
                 .resolved()
