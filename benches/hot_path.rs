@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use engine::{EngineClock, LimitKind, Limiter};
+use engine::{Ask, EngineClock, LimitKind, Limiter};
 use runtime_config::{Defaults, RuntimeConfig};
 use weir::format::{self, Format};
 use weir::metrics::{Metrics, TenantSeries};
@@ -262,6 +262,35 @@ fn admission_allow(c: &mut Criterion) {
                 let answer =
                     now_or_never(limiter.allow(black_box(tenant), black_box(key), 1, None));
                 black_box(answer.unwrap().decision.allowed)
+            })
+        });
+    }
+    // `AllowBatch` of 100 inside the server, per batch: one hot key, and three keys in turn.
+    let one_key: Vec<Ask> = (0..100)
+        .map(|_| Ask {
+            tenant: "api",
+            key: "GET /search",
+            cost: 1,
+            limit: None,
+        })
+        .collect();
+    let keys = ["GET /search", "window", "leaky"];
+    let three_keys: Vec<Ask> = (0..100)
+        .map(|i| Ask {
+            tenant: "api",
+            key: keys[i % 3],
+            cost: 1,
+            limit: None,
+        })
+        .collect();
+    for (name, asks) in [
+        ("batch_100_one_key", &one_key),
+        ("batch_100_three_keys", &three_keys),
+    ] {
+        group.bench_function(name, |b| {
+            b.iter(|| {
+                let answers = now_or_never(limiter.allow_batch(black_box(asks)));
+                black_box(answers.len())
             })
         });
     }

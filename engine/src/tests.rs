@@ -840,6 +840,8 @@ mod admission_tests {
             ("d", "c", 1, None),
             ("strict-free", "k", 1, None),
             ("strict-free", "k", 1, None),
+            // the same key name, another tenant's key
+            ("a", "k", 1, None),
             ("a", "other", 2, None),
             ("a", "other", 2, None),
         ] {
@@ -1432,4 +1434,16 @@ async fn peers_refunds_are_credited_and_a_new_key_starts_from_their_totals() {
         remaining(limiter.allow("a", "late", 1, None).await.unwrap()),
         98
     );
+}
+
+/// A key's name in gossip and in the store: bytes outside `[A-Za-z0-9-_.~]` as `%XX`, upper
+/// case, one escape a byte of UTF-8 (peers of another build must read the same names).
+#[test]
+fn a_key_name_escapes_each_byte_outside_the_plain_set() {
+    assert_eq!(crate::encode_key("GET /search"), "GET%20%2Fsearch");
+    assert_eq!(
+        crate::encode_key("GET /a b\nc%20{x}/é"),
+        "GET%20%2Fa%20b%0Ac%2520%7Bx%7D%2F%C3%A9"
+    );
+    assert_eq!(crate::encode_key("plain-key_1.~"), "plain-key_1.~");
 }
