@@ -108,12 +108,14 @@ pub struct CheckedAsk<'a> {
     pub limit: Option<LimitSpec>,
 }
 
-/// Decides a batch at either door, one answer an item, in order: the items that passed their
-/// door's checks are asked of the engine as one batch; an item refused before keeps its error.
-pub async fn allow_checked<H: TenantHooks, E>(
+/// Decides a batch at either door, one answer an item, in order, each made by `answer`: the
+/// items that passed their door's checks are asked of the engine as one batch; an item
+/// refused before keeps its error.
+pub async fn allow_checked<H: TenantHooks, E, T>(
     limiter: &Limiter<H>,
     checked: Vec<Result<CheckedAsk<'_>, E>>,
-) -> Vec<Result<Result<engine::Allowed, AdmissionError>, E>> {
+    mut answer: impl FnMut(Result<Result<engine::Allowed, AdmissionError>, E>) -> T,
+) -> Vec<T> {
     let asks: Vec<Ask> = (checked.iter().filter_map(|item| item.as_ref().ok()))
         .map(|item| Ask {
             tenant: &item.tenant,
@@ -124,7 +126,7 @@ pub async fn allow_checked<H: TenantHooks, E>(
         .collect();
     let mut answers = limiter.allow_batch(&asks).await.into_iter();
     (checked.into_iter())
-        .map(|item| item.map(|_| answers.next().expect("an answer for each ask")))
+        .map(|item| answer(item.map(|_| answers.next().expect("an answer for each ask"))))
         .collect()
 }
 

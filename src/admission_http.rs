@@ -328,14 +328,13 @@ pub async fn allow_batch(
             })
         })
         .collect();
-    let results: Vec<BatchItem> = (allow_checked(&state.limiter, checked).await.into_iter())
-        .map(
-            |answer| match answer.and_then(|answer| answer.map_err(ApiError::from)) {
-                Ok(answer) => BatchItem::Answer(allow_out(answer)),
-                Err(err) => BatchItem::Error(err),
-            },
-        )
-        .collect();
+    let results = allow_checked(&state.limiter, checked, |answer| {
+        match answer.and_then(|answer| answer.map_err(ApiError::from)) {
+            Ok(answer) => BatchItem::Answer(allow_out(answer)),
+            Err(err) => BatchItem::Error(err),
+        }
+    })
+    .await;
     Json(serde_json::json!({ "results": results })).into_response()
 }
 

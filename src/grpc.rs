@@ -276,10 +276,7 @@ impl api::admission_server::Admission for AdmissionService {
         let checked = (requests.iter())
             .map(|one| self.check_item(&mut tenants, caller, one))
             .collect();
-        let results = (allow_checked(&self.state.limiter, checked)
-            .await
-            .into_iter())
-        .map(|answer| {
+        let results = allow_checked(&self.state.limiter, checked, |answer| {
             let result = match answer {
                 Ok(Ok(answer)) => result::Result::Response(allow_response(answer)),
                 Ok(Err(err)) => result::Result::Error(batch_error(status(err))),
@@ -289,7 +286,7 @@ impl api::admission_server::Admission for AdmissionService {
                 result: Some(result),
             }
         })
-        .collect();
+        .await;
         Ok(Response::new(api::AllowBatchResponse { results }))
     }
 
