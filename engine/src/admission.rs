@@ -505,6 +505,7 @@ impl<'a, C: Clock + Clone> Keys<'a, C> {
         asks: &[Ask<'_>],
     ) -> Vec<Result<Allowed, AdmissionError>> {
         let mut answers = Vec::with_capacity(asks.len());
+        let mut undecided = Vec::new();
         let generation = self.generation();
         let now = self.now_nanos();
         ENTRY_NAME.with(|name| {
@@ -532,20 +533,24 @@ impl<'a, C: Clock + Clone> Keys<'a, C> {
                         self.decide_at(state.spec, state.source, entry, state, ask.cost, now)
                     })
                 };
-                if answer.is_none() && !left {
-                    later.insert(key);
+                match answer {
+                    Some(answer) => answers.push(answer),
+                    None => {
+                        if !left {
+                            later.insert(key);
+                        }
+                        // A place, taken by the ask's answer below.
+                        undecided.push(answers.len());
+                        answers.push(Err(AdmissionError::StoreUnavailable));
+                    }
                 }
-                answers.push(answer);
             }
         });
-        for (ask, answer) in asks.iter().zip(answers.iter_mut()) {
-            if answer.is_none() {
-                *answer = Some(self.allow(ask.tenant, ask.key, ask.cost, ask.limit).await);
-            }
+        for at in undecided {
+            let ask = &asks[at];
+            answers[at] = self.allow(ask.tenant, ask.key, ask.cost, ask.limit).await;
         }
-        (answers.into_iter())
-            .map(|answer| answer.expect("every ask is decided"))
-            .collect()
+        answers
     }
 
     /// Decides `cost` for `tenant`'s `key` under a limit the caller resolved itself (Envoy's
