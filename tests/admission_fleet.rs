@@ -223,8 +223,13 @@ async fn shared_holds_each_algorithm_and_the_cap_exactly_in_redis() {
         report["max_in_flight"].as_u64().unwrap() <= MAX_CONCURRENT,
         "{report}"
     );
+    // And used: a slot the bench has let go is still held in Redis until its release's
+    // round trip through a debug replica ends, and a refused client waits out the hint
+    // (clamped to 50 ms) before it asks again; on a slow day this read 18.3-19.9 of 30,
+    // both at this commit and the one before it (2026-12-02). Half the cap still fails a
+    // fleet that leaks slots or refuses with room to spare.
     assert!(
-        report["mean_in_flight"].as_f64().unwrap() > MAX_CONCURRENT as f64 * 0.7,
+        report["mean_in_flight"].as_f64().unwrap() > MAX_CONCURRENT as f64 * 0.5,
         "{report}"
     );
 }
