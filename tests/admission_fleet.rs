@@ -19,6 +19,13 @@ const RATE: f64 = 100.0;
 /// cores, and starvation is not what these tests measure.
 static ONE_FLEET_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 const MAX_CONCURRENT: u64 = 30;
+/// The share of the cap the concurrency bench must keep in use on average. A slot the bench
+/// has let go is held at its replica until the release's round trip through a debug build
+/// ends, and a refused client waits out the hint (clamped to 50 ms) before it asks again: on
+/// a slow day (2026-12-02) the means read 20.6 of 30 under `weighted` and 18.3-19.9 under
+/// `shared`, at this build and the one before alike, where the floor was 0.7. Half the cap
+/// still fails a fleet that leaks slots or refuses with room to spare.
+const IN_USE_FLOOR: f64 = 0.5;
 
 /// Every algorithm at RATE per second, one key per algorithm and split.
 fn overrides(strategy: &str) -> String {
@@ -181,7 +188,7 @@ async fn weighted_holds_each_algorithm_and_the_in_flight_cap_fleet_wide() {
     let max = report["max_in_flight"].as_u64().unwrap();
     assert!(max <= MAX_CONCURRENT, "{report}");
     assert!(
-        report["mean_in_flight"].as_f64().unwrap() > MAX_CONCURRENT as f64 * 0.7,
+        report["mean_in_flight"].as_f64().unwrap() > MAX_CONCURRENT as f64 * IN_USE_FLOOR,
         "{report}"
     );
 }
@@ -223,13 +230,10 @@ async fn shared_holds_each_algorithm_and_the_cap_exactly_in_redis() {
         report["max_in_flight"].as_u64().unwrap() <= MAX_CONCURRENT,
         "{report}"
     );
-    // And used: a slot the bench has let go is still held in Redis until its release's
-    // round trip through a debug replica ends, and a refused client waits out the hint
-    // (clamped to 50 ms) before it asks again; on a slow day this read 18.3-19.9 of 30,
-    // both at this commit and the one before it (2026-12-02). Half the cap still fails a
-    // fleet that leaks slots or refuses with room to spare.
+    // And used, as under `weighted`; here a slot is also held in Redis until its release's
+    // round trip ends.
     assert!(
-        report["mean_in_flight"].as_f64().unwrap() > MAX_CONCURRENT as f64 * 0.5,
+        report["mean_in_flight"].as_f64().unwrap() > MAX_CONCURRENT as f64 * IN_USE_FLOOR,
         "{report}"
     );
 }
