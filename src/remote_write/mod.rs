@@ -26,7 +26,7 @@ use prost::encoding::{decode_key, skip_field, DecodeContext, WireType};
 use crate::counts::{DecodeError, Decoded, Discarded, Forward, Refused, WriteCounts};
 use crate::ha::HaOutcome;
 use validate::{MetadataVerdict, SeriesCheck, Splice, Validation};
-use wire::{check, check_sample, field, is_utf8};
+use wire::{check, check_sample, field, is_utf8, short_field};
 
 /// What a remote-write 2.0 receiver reports it wrote, in the `X-Prometheus-Remote-Write-*-Written`
 /// response headers (required by the 2.0 specification, on success and failure alike).
@@ -174,6 +174,7 @@ fn scan_validating(
     let mut buf = whole;
     let mut counts = WriteCounts::default();
     let (mut index, mut metadata_index) = (0u64, 0u64);
+    let mut seen = SeriesCheck::new();
     while !buf.is_empty() {
         let start = whole.len() - buf.len();
         let (tag, wire_type) = key(&mut buf, "WriteRequest")?;
@@ -181,7 +182,7 @@ fn scan_validating(
             1 => {
                 let series = embedded(&mut buf, wire_type, "WriteRequest.timeseries")?;
                 let mut own = WriteCounts::default();
-                let mut seen = SeriesCheck::new();
+                seen.next();
                 scan_series(series, &mut own, validation.map(|v| (v, &mut seen))).map_err(
                     |reason| DecodeError::Protobuf(format!("timeseries[{index}]: {reason}")),
                 )?;
@@ -285,30 +286,27 @@ fn scan_series<'a>(
     let mut labels = 0u32;
     while !buf.is_empty() {
         let field_start = series.len() - buf.len();
+        // Labels and samples as senders write them (a one-byte key and a one-byte length)
+        // first, on two plain branches; any other field takes the general reader.
+        if let Some(label) = short_field(&mut buf, 0x0a) {
+            let field = field_start..series.len() - buf.len();
+            scan_label(label, field, &mut labels, &mut validating)?;
+            continue;
+        }
+        if let Some(sample) = short_field(&mut buf, 0x12) {
+            scan_sample(sample, counts, &mut validating)?;
+            continue;
+        }
         let (tag, wire_type) = decode_key(&mut buf).map_err(|e| e.to_string())?;
         match tag {
             1 => {
                 let label = field(&mut buf, wire_type, "labels")?;
-                let (name, value) =
-                    check_label(label).map_err(|reason| format!("labels[{labels}]: {reason}"))?;
-                if let Some((validation, seen)) = validating.as_mut() {
-                    let field = field_start..series.len() - buf.len();
-                    if validation.drop_labels.is_some() && validation.drops(name) {
-                        seen.dropped.push(field);
-                    } else {
-                        seen.label_in(name, value, &validation.limits, field);
-                    }
-                }
-                labels += 1;
+                let field = field_start..series.len() - buf.len();
+                scan_label(label, field, &mut labels, &mut validating)?;
             }
             2 => {
                 let sample = field(&mut buf, wire_type, "samples")?;
-                let timestamp =
-                    check_sample(sample).map_err(|reason| format!("samples: {reason}"))?;
-                if let Some((_, seen)) = validating.as_mut() {
-                    seen.timestamp(timestamp);
-                }
-                counts.samples += 1;
+                scan_sample(sample, counts, &mut validating)?;
             }
             3 => {
                 let exemplar = field(&mut buf, wire_type, "exemplars")?;
@@ -336,11 +334,54 @@ fn scan_series<'a>(
     Ok(())
 }
 
+/// A series' label, the `labels`-th, whose whole field is `field` in the series' bytes.
+#[inline(always)]
+fn scan_label<'a>(
+    label: &'a [u8],
+    field: std::ops::Range<usize>,
+    labels: &mut u32,
+    validating: &mut Option<(&Validation, &mut SeriesCheck<'a>)>,
+) -> Result<(), String> {
+    let (name, value) = check_label(label).map_err(|reason| label_error(*labels, reason))?;
+    if let Some((validation, seen)) = validating.as_mut() {
+        if validation.drop_labels.is_some() && validation.drops(name) {
+            seen.dropped.push(field);
+        } else {
+            seen.label_in(name, value, &validation.limits, field);
+        }
+    }
+    *labels += 1;
+    Ok(())
+}
+
+/// A series' sample.
+#[inline(always)]
+fn scan_sample(
+    sample: &[u8],
+    counts: &mut WriteCounts,
+    validating: &mut Option<(&Validation, &mut SeriesCheck<'_>)>,
+) -> Result<(), String> {
+    let timestamp = check_sample(sample).map_err(|reason| format!("samples: {reason}"))?;
+    if let Some((_, seen)) = validating.as_mut() {
+        seen.timestamp(timestamp);
+    }
+    counts.samples += 1;
+    Ok(())
+}
+
+#[cold]
+#[inline(never)]
+fn label_error(index: u32, reason: String) -> String {
+    format!("labels[{index}]: {reason}")
+}
+
 /// A label's name and value must be well-formed UTF-8 strings; returns them (the last of
 /// each, as a decode keeps; empty when missing).
-#[inline]
+#[inline(always)]
 fn check_label(buf: &[u8]) -> Result<(&[u8], &[u8]), String> {
     match wire::plain_label(buf) {
+        // The whole field ASCII (its keys and one-byte lengths are): name and value are UTF-8.
+        Some(label) if wire::is_ascii(buf) => Ok(label),
         Some((name, value)) if is_utf8(name) && is_utf8(value) => Ok((name, value)),
         _ => check_any_label(buf),
     }
@@ -656,6 +697,30 @@ mod tests {
             })
     }
 
+    /// Series whose names, valid or not, have the same lengths at the same places: a metric
+    /// name and three labels.
+    fn look_alike_series() -> impl Strategy<Value = TimeSeries> {
+        let name = prop::sample::select(vec!["job", "a-b", "9ob", "jo:"]);
+        (
+            prop::sample::select(vec!["up", "9p", "u-"]),
+            prop::collection::vec(name, 3),
+        )
+            .prop_map(|(metric, names)| TimeSeries {
+                labels: std::iter::once(("__name__", metric))
+                    .chain(names.into_iter().map(|name| (name, "x")))
+                    .map(|(name, value)| Label {
+                        name: name.into(),
+                        value: value.into(),
+                    })
+                    .collect(),
+                samples: vec![Sample {
+                    value: 1.0,
+                    timestamp: NOW,
+                }],
+                ..TimeSeries::default()
+            })
+    }
+
     /// Series for the rewriting checks: values over 75 bytes on labels other than `__name__`,
     /// and integer histograms of 0 to 6 buckets at schemas -4 to 3.
     fn rewritable_series() -> impl Strategy<Value = TimeSeries> {
@@ -781,6 +846,30 @@ mod tests {
                 }
                 Forward::Nothing => prop_assert_eq!(counts.series + counts.metadata, 0),
             }
+        }
+
+        /// Each series is judged as if it came alone: a request forwards the series that its
+        /// series, sent one a request, would each forward. (The scan remembers the names that
+        /// passed in earlier series of a request, by position; a different name of the same
+        /// length in the same place, such as `a-b` after `job`, must still be checked.)
+        #[test]
+        fn each_series_is_judged_as_if_it_came_alone(
+            timeseries in prop::collection::vec(prop_oneof![checked_series(), look_alike_series()], 1..8),
+        ) {
+            let kept = |timeseries: Vec<TimeSeries>| -> Vec<TimeSeries> {
+                let body = WriteRequest { timeseries: timeseries.clone(), metadata: vec![] }.encode_snappy();
+                match decode_validated(&body, usize::MAX, &tight()).unwrap().forward {
+                    Forward::Unchanged => timeseries,
+                    Forward::Rewritten(rewritten) => {
+                        let raw = snap::raw::Decoder::new().decompress_vec(&rewritten).unwrap();
+                        <WriteRequest as prost::Message>::decode(raw.as_slice()).unwrap().timeseries
+                    }
+                    Forward::Nothing => vec![],
+                }
+            };
+            let alone: Vec<TimeSeries> =
+                timeseries.iter().flat_map(|series| kept(vec![series.clone()])).collect();
+            prop_assert_eq!(kept(timeseries), alone);
         }
 
         /// With the checks that rewrite (truncate or drop, histogram reduction, help cut):

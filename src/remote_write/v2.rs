@@ -405,6 +405,7 @@ fn scan_with(
     };
     let mut index = 0u64;
     let mut buf = body;
+    let mut seen = SeriesCheck::new();
     while !buf.is_empty() {
         let start = body.len() - buf.len();
         let (tag, wire_type) = decode_key(&mut buf).map_err(|e| error(format!("Request: {e}")))?;
@@ -414,7 +415,7 @@ fn scan_with(
             continue;
         }
         let series = field(&mut buf, wire_type, "timeseries").map_err(error)?;
-        let mut checking = validation.map(Checking::new);
+        let mut checking = validation.map(|validation| Checking::new(validation, &mut seen));
         let own = scan_series(series, &table, checking.as_mut())
             .map_err(|reason| error(format!("timeseries[{index}]: {reason}")))?;
         index += 1;
@@ -510,7 +511,9 @@ struct SeriesCounts<'a> {
 /// `truncate` or `drop` write again.
 struct Checking<'a, 'v> {
     validation: &'v Validation,
-    seen: SeriesCheck<'a>,
+    /// The request's [`SeriesCheck`], made ready for this series: it keeps the names known
+    /// good from series to series.
+    seen: &'v mut SeriesCheck<'a>,
     dropped: bool,
     /// Label pairs seen, dropped ones included.
     pairs: u32,
@@ -520,10 +523,11 @@ struct Checking<'a, 'v> {
 }
 
 impl<'a, 'v> Checking<'a, 'v> {
-    fn new(validation: &'v Validation) -> Self {
+    fn new(validation: &'v Validation, seen: &'v mut SeriesCheck<'a>) -> Self {
+        seen.next();
         Checking {
             validation,
-            seen: SeriesCheck::new(),
+            seen,
             dropped: false,
             pairs: 0,
             values: Vec::new(),

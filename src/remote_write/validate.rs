@@ -86,7 +86,9 @@ impl Validation {
 /// One series as the scan walks it.
 pub(crate) struct SeriesCheck<'a> {
     labels: u32,
-    metric_name: Option<&'a [u8]>,
+    /// Whether the series' metric name (its `__name__` label's value) is a legacy metric
+    /// name; `None` when it has none.
+    metric_name: Option<bool>,
     previous_name: &'a [u8],
     /// The first label that failed a per-label check, with its index.
     label_error: Option<(SeriesReason, u32)>,
@@ -99,7 +101,15 @@ pub(crate) struct SeriesCheck<'a> {
     pub(crate) replaced: Vec<Splice>,
     /// The first histogram over `max_native_histogram_buckets` that stays over it.
     histogram_error: Option<HistogramError>,
+    /// Label names, by position, and a metric name that passed the legacy name checks in an
+    /// earlier series of the request ([`next`](Self::next) keeps them). The series of one
+    /// request mostly share their names, which a compare confirms for less than the checks.
+    known_names: [&'a [u8]; KNOWN_NAMES],
+    known_metric: &'a [u8],
 }
+
+/// How many label names, by position, [`SeriesCheck`] remembers from series to series.
+const KNOWN_NAMES: usize = 16;
 
 /// A field of a message written again: `range`, in the message's bytes, becomes `with` (a
 /// whole field: key, length and body; empty to cut the field).
@@ -141,7 +151,67 @@ impl<'a> SeriesCheck<'a> {
             label_error: None,
             min_timestamp: i64::MAX,
             max_timestamp: i64::MIN,
+            known_names: [b""; KNOWN_NAMES],
+            known_metric: b"",
         }
+    }
+
+    /// A fresh check for the request's next series, which keeps the names known good.
+    /// In place: the names known are a few hundred bytes, which a new value would copy.
+    #[inline]
+    pub(crate) fn next(&mut self) {
+        // Every field is named, so that a new one cannot be left out of the reset.
+        let SeriesCheck {
+            labels,
+            metric_name,
+            previous_name,
+            label_error,
+            min_timestamp,
+            max_timestamp,
+            dropped,
+            replaced,
+            histogram_error,
+            known_names: _,
+            known_metric: _,
+        } = self;
+        *labels = 0;
+        *metric_name = None;
+        *previous_name = b"";
+        *label_error = None;
+        *min_timestamp = i64::MAX;
+        *max_timestamp = i64::MIN;
+        dropped.clear();
+        replaced.clear();
+        *histogram_error = None;
+    }
+
+    /// Whether `name` is a legacy label name, from the name at its position in an earlier
+    /// series when it is the same (a valid name is never empty, the slots' start).
+    #[inline(always)]
+    fn is_label_name_at(&mut self, name: &'a [u8]) -> bool {
+        let slot = self.labels as usize;
+        match self.known_names.get_mut(slot) {
+            Some(known) if !known.is_empty() && same_name(known, name) => true,
+            Some(known) if is_label_name(name) => {
+                *known = name;
+                true
+            }
+            Some(_) => false,
+            None => is_label_name(name),
+        }
+    }
+
+    /// Whether `name` is a legacy metric name, from the earlier series' when it is the same.
+    #[inline(always)]
+    fn is_metric_name_known(&mut self, name: &'a [u8]) -> bool {
+        if !self.known_metric.is_empty() && same_name(self.known_metric, name) {
+            return true;
+        }
+        let valid = is_metric_name(name);
+        if valid {
+            self.known_metric = name;
+        }
+        valid
     }
 
     /// A label, in the order of the series. A value over `max_label_value_length` refuses
@@ -155,7 +225,7 @@ impl<'a> SeriesCheck<'a> {
     /// [`label`](Self::label) for a label whose whole field is `field` in the series' bytes:
     /// under `truncate` or `drop`, a value over `max_label_value_length` is rewritten (a
     /// [`Splice`] in `replaced`) instead of refusing the series, and the checks go on.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn label_in(
         &mut self,
         name: &'a [u8],
@@ -178,7 +248,7 @@ impl<'a> SeriesCheck<'a> {
         }
     }
 
-    #[inline]
+    #[inline(always)]
     fn check_label(
         &mut self,
         name: &'a [u8],
@@ -187,10 +257,10 @@ impl<'a> SeriesCheck<'a> {
         value_length: bool,
     ) {
         if same_name(name, b"__name__") {
-            self.metric_name = Some(value);
+            self.metric_name = Some(self.is_metric_name_known(value));
         }
         if self.label_error.is_none() {
-            let reason = if !is_label_name(name) {
+            let reason = if !self.is_label_name_at(name) {
                 Some(SeriesReason::LabelInvalid)
             } else if name.len() > limits.max_label_name_length as usize {
                 Some(SeriesReason::LabelNameTooLong)
@@ -263,7 +333,7 @@ impl<'a> SeriesCheck<'a> {
         let limits = &validation.limits;
         let reason = match self.metric_name {
             None => SeriesReason::MissingMetricName,
-            Some(name) if !is_metric_name(name) => SeriesReason::MetricNameInvalid,
+            Some(false) => SeriesReason::MetricNameInvalid,
             Some(_) if self.labels > limits.max_label_names_per_series => {
                 SeriesReason::MaxLabelNamesPerSeries
             }
@@ -727,8 +797,9 @@ const fn not_in(also: &[u8]) -> [u8; 256] {
     table
 }
 
-/// Whether two label names are the same, for the names of one series: most are under 17
-/// bytes, which two 8-byte loads from each end compare without a call to `memcmp`.
+/// Whether two names are the same, for the names of one request: most are under 33 bytes,
+/// which loads of 8 bytes (4 under 8 bytes), the last overlapping, compare without a call to
+/// `memcmp`.
 #[inline(always)]
 fn same_name(a: &[u8], b: &[u8]) -> bool {
     let n = a.len();
@@ -738,6 +809,16 @@ fn same_name(a: &[u8], b: &[u8]) -> bool {
     if (8..=16).contains(&n) {
         let word = |s: &[u8], at: usize| u64::from_ne_bytes(s[at..at + 8].try_into().unwrap());
         return word(a, 0) == word(b, 0) && word(a, n - 8) == word(b, n - 8);
+    }
+    if (17..=32).contains(&n) {
+        let word = |s: &[u8], at: usize| u64::from_ne_bytes(s[at..at + 8].try_into().unwrap());
+        return [0, 8, n - 16, n - 8]
+            .iter()
+            .all(|at| word(a, *at) == word(b, *at));
+    }
+    if (4..8).contains(&n) {
+        let half = |s: &[u8], at: usize| u32::from_ne_bytes(s[at..at + 4].try_into().unwrap());
+        return half(a, 0) == half(b, 0) && half(a, n - 4) == half(b, n - 4);
     }
     a == b
 }
@@ -802,6 +883,71 @@ mod tests {
         assert!(is_metric_name(b"job:up:sum"));
         assert!(!is_metric_name(b"9up"));
         assert!(!is_metric_name(b""));
+    }
+
+    proptest::proptest! {
+        /// `same_name` is byte equality, at every length its loads take a different way.
+        #[test]
+        fn same_name_is_byte_equality(
+            a in proptest::collection::vec(proptest::sample::select(vec![b'a', b'b', 0xff]), 0..40),
+            flip in proptest::option::of(0usize..40),
+        ) {
+            let mut b = a.clone();
+            if let Some(at) = flip.filter(|at| *at < b.len()) {
+                b[at] = if b[at] == b'a' { b'b' } else { b'a' };
+            }
+            proptest::prop_assert_eq!(same_name(&a, &b), a == b);
+            proptest::prop_assert!(!same_name(&a, &b[..b.len().saturating_sub(1)]) || a.is_empty());
+        }
+    }
+
+    /// A name that passed in an earlier series of the request is taken as known only when it
+    /// is the same name: one of the same length at the same place is checked.
+    #[test]
+    fn names_known_from_an_earlier_series_are_compared_whole() {
+        let limits = ValidationLimits::default();
+        let validation = Validation::new(limits, 0);
+        let mut seen = SeriesCheck::new();
+        let judged = |seen: &mut SeriesCheck<'static>, labels: &[(&'static str, &'static str)]| {
+            seen.next();
+            for (name, value) in labels {
+                seen.label(name.as_bytes(), value.as_bytes(), &limits);
+            }
+            seen.verdict(&validation, b"").map(|(reason, _)| reason)
+        };
+        let good = [("__name__", "up_1"), ("job", "x"), ("instance_a", "y")];
+        assert_eq!(judged(&mut seen, &good), None);
+        assert_eq!(judged(&mut seen, &good), None);
+        assert_eq!(
+            judged(
+                &mut seen,
+                &[("__name__", "up_1"), ("a-b", "x"), ("instance_a", "y")]
+            ),
+            Some(SeriesReason::LabelInvalid)
+        );
+        assert_eq!(
+            judged(
+                &mut seen,
+                &[("__name__", "up_1"), ("job", "x"), ("instance-a", "y")]
+            ),
+            Some(SeriesReason::LabelInvalid)
+        );
+        assert_eq!(
+            judged(
+                &mut seen,
+                &[("__name__", "9p_1"), ("job", "x"), ("instance_a", "y")]
+            ),
+            Some(SeriesReason::MetricNameInvalid)
+        );
+        // A known name again where it was: a duplicate is still one.
+        assert_eq!(
+            judged(
+                &mut seen,
+                &[("__name__", "up_1"), ("job", "x"), ("job", "y")]
+            ),
+            Some(SeriesReason::DuplicateLabelNames)
+        );
+        assert_eq!(judged(&mut seen, &good), None);
     }
 
     fn limits(strategy: LabelValueLengthOverLimitStrategy, max: u32) -> ValidationLimits {
