@@ -356,13 +356,50 @@ fn answer(
     limit: LimitSpec,
     source: LimitSource,
 ) -> Allowed {
+    let mut tally = Tally::default();
+    let allowed = tallied_answer(&mut tally, cost, decision, limit, source);
+    tally.count(entry);
+    allowed
+}
+
+/// [`answer`], its cost added to `tally` instead of to the key's counter.
+fn tallied_answer(
+    tally: &mut Tally,
+    cost: u64,
+    decision: Decision,
+    limit: LimitSpec,
+    source: LimitSource,
+) -> Allowed {
     if decision.allowed {
-        entry.admitted.fetch_add(cost, Ordering::Relaxed);
+        tally.admitted += cost;
     }
     Allowed {
         decision,
         limit,
         source,
+    }
+}
+
+/// What decisions on one key add to its counters (what gossip and the cell sync read), kept
+/// aside so that a batch's run of asks on one key adds them once: each add is a write to a
+/// line the other cores deciding the key also write.
+#[derive(Default)]
+struct Tally {
+    /// Cost offered, admitted or not (counted only for the cell sync).
+    offered: u64,
+    admitted: u64,
+}
+
+impl Tally {
+    fn count(self, entry: &Entry) {
+        if self.offered > 0 {
+            entry
+                .cell_offered
+                .fetch_add(self.offered, Ordering::Relaxed);
+        }
+        if self.admitted > 0 {
+            entry.admitted.fetch_add(self.admitted, Ordering::Relaxed);
+        }
     }
 }
 
@@ -515,8 +552,9 @@ impl<'a, C: Clock + Clone> Keys<'a, C> {
             let mut later: std::collections::HashSet<(&str, &str), foldhash::fast::RandomState> =
                 Default::default();
             // The last key found, for the asks after it that name it again: a hot key's
-            // batch looks it up once.
-            let mut found = None;
+            // batch looks it up once, and adds to its counters once.
+            let mut found: Option<(_, &Arc<Entry>, _)> = None;
+            let mut tally = Tally::default();
             for ask in asks {
                 let key = (ask.tenant, ask.key);
                 let left = !later.is_empty() && later.contains(&key);
@@ -524,13 +562,17 @@ impl<'a, C: Clock + Clone> Keys<'a, C> {
                     None
                 } else {
                     if !matches!(&found, Some((named, _, _)) if *named == key) {
+                        if let Some((_, entry, _)) = &found {
+                            std::mem::take(&mut tally).count(entry);
+                        }
                         found = self
                             .known(&map, name, ask.tenant, ask.key, generation)
                             .filter(|(_, state)| !state.meter.is_shared())
                             .map(|(entry, state)| (key, entry, state));
                     }
                     found.as_ref().map(|(_, entry, state)| {
-                        self.decide_at(state.spec, state.source, entry, state, ask.cost, now)
+                        let (spec, source) = (state.spec, state.source);
+                        self.decide_tallied(&mut tally, spec, source, entry, state, ask.cost, now)
                     })
                 };
                 match answer {
@@ -544,6 +586,9 @@ impl<'a, C: Clock + Clone> Keys<'a, C> {
                         answers.push(Err(AdmissionError::StoreUnavailable));
                     }
                 }
+            }
+            if let Some((_, entry, _)) = &found {
+                tally.count(entry);
             }
         });
         for at in undecided {
@@ -606,6 +651,24 @@ impl<'a, C: Clock + Clone> Keys<'a, C> {
         cost: u64,
         now: u64,
     ) -> Result<Allowed, AdmissionError> {
+        let mut tally = Tally::default();
+        let decided = self.decide_tallied(&mut tally, spec, source, entry, state, cost, now);
+        tally.count(entry);
+        decided
+    }
+
+    /// [`Keys::decide_at`], what it adds to the key's counters added to `tally` instead.
+    #[allow(clippy::too_many_arguments)]
+    fn decide_tallied(
+        &self,
+        tally: &mut Tally,
+        spec: LimitSpec,
+        source: LimitSource,
+        entry: &Entry,
+        state: &EntryState,
+        cost: u64,
+        now: u64,
+    ) -> Result<Allowed, AdmissionError> {
         if cost == 0 {
             return Err(AdmissionError::BadCost("cost must be at least 1".into()));
         }
@@ -645,9 +708,9 @@ impl<'a, C: Clock + Clone> Keys<'a, C> {
             Kept::None => unmetered(),
         };
         if self.admission().count_for_cells {
-            entry.cell_offered.fetch_add(cost, Ordering::Relaxed);
+            tally.offered += cost;
         }
-        Ok(answer(entry, cost, decision, spec, source))
+        Ok(tallied_answer(tally, cost, decision, spec, source))
     }
 
     /// `shared`: `None` when the cost is too large.

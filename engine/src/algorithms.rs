@@ -94,18 +94,14 @@ impl Meter {
 }
 
 fn token_bucket(bucket: &FleetBucket, cost: u64, now: u64) -> Result<Decision, TooLarge> {
-    let rate = bucket.rate();
-    let to_full = |level: f64| {
-        Duration::from_secs_f64(((rate.burst as f64 - level) / rate.per_second).max(0.0))
-    };
     match bucket.check(cost, now) {
         Outcome::Allowed => {
-            let level = bucket.level(now);
+            let (level, full_in) = bucket.level_and_full_in(now);
             Ok(Decision {
                 allowed: true,
                 remaining: level.max(0.0) as u64,
                 retry_after: Duration::ZERO,
-                reset_after: to_full(level),
+                reset_after: full_in,
                 delay: Duration::ZERO,
             })
         }
@@ -113,7 +109,7 @@ fn token_bucket(bucket: &FleetBucket, cost: u64, now: u64) -> Result<Decision, T
             allowed: false,
             remaining: available,
             retry_after: wait,
-            reset_after: to_full(bucket.level(now)),
+            reset_after: bucket.level_and_full_in(now).1,
             delay: Duration::ZERO,
         }),
         Outcome::TooLarge => Err(TooLarge),

@@ -67,6 +67,16 @@ impl FleetBucket {
         self.rate.burst as f64 - full_at.saturating_sub(now) as f64 / self.period
     }
 
+    /// [`FleetBucket::level`], and how long from `now` until the bucket is full: the time
+    /// its missing tokens take to arrive, read off the same state without dividing.
+    pub fn level_and_full_in(&self, now: u64) -> (f64, Duration) {
+        let ahead = self.full_at.load(Ordering::Acquire).saturating_sub(now);
+        (
+            self.rate.burst as f64 - ahead as f64 / self.period,
+            Duration::from_nanos(ahead),
+        )
+    }
+
     /// Takes `cost` tokens if the bucket holds them at `now`.
     pub fn check(&self, cost: u64, now: u64) -> Outcome {
         self.check_leaving(cost, 0.0, now)

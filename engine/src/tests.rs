@@ -815,9 +815,18 @@ mod admission_tests {
         // The same asks, as one batch to one limiter and one call at a time to another, on
         // clocks that move alike: new keys first (the batch's second pass), then the same
         // keys known (its first pass), each time with errors, a caller's limit and keys
-        // asked again and again within the batch.
+        // asked again and again within the batch. What the two then tell the peers and the
+        // cell sync (admitted and offered cost a key) is the same too.
         let (batched, batched_clock) = limiter(ADMISSION);
         let (single, single_clock) = limiter(ADMISSION);
+        let (batched, single) = (batched.with_cells(), single.with_cells());
+        let counters = |limiter: &TestLimiter| {
+            let mut usage = limiter.usage_reports();
+            usage.sort_by(|a, b| a.tenant.cmp(&b.tenant));
+            let mut cells = limiter.key_cell_usage();
+            cells.sort_by(|a, b| (&a.tenant, &a.key).cmp(&(&b.tenant, &b.key)));
+            format!("{usage:?} {cells:?}")
+        };
         let generous = runtime_config::LimitSpec::rate(1e6);
         let mut asks = vec![
             Ask {
@@ -871,6 +880,7 @@ mod admission_tests {
                 allowed > 0 && allowed < asks.len(),
                 "round {round}: {allowed}"
             );
+            assert_eq!(counters(&batched), counters(&single), "round {round}");
             batched_clock.advance(Duration::from_millis(300));
             single_clock.advance(Duration::from_millis(300));
         }
