@@ -31,7 +31,7 @@ use arc_swap::ArcSwap;
 use governor::clock::Clock;
 use runtime_config::{Algorithm, LimitSource, LimitSpec, RateLimitStrategy, Unresolved};
 
-use crate::algorithms::{Decision, Meter};
+use crate::algorithms::{Decision, Meter, TooLarge};
 use crate::core::Core;
 use crate::maths::slot_share;
 use crate::shared::{self, Lease, SharedOutcome, SharedRequest};
@@ -403,6 +403,27 @@ impl Tally {
     }
 }
 
+/// The answer to `cost` that needs no meter, if there is one: a cost of zero is invalid, and
+/// a limit with no rate (only an in-flight cap) passes every rate question.
+fn answered_unmetered(
+    spec: LimitSpec,
+    source: LimitSource,
+    cost: u64,
+) -> Option<Result<Allowed, AdmissionError>> {
+    if cost == 0 {
+        return Some(Err(AdmissionError::BadCost(
+            "cost must be at least 1".into(),
+        )));
+    }
+    (spec.rate == 0.0).then(|| {
+        Ok(Allowed {
+            decision: unmetered(),
+            limit: spec,
+            source,
+        })
+    })
+}
+
 /// A cost the limit can never allow at once: a bad request, not a refusal.
 fn too_large(spec: &LimitSpec, cost: u64) -> AdmissionError {
     AdmissionError::BadCost(format!(
@@ -555,12 +576,11 @@ impl<'a, C: Clock + Clone> Keys<'a, C> {
             // batch looks it up once, and adds to its counters once.
             let mut found: Option<(_, &Arc<Entry>, _)> = None;
             let mut tally = Tally::default();
-            for ask in asks {
+            let mut at = 0;
+            while let Some(ask) = asks.get(at) {
                 let key = (ask.tenant, ask.key);
                 let left = !later.is_empty() && later.contains(&key);
-                let answer = if ask.limit.is_some() || left {
-                    None
-                } else {
+                if ask.limit.is_none() && !left {
                     if !matches!(&found, Some((named, _, _)) if *named == key) {
                         if let Some((_, entry, _)) = &found {
                             std::mem::take(&mut tally).count(entry);
@@ -570,22 +590,38 @@ impl<'a, C: Clock + Clone> Keys<'a, C> {
                             .filter(|(_, state)| !state.meter.is_shared())
                             .map(|(entry, state)| (key, entry, state));
                     }
-                    found.as_ref().map(|(_, entry, state)| {
+                    if let Some((_, entry, state)) = &found {
+                        // This ask and those right after it naming the same key, with no
+                        // limit of their own: decided as a run.
+                        let run = 1
+                            + (asks[at + 1..].iter())
+                                .take_while(|next| {
+                                    (next.tenant, next.key) == key && next.limit.is_none()
+                                })
+                                .count();
                         let (spec, source) = (state.spec, state.source);
-                        self.decide_tallied(&mut tally, spec, source, entry, state, ask.cost, now)
-                    })
-                };
-                match answer {
-                    Some(answer) => answers.push(answer),
-                    None => {
-                        if !left {
-                            later.insert(key);
-                        }
-                        // A place, taken by the ask's answer below.
-                        undecided.push(answers.len());
-                        answers.push(Err(AdmissionError::StoreUnavailable));
+                        let run_asks = &asks[at..at + run];
+                        self.decide_run(
+                            &mut tally,
+                            spec,
+                            source,
+                            entry,
+                            state,
+                            run_asks,
+                            now,
+                            &mut answers,
+                        );
+                        at += run;
+                        continue;
                     }
                 }
+                if !left {
+                    later.insert(key);
+                }
+                // A place, taken by the ask's answer below.
+                undecided.push(answers.len());
+                answers.push(Err(AdmissionError::StoreUnavailable));
+                at += 1;
             }
             if let Some((_, entry, _)) = &found {
                 tally.count(entry);
@@ -669,27 +705,73 @@ impl<'a, C: Clock + Clone> Keys<'a, C> {
         cost: u64,
         now: u64,
     ) -> Result<Allowed, AdmissionError> {
-        if cost == 0 {
-            return Err(AdmissionError::BadCost("cost must be at least 1".into()));
+        if let Some(answered) = answered_unmetered(spec, source, cost) {
+            return answered;
         }
-        if spec.rate == 0.0 {
-            // Only an in-flight cap: every rate question passes.
-            return Ok(Allowed {
-                decision: unmetered(),
-                limit: spec,
-                source,
-            });
-        }
-        let too_large = || too_large(&spec, cost);
+        let decision = match &state.meter {
+            Kept::Shared(_) => unreachable!("decided in `decide`"),
+            Kept::Weighted(meter) => meter.check_reserving(cost, now, self.unreported(entry, now)),
+            Kept::Divided(meter) => meter.check(cost, now),
+            Kept::None => Ok(unmetered()),
+        };
+        self.settle(tally, spec, source, state, cost, decision)
+    }
+
+    /// [`Keys::decide_tallied`] for each of a run of asks on one key, in order, with nothing
+    /// between them, into `answers`: a token bucket reads and writes its state once for the
+    /// whole run (see [`Meter::check_run`]).
+    #[allow(clippy::too_many_arguments)]
+    fn decide_run(
+        &self,
+        tally: &mut Tally,
+        spec: LimitSpec,
+        source: LimitSource,
+        entry: &Entry,
+        state: &EntryState,
+        asks: &[Ask<'_>],
+        now: u64,
+        answers: &mut Vec<Result<Allowed, AdmissionError>>,
+    ) {
+        // One ask is decided alone: a run's buffers cost more than they save.
+        let metered = asks.len() > 1 && spec.rate != 0.0 && asks.iter().all(|ask| ask.cost > 0);
+        let (meter, reserve) = match &state.meter {
+            Kept::Weighted(meter) if metered => (meter, self.unreported(entry, now)),
+            Kept::Divided(meter) if metered => (meter, 0.0),
+            _ => {
+                answers.extend(asks.iter().map(|ask| {
+                    self.decide_tallied(tally, spec, source, entry, state, ask.cost, now)
+                }));
+                return;
+            }
+        };
+        let mut decided = Vec::with_capacity(asks.len());
+        meter.check_run(asks.iter().map(|ask| ask.cost), now, reserve, &mut decided);
+        answers
+            .extend((asks.iter().zip(decided)).map(|(ask, decision)| {
+                self.settle(tally, spec, source, state, ask.cost, decision)
+            }));
+    }
+
+    /// What a meter's `decision` on `cost` answers, what it adds to the key's counters added
+    /// to `tally`.
+    fn settle(
+        &self,
+        tally: &mut Tally,
+        spec: LimitSpec,
+        source: LimitSource,
+        state: &EntryState,
+        cost: u64,
+        decision: Result<Decision, TooLarge>,
+    ) -> Result<Allowed, AdmissionError> {
         // A cost the configured limit allows at once but this cell's slice does not is
         // refused, not invalid: the slice grows with the cell's demand.
         let configured_capacity = match spec.algorithm {
             Algorithm::SlidingWindow => spec.per_window().floor() as u64,
             _ => spec.burst,
         };
-        let sliced_too_large = |_| {
+        let decision = decision.or_else(|TooLarge| {
             if state.enforced == spec || cost > configured_capacity {
-                return Err(too_large());
+                return Err(too_large(&spec, cost));
             }
             Ok(Decision {
                 allowed: false,
@@ -698,15 +780,7 @@ impl<'a, C: Clock + Clone> Keys<'a, C> {
                 reset_after: SLICE_TOO_SMALL_RETRY,
                 delay: Duration::ZERO,
             })
-        };
-        let decision = match &state.meter {
-            Kept::Shared(_) => unreachable!("decided in `decide`"),
-            Kept::Weighted(meter) => meter
-                .check_reserving(cost, now, self.unreported(entry, now))
-                .or_else(sliced_too_large)?,
-            Kept::Divided(meter) => meter.check(cost, now).or_else(sliced_too_large)?,
-            Kept::None => unmetered(),
-        };
+        })?;
         if self.admission().count_for_cells {
             tally.offered += cost;
         }

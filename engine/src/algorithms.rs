@@ -83,6 +83,29 @@ impl Meter {
         }
     }
 
+    /// Decides `costs` in order at `now`, each as [`Meter::check_reserving`] would, with
+    /// nothing between them, into `decided`. A token bucket reads and writes its state once
+    /// for the whole run; the other meters decide one cost at a time.
+    pub fn check_run(
+        &self,
+        costs: impl Iterator<Item = u64> + Clone,
+        now: u64,
+        reserve: f64,
+        decided: &mut Vec<Result<Decision, TooLarge>>,
+    ) {
+        match self {
+            Meter::TokenBucket(bucket) => {
+                let mut outcomes = Vec::new();
+                bucket.check_run(costs, now, &mut outcomes);
+                decided.extend(
+                    (outcomes.into_iter())
+                        .map(|(outcome, full_at)| token_decision(bucket, outcome, full_at, now)),
+                );
+            }
+            _ => decided.extend(costs.map(|cost| self.check_reserving(cost, now, reserve))),
+        }
+    }
+
     /// Charges what was admitted elsewhere at `at` (≤ `now`).
     pub fn charge(&self, cost: u64, at: u64, now: u64) {
         match self {
@@ -94,22 +117,31 @@ impl Meter {
 }
 
 fn token_bucket(bucket: &FleetBucket, cost: u64, now: u64) -> Result<Decision, TooLarge> {
-    match bucket.check(cost, now) {
-        Outcome::Allowed => {
-            let (level, full_in) = bucket.level_and_full_in(now);
-            Ok(Decision {
-                allowed: true,
-                remaining: level.max(0.0) as u64,
-                retry_after: Duration::ZERO,
-                reset_after: full_in,
-                delay: Duration::ZERO,
-            })
-        }
+    let outcome = bucket.check(cost, now);
+    token_decision(bucket, outcome, bucket.full_at(), now)
+}
+
+/// A token bucket's answer to one cost: `outcome`, the bucket full at `full_at` after it.
+fn token_decision(
+    bucket: &FleetBucket,
+    outcome: Outcome,
+    full_at: u64,
+    now: u64,
+) -> Result<Decision, TooLarge> {
+    let (level, full_in) = bucket.level_and_full_in_at(full_at, now);
+    match outcome {
+        Outcome::Allowed => Ok(Decision {
+            allowed: true,
+            remaining: level.max(0.0) as u64,
+            retry_after: Duration::ZERO,
+            reset_after: full_in,
+            delay: Duration::ZERO,
+        }),
         Outcome::Denied { wait, available } => Ok(Decision {
             allowed: false,
             remaining: available,
             retry_after: wait,
-            reset_after: bucket.level_and_full_in(now).1,
+            reset_after: full_in,
             delay: Duration::ZERO,
         }),
         Outcome::TooLarge => Err(TooLarge),

@@ -56,6 +56,11 @@ impl FleetBucket {
         self.rate
     }
 
+    /// When the bucket is full again (nanoseconds on the engine clock): its whole state.
+    pub fn full_at(&self) -> u64 {
+        self.full_at.load(Ordering::Acquire)
+    }
+
     fn full_at_for(&self, level: f64, now: u64) -> u64 {
         let missing = (self.rate.burst as f64 - level.min(self.rate.burst as f64)).max(0.0);
         now.saturating_add(nanos(missing * self.period))
@@ -67,10 +72,11 @@ impl FleetBucket {
         self.rate.burst as f64 - full_at.saturating_sub(now) as f64 / self.period
     }
 
-    /// [`FleetBucket::level`], and how long from `now` until the bucket is full: the time
-    /// its missing tokens take to arrive, read off the same state without dividing.
-    pub fn level_and_full_in(&self, now: u64) -> (f64, Duration) {
-        let ahead = self.full_at.load(Ordering::Acquire).saturating_sub(now);
+    /// The level at `now` of this bucket were it full at `full_at` (see
+    /// [`FleetBucket::level`]), and how long from `now` until it is full: the time its
+    /// missing tokens take to arrive, read off the state without dividing.
+    pub fn level_and_full_in_at(&self, full_at: u64, now: u64) -> (f64, Duration) {
+        let ahead = full_at.saturating_sub(now);
         (
             self.rate.burst as f64 - ahead as f64 / self.period,
             Duration::from_nanos(ahead),
@@ -110,16 +116,7 @@ impl FleetBucket {
         let charge = nanos(cost as f64 * self.period);
         let mut full_at = self.full_at.load(Ordering::Acquire);
         loop {
-            let next = full_at.max(now).saturating_add(charge);
-            let ahead = (next - now) as f64;
-            if ahead > tolerance + max_delay as f64 + 0.5 {
-                let level =
-                    self.rate.burst as f64 - full_at.saturating_sub(now) as f64 / self.period;
-                return Err(Outcome::Denied {
-                    wait: Duration::from_nanos(nanos(ahead - tolerance)),
-                    available: level.max(0.0).floor() as u64,
-                });
-            }
+            let (next, ahead) = self.take(full_at, charge, tolerance, max_delay, now)?;
             match self.full_at.compare_exchange_weak(
                 full_at,
                 next,
@@ -130,6 +127,74 @@ impl FleetBucket {
                 Ok(_) if ahead <= tolerance => return Ok(Duration::ZERO),
                 Ok(_) => return Ok(Duration::from_nanos(nanos(ahead - tolerance))),
                 Err(current) => full_at = current,
+            }
+        }
+    }
+
+    /// Where taking `charge` nanoseconds' worth of tokens at `now` moves a bucket full at
+    /// `full_at`, and how far ahead of `now` that is; the refusal if it is further than
+    /// `tolerance` (the burst's worth, less what is kept in reserve) and `max_delay`.
+    fn take(
+        &self,
+        full_at: u64,
+        charge: u64,
+        tolerance: f64,
+        max_delay: u64,
+        now: u64,
+    ) -> Result<(u64, f64), Outcome> {
+        let next = full_at.max(now).saturating_add(charge);
+        let ahead = (next - now) as f64;
+        if ahead > tolerance + max_delay as f64 + 0.5 {
+            let level = self.rate.burst as f64 - full_at.saturating_sub(now) as f64 / self.period;
+            return Err(Outcome::Denied {
+                wait: Duration::from_nanos(nanos(ahead - tolerance)),
+                available: level.max(0.0).floor() as u64,
+            });
+        }
+        Ok((next, ahead))
+    }
+
+    /// Decides `costs` in order at `now`, each as [`FleetBucket::check`] would, one after
+    /// another with nothing between them: the state is read once and written once, where a
+    /// check a cost writes it a cost (a line the other cores deciding the key write too).
+    /// `decided` gets, for each cost, its outcome and when the bucket is full after it.
+    pub fn check_run(
+        &self,
+        costs: impl Iterator<Item = u64> + Clone,
+        now: u64,
+        decided: &mut Vec<(Outcome, u64)>,
+    ) {
+        let tolerance = self.rate.burst as f64 * self.period;
+        let mut start = self.full_at.load(Ordering::Acquire);
+        loop {
+            decided.clear();
+            let mut full_at = start;
+            for cost in costs.clone() {
+                let outcome = if cost > self.rate.burst {
+                    Outcome::TooLarge
+                } else {
+                    let charge = nanos(cost as f64 * self.period);
+                    match self.take(full_at, charge, tolerance, 0, now) {
+                        Ok((next, _)) => {
+                            full_at = next;
+                            Outcome::Allowed
+                        }
+                        Err(refused) => refused,
+                    }
+                };
+                decided.push((outcome, full_at));
+            }
+            if full_at == start {
+                // Nothing taken: the run saw one state, and leaves it as it was.
+                return;
+            }
+            match self
+                .full_at
+                .compare_exchange(start, full_at, Ordering::AcqRel, Ordering::Acquire)
+            {
+                Ok(_) => return,
+                // Another core decided in between: the run is decided again on its state.
+                Err(current) => start = current,
             }
         }
     }
@@ -337,5 +402,63 @@ mod tests {
                 prop_assert!(bucket.level(now) >= -1e-6);
             }
         }
+
+        /// A run decides each cost as a check would, one after another: the same outcomes,
+        /// and the bucket left in the same state, from any level (debt included).
+        #[test]
+        fn a_run_decides_as_checks_one_after_another(
+            level in -50.0f64..100.0,
+            costs in prop::collection::vec(0u64..40, 1..60),
+            now_ms in 0u64..2000,
+        ) {
+            let limit = rate(40.0, 30);
+            let (run, one_by_one) = (
+                FleetBucket::with_level(limit, level, 0),
+                FleetBucket::with_level(limit, level, 0),
+            );
+            let now = now_ms * MS;
+            let mut decided = Vec::new();
+            run.check_run(costs.iter().copied(), now, &mut decided);
+            prop_assert_eq!(decided.len(), costs.len());
+            for (&cost, &(outcome, full_at)) in costs.iter().zip(&decided) {
+                prop_assert_eq!(outcome, one_by_one.check(cost, now));
+                prop_assert_eq!(full_at, one_by_one.full_at());
+            }
+            prop_assert_eq!(run.full_at(), one_by_one.full_at());
+        }
+    }
+
+    /// Runs on several threads at once, the clock standing still: each token is taken once,
+    /// whoever's run loses a race is decided again on the winner's state, and every token
+    /// there is taken.
+    #[test]
+    fn runs_racing_on_one_bucket_take_each_token_once() {
+        let bucket = std::sync::Arc::new(FleetBucket::full(rate(1.0, 10_000), 0));
+        let allowed: u64 = std::thread::scope(|scope| {
+            let threads: Vec<_> = (0..4)
+                .map(|_| {
+                    let bucket = &bucket;
+                    scope.spawn(move || {
+                        let mut allowed = 0;
+                        let mut decided = Vec::new();
+                        for _ in 0..200 {
+                            bucket.check_run(std::iter::repeat_n(1, 20), SECOND, &mut decided);
+                            allowed += decided
+                                .iter()
+                                .filter(|(outcome, _)| *outcome == Outcome::Allowed)
+                                .count() as u64;
+                        }
+                        allowed
+                    })
+                })
+                .collect();
+            threads
+                .into_iter()
+                .map(|thread| thread.join().unwrap())
+                .sum()
+        });
+        // 16 000 asked of a full bucket of 10 000.
+        assert_eq!(allowed, 10_000);
+        assert!(bucket.level(SECOND) < 1.0);
     }
 }

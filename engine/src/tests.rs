@@ -847,6 +847,12 @@ mod admission_tests {
             ("a", "slow", 1, None),
             ("a", "slow", 1, None),
             ("d", "c", 1, None),
+            // `divided`: the default limit's token bucket, run past its burst
+            ("d", "tb", 2, None),
+            ("d", "tb", 1, None),
+            ("d", "tb", 1, None),
+            ("d", "tb", 3, None),
+            ("d", "tb", 1, None),
             ("strict-free", "k", 1, None),
             ("strict-free", "k", 1, None),
             // the same key name, another tenant's key
