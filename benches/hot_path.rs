@@ -283,9 +283,19 @@ fn admission_allow(c: &mut Criterion) {
             limit: None,
         })
         .collect();
+    // A sliding window's run: its lock and its arithmetic, where the bucket's is one atomic.
+    let one_window: Vec<Ask> = (0..100)
+        .map(|_| Ask {
+            tenant: "api",
+            key: "window",
+            cost: 1,
+            limit: None,
+        })
+        .collect();
     for (name, asks) in [
         ("batch_100_one_key", &one_key),
         ("batch_100_three_keys", &three_keys),
+        ("batch_100_one_window", &one_window),
     ] {
         group.bench_function(name, |b| {
             b.iter(|| {
