@@ -266,32 +266,21 @@ fn admission_allow(c: &mut Criterion) {
         });
     }
     // `AllowBatch` of 100 inside the server, per batch: one hot key, and three keys in turn.
-    let one_key: Vec<Ask> = (0..100)
-        .map(|_| Ask {
-            tenant: "api",
-            key: "GET /search",
-            cost: 1,
-            limit: None,
-        })
-        .collect();
-    let keys = ["GET /search", "window", "leaky"];
-    let three_keys: Vec<Ask> = (0..100)
-        .map(|i| Ask {
-            tenant: "api",
-            key: keys[i % 3],
-            cost: 1,
-            limit: None,
-        })
-        .collect();
+    // 100 asks of tenant `api`, the i-th naming `key(i)`.
+    let batch = |key: fn(usize) -> &'static str| -> Vec<Ask> {
+        (0..100)
+            .map(|i| Ask {
+                tenant: "api",
+                key: key(i),
+                cost: 1,
+                limit: None,
+            })
+            .collect()
+    };
+    let one_key = batch(|_| "GET /search");
+    let three_keys = batch(|i| ["GET /search", "window", "leaky"][i % 3]);
     // A sliding window's run: its lock and its arithmetic, where the bucket's is one atomic.
-    let one_window: Vec<Ask> = (0..100)
-        .map(|_| Ask {
-            tenant: "api",
-            key: "window",
-            cost: 1,
-            limit: None,
-        })
-        .collect();
+    let one_window = batch(|_| "window");
     for (name, asks) in [
         ("batch_100_one_key", &one_key),
         ("batch_100_three_keys", &three_keys),

@@ -94,14 +94,9 @@ impl Meter {
         decided: &mut Vec<Result<Decision, TooLarge>>,
     ) {
         match self {
-            Meter::TokenBucket(bucket) => {
-                let mut outcomes = Vec::new();
-                bucket.check_run(costs, now, &mut outcomes);
-                decided.extend(
-                    (outcomes.into_iter())
-                        .map(|(outcome, full_at)| token_decision(bucket, outcome, full_at, now)),
-                );
-            }
+            Meter::TokenBucket(bucket) => bucket.check_run(costs, now, decided, |outcome, at| {
+                token_decision(bucket, outcome, at, now)
+            }),
             _ => decided.extend(costs.map(|cost| self.check_reserving(cost, now, reserve))),
         }
     }

@@ -109,14 +109,10 @@ impl FleetBucket {
         max_delay: u64,
         now: u64,
     ) -> Result<Duration, Outcome> {
-        if cost > self.rate.burst {
-            return Err(Outcome::TooLarge);
-        }
         let tolerance = (self.rate.burst as f64 - reserve.max(0.0)) * self.period;
-        let charge = nanos(cost as f64 * self.period);
         let mut full_at = self.full_at.load(Ordering::Acquire);
         loop {
-            let (next, ahead) = self.take(full_at, charge, tolerance, max_delay, now)?;
+            let (next, ahead) = self.take(full_at, cost, tolerance, max_delay, now)?;
             match self.full_at.compare_exchange_weak(
                 full_at,
                 next,
@@ -131,18 +127,23 @@ impl FleetBucket {
         }
     }
 
-    /// Where taking `charge` nanoseconds' worth of tokens at `now` moves a bucket full at
-    /// `full_at`, and how far ahead of `now` that is; the refusal if it is further than
-    /// `tolerance` (the burst's worth, less what is kept in reserve) and `max_delay`.
+    /// Where taking `cost` tokens at `now` moves a bucket full at `full_at`, and how far ahead
+    /// of `now` that is; the refusal if it is further than `tolerance` (the burst's worth,
+    /// less what is kept in reserve) and `max_delay`, or if the cost is more than a burst.
     fn take(
         &self,
         full_at: u64,
-        charge: u64,
+        cost: u64,
         tolerance: f64,
         max_delay: u64,
         now: u64,
     ) -> Result<(u64, f64), Outcome> {
-        let next = full_at.max(now).saturating_add(charge);
+        if cost > self.rate.burst {
+            return Err(Outcome::TooLarge);
+        }
+        let next = full_at
+            .max(now)
+            .saturating_add(nanos(cost as f64 * self.period));
         let ahead = (next - now) as f64;
         if ahead > tolerance + max_delay as f64 + 0.5 {
             let level = self.rate.burst as f64 - full_at.saturating_sub(now) as f64 / self.period;
@@ -157,32 +158,30 @@ impl FleetBucket {
     /// Decides `costs` in order at `now`, each as [`FleetBucket::check`] would, one after
     /// another with nothing between them: the state is read once and written once, where a
     /// check a cost writes it a cost (a line the other cores deciding the key write too).
-    /// `decided` gets, for each cost, its outcome and when the bucket is full after it.
-    pub fn check_run(
+    /// `decided` gets, for each cost, `answer` of its outcome and of when the bucket is full
+    /// after it.
+    pub fn check_run<T>(
         &self,
         costs: impl Iterator<Item = u64> + Clone,
         now: u64,
-        decided: &mut Vec<(Outcome, u64)>,
+        decided: &mut Vec<T>,
+        answer: impl Fn(Outcome, u64) -> T,
     ) {
         let tolerance = self.rate.burst as f64 * self.period;
+        let before = decided.len();
         let mut start = self.full_at.load(Ordering::Acquire);
         loop {
-            decided.clear();
+            decided.truncate(before);
             let mut full_at = start;
             for cost in costs.clone() {
-                let outcome = if cost > self.rate.burst {
-                    Outcome::TooLarge
-                } else {
-                    let charge = nanos(cost as f64 * self.period);
-                    match self.take(full_at, charge, tolerance, 0, now) {
-                        Ok((next, _)) => {
-                            full_at = next;
-                            Outcome::Allowed
-                        }
-                        Err(refused) => refused,
+                let outcome = match self.take(full_at, cost, tolerance, 0, now) {
+                    Ok((next, _)) => {
+                        full_at = next;
+                        Outcome::Allowed
                     }
+                    Err(refused) => refused,
                 };
-                decided.push((outcome, full_at));
+                decided.push(answer(outcome, full_at));
             }
             if full_at == start {
                 // Nothing taken: the run saw one state, and leaves it as it was.
@@ -418,7 +417,7 @@ mod tests {
             );
             let now = now_ms * MS;
             let mut decided = Vec::new();
-            run.check_run(costs.iter().copied(), now, &mut decided);
+            run.check_run(costs.iter().copied(), now, &mut decided, |outcome, full_at| (outcome, full_at));
             prop_assert_eq!(decided.len(), costs.len());
             for (&cost, &(outcome, full_at)) in costs.iter().zip(&decided) {
                 prop_assert_eq!(outcome, one_by_one.check(cost, now));
@@ -442,10 +441,16 @@ mod tests {
                         let mut allowed = 0;
                         let mut decided = Vec::new();
                         for _ in 0..200 {
-                            bucket.check_run(std::iter::repeat_n(1, 20), SECOND, &mut decided);
+                            decided.clear();
+                            bucket.check_run(
+                                std::iter::repeat_n(1, 20),
+                                SECOND,
+                                &mut decided,
+                                |outcome, _| outcome,
+                            );
                             allowed += decided
                                 .iter()
-                                .filter(|(outcome, _)| *outcome == Outcome::Allowed)
+                                .filter(|outcome| **outcome == Outcome::Allowed)
                                 .count() as u64;
                         }
                         allowed
