@@ -9,51 +9,64 @@ use arc_swap::ArcSwap;
 use axum::http::{header, HeaderMap, HeaderName, HeaderValue, Method, Request, StatusCode, Uri};
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
-use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::client::legacy::Client;
-use hyper_util::rt::{TokioExecutor, TokioTimer};
+
+mod pool;
+
+pub use pool::Pool;
 
 use crate::format::Format;
 use crate::metrics::Metrics;
 use crate::remote_write::Written;
 use crate::tls::{ClientFiles, ClientTls};
 
-/// hyper's pooled client, without reqwest's layers (redirects, retries, proxies, default
-/// headers): they cost about a sixth of weir's CPU per forward, and a remote-write forward
-/// needs none of them.
-type HttpClient = Client<HttpsConnector<HttpConnector>, Full<Bytes>>;
-
 const USER_AGENT: HeaderValue =
     HeaderValue::from_static(concat!("weir/", env!("CARGO_PKG_VERSION")));
 
-/// One pooled client: keep-alive connections are reused across requests and tenants.
-fn build_client(timeout: Duration, tls: rustls::ClientConfig) -> HttpClient {
+/// How a pool connects: TCP without Nagle's delay, then TLS for `https://`.
+pub fn connector(timeout: Duration, tls: rustls::ClientConfig) -> pool::Connector {
     let mut http = HttpConnector::new();
     http.enforce_http(false);
     http.set_nodelay(true);
     http.set_connect_timeout(Some(timeout.min(Duration::from_secs(5))));
-    let https = hyper_rustls::HttpsConnectorBuilder::new()
+    hyper_rustls::HttpsConnectorBuilder::new()
         .with_tls_config(tls)
         .https_or_http()
         .enable_http1()
-        .wrap_connector(http);
-    Client::builder(TokioExecutor::new())
-        .pool_idle_timeout(Duration::from_secs(90))
-        .pool_timer(TokioTimer::new())
-        .build(https)
+        .wrap_connector(http)
 }
 
-/// `workers + 1` clients: one per HTTP worker, then one for other threads.
-fn build_clients(
+/// A worker's connections: to the remote-write URL and to the OTLP one.
+struct Pools {
+    push: Pool,
+    otlp: Pool,
+}
+
+/// `workers + 1` of them: one per HTTP worker, then one for other threads. hyper's own
+/// connections without reqwest's layers (redirects, retries, proxies, default headers): they
+/// cost about a sixth of weir's CPU per forward, and a remote-write forward needs none of
+/// them.
+fn build_pools(
     workers: usize,
     timeout: Duration,
     tls: &ClientTls,
-) -> anyhow::Result<Vec<HttpClient>> {
+    uri: &Uri,
+    otlp_uri: &Uri,
+) -> anyhow::Result<Vec<Pools>> {
     let config = tls.client_config()?;
-    Ok((0..=workers)
-        .map(|_| build_client(timeout, config.clone()))
-        .collect())
+    (0..=workers)
+        .map(|_| {
+            let connector = connector(timeout, config.clone());
+            let pool = |uri: &Uri| {
+                Pool::new(connector.clone(), uri.clone())
+                    .map_err(|err| anyhow::anyhow!("upstream {uri}: {err}"))
+            };
+            Ok(Pools {
+                push: pool(uri)?,
+                otlp: pool(otlp_uri)?,
+            })
+        })
+        .collect()
 }
 
 /// The headers that matter to a remote-write receiver, with what to send when the client
@@ -122,10 +135,11 @@ impl ForwardError {
 }
 
 pub struct Upstream {
-    /// One pool per HTTP worker thread (and one for any other thread), so that a forward runs
-    /// on the thread of its request: a connection's task lives on the runtime that opened it.
-    /// Rebuilt when the TLS files change; requests in flight finish on the old ones.
-    clients: ArcSwap<Vec<HttpClient>>,
+    /// Connections per HTTP worker thread (and one set for any other thread), so that a
+    /// forward runs on the thread of its request: a connection's task lives on the runtime
+    /// that opened it. Rebuilt when the TLS files change; requests in flight finish on the
+    /// old ones.
+    pools: ArcSwap<Vec<Pools>>,
     workers: usize,
     tls: ClientTls,
     tls_files: ClientFiles,
@@ -166,17 +180,18 @@ impl Upstream {
         let tenant_header = HeaderName::from_bytes(tenant_header.as_bytes()).map_err(|_| {
             anyhow::anyhow!("--upstream-tenant-header {tenant_header:?} is not a header name")
         })?;
-        let clients = build_clients(workers, timeout, &tls)?;
         let as_uri = |url: &url::Url| {
             url.as_str()
                 .parse::<Uri>()
                 .map_err(|err| anyhow::anyhow!("{url} is not a URL hyper takes: {err}"))
         };
+        let (uri, otlp_uri) = (as_uri(&url)?, as_uri(&otlp_url)?);
+        let pools = build_pools(workers, timeout, &tls, &uri, &otlp_uri)?;
         Ok(Upstream {
-            clients: ArcSwap::from_pointee(clients),
+            pools: ArcSwap::from_pointee(pools),
             workers,
-            uri: as_uri(&url)?,
-            otlp_uri: as_uri(&otlp_url)?,
+            uri,
+            otlp_uri,
             tls_files: tls.watch(),
             tls,
             url,
@@ -192,9 +207,15 @@ impl Upstream {
         if !self.tls_files.changed() {
             return;
         }
-        match build_clients(self.workers, self.timeout, &self.tls) {
-            Ok(clients) => {
-                self.clients.store(Arc::new(clients));
+        match build_pools(
+            self.workers,
+            self.timeout,
+            &self.tls,
+            &self.uri,
+            &self.otlp_uri,
+        ) {
+            Ok(pools) => {
+                self.pools.store(Arc::new(pools));
                 tracing::info!("reloaded the upstream TLS files");
             }
             Err(err) => tracing::error!(
@@ -243,14 +264,13 @@ impl Upstream {
         body: Bytes,
     ) -> Result<Option<Written>, ForwardError> {
         let otlp = matches!(format, Format::Otlp(_));
-        let (uri, passed_through) = if otlp {
-            (&self.otlp_uri, OTLP_PASSED_THROUGH)
+        let passed_through = if otlp {
+            OTLP_PASSED_THROUGH
         } else {
-            (&self.uri, PASSED_THROUGH)
+            PASSED_THROUGH
         };
         let mut request = Request::new(Full::new(body));
         *request.method_mut() = Method::POST;
-        *request.uri_mut() = uri.clone();
         let headers = request.headers_mut();
         headers.insert(header::USER_AGENT, USER_AGENT);
         for &(name, default) in passed_through {
@@ -266,14 +286,15 @@ impl Upstream {
         })?;
         headers.insert(self.tenant_header.clone(), tenant);
 
-        let clients = self.clients.load();
-        let client = &clients
-            [crate::http_serve::current_worker().map_or(0, |worker| worker + 1) % clients.len()];
+        let pools = self.pools.load();
+        let pools = &pools
+            [crate::http_serve::current_worker().map_or(0, |worker| worker + 1) % pools.len()];
+        let pool = if otlp { &pools.otlp } else { &pools.push };
         let exchange = async {
-            let response = client
-                .request(request)
+            let (response, lease) = pool
+                .send(request)
                 .await
-                .map_err(|err| transport_error(&err))?;
+                .map_err(|err| transport_error(&*err))?;
             let status = response.status();
             let written = if status.is_success() && !otlp {
                 Written::from_headers(response.headers())
@@ -288,6 +309,7 @@ impl Upstream {
                 MAX_UPSTREAM_BODY
             };
             let body = read_body(response.into_body(), keep).await?;
+            lease.finished();
             Ok((status, written, body))
         };
         let (status, written, body) = tokio::time::timeout(self.timeout, exchange)

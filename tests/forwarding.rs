@@ -5,6 +5,7 @@
 mod common;
 
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -315,4 +316,106 @@ async fn the_bare_forwarder_passes_bodies_through_unchanged() {
         assert_eq!(headers["x-scope-orgid"], "t1");
         assert_eq!(headers["content-encoding"], "snappy");
     }
+}
+
+/// A receiver on a real socket speaking just enough HTTP/1.1: each request answered 204 on a
+/// kept-alive connection, which it closes right after the answer when `close_after_answer`,
+/// as a receiver whose keep-alive timeout runs out just then. Counts connections and requests.
+async fn raw_receiver(
+    close_after_answer: bool,
+) -> (SocketAddr, Arc<AtomicUsize>, Arc<AtomicUsize>) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = listener.local_addr().unwrap();
+    let (connections, requests) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let (accepted, answered) = (Arc::clone(&connections), Arc::clone(&requests));
+    tokio::spawn(async move {
+        loop {
+            let (mut stream, _) = listener.accept().await.unwrap();
+            accepted.fetch_add(1, Ordering::SeqCst);
+            let answered = Arc::clone(&answered);
+            tokio::spawn(async move {
+                let mut buffer = Vec::new();
+                let mut chunk = [0u8; 8192];
+                loop {
+                    // One request: its head, then Content-Length bytes of body.
+                    let (head_end, length) = loop {
+                        if let Some(end) = buffer.windows(4).position(|w| w == b"\r\n\r\n") {
+                            let head = String::from_utf8_lossy(&buffer[..end]).to_lowercase();
+                            let length = head
+                                .lines()
+                                .find_map(|line| line.strip_prefix("content-length:"))
+                                .map_or(0, |value| value.trim().parse::<usize>().unwrap());
+                            break (end + 4, length);
+                        }
+                        match stream.read(&mut chunk).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(read) => buffer.extend_from_slice(&chunk[..read]),
+                        }
+                    };
+                    while buffer.len() < head_end + length {
+                        match stream.read(&mut chunk).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(read) => buffer.extend_from_slice(&chunk[..read]),
+                        }
+                    }
+                    buffer.drain(..head_end + length);
+                    answered.fetch_add(1, Ordering::SeqCst);
+                    if stream
+                        .write_all(b"HTTP/1.1 204 No Content\r\n\r\n")
+                        .await
+                        .is_err()
+                        || close_after_answer
+                    {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    (address, connections, requests)
+}
+
+/// A push's forward goes out on a connection kept from an earlier one: twenty pushes, one
+/// after another, open no more upstream connections than weir has workers.
+#[tokio::test]
+async fn forwards_reuse_kept_alive_connections() {
+    let (address, connections, requests) = raw_receiver(false).await;
+    let weir = weir_forwarding_to(
+        format!("http://{address}/api/v1/write"),
+        Duration::from_secs(2),
+    )
+    .await;
+    for _ in 0..20 {
+        assert_eq!(weir.status("t", 3).await, 200);
+    }
+    assert_eq!(requests.load(Ordering::SeqCst), 20);
+    let opened = connections.load(Ordering::SeqCst);
+    let workers = weir::config::Config::load_from(["weir"])
+        .unwrap()
+        .http_workers();
+    assert!(
+        (1..=workers).contains(&opened),
+        "{opened} connections for 20 pushes, {workers} workers"
+    );
+    weir.stop().await.unwrap();
+}
+
+/// A receiver that closes each connection after its answer costs no push: the next forward
+/// finds the kept connection closed and opens another.
+#[tokio::test]
+async fn a_receiver_closing_kept_connections_loses_no_push() {
+    let (address, connections, requests) = raw_receiver(true).await;
+    let weir = weir_forwarding_to(
+        format!("http://{address}/api/v1/write"),
+        Duration::from_secs(2),
+    )
+    .await;
+    for _ in 0..20 {
+        assert_eq!(weir.status("t", 3).await, 200);
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(requests.load(Ordering::SeqCst), 20);
+    assert_eq!(connections.load(Ordering::SeqCst), 20);
+    weir.stop().await.unwrap();
 }

@@ -1,6 +1,6 @@
 //! weir-bare-forward: the floor under weir's push path. A hyper server that reads each
-//! request's body whole, forwards it unchanged to `--upstream` with the hyper client weir
-//! uses, and answers with the upstream's status: no tenant, no decode, no validation, no
+//! request's body whole, forwards it unchanged to `--upstream` with weir's own upstream
+//! connections (`weir::upstream::Pool`), and answers with the upstream's status: no tenant, no decode, no validation, no
 //! limit, no metrics, no timeouts.
 //!
 //! ```text
@@ -15,15 +15,17 @@
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::OnceLock;
+use std::time::Duration;
 
 use bytes::Bytes;
 use clap::Parser;
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper::{Request, Response, StatusCode, Uri};
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::client::legacy::Client;
-use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::rt::TokioIo;
+use weir::upstream::Pool;
 
 /// weir's allocator, so the floor differs from weir only in what weir does per request.
 #[global_allocator]
@@ -57,17 +59,28 @@ const FORWARDED: [&str; 4] = [
     "x-scope-orgid",
 ];
 
+/// The upstream, as `--upstream` named it.
+static UPSTREAM: OnceLock<Uri> = OnceLock::new();
+
 thread_local! {
-    /// Each worker's own pool of upstream connections, as weir keeps one a worker.
-    static CLIENT: Client<HttpConnector, Full<Bytes>> = {
-        let mut connector = HttpConnector::new();
-        connector.set_nodelay(true);
-        Client::builder(TokioExecutor::new()).build(connector)
-    };
+    /// Each worker's own upstream connections, as weir keeps them a worker.
+    static POOL: Arc<Pool> = Arc::new(new_pool().expect("the upstream was checked at start"));
+}
+
+fn new_pool() -> anyhow::Result<Pool> {
+    let tls = weir::tls::ClientTls::default().client_config()?;
+    let connector = weir::upstream::connector(Duration::from_secs(5), tls);
+    let upstream = UPSTREAM
+        .get()
+        .expect("set before any worker serves")
+        .clone();
+    Pool::new(connector, upstream).map_err(|err| anyhow::anyhow!("--upstream: {err}"))
 }
 
 fn main() -> anyhow::Result<()> {
     let args = Args::parse();
+    UPSTREAM.set(args.upstream.clone()).expect("set once, here");
+    new_pool()?;
     let count = match args.workers {
         0 => std::thread::available_parallelism().map_or(1, usize::from),
         workers => workers,
@@ -86,21 +99,18 @@ fn main() -> anyhow::Result<()> {
             let (stream, _) = listener.accept().await?;
             stream.set_nodelay(true)?;
             let stream = stream.into_std()?;
-            let upstream = args.upstream.clone();
-            workers.least_busy().spawn(serve(stream, upstream));
+            workers.least_busy().spawn(serve(stream));
         }
     })
 }
 
 /// One client connection, HTTP/1.1, on the worker it was handed to.
-async fn serve(stream: std::net::TcpStream, upstream: Uri) {
+async fn serve(stream: std::net::TcpStream) {
     let Ok(stream) = tokio::net::TcpStream::from_std(stream) else {
         return;
     };
-    let client = CLIENT.with(Clone::clone);
-    let service = hyper::service::service_fn(move |request| {
-        forward(client.clone(), upstream.clone(), request)
-    });
+    let pool = POOL.with(Arc::clone);
+    let service = hyper::service::service_fn(move |request| forward(Arc::clone(&pool), request));
     let _ = hyper::server::conn::http1::Builder::new()
         .serve_connection(TokioIo::new(stream), service)
         .await;
@@ -108,26 +118,27 @@ async fn serve(stream: std::net::TcpStream, upstream: Uri) {
 
 /// The request's body, whole, to the upstream; the upstream's status, or 502, back.
 async fn forward(
-    client: Client<HttpConnector, Full<Bytes>>,
-    upstream: Uri,
+    pool: Arc<Pool>,
     request: Request<Incoming>,
 ) -> Result<Response<Full<Bytes>>, Infallible> {
     let (parts, body) = request.into_parts();
     let status = match body.collect().await {
         Err(_) => StatusCode::BAD_REQUEST,
         Ok(body) => {
-            let mut out = Request::post(upstream)
+            let mut out = Request::post("/")
                 .body(Full::new(body.to_bytes()))
-                .expect("a POST to a parsed URI is a valid request");
+                .expect("a POST is a valid request");
             for name in FORWARDED {
                 if let Some(value) = parts.headers.get(name) {
                     out.headers_mut().insert(name, value.clone());
                 }
             }
-            match client.request(out).await {
-                Ok(response) => {
+            match pool.send(out).await {
+                Ok((response, lease)) => {
                     let status = response.status();
-                    let _ = response.into_body().collect().await;
+                    if response.into_body().collect().await.is_ok() {
+                        lease.finished();
+                    }
                     status
                 }
                 Err(_) => StatusCode::BAD_GATEWAY,
