@@ -25,12 +25,13 @@ pub type Error = Box<dyn std::error::Error + Send + Sync>;
 
 /// Idle connections kept, at most. A worker has as many connections open as it has forwards
 /// in flight at once, hundreds at saturation; a cap below that would close and open
-/// connections all the time (hyper-util's pool has none). Those a burst leaves idle close
-/// after [`IDLE_TIMEOUT`].
+/// connections all the time (hyper-util's pool has none). Those a burst leaves idle go after
+/// [`IDLE_TIMEOUT`].
 const MAX_IDLE: usize = 1024;
 
-/// A connection idle longer than this is closed rather than used (hyper-util's default, and
-/// longer than nginx's 75 s keep-alive, so the receiver usually closes first).
+/// A connection idle longer than this is closed rather than used, when the pool next takes or
+/// puts back a connection (hyper-util's default; longer than nginx's 75 s keep-alive, so the
+/// receiver usually closes first, and a connection the receiver closed ends its task at once).
 const IDLE_TIMEOUT: Duration = Duration::from_secs(90);
 
 pub struct Pool {
