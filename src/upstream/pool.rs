@@ -8,7 +8,8 @@
 //! says the answer is read ([`Lease::finished`]), with no task of its own.
 
 use std::collections::VecDeque;
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
 use axum::http::{header, HeaderValue, Request, Response, Uri};
@@ -29,10 +30,13 @@ pub type Error = Box<dyn std::error::Error + Send + Sync>;
 /// [`IDLE_TIMEOUT`].
 const MAX_IDLE: usize = 1024;
 
-/// A connection idle longer than this is closed rather than used, when the pool next takes or
-/// puts back a connection (hyper-util's default; longer than nginx's 75 s keep-alive, so the
-/// receiver usually closes first, and a connection the receiver closed ends its task at once).
+/// A connection idle longer than this is closed (hyper-util's default; longer than nginx's
+/// 75 s keep-alive, so the receiver usually closes first, and a connection the receiver closed
+/// ends its task at once). The pool drops such connections when it next takes or puts one
+/// back, and a sweep drops them every third of this when no forward comes.
 const IDLE_TIMEOUT: Duration = Duration::from_secs(90);
+
+type IdleStack = Mutex<VecDeque<Idle>>;
 
 pub struct Pool {
     connector: Connector,
@@ -42,7 +46,11 @@ pub struct Pool {
     path: Uri,
     host: HeaderValue,
     /// Least recently used first.
-    idle: Mutex<VecDeque<Idle>>,
+    idle: Arc<IdleStack>,
+    idle_timeout: Duration,
+    /// Whether the sweep of idle connections runs (started with the first connection, on the
+    /// runtime that opened it).
+    sweeping: AtomicBool,
 }
 
 struct Idle {
@@ -65,6 +73,15 @@ impl Lease<'_> {
 
 impl Pool {
     pub fn new(connector: Connector, target: Uri) -> Result<Pool, Error> {
+        Pool::with_idle_timeout(connector, target, IDLE_TIMEOUT)
+    }
+
+    /// [`Pool::new`], closing connections idle for `idle_timeout`.
+    pub fn with_idle_timeout(
+        connector: Connector,
+        target: Uri,
+        idle_timeout: Duration,
+    ) -> Result<Pool, Error> {
         let authority = target
             .authority()
             .ok_or_else(|| format!("{target} names no host"))?;
@@ -78,7 +95,9 @@ impl Pool {
             target,
             path,
             host,
-            idle: Mutex::new(VecDeque::new()),
+            idle: Arc::default(),
+            idle_timeout,
+            sweeping: AtomicBool::new(false),
         })
     }
 
@@ -118,7 +137,7 @@ impl Pool {
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
         while let Some(Idle { sender, since }) = idle.pop_back() {
-            if !sender.is_closed() && since.elapsed() < IDLE_TIMEOUT {
+            if !sender.is_closed() && since.elapsed() < self.idle_timeout {
                 return Some(sender);
             }
         }
@@ -138,7 +157,7 @@ impl Pool {
         // up goes when it is taken.
         while idle
             .front()
-            .is_some_and(|old| now - old.since >= IDLE_TIMEOUT || idle.len() >= MAX_IDLE)
+            .is_some_and(|old| now - old.since >= self.idle_timeout || idle.len() >= MAX_IDLE)
         {
             idle.pop_front();
         }
@@ -154,6 +173,88 @@ impl Pool {
                 tracing::debug!(error = %err, "upstream connection closed");
             }
         });
+        if !self.sweeping.swap(true, Ordering::Relaxed) {
+            tokio::spawn(sweep(Arc::downgrade(&self.idle), self.idle_timeout));
+        }
         Ok(sender)
+    }
+}
+
+/// Every third of `idle_timeout`, closes the connections idle that long or closed by the
+/// receiver, until the pool is gone: idle connections do not outlive the forwards that used
+/// them.
+async fn sweep(idle: Weak<IdleStack>, idle_timeout: Duration) {
+    let mut ticker = tokio::time::interval(idle_timeout / 3);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        ticker.tick().await;
+        let Some(idle) = idle.upgrade() else {
+            return;
+        };
+        let now = Instant::now();
+        idle.lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .retain(|kept| !kept.sender.is_closed() && now - kept.since < idle_timeout);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    /// A connection left idle is closed by the sweep with no forward coming, over a real
+    /// socket: the receiver reads the end of it.
+    #[tokio::test]
+    async fn idle_connections_close_without_another_forward() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = listener.local_addr().unwrap();
+        let (closed_tx, closed_rx) = tokio::sync::oneshot::channel();
+        tokio::spawn(async move {
+            let (mut stream, _) = listener.accept().await.unwrap();
+            let mut request = Vec::new();
+            let mut chunk = [0u8; 1024];
+            while !request.windows(4).any(|w| w == b"\r\n\r\n") {
+                let read = stream.read(&mut chunk).await.unwrap();
+                request.extend_from_slice(&chunk[..read]);
+            }
+            stream
+                .write_all(b"HTTP/1.1 204 No Content\r\n\r\n")
+                .await
+                .unwrap();
+            // Kept alive: the next read ends only when weir closes the connection.
+            let read = stream.read(&mut chunk).await.unwrap_or(0);
+            let _ = closed_tx.send((read, Instant::now()));
+        });
+        let tls = crate::tls::ClientTls::default().client_config().unwrap();
+        let connector = super::super::connector(Duration::from_secs(2), tls);
+        let target: Uri = format!("http://{address}/push").parse().unwrap();
+        let idle_timeout = Duration::from_millis(300);
+        let pool = Pool::with_idle_timeout(connector, target, idle_timeout).unwrap();
+
+        let (response, lease) = pool
+            .send(Request::new(Full::new(Bytes::new())))
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 204);
+        let answered = Instant::now();
+        lease.finished();
+        assert_eq!(
+            pool.idle.lock().unwrap().len(),
+            1,
+            "kept for the next forward"
+        );
+
+        let (read, closed_at) = tokio::time::timeout(Duration::from_secs(5), closed_rx)
+            .await
+            .expect("the idle connection was never closed")
+            .unwrap();
+        assert_eq!(read, 0, "the receiver read the connection's end");
+        let idle_for = closed_at - answered;
+        assert!(
+            idle_for >= idle_timeout && idle_for < idle_timeout * 3,
+            "closed after {idle_for:?} idle"
+        );
+        assert!(pool.idle.lock().unwrap().is_empty());
     }
 }
