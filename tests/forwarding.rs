@@ -376,16 +376,24 @@ async fn raw_receiver(
     (address, connections, requests)
 }
 
-/// A push's forward goes out on a connection kept from an earlier one: twenty pushes, one
-/// after another, open no more upstream connections than weir has workers.
-#[tokio::test]
-async fn forwards_reuse_kept_alive_connections() {
-    let (address, connections, requests) = raw_receiver(false).await;
+/// weir forwarding to a [`raw_receiver`], and the receiver's two counts.
+async fn weir_before_raw_receiver(
+    close_after_answer: bool,
+) -> (Weir, Arc<AtomicUsize>, Arc<AtomicUsize>) {
+    let (address, connections, requests) = raw_receiver(close_after_answer).await;
     let weir = weir_forwarding_to(
         format!("http://{address}/api/v1/write"),
         Duration::from_secs(2),
     )
     .await;
+    (weir, connections, requests)
+}
+
+/// A push's forward goes out on a connection kept from an earlier one: twenty pushes, one
+/// after another, open no more upstream connections than weir has workers.
+#[tokio::test]
+async fn forwards_reuse_kept_alive_connections() {
+    let (weir, connections, requests) = weir_before_raw_receiver(false).await;
     for _ in 0..20 {
         assert_eq!(weir.status("t", 3).await, 200);
     }
@@ -405,12 +413,7 @@ async fn forwards_reuse_kept_alive_connections() {
 /// finds the kept connection closed and opens another.
 #[tokio::test]
 async fn a_receiver_closing_kept_connections_loses_no_push() {
-    let (address, connections, requests) = raw_receiver(true).await;
-    let weir = weir_forwarding_to(
-        format!("http://{address}/api/v1/write"),
-        Duration::from_secs(2),
-    )
-    .await;
+    let (weir, connections, requests) = weir_before_raw_receiver(true).await;
     for _ in 0..20 {
         assert_eq!(weir.status("t", 3).await, 200);
         tokio::time::sleep(Duration::from_millis(10)).await;
