@@ -1,7 +1,7 @@
 //! weir-bare-forward: the floor under weir's push path. A hyper server that reads each
 //! request's body whole, forwards it unchanged to `--upstream` with weir's own upstream
-//! connections (`weir::upstream::Pool`), and answers with the upstream's status: no tenant, no decode, no validation, no
-//! limit, no metrics, no timeouts.
+//! connections (`weir::upstream::Pool`), and answers with the upstream's status: no tenant,
+//! no decode, no validation, no limit, no metrics, no timeouts.
 //!
 //! ```text
 //! weir-bare-forward --listen 127.0.0.1:18190 --upstream http://127.0.0.1:18199/api/v1/push
