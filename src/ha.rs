@@ -160,6 +160,9 @@ pub fn wins(a: (u64, i64, &str), b: (u64, i64, &str)) -> bool {
 #[derive(Debug, Default)]
 pub struct HaTracker {
     tenants: RwLock<HashMap<String, HashMap<String, Cluster>>>,
+    /// Told each time an election is made or learnt, so the publisher sleeps while there is
+    /// none.
+    elected: tokio::sync::Notify,
 }
 
 /// One election, as `GET /distributor/ha_tracker` lists it.
@@ -254,6 +257,7 @@ impl HaTracker {
                     return HaVerdict::TooManyClusters { limit };
                 }
                 clusters.insert(cluster.to_string(), Cluster::elect(replica, 1, now_ms));
+                self.elected.notify_one();
                 change(Change {
                     tenant: tenant.to_string(),
                     cluster: cluster.to_string(),
@@ -262,6 +266,24 @@ impl HaTracker {
                 });
                 HaVerdict::Accept
             }
+        }
+    }
+
+    /// Returns once this tracker holds an election: at once if it does, else when the next
+    /// is made or learnt from a peer.
+    pub async fn until_tracking(&self) {
+        loop {
+            let tracking = self
+                .tenants
+                .read()
+                .unwrap_or_else(|e| e.into_inner())
+                .values()
+                .any(|clusters| !clusters.is_empty());
+            if tracking {
+                return;
+            }
+            // An election made since the check left a permit: this returns at once.
+            self.elected.notified().await;
         }
     }
 
@@ -312,6 +334,7 @@ impl HaTracker {
                             next_publish_ms: i64::MIN,
                         },
                     );
+                    self.elected.notify_one();
                 }
             }
         }

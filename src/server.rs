@@ -236,12 +236,7 @@ pub async fn run_with_clock(
         spawn_usage_publisher(Arc::clone(&state), Arc::clone(&ring)),
         spawn_ha_publisher(Arc::clone(&state), Arc::clone(&ring)),
         spawn_lease_returner(Arc::clone(&state)),
-        spawn_every(engine::admission::LEASE_SWEEP, {
-            let state = Arc::clone(&state);
-            move || {
-                state.limiter.expire_leases();
-            }
-        }),
+        spawn_lease_sweep(Arc::clone(&state)),
         spawn_every(COARSE_CLOCK_TICK, {
             let state = Arc::clone(&state);
             move || {
@@ -766,13 +761,26 @@ fn spawn_membership_applier(
 }
 
 /// Publishes this replica's admissions under `weighted` to the ring twice per gossip round,
-/// so each round carries news at most half a round old.
+/// so each round carries news at most half a round old. With no live peer to read them, it
+/// sleeps until one joins: the counts are cumulative, so the first publication after tells
+/// a new peer all it would have read.
 fn spawn_usage_publisher(state: Arc<AppState>, ring: Arc<Ring>) -> JoinHandle<()> {
     tokio::spawn(async move {
         let mut ticker = tokio::time::interval(state.config.gossip_interval / 2);
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut membership_rx = ring.membership();
         loop {
             ticker.tick().await;
+            while membership_rx
+                .borrow_and_update()
+                .members
+                .iter()
+                .all(|member| member.is_self)
+            {
+                if membership_rx.changed().await.is_err() {
+                    return;
+                }
+            }
             let reports: Vec<ring::UsageEntry> = state
                 .limiter
                 .usage_reports()
@@ -798,6 +806,7 @@ fn spawn_usage_publisher(state: Arc<AppState>, ring: Arc<Ring>) -> JoinHandle<()
 
 /// Publishes the HA elections this replica has seen traffic for, twice per gossip round
 /// (an election's news changes at most once per its update timeout; see [`crate::ha`]).
+/// With no election to publish or forget, it sleeps until one is made or learnt.
 fn spawn_ha_publisher(state: Arc<AppState>, ring: Arc<Ring>) -> JoinHandle<()> {
     tokio::spawn(async move {
         let mut ticker = tokio::time::interval(state.config.gossip_interval / 2);
@@ -820,6 +829,9 @@ fn spawn_ha_publisher(state: Arc<AppState>, ring: Arc<Ring>) -> JoinHandle<()> {
                      are not published"
                 );
             }
+            if entries.is_empty() {
+                state.ha.until_tracking().await;
+            }
         }
     })
 }
@@ -835,6 +847,18 @@ fn spawn_lease_returner(state: Arc<AppState>) -> JoinHandle<()> {
         loop {
             ticker.tick().await;
             state.limiter.return_leases(false).await;
+        }
+    })
+}
+
+/// While the admission API holds leases, frees those past their deadline every
+/// [`engine::admission::LEASE_SWEEP`]; while it holds none, sleeps.
+fn spawn_lease_sweep(state: Arc<AppState>) -> JoinHandle<()> {
+    tokio::spawn(async move {
+        loop {
+            state.limiter.until_leases_held().await;
+            tokio::time::sleep(engine::admission::LEASE_SWEEP).await;
+            state.limiter.expire_leases();
         }
     })
 }

@@ -182,6 +182,8 @@ pub(crate) struct Entries {
     leases: Mutex<HashMap<u128, (Arc<str>, u64)>>,
     /// Token leases (`Lease`): id → what is lent. Replica-local, like `L…` leases.
     token_leases: Mutex<HashMap<u128, TokenLease>>,
+    /// Told each time a lease of either kind is lent, so the sweep sleeps while none is held.
+    lent: tokio::sync::Notify,
     /// What the peers last reported, under `weighted`: a new entry starts from their totals,
     /// so it is not charged at once with everything they admitted before it existed here.
     peers: ArcSwap<crate::types::PeerUsage>,
@@ -198,6 +200,28 @@ pub(crate) struct Entries {
 }
 
 impl Entries {
+    /// Returns once a lease of either kind is held here: at once if one is, else when the
+    /// next is lent.
+    pub(crate) async fn until_leases_held(&self) {
+        loop {
+            let held = !self
+                .leases
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .is_empty()
+                || !self
+                    .token_leases
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .is_empty();
+            if held {
+                return;
+            }
+            // A lease lent since the check left a permit: this returns at once.
+            self.lent.notified().await;
+        }
+    }
+
     /// Takes a place for a new key of `tenant`, unless it has the most already.
     fn reserve_key(&self, tenant: &str) -> Result<(), AdmissionError> {
         let mut counts = self.keys_per_tenant.lock().expect("not poisoned");
@@ -291,8 +315,8 @@ struct EntryState {
     generation: AtomicU64,
 }
 
-/// How often the caller should run [`crate::Limiter::expire_leases`] (weir: a task every
-/// this long).
+/// How often the caller should run [`crate::Limiter::expire_leases`] while leases are held
+/// (weir: a task every this long, asleep on [`crate::Limiter::until_leases_held`] otherwise).
 pub const LEASE_SWEEP: Duration = Duration::from_millis(100);
 
 /// How long a token lease lives here: its TTL, less two sweeps (at most a tenth of the TTL),
@@ -1031,6 +1055,7 @@ impl<'a, C: Clock + Clone> Keys<'a, C> {
                     .lock()
                     .unwrap_or_else(|e| e.into_inner())
                     .insert(id, (name, deadline));
+                self.admission().lent.notify_one();
                 Acquisition {
                     granted: true,
                     lease_id: Some(format!("L{id:032x}@{}", self.node_id())),
@@ -1271,6 +1296,7 @@ impl<'a, C: Clock + Clone> Keys<'a, C> {
                         deadline: self.now_nanos() + token_lease_life(ttl).as_nanos() as u64,
                     },
                 );
+            self.admission().lent.notify_one();
         }
         Ok(Lent {
             granted,

@@ -346,6 +346,13 @@ impl<H: TenantHooks, C: Clock + Clone> Limiter<H, C> {
         self.keys().expire_leases()
     }
 
+    /// Returns once a lease of either kind is held on this replica: at once if one is, else
+    /// when the next is lent. The sweep that runs [`Self::expire_leases`] waits on this
+    /// between leases, so a replica without them is not woken for nothing.
+    pub async fn until_leases_held(&self) {
+        self.admission.until_leases_held().await
+    }
+
     /// The store behind `shared` tenants. Without one, a `shared` tenant's decisions follow
     /// its failure policy, as if the store were down.
     pub fn with_shared(mut self, shared: Arc<Shared>) -> Self {

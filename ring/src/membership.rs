@@ -162,6 +162,48 @@ impl Membership {
         counts
     }
 
+    /// Whether `other` tells a consumer nothing this does not: the same members in the same
+    /// states, the same counts, the same peer reports (the same `Arc`s). Only the members'
+    /// `last_heard` may differ: it moves every observation, and nothing acts on it.
+    pub fn same_news(&self, other: &Membership) -> bool {
+        let same_member = |a: &Member, b: &Member| {
+            (
+                &a.node_id,
+                a.generation,
+                a.gossip_addr,
+                &a.http_addr,
+                &a.grpc_addr,
+                &a.version,
+                a.state,
+                a.is_self,
+            ) == (
+                &b.node_id,
+                b.generation,
+                b.gossip_addr,
+                &b.http_addr,
+                &b.grpc_addr,
+                &b.version,
+                b.state,
+                b.is_self,
+            )
+        };
+        self.members.len() == other.members.len()
+            && self
+                .members
+                .iter()
+                .zip(&other.members)
+                .all(|(a, b)| same_member(a, b))
+            && self.healthy == other.healthy
+            && self.joined == other.joined
+            && std::sync::Arc::ptr_eq(&self.peer_usage, &other.peer_usage)
+            && self.rejected_usage_reports == other.rejected_usage_reports
+            && self.skipped_usage_entries == other.skipped_usage_entries
+            && self.ignored_members == other.ignored_members
+            && self.rejected_gossip == other.rejected_gossip
+            && std::sync::Arc::ptr_eq(&self.peer_ha, &other.peer_ha)
+            && self.skipped_ha_entries == other.skipped_ha_entries
+    }
+
     /// Whether every address in `seeds` (other than `self_addr`) belongs to a live member.
     pub fn has_seen(&self, seeds: &[SocketAddr], self_addr: SocketAddr) -> bool {
         seeds
@@ -187,6 +229,45 @@ mod tests {
             is_self,
             last_heard: Duration::ZERO,
         }
+    }
+
+    #[test]
+    fn news_is_anything_but_the_time_since_a_member_was_heard() {
+        let members = || {
+            vec![
+                member("a", 1, MemberState::Active, true),
+                member("b", 2, MemberState::Active, false),
+            ]
+        };
+        let before = Membership::from_members(members(), true);
+        let mut later = before.clone();
+        later.members[1].last_heard = Duration::from_millis(300);
+        assert!(later.same_news(&before));
+
+        let mut leaving = later.clone();
+        leaving.members[1].state = MemberState::Leaving;
+        assert!(!leaving.same_news(&before));
+        let restarted = {
+            let mut m = members();
+            m[1].generation = 2;
+            Membership::from_members(m, true)
+        };
+        assert!(!restarted.same_news(&before));
+        let mut gone = before.clone();
+        gone.members.pop();
+        assert!(!gone.same_news(&before));
+        let mut reported = later.clone();
+        reported.peer_usage = Default::default(); // a new report: a new Arc, even if equal
+        assert!(!reported.same_news(&before));
+        let mut ha = later.clone();
+        ha.peer_ha = Default::default();
+        assert!(!ha.same_news(&before));
+        let mut rejected = later.clone();
+        rejected.rejected_gossip[0] += 1;
+        assert!(!rejected.same_news(&before));
+        let mut not_joined = later;
+        not_joined.joined = false;
+        assert!(!not_joined.same_news(&before));
     }
 
     #[test]

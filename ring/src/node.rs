@@ -197,7 +197,8 @@ impl Ring {
         })
     }
 
-    /// The membership as this replica sees it, refreshed every half gossip interval.
+    /// The membership as this replica sees it, refreshed every half gossip interval; a
+    /// receiver's `changed` fires only when there is news ([`Membership::same_news`]).
     pub fn membership(&self) -> watch::Receiver<Arc<Membership>> {
         self.membership_rx.clone()
     }
@@ -270,6 +271,9 @@ const MIN_USAGE_BYTES: usize = 4 * 1024;
 /// A replica's HA elections stay under this: about 200 HA clusters of short names.
 const MAX_HA_BYTES: usize = 12 * 1024;
 
+/// How often a replica with no live peer observes gossip without being told of a change.
+const ALONE_PERIOD: Duration = Duration::from_secs(1);
+
 struct Observation {
     max_members: usize,
     rejected_gossip: Option<Arc<crate::auth::RejectedGossip>>,
@@ -282,7 +286,8 @@ struct Observation {
 
 /// Reads the live nodes from chitchat every `period` and publishes the membership. Polling,
 /// not chitchat's own watcher, because that one fires only on key changes, and "last heard"
-/// needs every heartbeat.
+/// needs every heartbeat. Alone (joined, no live peer), there is no heartbeat to follow: it
+/// waits for that watcher instead, so a lone replica is not woken ten times a second.
 async fn observe(
     chitchat: Arc<tokio::sync::Mutex<chitchat::Chitchat>>,
     membership_tx: watch::Sender<Arc<Membership>>,
@@ -306,8 +311,19 @@ async fn observe(
     let mut joined = false;
     let mut ticker = tokio::time::interval(observation.period);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut live_changes = chitchat.lock().await.live_nodes_watcher();
+    let mut alone = false;
     loop {
-        ticker.tick().await;
+        if alone {
+            // No peer's heartbeat to follow: wake when chitchat's live set changes (a peer
+            // joined through this replica, or this replica's own keys changed), or after
+            // `ALONE_PERIOD` for the gossip counters and the forgetting.
+            if let Ok(Err(_)) = tokio::time::timeout(ALONE_PERIOD, live_changes.changed()).await {
+                ticker.tick().await; // chitchat stopped: poll as before
+            }
+        } else {
+            ticker.tick().await;
+        }
         let now = Instant::now();
         let mut usage_changed = false;
         let mut ha_changed = false;
@@ -459,6 +475,14 @@ async fn observe(
             membership.joined = true;
             tracing::info!(healthy = membership.healthy, "ring joined: peers seen");
         }
-        membership_tx.send_replace(Arc::new(membership));
+        alone = joined && membership.members.iter().all(|member| member.is_self);
+        // Every observation replaces what readers borrow (a member's `last_heard` moves each
+        // time), but wakes those waiting for a change only when there is news: alone or in a
+        // quiet fleet, the appliers sleep between gossip events.
+        membership_tx.send_if_modified(|current| {
+            let news = !current.same_news(&membership);
+            *current = Arc::new(membership);
+            news
+        });
     }
 }
