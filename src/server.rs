@@ -771,12 +771,7 @@ fn spawn_usage_publisher(state: Arc<AppState>, ring: Arc<Ring>) -> JoinHandle<()
         let mut membership_rx = ring.membership();
         loop {
             ticker.tick().await;
-            while membership_rx
-                .borrow_and_update()
-                .members
-                .iter()
-                .all(|member| member.is_self)
-            {
+            while !membership_rx.borrow_and_update().has_live_peer() {
                 if membership_rx.changed().await.is_err() {
                     return;
                 }

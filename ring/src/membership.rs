@@ -162,6 +162,11 @@ impl Membership {
         counts
     }
 
+    /// Whether a live member other than this replica is listed.
+    pub fn has_live_peer(&self) -> bool {
+        self.members.iter().any(|member| !member.is_self)
+    }
+
     /// Whether `other` tells a consumer nothing this does not: the same members in the same
     /// states, the same counts, the same peer reports (the same `Arc`s). Only the members'
     /// `last_heard` may differ: it moves every observation, and nothing acts on it.

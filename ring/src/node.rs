@@ -475,7 +475,7 @@ async fn observe(
             membership.joined = true;
             tracing::info!(healthy = membership.healthy, "ring joined: peers seen");
         }
-        alone = joined && membership.members.iter().all(|member| member.is_self);
+        alone = joined && !membership.has_live_peer();
         // Every observation replaces what readers borrow (a member's `last_heard` moves each
         // time), but wakes those waiting for a change only when there is news: alone or in a
         // quiet fleet, the appliers sleep between gossip events.

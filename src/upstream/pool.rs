@@ -58,6 +58,13 @@ struct Idle {
     since: Instant,
 }
 
+impl Idle {
+    /// Still open, and idle for less than `timeout` at `now`.
+    fn usable(&self, now: Instant, timeout: Duration) -> bool {
+        !self.sender.is_closed() && now - self.since < timeout
+    }
+}
+
 /// A connection carrying one exchange. [`Lease::finished`] once the answer's body is read to
 /// its end puts it back; dropped before that, the connection closes with it.
 pub struct Lease<'a> {
@@ -136,9 +143,10 @@ impl Pool {
             .idle
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
-        while let Some(Idle { sender, since }) = idle.pop_back() {
-            if !sender.is_closed() && since.elapsed() < self.idle_timeout {
-                return Some(sender);
+        let now = Instant::now();
+        while let Some(kept) = idle.pop_back() {
+            if kept.usable(now, self.idle_timeout) {
+                return Some(kept.sender);
             }
         }
         None
@@ -194,7 +202,7 @@ async fn sweep(idle: Weak<IdleStack>, idle_timeout: Duration) {
         let now = Instant::now();
         idle.lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
-            .retain(|kept| !kept.sender.is_closed() && now - kept.since < idle_timeout);
+            .retain(|kept| kept.usable(now, idle_timeout));
     }
 }
 
