@@ -137,17 +137,48 @@ async fn skewed_traffic_gets_the_whole_fleet_limit() {
             "8s",
         ],
     );
-    let per_second: Vec<f64> = per_second(&report, "admitted_samples")
+    assert_held_to_the_limit(&report, "divided would give ~0.33");
+}
+
+/// A tenant at 3 L spread evenly over the fleet: each replica sees a third of it, under what
+/// one replica may admit alone, so only what the others published keeps the fleet at L. A
+/// fleet whose replicas never heard of each other's admissions would admit about 3 L here.
+#[tokio::test]
+async fn even_traffic_over_the_limit_is_held_to_the_limit() {
+    let dir = tempfile::tempdir().unwrap();
+    let replicas = fleet(17, "weighted-even", dir.path()).await;
+    let report = load(
+        &replicas,
+        dir.path(),
+        &[
+            "--samples-per-second",
+            "30000",
+            "--series-per-request",
+            "100",
+            "--duration",
+            "8s",
+        ],
+    );
+    assert_held_to_the_limit(&report, "the load spread over three replicas");
+}
+
+/// After the first 3 s the fleet admits about L a second; in those 3 s, no more than one
+/// burst (B = L) and the rate.
+fn assert_held_to_the_limit(report: &serde_json::Value, case: &str) {
+    let per_second: Vec<f64> = per_second(report, "admitted_samples")
         .into_iter()
         .map(|admitted| admitted / LIMIT)
         .collect();
+    eprintln!("admitted ÷ L per second: {per_second:?}");
     let steady = &per_second[3..];
     let mean = steady.iter().sum::<f64>() / steady.len() as f64;
-    eprintln!("admitted ÷ L per second: {per_second:?}");
     assert!(
         (0.85..=1.15).contains(&mean),
-        "steady admitted ÷ L = {mean:.3} (divided would give ~0.33)"
+        "steady admitted ÷ L = {mean:.3} ({case})"
     );
     let first: f64 = per_second[..3].iter().sum();
-    assert!(first <= 1.0 + 3.0 * 1.15, "first 3 s admitted {first:.2} L");
+    assert!(
+        first <= 1.0 + 3.0 * 1.15,
+        "first 3 s admitted {first:.2} L ({case})"
+    );
 }
