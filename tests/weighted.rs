@@ -121,22 +121,7 @@ async fn sparse_batches_under_the_limit_are_not_refused() {
 /// plus the rate, not N bursts.
 #[tokio::test]
 async fn skewed_traffic_gets_the_whole_fleet_limit() {
-    let dir = tempfile::tempdir().unwrap();
-    let replicas = fleet(14, "weighted-skewed", dir.path()).await;
-    let report = load(
-        &replicas,
-        dir.path(),
-        &[
-            "--split",
-            "100,0,0",
-            "--samples-per-second",
-            "30000",
-            "--series-per-request",
-            "100",
-            "--duration",
-            "8s",
-        ],
-    );
+    let report = three_times_the_limit(14, "weighted-skewed", &["--split", "100,0,0"]).await;
     assert_held_to_the_limit(&report, "divided would give ~0.33");
 }
 
@@ -145,21 +130,25 @@ async fn skewed_traffic_gets_the_whole_fleet_limit() {
 /// fleet whose replicas never heard of each other's admissions would admit about 3 L here.
 #[tokio::test]
 async fn even_traffic_over_the_limit_is_held_to_the_limit() {
-    let dir = tempfile::tempdir().unwrap();
-    let replicas = fleet(17, "weighted-even", dir.path()).await;
-    let report = load(
-        &replicas,
-        dir.path(),
-        &[
-            "--samples-per-second",
-            "30000",
-            "--series-per-request",
-            "100",
-            "--duration",
-            "8s",
-        ],
-    );
+    let report = three_times_the_limit(17, "weighted-even", &[]).await;
     assert_held_to_the_limit(&report, "the load spread over three replicas");
+}
+
+/// 3 L of 100-series requests for 8 s on a fresh fleet, split as `split` says (evenly when
+/// empty): the load generator's report.
+async fn three_times_the_limit(first_ip: u8, cluster: &str, split: &[&str]) -> serde_json::Value {
+    let dir = tempfile::tempdir().unwrap();
+    let replicas = fleet(first_ip, cluster, dir.path()).await;
+    let mut args = split.to_vec();
+    args.extend([
+        "--samples-per-second",
+        "30000",
+        "--series-per-request",
+        "100",
+        "--duration",
+        "8s",
+    ]);
+    load(&replicas, dir.path(), &args)
 }
 
 /// After the first 3 s the fleet admits about L a second; in those 3 s, no more than one
