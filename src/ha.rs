@@ -347,20 +347,30 @@ impl HaTracker {
     /// has passed since this replica last published it, so the gossip key changes no more
     /// often than Mimir's KV is written. Elections silent for [`FORGET_AFTER_MS`] are
     /// forgotten. `settings` gives each tenant's HA settings (`None`: it no longer
-    /// deduplicates, and its elections are forgotten).
+    /// deduplicates, and its elections are forgotten). `forgotten` hears of each (tenant,
+    /// cluster) forgotten, whose series go with it.
     pub fn to_publish(
         &self,
         now_ms: i64,
         settings: impl Fn(&str) -> Option<std::sync::Arc<HaLimits>>,
         mut jitter: impl FnMut() -> f64,
+        mut forgotten: impl FnMut(&str, &str),
     ) -> Vec<HaEntry> {
         let mut tenants = self.tenants.write().unwrap_or_else(|e| e.into_inner());
         tenants.retain(|tenant, clusters| {
             let Some(settings) = settings(tenant) else {
+                for cluster in clusters.keys() {
+                    forgotten(tenant, cluster);
+                }
                 return false;
             };
-            clusters
-                .retain(|_, held| now_ms.saturating_sub(held.last_heard_ms()) < FORGET_AFTER_MS);
+            clusters.retain(|cluster, held| {
+                let keep = now_ms.saturating_sub(held.last_heard_ms()) < FORGET_AFTER_MS;
+                if !keep {
+                    forgotten(tenant, cluster);
+                }
+                keep
+            });
             for held in clusters.values_mut() {
                 let seen = held.seen_ms.load(Ordering::Relaxed);
                 if seen > held.published_ms && now_ms >= held.next_publish_ms {
@@ -493,7 +503,24 @@ mod tests {
     }
 
     fn publish(tracker: &HaTracker, now: i64) -> Vec<HaEntry> {
-        tracker.to_publish(now, |_| Some(Arc::new(settings())), || 0.0)
+        publish_forgetting(tracker, now, |_, _| panic!("nothing is forgotten here"))
+    }
+
+    fn publish_forgetting(
+        tracker: &HaTracker,
+        now: i64,
+        forgotten: impl FnMut(&str, &str),
+    ) -> Vec<HaEntry> {
+        tracker.to_publish(now, |_| Some(Arc::new(settings())), || 0.0, forgotten)
+    }
+
+    /// The (tenant, cluster) pairs `publish` forgets at `now`, and what it publishes.
+    fn forgotten_at(tracker: &HaTracker, now: i64) -> (Vec<(String, String)>, Vec<HaEntry>) {
+        let mut forgotten = Vec::new();
+        let entries = publish_forgetting(tracker, now, |tenant, cluster| {
+            forgotten.push((tenant.to_string(), cluster.to_string()))
+        });
+        (forgotten, entries)
     }
 
     #[test]
@@ -571,11 +598,23 @@ mod tests {
             "within 15 s"
         );
         assert_eq!(publish(&tracker, t0 + 15 * S)[0].received_at_ms, t0 + 5 * S);
-        assert!(publish(&tracker, t0 + 5 * S + FORGET_AFTER_MS).is_empty());
+        let (forgotten, entries) = forgotten_at(&tracker, t0 + 5 * S + FORGET_AFTER_MS);
+        assert!(entries.is_empty());
+        assert_eq!(forgotten, [("t".to_string(), "c".to_string())]);
         assert_eq!(tracker.elected("t", "c"), None);
-        // A tenant that stops deduplicating is forgotten at once.
+        // A tenant that stops deduplicating is forgotten at once, every cluster of it.
         check(&tracker, "c", "a", t0);
-        assert!(tracker.to_publish(t0, |_| None, || 0.0).is_empty());
+        check(&tracker, "d", "a", t0);
+        let mut forgotten = Vec::new();
+        let entries = tracker.to_publish(
+            t0,
+            |_| None,
+            || 0.0,
+            |tenant, cluster| forgotten.push(format!("{tenant}/{cluster}")),
+        );
+        assert!(entries.is_empty());
+        forgotten.sort();
+        assert_eq!(forgotten, ["t/c", "t/d"]);
         assert_eq!(tracker.elected("t", "c"), None);
     }
 }

@@ -813,6 +813,7 @@ fn spawn_ha_publisher(state: Arc<AppState>, ring: Arc<Ring>) -> JoinHandle<()> {
                 crate::push::unix_millis(),
                 |tenant| config.ha_limits(tenant),
                 || rand::random_range(-1.0..1.0),
+                |tenant, cluster| state.metrics.forget_ha_cluster(tenant, cluster),
             );
             drop(config);
             let listed = ring.publish_ha(&entries).await;

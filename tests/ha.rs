@@ -321,6 +321,81 @@ async fn remote_write_2_0_pairs_are_deduplicated_too() {
     assert_eq!(status, 202);
 }
 
+/// A tenant's HA series go with what they count, as Mimir's do: a cluster's (deduplicated
+/// samples, elected-replica changes) when the tracker forgets its election, here because the
+/// tenant stops deduplicating; the tenant's non-HA samples when its limiter state is dropped
+/// after `--tenant-idle-timeout`. Otherwise every tenant and cluster ever seen would stay on
+/// `/metrics` for the life of the process.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ha_series_go_with_the_election_and_the_tenant() {
+    let receiver = Receiver::default();
+    let upstream = receiver.serve().await;
+    let limits =
+        "overrides:\n  ha:\n    ingestion_rate: 100000\n    ingestion_burst_size: 100000\n";
+    let flags = [
+        "--tenant-idle-timeout",
+        "2s",
+        "--runtime-config-period",
+        "200ms",
+    ];
+    let (weir, dir) = forwarding_to(
+        upstream,
+        &format!("{limits}    {TIMINGS}"),
+        75,
+        "ha-forget",
+        &flags,
+    )
+    .await;
+    let client = reqwest::Client::new();
+    let deduped = r#"weir_distributor_deduped_samples_total{cluster="c1",user="ha"}"#;
+    let changes = r#"weir_ha_tracker_elected_replica_changes_total{cluster="c1",user="ha"}"#;
+    let non_ha = r#"weir_distributor_non_ha_samples_received_total{user="ha"}"#;
+    let listed = |series: &'static str| {
+        let client = client.clone();
+        let base = format!("http://{}", weir.http);
+        async move { common::metric_at(&client, &base, series).await }
+    };
+
+    assert_eq!(
+        push(&client, &weir, &pair_push(Some("c1"), Some("a"), 3))
+            .await
+            .0,
+        200
+    );
+    assert_eq!(
+        push(&client, &weir, &pair_push(Some("c1"), Some("b"), 5))
+            .await
+            .0,
+        202
+    );
+    assert_eq!(
+        push(&client, &weir, &pair_push(Some("c1"), None, 7))
+            .await
+            .0,
+        200
+    );
+    assert_eq!(listed(deduped).await, Some(5.0));
+    assert_eq!(listed(changes).await, Some(1.0));
+    assert_eq!(listed(non_ha).await, Some(7.0));
+
+    // The tenant stops deduplicating: its election is forgotten, and the cluster's series
+    // with it.
+    std::fs::write(dir.path().join("overrides.yaml"), limits).unwrap();
+    common::wait_until(
+        "the cluster's series leave /metrics",
+        Duration::from_secs(10),
+        || async { listed(deduped).await.is_none() && listed(changes).await.is_none() },
+    )
+    .await;
+    // Idle for 2 s: the tenant's state is dropped, and its series with it.
+    common::wait_until(
+        "the tenant's series leave /metrics",
+        Duration::from_secs(10),
+        || async { listed(non_ha).await.is_none() },
+    )
+    .await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_fleet_agrees_on_one_replica_and_fails_over_together() {
     let receiver = Receiver::default();

@@ -22,6 +22,10 @@ impl engine::TenantHooks for TenantSeries {
             .set(local.ingestion.per_second());
     }
 
+    fn evicted(&self, tenant: &str) {
+        self.0.forget_tenant(tenant);
+    }
+
     fn tracked(&self, tenants: usize) {
         self.0.tracked_tenants.set(tenants as i64);
     }

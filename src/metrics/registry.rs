@@ -445,6 +445,24 @@ impl Metrics {
         }
     }
 
+    /// Drops a tenant's series kept in the registry when its limiter state goes (the rest
+    /// live in that state, and go with it), as Mimir's distributor drops an inactive user's.
+    pub fn forget_tenant(&self, tenant: &str) {
+        // An error means there was no such series.
+        let _ = self.ha_non_ha_samples.remove_label_values(&[tenant]);
+    }
+
+    /// Drops an HA cluster's series once the tracker forgets its election, as Mimir's HA
+    /// tracker does when it deletes a cluster's entry.
+    pub fn forget_ha_cluster(&self, tenant: &str, cluster: &str) {
+        let _ = self
+            .ha_deduped_samples
+            .remove_label_values(&[tenant, cluster]);
+        let _ = self
+            .ha_elected_replica_changes
+            .remove_label_values(&[tenant, cluster]);
+    }
+
     /// The text exposition: the registry's families, then the per-tenant families written
     /// straight from `tenants`' atomics (each tenant's series together under one family
     /// header, every family once).
