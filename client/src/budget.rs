@@ -34,6 +34,9 @@ pub(crate) struct Budget {
     pub(crate) wanted: AtomicBool,
     /// A roll is under way (the task's single flight per key).
     pub(crate) rolling: AtomicBool,
+    /// Dropped from the client's keys (see [`Budget::forgettable`]): a handle that still
+    /// holds it looks the pair up again.
+    pub(crate) forgotten: AtomicBool,
     pub(crate) fallback: Fallback,
     pub(crate) roll: Mutex<RollState>,
 }
@@ -59,6 +62,7 @@ impl Budget {
             burst: AtomicU64::new(0),
             wanted: AtomicBool::new(false),
             rolling: AtomicBool::new(false),
+            forgotten: AtomicBool::new(false),
             fallback: Fallback::default(),
             roll: Mutex::new(RollState::new(now)),
         }
@@ -80,6 +84,18 @@ impl Budget {
     /// Has the fleet ever answered for this key?
     pub(crate) fn leased(&self) -> bool {
         self.valid_until.load(Ordering::Acquire) != 0
+    }
+
+    /// Holds nothing the fleet or a caller could miss, and has not been asked for
+    /// `forget_after` nanoseconds: no lease and no tokens (an idle key gives them back after
+    /// 30 s), no roll under way, and a full fallback meter, so a budget made afresh would
+    /// decide the same. The client then drops it, so keys that come and go do not pile up.
+    pub(crate) fn forgettable(&self, now: u64, forget_after: u64) -> bool {
+        !self.rolling.load(Ordering::Acquire)
+            && self.valid_until.load(Ordering::Acquire) == 0
+            && self.tokens.load(Ordering::Acquire) == 0
+            && self.fallback.full(now)
+            && now.saturating_sub(self.last_used.load(Ordering::Relaxed)) >= forget_after
     }
 
     /// Decides `cost` now. In order: the lease's tokens (the fleet granted them, so they are
@@ -170,6 +186,11 @@ pub(crate) struct Fallback {
 }
 
 impl Fallback {
+    /// Holds its whole burst at `now`, whatever the limit.
+    fn full(&self, now: u64) -> bool {
+        self.tat.load(Ordering::Acquire) <= now
+    }
+
     pub(crate) fn check(&self, cost: u64, now: u64, limit: Limit, source: Source) -> Decision {
         if limit.rate <= 0.0 || limit.burst == 0 {
             return Decision {
@@ -228,6 +249,53 @@ mod tests {
             burst: 10,
         });
         budget
+    }
+
+    #[test]
+    fn only_an_empty_unleased_idle_budget_is_forgettable() {
+        let forget_after = 60 * SECOND;
+        let idle = Budget::new("t", "k", 0);
+        assert!(
+            !idle.forgettable(forget_after - 1, forget_after),
+            "not idle long enough"
+        );
+        assert!(idle.forgettable(forget_after, forget_after));
+
+        let used = Budget::new("t", "k", 0);
+        used.decide(1, 10 * SECOND, false, FailurePolicy::Open);
+        assert!(
+            !used.forgettable(forget_after, forget_after),
+            "used at 10 s"
+        );
+        assert!(used.forgettable(forget_after + 10 * SECOND, forget_after));
+
+        let holding = leased(3, 5 * SECOND);
+        assert!(
+            !holding.forgettable(10 * forget_after, forget_after),
+            "a lease"
+        );
+        holding.valid_until.store(0, Ordering::Relaxed);
+        assert!(
+            !holding.forgettable(10 * forget_after, forget_after),
+            "tokens"
+        );
+        holding.tokens.store(0, Ordering::Relaxed);
+        assert!(holding.forgettable(10 * forget_after, forget_after));
+        holding.rolling.store(true, Ordering::Relaxed);
+        assert!(
+            !holding.forgettable(10 * forget_after, forget_after),
+            "a roll"
+        );
+
+        // The fallback meter spent, an hour of refill: kept until it is full again.
+        let metered = Budget::new("t", "k", 0);
+        let slow = Limit {
+            rate: 1.0,
+            burst: 3600,
+        };
+        metered.fallback.check(3600, 0, slow, Source::FailOpen);
+        assert!(!metered.forgettable(forget_after, forget_after));
+        assert!(metered.forgettable(3600 * SECOND, forget_after));
     }
 
     #[test]

@@ -45,6 +45,11 @@ fn visit(inner: &Arc<Inner>) {
         if budget.rolling.load(Ordering::Acquire) {
             continue;
         }
+        // Held only by the keys and by this loop (no handle), and holding nothing.
+        if Arc::strong_count(&budget) == 2 && budget.forgettable(now, inner.settings.forget) {
+            inner.forget(&budget);
+            continue;
+        }
         let roll = {
             let mut state = budget.roll.lock().unwrap_or_else(|e| e.into_inner());
             state.observe(budget.demand.load(Ordering::Relaxed), now);

@@ -168,6 +168,7 @@ pub struct Builder {
     breaker_cool_down: Duration,
     client_id: String,
     bearer_token: Option<String>,
+    forget_after: Duration,
 }
 
 impl Builder {
@@ -237,6 +238,15 @@ impl Builder {
         self
     }
 
+    /// A (tenant, key) not asked for this long, holding nothing, is dropped (default
+    /// 5 minutes; an idle key gives its lease back after 30 s): keys that come and go, per
+    /// user or per address, do not pile up. A dropped key is made afresh when it is asked for
+    /// again, and a [`KeyHandle`] to it looks it up again.
+    pub fn forget_after(mut self, after: Duration) -> Self {
+        self.forget_after = after;
+        self
+    }
+
     /// Names this process in the fleet's logs.
     pub fn client_id(mut self, id: impl Into<String>) -> Self {
         self.client_id = id.into();
@@ -295,7 +305,12 @@ impl Builder {
             stopped: AtomicBool::new(false),
             policy: self.policy,
             timeout: self.timeout,
-            settings: plan::Settings::new(self.lease_window, self.sync_interval, self.lease_ttl),
+            settings: plan::Settings::new(
+                self.lease_window,
+                self.sync_interval,
+                self.lease_ttl,
+                self.forget_after,
+            ),
             lease_ttl: self.lease_ttl,
             concurrency_ttl: self.concurrency_ttl,
             client_id: self.client_id,
@@ -437,6 +452,27 @@ impl Inner {
         budget
     }
 
+    /// Drops `budget` from the keys, if it is still the pair's there, and marks it forgotten
+    /// so a [`KeyHandle`] holding it looks the pair up again.
+    pub(crate) fn forget(&self, budget: &Arc<Budget>) {
+        let hash = self.hasher.hash_one((&*budget.tenant, &*budget.key));
+        let removed = self
+            .keys
+            .pin()
+            .remove_if(&hash, |_, held| Arc::ptr_eq(held, budget))
+            .is_ok_and(|removed| removed.is_some());
+        let removed = removed || {
+            let mut collided = self.collided.lock().unwrap_or_else(|e| e.into_inner());
+            let before = collided.len();
+            collided.retain(|held| !Arc::ptr_eq(held, budget));
+            collided.len() < before
+        };
+        if removed {
+            budget.forgotten.store(true, Ordering::Release);
+            self.metrics.keys.dec();
+        }
+    }
+
     /// Every budget, for the refill task.
     pub(crate) fn budgets(&self) -> Vec<Arc<Budget>> {
         let mut all: Vec<Arc<Budget>> = self.keys.pin().values().cloned().collect();
@@ -451,6 +487,10 @@ impl Inner {
     }
 
     fn decide(&self, budget: &Budget, cost: u64) -> Decision {
+        if budget.forgotten.load(Ordering::Relaxed) {
+            // Dropped while idle: the pair's budget now is the one in the keys, or a new one.
+            return self.decide_afresh(budget, cost);
+        }
         let decided = budget.decide(
             cost,
             self.now(),
@@ -463,6 +503,14 @@ impl Inner {
         self.metrics
             .decided(decided.decision.allowed, decided.decision.source);
         decided.decision
+    }
+}
+
+impl Inner {
+    #[cold]
+    fn decide_afresh(&self, forgotten: &Budget, cost: u64) -> Decision {
+        let budget = self.budget(&forgotten.tenant, &forgotten.key);
+        self.decide(&budget, cost)
     }
 }
 
@@ -506,6 +554,7 @@ impl Client {
             breaker_cool_down: Duration::from_millis(500),
             client_id: String::new(),
             bearer_token: None,
+            forget_after: Duration::from_secs(300),
         }
     }
 

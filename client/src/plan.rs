@@ -22,12 +22,19 @@ pub(crate) struct Settings {
     pub(crate) ttl: u64,
     /// A key without demand for this long gives its tokens back and goes cold.
     pub(crate) idle: u64,
+    /// A cold key not asked for this long is dropped (see `Budget::forgettable`).
+    pub(crate) forget: u64,
     /// After a failed call, the key waits this long.
     pub(crate) retry: u64,
 }
 
 impl Settings {
-    pub(crate) fn new(lease_window: Duration, sync_interval: Duration, ttl: Duration) -> Self {
+    pub(crate) fn new(
+        lease_window: Duration,
+        sync_interval: Duration,
+        ttl: Duration,
+        forget: Duration,
+    ) -> Self {
         let nanos = |duration: Duration| duration.as_nanos() as u64;
         Settings {
             lease_window: nanos(lease_window),
@@ -36,6 +43,7 @@ impl Settings {
             min_interval: nanos(Duration::from_millis(5)),
             ttl: nanos(ttl),
             idle: nanos(Duration::from_secs(30)),
+            forget: nanos(forget),
             retry: nanos(Duration::from_millis(50)),
         }
     }
@@ -204,6 +212,7 @@ mod tests {
             Duration::from_millis(500),
             Duration::from_secs(1),
             Duration::from_secs(5),
+            Duration::from_secs(300),
         )
     }
 
