@@ -114,6 +114,7 @@ impl LimitSpec {
         if self.rate == 0.0 && self.max_concurrent == 0 {
             return Err("a limit needs a rate > 0 or max_concurrent > 0".to_string());
         }
+        crate::limits::check_refill("rate", self.rate, self.burst)?;
         if self.algorithm == Algorithm::SlidingWindow && self.window.is_zero() {
             return Err("window must be > 0 for a sliding window".to_string());
         }

@@ -728,6 +728,33 @@ mod tests {
     }
 
     #[test]
+    fn a_limit_too_slow_for_the_buckets_clock_is_refused_at_load() {
+        // 1e-12/s once let every push through: the bucket's 64-bit nanoseconds saturated.
+        for (content, key) in [
+            (
+                "overrides:\n  a:\n    ingestion_rate: 1e-12\n",
+                "ingestion_rate",
+            ),
+            (
+                "overrides:\n  a:\n    request_rate: 1e-9\n    request_burst_size: 1\n",
+                "request_rate",
+            ),
+            (
+                "overrides:\n  a:\n    limits:\n      k: {rate: 1e-12}\n",
+                "overrides.a.limits.\"k\"",
+            ),
+            ("admission:\n  default_limit: {rate: 1e-12}\n", "rate"),
+        ] {
+            let err = parse(content).unwrap_err().to_string();
+            assert!(err.contains(key), "{content:?}: {err}");
+            assert!(err.contains("ten years"), "{content:?}: {err}");
+        }
+        // A burst of 1 every 5 years is slow, but the clock holds it.
+        let slow = parse("overrides:\n  a:\n    request_rate: 6.4e-9\n    request_burst_size: 1\n");
+        assert!(slow.is_ok(), "{slow:?}");
+    }
+
+    #[test]
     fn admission_limits_per_tenant_and_key() {
         let config = RuntimeConfig::parse(
             "admission:\n  strict: true\n  default_limit: {rate: 7}\noverrides:\n  a:\n    allow_client_limits: true\n    max_inflight_push_requests: 4\n    limits:\n      \"GET /s\": {algorithm: sliding_window, rate: 100, window: 10s}\n      up: {max_concurrent: 3}\n",

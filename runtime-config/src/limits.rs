@@ -138,6 +138,12 @@ impl TenantLimits {
     pub fn validate(&self) -> Result<(), String> {
         check_rate("ingestion_rate", self.ingestion_rate)?;
         check_rate("request_rate", self.request_rate)?;
+        check_refill(
+            "ingestion_rate",
+            self.ingestion_rate,
+            self.ingestion_burst_size,
+        )?;
+        check_refill("request_rate", self.request_rate, self.request_burst_size)?;
         if self.ingestion_rate > 0.0 && self.ingestion_burst_size == 0 {
             return Err(format!(
                 "ingestion_burst_size is 0 while ingestion_rate is {}: no sample could ever \
@@ -221,6 +227,24 @@ fn check_rate(key: &str, value: f64) -> Result<(), String> {
     } else {
         Err(format!("{key} must be a finite number ≥ 0, got {value}"))
     }
+}
+
+/// The longest a limit may take to refill its burst, in seconds (ten years). The buckets keep
+/// time in nanoseconds in 64 bits, about 584 years; a limit slower than this is refused at
+/// load rather than enforced wrongly (a rate of 1e-12 once let everything through).
+pub const MAX_REFILL_SECONDS: f64 = 10.0 * 365.25 * 86_400.0;
+
+/// A positive `rate` (key `key`) refills `burst` within [`MAX_REFILL_SECONDS`].
+pub fn check_refill(key: &str, rate: f64, burst: u64) -> Result<(), String> {
+    if rate > 0.0 && burst.max(1) as f64 / rate > MAX_REFILL_SECONDS {
+        return Err(format!(
+            "{key} {rate} takes {:.3e} s to refill its burst of {burst}, longer than the ten \
+             years a limit may take: raise it to at least {:.3e}",
+            burst.max(1) as f64 / rate,
+            burst.max(1) as f64 / MAX_REFILL_SECONDS,
+        ));
+    }
+    Ok(())
 }
 
 /// The defaults that every tenant inherits, from flags or the `--config` file.
