@@ -301,8 +301,9 @@ impl Default for RetryBackoff {
 /// window `w` (seconds, widened until `q` is a whole number ≥ 1 for slow rates), `r` the
 /// tokens left in the bucket the request was checked against (fewer than the request
 /// needed), `t` seconds until the request could pass: the `Retry-After` sent when there is
-/// one, else the wait rounded down (0 under a second); for a request larger than the burst,
-/// until the bucket is full (it still will not pass).
+/// one, whatever the cause, so a client reading either waits the same; else the wait rounded
+/// down (0 under a second); for a request larger than the burst, until the bucket is full (it
+/// still will not pass).
 fn ratelimit_fields(rejection: &Rejection, retry_after: Option<u64>) -> (String, String) {
     let name = match rejection.kind {
         LimitKind::Request => "tenant-request-rate",
@@ -314,17 +315,15 @@ fn ratelimit_fields(rejection: &Rejection, retry_after: Option<u64>) -> (String,
         (1.0 / rejection.limit).ceil()
     };
     let quota = (rejection.limit * window).round().max(0.0) as u64;
-    let until = match rejection.cause {
-        RejectionCause::RateLimited { wait } => {
-            retry_after.unwrap_or_else(|| wait.as_secs_f64().floor() as u64)
-        }
+    let until = retry_after.unwrap_or(match rejection.cause {
+        RejectionCause::RateLimited { wait } => wait.as_secs_f64().floor() as u64,
         RejectionCause::LargerThanBurst if rejection.local_limit > 0.0 => {
             (rejection.burst as f64 / rejection.local_limit).ceil() as u64
         }
         RejectionCause::LargerThanBurst
         | RejectionCause::Blocked
         | RejectionCause::StoreUnavailable => 0,
-    };
+    });
     (
         format!("\"{name}\";q={quota};w={window}"),
         format!("\"{name}\";r={};t={until}", rejection.remaining),
@@ -542,6 +541,25 @@ mod tests {
         assert_eq!(
             ratelimit_fields(&slow, None).0,
             "\"tenant-request-rate\";q=1;w=4"
+        );
+        // A request that can never pass, or a limit of 0, is told Mimir's backoff: `t` says
+        // the same, not the time the bucket takes to fill.
+        for cause in [RejectionCause::LargerThanBurst, RejectionCause::Blocked] {
+            let never = Rejection { cause, ..rejection };
+            assert_eq!(
+                ratelimit_fields(&never, Some(6)).1,
+                "\"tenant-ingestion-rate\";r=7;t=6",
+                "{cause:?}"
+            );
+        }
+        let too_large = Rejection {
+            cause: RejectionCause::LargerThanBurst,
+            ..rejection
+        };
+        assert_eq!(
+            ratelimit_fields(&too_large, None).1,
+            "\"tenant-ingestion-rate\";r=7;t=40",
+            "no Retry-After: until the bucket is full"
         );
     }
 }
