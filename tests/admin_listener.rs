@@ -152,6 +152,17 @@ async fn with_admin_addr_the_pages_are_only_on_the_admin_listener() {
         common::metric_at(&weir.client, admin, received).await,
         Some(10.0)
     );
+    // No token or credentials file: nothing failed to load, so no reload alert fires.
+    for healthy in [
+        "weir_admin_token_last_reload_successful",
+        "weir_auth_credentials_last_reload_successful",
+    ] {
+        assert_eq!(
+            common::metric_at(&weir.client, admin, healthy).await,
+            Some(1.0),
+            "{healthy}"
+        );
+    }
     let ring: serde_json::Value = weir
         .get(admin, "/ring?format=json", None)
         .await

@@ -331,8 +331,8 @@ impl Metrics {
             ),
             auth_credentials_last_reload_successful: IntGauge::new(
                 "weir_auth_credentials_last_reload_successful",
-                "Whether the last load of --auth-credentials-file succeeded (1) or the last good \
-                 credentials stay in force (0).",
+                "Whether the last load of --auth-credentials-file succeeded (1, also without \
+                 the flag) or the last good credentials stay in force (0).",
             )
             .expect("valid"),
             auth_credentials: IntGauge::new(
@@ -355,12 +355,16 @@ impl Metrics {
             ),
             admin_token_last_reload_successful: IntGauge::new(
                 "weir_admin_token_last_reload_successful",
-                "Whether the last load of --admin-token-file succeeded (1) or the last good \
-                 token stays in force (0).",
+                "Whether the last load of --admin-token-file succeeded (1, also without the \
+                 flag) or the last good token stays in force (0).",
             )
             .expect("valid"),
             registry,
         };
+        // 1 until a load fails: a replica given no such file has nothing failing, and an
+        // alert on `*_last_reload_successful == 0` must not fire for it.
+        metrics.auth_credentials_last_reload_successful.set(1);
+        metrics.admin_token_last_reload_successful.set(1);
         for collector in [
             Box::new(metrics.inflight_push_requests.clone())
                 as Box<dyn prometheus::core::Collector>,
