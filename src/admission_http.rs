@@ -80,7 +80,7 @@ impl JsonSpec {
                 ApiError::new(
                     Code::InvalidArgument,
                     "BAD_SPEC",
-                    "window must be ≥ 0 seconds",
+                    format!("window must be a number of seconds ≥ 0 that fits, got {seconds}"),
                 )
             })?,
         };
@@ -355,7 +355,14 @@ fn ttl(seconds: Option<f64>) -> Result<Duration, ApiError> {
     match seconds {
         None => Ok(DEFAULT_LEASE_TTL),
         Some(seconds) => Duration::try_from_secs_f64(seconds).map_err(|_| {
-            ApiError::new(Code::InvalidArgument, "BAD_TTL", "ttl must be ≥ 0 seconds")
+            ApiError::new(
+                Code::InvalidArgument,
+                "BAD_TTL",
+                format!(
+                    "ttl must be a number of seconds ≥ 0 that fits, got {seconds} (a slot's \
+                     ttl is held between 0.001 and 86400)"
+                ),
+            )
         }),
     }
 }

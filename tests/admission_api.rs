@@ -420,6 +420,22 @@ async fn the_json_twin_maps_to_the_same_engine() {
     let id = lease["lease_id"].as_str().unwrap();
     let (status, _) = post("/api/v1/renew", json!({"lease_id": id, "ttl": 10})).await;
     assert_eq!(status, 200);
+    // A TTL no duration holds is refused, saying so (it once said "must be ≥ 0").
+    for ttl in [1e308, -1.0] {
+        let (status, body) = post("/api/v1/renew", json!({"lease_id": id, "ttl": ttl})).await;
+        assert_eq!(
+            (status, body["reason"].as_str()),
+            (400, Some("BAD_TTL")),
+            "{body}"
+        );
+        assert!(
+            body["message"]
+                .as_str()
+                .unwrap()
+                .contains(&format!("got {ttl}")),
+            "{body}"
+        );
+    }
     let (status, _) = post("/api/v1/release", json!({"lease_id": id})).await;
     assert_eq!(status, 200);
     let (status, body) = post("/api/v1/release", json!({"lease_id": id})).await;

@@ -319,6 +319,12 @@ struct EntryState {
 /// (weir: a task every this long, asleep on [`crate::Limiter::until_leases_held`] otherwise).
 pub const LEASE_SWEEP: Duration = Duration::from_millis(100);
 
+/// A concurrency slot's TTL as asked, held between 1 ms and a day: a holder that dies frees
+/// its slot within a day whatever it asked for.
+fn slot_ttl(ttl: Duration) -> Duration {
+    ttl.clamp(Duration::from_millis(1), Duration::from_secs(24 * 3600))
+}
+
 /// How long a token lease lives here: its TTL, less two sweeps (at most a tenth of the TTL),
 /// so that a crashed client's tokens are back on the meter within the TTL it asked for, not
 /// a sweep after. The client stops spending at nine tenths of the TTL, counted from before
@@ -971,7 +977,7 @@ impl<'a, C: Clock + Clone> Keys<'a, C> {
         spec: LimitSpec,
         ttl: Duration,
     ) -> Result<Acquisition, AdmissionError> {
-        let ttl = ttl.clamp(Duration::from_millis(1), Duration::from_secs(24 * 3600));
+        let ttl = slot_ttl(ttl);
         let id: u128 = rand_id();
         let name: Arc<str> = entry_name(&entry.tenant, &entry.key).into();
         if state.meter.is_shared() {
@@ -1095,9 +1101,10 @@ impl<'a, C: Clock + Clone> Keys<'a, C> {
         self.finish(lease_id, None).await
     }
 
-    /// Moves a held lease's deadline to `ttl` from now.
+    /// Moves a held lease's deadline to `ttl` from now (within the bounds of
+    /// [`slot_ttl`], as when it was taken).
     pub(crate) async fn renew(&self, lease_id: &str, ttl: Duration) -> Result<(), AdmissionError> {
-        self.finish(lease_id, Some(ttl)).await
+        self.finish(lease_id, Some(slot_ttl(ttl))).await
     }
 
     async fn finish(&self, lease_id: &str, renew: Option<Duration>) -> Result<(), AdmissionError> {
