@@ -137,8 +137,18 @@ async fn handle(
             (response, refused_written)
         }
     };
-    // Remote-write 2.0 receivers say what they wrote, on success and on refusal alike.
-    if format == Ok(Format::V2) {
+    // Remote-write 2.0 receivers say what they wrote, on success and on refusal alike, also
+    // when the refusal is the body's encoding (415): the content type names 2.0.
+    let v2 = format == Ok(Format::V2)
+        || (otlp.is_none()
+            && Format::from_headers(
+                parts
+                    .headers
+                    .get(header::CONTENT_TYPE)
+                    .map(|v| v.as_bytes()),
+                None,
+            ) == Ok(Format::V2));
+    if v2 {
         written.insert_into(response.headers_mut());
     }
     state

@@ -166,6 +166,14 @@ async fn what_weir_cannot_count_is_refused_with_the_right_status() {
         .await
         .unwrap();
     assert_eq!(response.status(), 415);
+    // Still a 2.0 push by its content type: it hears that nothing was written.
+    assert_eq!(
+        response
+            .headers()
+            .get("x-prometheus-remote-write-samples-written")
+            .and_then(|v| v.to_str().ok()),
+        Some("0")
+    );
     // A 2.0 body labelled as 1.0 (the hole this closes) and the other way round: 400.
     let response = push(
         &weir,
