@@ -118,6 +118,8 @@ impl From<LimitSpec> for SpecOut {
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct AllowBody {
+    /// Missing is as empty: `MISSING_FIELD`, as the docs say.
+    #[serde(default)]
     tenant: String,
     #[serde(default)]
     key: String,
@@ -341,6 +343,8 @@ pub async fn allow_batch(
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct AcquireBody {
+    /// Missing is as empty: `MISSING_FIELD`.
+    #[serde(default)]
     tenant: String,
     #[serde(default)]
     key: String,

@@ -390,6 +390,14 @@ async fn the_json_twin_maps_to_the_same_engine() {
         (400, Some("BAD_COST")),
         "{body}"
     );
+    for missing in [json!({"key": "k"}), json!({"tenant": "", "key": "k"})] {
+        let (status, body) = post("/api/v1/allow", missing).await;
+        assert_eq!(
+            (status, body["reason"].as_str()),
+            (400, Some("MISSING_FIELD")),
+            "{body}"
+        );
+    }
     let (status, body) = post("/api/v1/allow", json!({"tenant": "a", "cots": 1})).await;
     assert_eq!(
         (status, body["reason"].as_str()),

@@ -462,7 +462,11 @@ fn decode_single_document(content: &str) -> Result<FileContent, ConfigError> {
     if value.is_null() {
         return Ok(FileContent::default());
     }
-    serde_yaml_ng::from_value(value).map_err(|e| ConfigError::Yaml(e.to_string()))
+    // The value has lost its lines; the path names the key instead.
+    serde_path_to_error::deserialize(value).map_err(|e| match e.path().to_string() {
+        path if path == "." => ConfigError::Yaml(e.inner().to_string()),
+        path => ConfigError::Yaml(format!("{path}: {}", e.inner())),
+    })
 }
 
 fn to_mapping<T: serde::Serialize>(value: &T) -> Mapping {
@@ -721,6 +725,15 @@ mod tests {
                 "max_ingestion_rate",
             ),
             ("overrides: {a: {ingestion_rate: 1}\n", "invalid YAML"),
+            // The tenant's entry is several structs flattened, so the path stops at it.
+            (
+                "overrides:\n  slow:\n    ingestion_burst_size: -20\n",
+                "invalid YAML: overrides.slow: invalid value: integer `-20`",
+            ),
+            (
+                "distributor_limits:\n  max_inflight_push_requests: -1\n",
+                "invalid YAML: distributor_limits.max_inflight_push_requests: invalid value",
+            ),
         ] {
             let err = parse(content).unwrap_err().to_string();
             assert!(err.contains(expected), "{content:?}: {err}");
