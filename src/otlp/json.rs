@@ -213,8 +213,29 @@ fn time(map: &Map<String, Value>) -> Result<u64, DecodeError> {
     uint(map, "timeUnixNano", "time_unix_nano")
 }
 
+/// A double: a JSON number, or a string of one or of `NaN`, `Infinity`, `-Infinity` (the
+/// protobuf JSON mapping).
+fn double(map: &Map<String, Value>, camel: &str, snake: &str) -> Result<f64, DecodeError> {
+    match field(map, camel, snake) {
+        None => Ok(0.0),
+        Some(Value::Number(number)) => Ok(number.as_f64().unwrap_or(0.0)),
+        Some(Value::String(text)) => match text.as_str() {
+            "NaN" => Ok(f64::NAN),
+            "Infinity" => Ok(f64::INFINITY),
+            "-Infinity" => Ok(f64::NEG_INFINITY),
+            other => other
+                .parse()
+                .map_err(|_| error(format!("{camel} {text:?} is not a number"))),
+        },
+        Some(_) => Err(error(format!("{camel} is not a number"))),
+    }
+}
+
 fn number_point(value: &Value) -> Result<metrics::NumberDataPoint, DecodeError> {
     let map = object(value, "a data point")?;
+    // Not counted, but a value no decoder reads is an invalid export, as Mimir answers it.
+    int(map, "asInt", "as_int")?;
+    double(map, "asDouble", "as_double")?;
     Ok(metrics::NumberDataPoint {
         time_unix_nano: time(map)?,
         exemplars: exemplars(map)?,

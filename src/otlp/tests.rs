@@ -165,6 +165,13 @@ fn refused_metrics_cost_nothing_and_a_request_of_only_them_is_refused() {
 }
 
 #[test]
+fn json_values_in_the_mapping_s_forms_pass() {
+    let body = br#"{"resourceMetrics":[{"scopeMetrics":[{"metrics":[{"name":"g","gauge":{"dataPoints":[{"asInt":"-12"},{"asInt":7},{"asDouble":"NaN"},{"asDouble":"-Infinity"},{"asDouble":"2.5"},{"asDouble":1e3}]}}]}]}]}"#;
+    let counts = decode(body, 1 << 20, json()).unwrap();
+    assert_eq!(counts.samples, 6);
+}
+
+#[test]
 fn bad_bodies_are_clear_errors() {
     for (body, format, expected) in [
         (&b"\xff\xff\xff"[..], protobuf(), "invalid protobuf"),
@@ -179,6 +186,16 @@ fn bad_bodies_are_clear_errors() {
             &br#"{"resourceMetrics":[{"scopeMetrics":[{"metrics":[{"name":"g","gauge":{"dataPoints":[{"timeUnixNano":"soon"}]}}]}]}]}"#[..],
             json(),
             "not an unsigned integer",
+        ),
+        (
+            &br#"{"resourceMetrics":[{"scopeMetrics":[{"metrics":[{"name":"g","gauge":{"dataPoints":[{"asInt":"x"}]}}]}]}]}"#[..],
+            json(),
+            "asInt \"x\" is not an integer",
+        ),
+        (
+            &br#"{"resourceMetrics":[{"scopeMetrics":[{"metrics":[{"name":"g","sum":{"dataPoints":[{"asDouble":true}]}}]}]}]}"#[..],
+            json(),
+            "asDouble is not a number",
         ),
     ] {
         let err = decode(body, 1 << 20, format).unwrap_err();
