@@ -139,8 +139,10 @@ async fn handle(
     };
     // Remote-write 2.0 receivers say what they wrote, on success and on refusal alike, also
     // when the refusal is the body's encoding (415): the content type names 2.0.
+    // The content type is read again only for a refused format, not on every push.
     let v2 = format == Ok(Format::V2)
-        || (otlp.is_none()
+        || (format.is_err()
+            && otlp.is_none()
             && Format::from_headers(
                 parts
                     .headers

@@ -504,9 +504,7 @@ impl Inner {
             .decided(decided.decision.allowed, decided.decision.source);
         decided.decision
     }
-}
 
-impl Inner {
     #[cold]
     fn decide_afresh(&self, forgotten: &Budget, cost: u64) -> Decision {
         let budget = self.budget(&forgotten.tenant, &forgotten.key);

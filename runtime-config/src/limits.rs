@@ -236,12 +236,13 @@ pub const MAX_REFILL_SECONDS: f64 = 10.0 * 365.25 * 86_400.0;
 
 /// A positive `rate` (key `key`) refills `burst` within [`MAX_REFILL_SECONDS`].
 pub fn check_refill(key: &str, rate: f64, burst: u64) -> Result<(), String> {
-    if rate > 0.0 && burst.max(1) as f64 / rate > MAX_REFILL_SECONDS {
+    let tokens = burst.max(1) as f64;
+    if rate > 0.0 && tokens / rate > MAX_REFILL_SECONDS {
         return Err(format!(
             "{key} {rate} takes {:.3e} s to refill its burst of {burst}, longer than the ten \
              years a limit may take: raise it to at least {:.3e}",
-            burst.max(1) as f64 / rate,
-            burst.max(1) as f64 / MAX_REFILL_SECONDS,
+            tokens / rate,
+            tokens / MAX_REFILL_SECONDS,
         ));
     }
     Ok(())
