@@ -168,6 +168,9 @@ impl ApiError {
     }
 
     fn status(&self) -> StatusCode {
+        if self.reason == BODY_TOO_LARGE {
+            return StatusCode::PAYLOAD_TOO_LARGE;
+        }
         match self.code {
             Code::NotFound => StatusCode::NOT_FOUND,
             Code::Unauthenticated => StatusCode::UNAUTHORIZED,
@@ -200,9 +203,17 @@ impl From<Denied> for ApiError {
     }
 }
 
+/// The reason of a body over axum's limit (2 MB): 413, not a JSON error.
+const BODY_TOO_LARGE: &str = "BODY_TOO_LARGE";
+
 impl From<JsonRejection> for ApiError {
     fn from(rejection: JsonRejection) -> Self {
-        ApiError::new(Code::InvalidArgument, "BAD_JSON", rejection.body_text())
+        let reason = if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
+            BODY_TOO_LARGE
+        } else {
+            "BAD_JSON"
+        };
+        ApiError::new(Code::InvalidArgument, reason, rejection.body_text())
     }
 }
 

@@ -414,6 +414,18 @@ async fn the_json_twin_maps_to_the_same_engine() {
         (400, Some("BAD_JSON")),
         "{body}"
     );
+    // Over axum's 2 MB limit the body is too large, not bad JSON: 413.
+    let padding = "x".repeat(3 << 20);
+    let (status, body) = post(
+        "/api/v1/allow",
+        json!({"tenant": "a", "key": "k", "padding": padding}),
+    )
+    .await;
+    assert_eq!(
+        (status, body["reason"].as_str()),
+        (413, Some("BODY_TOO_LARGE")),
+        "{body}"
+    );
 
     let (status, lease) = post(
         "/api/v1/acquire",

@@ -559,6 +559,10 @@ impl Config {
         if self.http2_max_concurrent_streams == 0 {
             bail!("--http2-max-concurrent-streams must be at least 1");
         }
+        if self.http_max_header_bytes < 8192 {
+            // hyper's HTTP/1.1 read buffer takes no less, so a smaller cap would not hold.
+            bail!("--http-max-header-bytes must be at least 8192 (8 KiB)");
+        }
         if self.http_header_read_timeout.is_zero() {
             bail!("--http-header-read-timeout must be > 0");
         }
@@ -753,6 +757,7 @@ mod tests {
             ),
             (vec!["--request-rate", "5"], "request_burst_size is 0"),
             (vec!["--retry-after-min-backoff", "500ms"], "at least 1s"),
+            (vec!["--http-max-header-bytes", "10"], "at least 8192"),
             (vec!["--no-auth-tenant", "a/b"], "--no-auth-tenant"),
             (vec!["--rate-limit-strategy", "magic"], "unknown strategy"),
             (vec!["--ingestion-rate=-3"], "ingestion_rate"),
