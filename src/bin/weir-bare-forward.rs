@@ -5,7 +5,12 @@
 //!
 //! ```text
 //! weir-bare-forward --listen 127.0.0.1:18190 --upstream http://127.0.0.1:18199/api/v1/push
+//! weir-bare-forward --listen 127.0.0.1:18191    # no upstream: reads each body, answers 204
 //! ```
+//!
+//! Without `--upstream` it is the floor's inbound half alone: each request read whole and
+//! answered 204, nothing forwarded. That is what any server costs a push on this machine that
+//! answers each push over HTTP/1.1, before it does anything with it.
 //!
 //! Its threads are weir's own (`http_serve::Workers`): one current-thread runtime a core,
 //! pinned as weir pins them (`--pin-workers`), each with its own upstream pool, and an accept
@@ -40,9 +45,10 @@ struct Args {
     /// Where to listen, host:port.
     #[arg(long)]
     listen: SocketAddr,
-    /// Where every request's body goes, as a POST.
+    /// Where every request's body goes, as a POST; without it, every body is read whole and
+    /// answered 204.
     #[arg(long)]
-    upstream: Uri,
+    upstream: Option<Uri>,
     /// Worker threads; 0 = one per core.
     #[arg(long, default_value_t = 0)]
     workers: usize,
@@ -79,8 +85,10 @@ fn new_pool() -> anyhow::Result<Pool> {
 
 fn main() -> anyhow::Result<()> {
     let args = Args::parse();
-    UPSTREAM.set(args.upstream.clone()).expect("set once, here");
-    new_pool()?;
+    if let Some(upstream) = &args.upstream {
+        UPSTREAM.set(upstream.clone()).expect("set once, here");
+        new_pool()?;
+    }
     let count = match args.workers {
         0 => std::thread::available_parallelism().map_or(1, usize::from),
         workers => workers,
@@ -109,11 +117,30 @@ async fn serve(stream: std::net::TcpStream) {
     let Ok(stream) = tokio::net::TcpStream::from_std(stream) else {
         return;
     };
+    let connection = hyper::server::conn::http1::Builder::new();
+    if UPSTREAM.get().is_none() {
+        let service = hyper::service::service_fn(answer);
+        let _ = connection
+            .serve_connection(TokioIo::new(stream), service)
+            .await;
+        return;
+    }
     let pool = POOL.with(Arc::clone);
     let service = hyper::service::service_fn(move |request| forward(Arc::clone(&pool), request));
-    let _ = hyper::server::conn::http1::Builder::new()
+    let _ = connection
         .serve_connection(TokioIo::new(stream), service)
         .await;
+}
+
+/// With no upstream: the request's body, whole, and 204 (400 if it could not be read).
+async fn answer(request: Request<Incoming>) -> Result<Response<Full<Bytes>>, Infallible> {
+    let status = match request.into_body().collect().await {
+        Ok(_) => StatusCode::NO_CONTENT,
+        Err(_) => StatusCode::BAD_REQUEST,
+    };
+    let mut response = Response::new(Full::new(Bytes::new()));
+    *response.status_mut() = status;
+    Ok(response)
 }
 
 /// The request's body, whole, to the upstream; the upstream's status, or 502, back.
