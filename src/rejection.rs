@@ -300,7 +300,8 @@ impl Default for RetryBackoff {
 /// `RateLimit-Policy` and `RateLimit` for a tenant rejection: `q` is the fleet-wide quota per
 /// window `w` (seconds, widened until `q` is a whole number ≥ 1 for slow rates), `r` the
 /// tokens left in the bucket the request was checked against (fewer than the request
-/// needed), `t` seconds until the request could pass: the `Retry-After` sent when there is
+/// needed; 0 for a request larger than the burst, which is refused without reading the
+/// bucket), `t` seconds until the request could pass: the `Retry-After` sent when there is
 /// one, whatever the cause, so a client reading either waits the same; else the wait rounded
 /// down (0 under a second); for a request larger than the burst, until the bucket is full (it
 /// still will not pass).
