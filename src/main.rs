@@ -75,13 +75,8 @@ async fn shutdown_signal() {
 }
 
 fn init_logging(config: &Config) {
-    let filter = EnvFilter::try_new(&config.log_level).unwrap_or_else(|err| {
-        eprintln!(
-            "weir: invalid --log-level {:?} ({err}); using info",
-            config.log_level
-        );
-        EnvFilter::new("info")
-    });
+    // `Config::validate` refused a filter that does not parse.
+    let filter = EnvFilter::try_new(&config.log_level).unwrap_or_else(|_| EnvFilter::new("info"));
     // Colour only for a person at a terminal: a log file or a collector gets plain text.
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)

@@ -559,6 +559,20 @@ impl Config {
         if self.http2_max_concurrent_streams == 0 {
             bail!("--http2-max-concurrent-streams must be at least 1");
         }
+        // A seed's name may resolve later (discovery), but one without a port never will.
+        for seed in self.join.iter().filter(|seed| !seed.is_empty()) {
+            let valid = seed
+                .rsplit_once(':')
+                .is_some_and(|(host, port)| !host.is_empty() && port.parse::<u16>().is_ok());
+            if !valid {
+                bail!(
+                    "--join {seed:?}: expected host:port, e.g. weir-gossip.weir.svc.cluster.local:7946"
+                );
+            }
+        }
+        if let Err(err) = tracing_subscriber::EnvFilter::try_new(&self.log_level) {
+            bail!("--log-level {:?}: {err}", self.log_level);
+        }
         if self.http_max_header_bytes < 8192 {
             // hyper's HTTP/1.1 read buffer takes no less, so a smaller cap would not hold.
             bail!("--http-max-header-bytes must be at least 8192 (8 KiB)");
@@ -758,6 +772,12 @@ mod tests {
             (vec!["--request-rate", "5"], "request_burst_size is 0"),
             (vec!["--retry-after-min-backoff", "500ms"], "at least 1s"),
             (vec!["--http-max-header-bytes", "10"], "at least 8192"),
+            (vec!["--log-level", "weir=bogus"], "--log-level"),
+            (vec!["--join", "nohost:notaport"], "expected host:port"),
+            (
+                vec!["--join", "127.0.0.1:7946,weir-gossip"],
+                "\"weir-gossip\"",
+            ),
             (vec!["--no-auth-tenant", "a/b"], "--no-auth-tenant"),
             (vec!["--rate-limit-strategy", "magic"], "unknown strategy"),
             (vec!["--ingestion-rate=-3"], "ingestion_rate"),
