@@ -138,9 +138,7 @@ async fn answer(request: Request<Incoming>) -> Result<Response<Full<Bytes>>, Inf
         Ok(_) => StatusCode::NO_CONTENT,
         Err(_) => StatusCode::BAD_REQUEST,
     };
-    let mut response = Response::new(Full::new(Bytes::new()));
-    *response.status_mut() = status;
-    Ok(response)
+    Ok(empty(status))
 }
 
 /// The request's body, whole, to the upstream; the upstream's status, or 502, back.
@@ -172,7 +170,12 @@ async fn forward(
             }
         }
     };
+    Ok(empty(status))
+}
+
+/// An answer with no body.
+fn empty(status: StatusCode) -> Response<Full<Bytes>> {
     let mut response = Response::new(Full::new(Bytes::new()));
     *response.status_mut() = status;
-    Ok(response)
+    response
 }
