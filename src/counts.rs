@@ -112,6 +112,56 @@ impl MetadataReason {
     }
 }
 
+/// Why an exemplar was dropped: Mimir's exemplar discard reasons, the `reason` label of
+/// `weir_discarded_exemplars_total`. A dropped exemplar never refuses its series or the push
+/// (Mimir drops them and ingests the rest).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ExemplarReason {
+    /// No labels at all.
+    LabelsMissing,
+    /// A timestamp of zero: none was set.
+    TimestampInvalid,
+    /// Labels longer than 128 characters, names and values together.
+    LabelsTooLong,
+    /// No label with both a name and a value.
+    LabelsBlank,
+    /// More than 5 minutes older than the request's earliest sample, or older than
+    /// `past_grace_period` allows.
+    TooOld,
+    /// Further ahead of the replica's clock than `creation_grace_period`.
+    TooFarInFuture,
+    /// Past `max_exemplars_per_series_per_request` in its series.
+    TooManyPerSeries,
+}
+
+impl ExemplarReason {
+    pub const ALL: [ExemplarReason; 7] = [
+        ExemplarReason::LabelsMissing,
+        ExemplarReason::TimestampInvalid,
+        ExemplarReason::LabelsTooLong,
+        ExemplarReason::LabelsBlank,
+        ExemplarReason::TooOld,
+        ExemplarReason::TooFarInFuture,
+        ExemplarReason::TooManyPerSeries,
+    ];
+
+    /// The `reason` label, as Mimir's.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ExemplarReason::LabelsMissing => "exemplar_labels_missing",
+            ExemplarReason::TimestampInvalid => "exemplar_timestamp_invalid",
+            ExemplarReason::LabelsTooLong => "exemplar_labels_too_long",
+            ExemplarReason::LabelsBlank => "exemplar_labels_blank",
+            ExemplarReason::TooOld => "exemplar_too_old",
+            ExemplarReason::TooFarInFuture => "exemplar_too_far_in_future",
+            ExemplarReason::TooManyPerSeries => "too_many_exemplars_per_series_per_request",
+        }
+    }
+}
+
+/// Exemplars dropped from one request, by `ExemplarReason as usize`.
+pub type DroppedExemplars = [u64; ExemplarReason::ALL.len()];
+
 /// What validation discarded in one request, by reason: the samples and histograms of refused
 /// series (by `SeriesReason as usize`) and the refused metadata entries (by
 /// `MetadataReason as usize`).
@@ -156,11 +206,14 @@ pub enum Forward {
 }
 
 /// A decoded push: what it carries (after validation), what to forward, what validation
-/// refused, and what the HA tracker said.
+/// refused, the exemplars it dropped, and what the HA tracker said.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Decoded {
     pub counts: WriteCounts,
     pub forward: Forward,
     pub refused: Option<Refused>,
+    /// Exemplars dropped by Mimir's exemplar checks (not those taken out because the
+    /// tenant's exemplars are off, which Mimir does not count either).
+    pub dropped_exemplars: DroppedExemplars,
     pub ha: crate::ha::HaOutcome,
 }

@@ -78,11 +78,19 @@ pub fn decode_validated(
     match format {
         Format::V1 => remote_write::decode_validated(body, max_size, validation),
         Format::V2 => remote_write::v2::decode_validated(body, max_size, validation),
-        other => decode(body, max_size, other).map(|counts| Decoded {
-            counts,
-            forward: Forward::Unchanged,
-            refused: None,
-            ha: crate::ha::HaOutcome::Off,
+        // OTLP is forwarded as sent, exemplars included; with the tenant's exemplars off
+        // they are not charged, as Mimir's distributor takes them out of the translation.
+        other => decode(body, max_size, other).map(|mut counts| {
+            if validation.limits.max_global_exemplars_per_user == 0 {
+                counts.exemplars = 0;
+            }
+            Decoded {
+                counts,
+                forward: Forward::Unchanged,
+                refused: None,
+                dropped_exemplars: Default::default(),
+                ha: crate::ha::HaOutcome::Off,
+            }
         }),
     }
 }

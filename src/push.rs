@@ -280,6 +280,7 @@ async fn admit(
         counts,
         forward,
         refused,
+        dropped_exemplars,
         ha,
     } = decode(body.clone(), max_size, format, validation)
         .await
@@ -319,6 +320,7 @@ async fn admit(
     if let Some(refused) = &refused {
         tenant.data.discard_series(&refused.samples);
     }
+    tenant.data.drop_exemplars(&dropped_exemplars);
     let body = match forward {
         Forward::Unchanged => body,
         Forward::Rewritten(rewritten) => rewritten,

@@ -63,15 +63,18 @@ async fn counter(weir: &Weir, family: &str, labels: &str) -> u64 {
 
 #[tokio::test]
 async fn the_python_sdk_exporter_is_charged_what_mimir_would_charge() {
+    // `otel` keeps exemplars; `plain` has Mimir's default, exemplars off.
     let weir = Weir::with_overrides(
-        "overrides:\n  otel:\n    ingestion_rate: 1000000\n    ingestion_burst_size: 1000000\n",
+        "overrides:\n  otel:\n    ingestion_rate: 1000000\n    ingestion_burst_size: 1000000\n    \
+         max_global_exemplars_per_user: 100000\n  \
+         plain:\n    ingestion_rate: 1000000\n    ingestion_burst_size: 1000000\n",
     )
     .await;
-    for compression in ["gzip", "none"] {
-        let before = admitted(&weir, "otel").await;
+    for (tenant, compression) in [("otel", "gzip"), ("otel", "none"), ("plain", "gzip")] {
+        let before = admitted(&weir, tenant).await;
         let report = export(
             &weir,
-            "otel",
+            tenant,
             &[
                 "--kind",
                 "all",
@@ -90,12 +93,19 @@ async fn the_python_sdk_exporter_is_charged_what_mimir_would_charge() {
         .await;
         assert_eq!(report["result"], "SUCCESS", "{report}");
         assert_eq!(report["attempts"][0]["status"], 200, "{report}");
-        // weir charges exemplars as in remote write: Mimir's charge with exemplars enabled.
-        let expected = &report["expected_with_exemplars"];
+        // Mimir's charge for the tenant's setting: with exemplars enabled, or its default.
+        let expected = if tenant == "otel" {
+            &report["expected_with_exemplars"]
+        } else {
+            &report["expected"]
+        };
         let samples =
             expected["samples"].as_u64().unwrap() + expected["histograms"].as_u64().unwrap();
         assert!(samples > 100, "a real workload: {report}");
-        let after = admitted(&weir, "otel").await;
+        if tenant == "otel" {
+            assert!(expected["exemplars"].as_u64().unwrap() > 0, "{report}");
+        }
+        let after = admitted(&weir, tenant).await;
         assert_eq!(after[0] - before[0], samples, "{report}");
         assert_eq!(
             after[1] - before[1],
@@ -137,7 +147,7 @@ async fn a_tenant_over_its_ingestion_rate_is_refused_with_429_and_retry_after() 
             .is_some_and(|value| !value.is_empty()),
         "{report}"
     );
-    let total = report["expected_with_exemplars"]["total"].as_u64().unwrap();
+    let total = report["expected"]["total"].as_u64().unwrap();
     assert_eq!(
         counter(
             &weir,
@@ -260,9 +270,10 @@ async fn json_and_gzip_are_counted_and_forwarded_unchanged_to_the_otlp_path() {
     assert_eq!(headers["x-scope-orgid"], "json-tenant");
     assert!(headers.get("x-prometheus-remote-write-version").is_none());
 
-    // tests/otlp/sample.expected.json: 21 samples + 1 histogram + 2 exemplars + 7 metadata.
+    // tests/otlp/sample.expected.json: 21 samples + 1 histogram + 7 metadata; its 2 exemplars
+    // are forwarded but not charged, as the tenant has Mimir's default, exemplars off.
     // (samples with histograms, exemplars, metadata)
-    assert_eq!(admitted(&weir, "json-tenant").await, [22, 2, 7]);
+    assert_eq!(admitted(&weir, "json-tenant").await, [22, 0, 7]);
 }
 
 #[tokio::test]

@@ -16,8 +16,13 @@ use weir::remote_write::v2_proto::{Exemplar, Histogram, Metadata, Request, Sampl
 
 const V2: &str = "application/x-protobuf;proto=io.prometheus.write.v2.Request";
 
+/// Tenant `t` keeps exemplars (Mimir's default, `max_global_exemplars_per_user: 0`, drops
+/// them before they are charged or forwarded).
+const EXEMPLARS_ON: &str = "overrides:\n  t:\n    max_global_exemplars_per_user: 1000\n";
+
 /// `series` series of `up`-like gauges with one sample each, plus one series with two
-/// histograms and an exemplar.
+/// histograms and an exemplar (charged and forwarded for a tenant with exemplars on,
+/// [`EXEMPLARS_ON`]).
 fn request(series: usize) -> Request {
     let mut symbols: Vec<String> = ["", "__name__", "http_requests_total", "instance", "help"]
         .into_iter()
@@ -46,7 +51,7 @@ fn request(series: usize) -> Request {
         exemplars: vec![Exemplar {
             labels_refs: vec![3, 4],
             value: 1.0,
-            timestamp: 1,
+            timestamp: 1_700_000_000_000,
         }],
         ..TimeSeries::default()
     });
@@ -89,7 +94,8 @@ fn written(response: &reqwest::Response) -> [u64; 3] {
 #[tokio::test]
 async fn a_2_0_body_is_charged_to_the_tenant() {
     let weir = Weir::with_overrides(
-        "overrides:\n  small:\n    ingestion_rate: 10\n    ingestion_burst_size: 10\n",
+        "overrides:\n  small:\n    ingestion_rate: 10\n    ingestion_burst_size: 10\n    \
+         max_global_exemplars_per_user: 1000\n",
     )
     .await;
     for _ in 0..3 {
@@ -115,7 +121,7 @@ async fn a_2_0_body_is_charged_to_the_tenant() {
 
 #[tokio::test]
 async fn an_admitted_2_0_body_says_what_was_written() {
-    let weir = Weir::with_overrides("").await;
+    let weir = Weir::with_overrides(EXEMPLARS_ON).await;
     let response = push(&weir, "t", V2, request(100).encode_snappy()).await;
     assert_eq!(response.status(), 200);
     assert_eq!(written(&response), [100, 2, 1]);
@@ -239,6 +245,7 @@ async fn a_2_0_body_is_forwarded_unchanged_and_the_receiver_s_count_is_passed_ba
     let addr = listener.local_addr().unwrap();
     tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
     let weir = Weir::start(Options {
+        overrides: EXEMPLARS_ON.into(),
         configure: Box::new(move |config| {
             config.upstream = Some(format!("http://{addr}/api/v1/write"));
         }),

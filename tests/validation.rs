@@ -14,7 +14,10 @@
 //!   it (or no name) is refused, cut from the request and counted in
 //!   `weir_discarded_metadata_total`;
 //! - a native histogram over `max_native_histogram_buckets` reaches the receiver at a lower
-//!   resolution, or refuses its series when it cannot be reduced or reduction is off.
+//!   resolution, or refuses its series when it cannot be reduced or reduction is off;
+//! - exemplars: with `max_global_exemplars_per_user` at 0 (Mimir's default) none is charged or
+//!   forwarded; with it set, the ones Mimir's checks drop never reach the receiver and are
+//!   counted by reason in `weir_discarded_exemplars_total`, and the push is answered 200.
 
 mod common;
 
@@ -24,7 +27,8 @@ use axum::body::Bytes;
 use common::fleet::forwarding_to;
 use common::receiver::Receiver;
 use weir::remote_write::prompb::{
-    histogram, BucketSpan, Histogram, Label, MetricMetadata, Sample, TimeSeries, WriteRequest,
+    histogram, BucketSpan, Exemplar, Histogram, Label, MetricMetadata, Sample, TimeSeries,
+    WriteRequest,
 };
 
 const OVERRIDES: &str = "overrides:\n  v:\n    ingestion_rate: 1000000\n    \
@@ -480,4 +484,115 @@ async fn label_values_histograms_and_metadata_are_rewritten_or_refused_as_mimir_
         );
         assert_eq!(metric(&series).await, Some(1.0), "{series}");
     }
+}
+
+/// `e` keeps exemplars, at most 2 a series in a request; `o` has Mimir's default, exemplars off,
+/// and an ingestion limit of 5 a second that 4 samples fit and 4 samples with 4 exemplars
+/// would not.
+const EXEMPLARS: &str = "overrides:\n  \
+    e:\n    ingestion_rate: 1000000\n    ingestion_burst_size: 1000000\n    \
+    max_global_exemplars_per_user: 1000\n    max_exemplars_per_series_per_request: 2\n  \
+    o:\n    ingestion_rate: 5\n    ingestion_burst_size: 5\n";
+
+fn exemplar(labels: &[(&str, &str)], timestamp: i64) -> Exemplar {
+    Exemplar {
+        labels: labels
+            .iter()
+            .map(|(name, value)| Label {
+                name: name.to_string(),
+                value: value.to_string(),
+            })
+            .collect(),
+        value: 1.0,
+        timestamp,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exemplars_are_dropped_uncharged_and_counted_as_mimir_does() {
+    let receiver = Receiver::default();
+    let upstream = receiver.serve().await;
+    let (replica, _dir) = forwarding_to(upstream, EXEMPLARS, 56, "validation-exemplars", &[]).await;
+    let base = format!("http://{}", replica.http);
+    let client = reqwest::Client::new();
+    let now = now_ms();
+    let trace = [("trace_id", "abc")];
+
+    // Exemplars off: 4 samples are charged, not their 4 exemplars (8 would be over the
+    // burst of 5), and the receiver gets the series without them.
+    let mut with_exemplars = series(&[("__name__", "up")], &[now - 3, now - 2, now - 1, now]);
+    with_exemplars.exemplars = vec![exemplar(&trace, now); 4];
+    let request = WriteRequest {
+        timeseries: vec![with_exemplars.clone()],
+        metadata: vec![],
+    };
+    let (status, text) = push_as(&client, &base, "o", request.encode_snappy()).await;
+    assert_eq!(status, 200, "{text}");
+    let forwarded = receiver.take_bodies();
+    assert_eq!(forwarded.len(), 1, "one forward");
+    assert_eq!(
+        decoded(&forwarded[0]).timeseries,
+        vec![series(
+            &[("__name__", "up")],
+            &[now - 3, now - 2, now - 1, now]
+        )],
+        "the series without its exemplars"
+    );
+
+    // Exemplars on: the bad ones and the third of a series (the cap goes first) go, the
+    // push is accepted.
+    let mut first = series(&[("__name__", "a")], &[now]);
+    first.exemplars = vec![exemplar(&trace, now), exemplar(&[], now)];
+    let mut second = series(&[("__name__", "b")], &[now]);
+    second.exemplars = vec![
+        exemplar(&trace, 0),
+        exemplar(&trace, now),
+        exemplar(&trace, now - 1),
+    ];
+    let request = WriteRequest {
+        timeseries: vec![first.clone(), second.clone()],
+        metadata: vec![],
+    };
+    let (status, text) = push_as(&client, &base, "e", request.encode_snappy()).await;
+    assert_eq!(status, 200, "exemplars never refuse a push: {text}");
+    let forwarded = receiver.take_bodies();
+    assert_eq!(forwarded.len(), 1, "one forward");
+    first.exemplars.truncate(1);
+    second.exemplars = vec![exemplar(&trace, now)];
+    assert_eq!(decoded(&forwarded[0]).timeseries, vec![first, second]);
+
+    let metric = |series: String| {
+        let (client, base) = (client.clone(), base.clone());
+        async move { common::metric_at(&client, &base, &series).await }
+    };
+    for (user, exemplars) in [("o", 0.0), ("e", 2.0)] {
+        let series = format!("weir_distributor_received_exemplars_total{{user=\"{user}\"}}");
+        assert_eq!(metric(series.clone()).await, Some(exemplars), "{series}");
+    }
+    for reason in [
+        "exemplar_labels_missing",
+        "exemplar_timestamp_invalid",
+        "too_many_exemplars_per_series_per_request",
+    ] {
+        let series = format!("weir_discarded_exemplars_total{{reason=\"{reason}\",user=\"e\"}}");
+        assert_eq!(metric(series.clone()).await, Some(1.0), "{series}");
+    }
+    // Taken out because exemplars are off is not a drop, as in Mimir.
+    let text = client
+        .get(format!("{base}/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let dropped: Vec<&str> = text
+        .lines()
+        .filter(|line| line.starts_with("weir_discarded_exemplars_total{"))
+        .collect();
+    assert_eq!(dropped.len(), 3, "{dropped:?}");
+    assert!(
+        dropped.iter().all(|line| line.contains("user=\"e\"")),
+        "{dropped:?}"
+    );
 }

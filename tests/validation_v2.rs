@@ -29,7 +29,8 @@ const V2: &str = "application/x-protobuf;proto=io.prometheus.write.v2.Request";
 const OVERRIDES: &str = "overrides:\n  v:\n    ingestion_rate: 1000000\n    \
     ingestion_burst_size: 1000000\n    max_label_names_per_series: 5\n    \
     max_label_name_length: 20\n    max_label_value_length: 30\n    \
-    creation_grace_period: 10m\n    past_grace_period: 1h\n    drop_labels: [replica]\n";
+    creation_grace_period: 10m\n    past_grace_period: 1h\n    drop_labels: [replica]\n    \
+    max_global_exemplars_per_user: 1000\n";
 
 fn now_ms() -> i64 {
     SystemTime::now()
@@ -208,13 +209,14 @@ async fn bad_2_0_series_are_refused_with_mimirs_reasons_and_the_rest_is_forwarde
     // Nothing to refuse: the receiver gets the client's bytes, and the answer counts all.
     let mut builder = Builder::new();
     let help = builder.symbol("help");
+    let exemplar_labels = vec![builder.symbol("trace_id"), builder.symbol("abc")];
     let mut good_series = builder.series(&[("__name__", "up"), ("job", "a")], &[now, now]);
     good_series.histograms = vec![Histogram {
         timestamp: now,
         ..Histogram::default()
     }];
     good_series.exemplars = vec![Exemplar {
-        labels_refs: vec![],
+        labels_refs: exemplar_labels,
         value: 1.0,
         timestamp: now,
     }];

@@ -133,7 +133,6 @@ pub(crate) const NOT_FOR_A_DISTRIBUTOR: &[(&str, &str)] = &[
     ("max_fetched_chunk_bytes_per_query", QUERIER),
     ("max_fetched_chunks_per_query", QUERIER),
     ("max_fetched_series_per_query", QUERIER),
-    ("max_global_exemplars_per_user", INGESTER),
     ("max_global_metadata_per_metric", INGESTER),
     ("max_global_metadata_per_user", INGESTER),
     ("max_global_series_per_metric", INGESTER),
@@ -197,8 +196,6 @@ pub(crate) const SAMPLE_FAILOVER: &str = "not implemented: weir's HA tracker fai
                                           its own clock, after ha_tracker_failover_timeout";
 const SERIES_VALIDATION: &str = "not applied: weir validates label counts and lengths and \
      sample timestamps (remote-write 1.0); such series are charged and forwarded";
-const EXEMPLAR_VALIDATION: &str =
-    "exemplar validation is not implemented: every exemplar is charged and forwarded";
 const RELABELLING: &str =
     "relabelling is not implemented: series are charged and forwarded as received";
 const FORWARDING: &str = "Mimir's per-tenant forwarding is not implemented: every admitted \
@@ -235,7 +232,6 @@ pub(crate) const IGNORED: &[(&str, &str)] = &[
         "not implemented: weir does not count series (Mimir applies it with ingest storage)",
     ),
     ("max_cost_attribution_cardinality", COST_ATTRIBUTION),
-    ("max_exemplars_per_series_per_request", EXEMPLAR_VALIDATION),
     ("max_label_names_per_info_series", SERIES_VALIDATION),
     ("metric_relabel_configs", RELABELLING),
     ("metric_relabeling_enabled", RELABELLING),

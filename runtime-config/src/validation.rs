@@ -5,8 +5,10 @@
 //! `label_value_length_over_limit_strategy: error`, `creation_grace_period: 10m`,
 //! `past_grace_period: 0s`, which is off, `max_metadata_length: 1024`,
 //! `enforce_metadata_metric_name: true`, `max_native_histogram_buckets: 0`, which is off,
-//! `reduce_native_histogram_over_max_buckets: true`). weir's remote-write 1.0 and 2.0 scans apply
-//! them (`src/remote_write/validate.rs`, shared by both).
+//! `reduce_native_histogram_over_max_buckets: true`, and for exemplars
+//! `max_global_exemplars_per_user: 0`, which takes them all out, and
+//! `max_exemplars_per_series_per_request: 0`, which is off). weir's remote-write 1.0 and 2.0
+//! scans apply them (`src/remote_write/validate.rs`, shared by both).
 
 use std::time::Duration;
 
@@ -76,6 +78,13 @@ pub struct ValidationLimits {
     /// Over `max_native_histogram_buckets`, a histogram's resolution is lowered until it fits;
     /// without it, or when it cannot be lowered enough, its series is refused.
     pub reduce_native_histogram_over_max_buckets: bool,
+    /// Exemplars a tenant may store in all (the ingesters' limit). A distributor reads only
+    /// whether it is zero, as Mimir's does: zero, the default, takes every exemplar out of a
+    /// push before it is charged or forwarded.
+    pub max_global_exemplars_per_user: u64,
+    /// Exemplars a series may carry in one request; the rest are dropped
+    /// (`too_many_exemplars_per_series_per_request`). Zero: no limit.
+    pub max_exemplars_per_series_per_request: u32,
 }
 
 impl Default for ValidationLimits {
@@ -91,6 +100,8 @@ impl Default for ValidationLimits {
             enforce_metadata_metric_name: true,
             max_native_histogram_buckets: 0,
             reduce_native_histogram_over_max_buckets: true,
+            max_global_exemplars_per_user: 0,
+            max_exemplars_per_series_per_request: 0,
         }
     }
 }
@@ -115,6 +126,8 @@ pub(crate) struct ValidationKeys {
     pub enforce_metadata_metric_name: Option<bool>,
     pub max_native_histogram_buckets: Option<u32>,
     pub reduce_native_histogram_over_max_buckets: Option<bool>,
+    pub max_global_exemplars_per_user: Option<u64>,
+    pub max_exemplars_per_series_per_request: Option<u32>,
 }
 
 impl<'de> Deserialize<'de> for ValidationOverride {
@@ -165,6 +178,8 @@ impl ValidationOverride {
             enforce_metadata_metric_name,
             max_native_histogram_buckets,
             reduce_native_histogram_over_max_buckets,
+            max_global_exemplars_per_user,
+            max_exemplars_per_series_per_request,
         } = &self.0;
         max_label_names_per_series.is_none()
             && max_label_name_length.is_none()
@@ -176,6 +191,8 @@ impl ValidationOverride {
             && enforce_metadata_metric_name.is_none()
             && max_native_histogram_buckets.is_none()
             && reduce_native_histogram_over_max_buckets.is_none()
+            && max_global_exemplars_per_user.is_none()
+            && max_exemplars_per_series_per_request.is_none()
     }
 
     pub(crate) fn apply(&self, defaults: &ValidationLimits) -> ValidationLimits {
@@ -209,6 +226,12 @@ impl ValidationOverride {
             reduce_native_histogram_over_max_buckets: keys
                 .reduce_native_histogram_over_max_buckets
                 .unwrap_or(defaults.reduce_native_histogram_over_max_buckets),
+            max_global_exemplars_per_user: keys
+                .max_global_exemplars_per_user
+                .unwrap_or(defaults.max_global_exemplars_per_user),
+            max_exemplars_per_series_per_request: keys
+                .max_exemplars_per_series_per_request
+                .unwrap_or(defaults.max_exemplars_per_series_per_request),
         }
     }
 }
@@ -274,6 +297,21 @@ mod tests {
         assert!(!limits.enforce_metadata_metric_name);
         assert_eq!(limits.max_native_histogram_buckets, 8);
         assert!(!limits.reduce_native_histogram_over_max_buckets);
+        let exemplars: ValidationOverride = serde_yaml_ng::from_str(
+            "max_global_exemplars_per_user: 100000
+max_exemplars_per_series_per_request: 2
+",
+        )
+        .unwrap();
+        assert!(!exemplars.is_empty());
+        let limits = exemplars.apply(&ValidationLimits::default());
+        assert_eq!(limits.max_global_exemplars_per_user, 100_000);
+        assert_eq!(limits.max_exemplars_per_series_per_request, 2);
+        assert_eq!(ValidationLimits::default().max_global_exemplars_per_user, 0);
+        assert_eq!(
+            ValidationLimits::default().max_exemplars_per_series_per_request,
+            0
+        );
         // Mimir's defaults.
         let defaults = ValidationLimits::default();
         assert_eq!(defaults.max_metadata_length, 1024);

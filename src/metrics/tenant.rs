@@ -5,8 +5,10 @@
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use once_cell::race::OnceBox;
+
 use super::reasons::DiscardReason;
-use crate::counts::{Discarded, MetadataReason, SeriesReason};
+use crate::counts::{Discarded, DroppedExemplars, ExemplarReason, MetadataReason, SeriesReason};
 
 /// A per-tenant counter: one atomic, no labels of its own (the tenant and reason are where
 /// it is kept).
@@ -41,7 +43,8 @@ impl Gauge64 {
     }
 }
 
-/// One tenant's series: 30 atomics (240 bytes), kept with its limiter state.
+/// One tenant's series: 30 atomics (240 bytes) and a pointer to the exemplar drops' 7, kept
+/// with its limiter state.
 #[derive(Debug, Default)]
 pub struct TenantMetrics {
     pub requests_in: Counter,
@@ -60,6 +63,9 @@ pub struct TenantMetrics {
     invalid_samples: [Counter; SeriesReason::ALL.len()],
     /// Metadata entries refused by validation, per [`MetadataReason`].
     invalid_metadata: [Counter; MetadataReason::ALL.len()],
+    /// Exemplars dropped by validation, per [`ExemplarReason`]: made on the first drop, so
+    /// a tenant that never has one pays a pointer, not seven counters.
+    dropped_exemplars: OnceBox<[Counter; ExemplarReason::ALL.len()]>,
 }
 
 impl TenantMetrics {
@@ -72,6 +78,19 @@ impl TenantMetrics {
         {
             if *items > 0 {
                 counter.inc_by(*items);
+            }
+        }
+    }
+
+    /// Exemplars validation dropped from one push, per [`ExemplarReason`].
+    pub fn drop_exemplars(&self, dropped: &DroppedExemplars) {
+        if dropped.iter().all(|&items| items == 0) {
+            return;
+        }
+        let counters = self.dropped_exemplars.get_or_init(Box::default);
+        for (counter, &items) in counters.iter().zip(dropped) {
+            if items > 0 {
+                counter.inc_by(items);
             }
         }
     }
@@ -119,7 +138,7 @@ pub(super) struct TenantFamily {
     pub write: fn(&mut String, &'static str, &str, &TenantMetrics),
 }
 
-pub(super) const TENANT_FAMILIES: [TenantFamily; 9] = [
+pub(super) const TENANT_FAMILIES: [TenantFamily; 10] = [
     TenantFamily {
         name: "weir_distributor_requests_in_total",
         help: "Push requests received per tenant, including rejected ones.",
@@ -192,6 +211,23 @@ pub(super) const TENANT_FAMILIES: [TenantFamily; 9] = [
         write: |out, name, user, m| {
             // Only once one counted something, as validation's sample reasons.
             for (reason, counter) in MetadataReason::ALL.iter().zip(&m.invalid_metadata) {
+                if counter.get() > 0 {
+                    let labels = [("reason", reason.as_str()), ("user", user)];
+                    sample(out, name, &labels, counter.get() as f64);
+                }
+            }
+        },
+    },
+    TenantFamily {
+        name: "weir_discarded_exemplars_total",
+        help: "Exemplars dropped by validation per tenant, by reason.",
+        kind: "counter",
+        write: |out, name, user, m| {
+            // Only once one was dropped, as validation's sample reasons.
+            let Some(counters) = m.dropped_exemplars.get() else {
+                return;
+            };
+            for (reason, counter) in ExemplarReason::ALL.iter().zip(counters.iter()) {
                 if counter.get() > 0 {
                     let labels = [("reason", reason.as_str()), ("user", user)];
                     sample(out, name, &labels, counter.get() as f64);

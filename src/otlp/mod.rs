@@ -17,9 +17,10 @@
 //! `target_info` series Mimir adds (see [`target_info_samples`]). Delta or unspecified
 //! temporality, an exponential scale below -4 and a metric with no data are what Mimir's
 //! translator refuses: such a metric costs nothing, and a request where nothing else is left
-//! is a 400. Exemplars are charged as weir charges them in remote write, that is as for a
-//! tenant with exemplars enabled (Mimir's default, `max_global_exemplars_per_user: 0`, drops
-//! them before its limiter).
+//! is a 400. The counts include every exemplar the translation would carry;
+//! [`crate::format::decode_validated`] charges none of them for a tenant with exemplars off
+//! (`max_global_exemplars_per_user: 0`, Mimir's default, which drops them before its limiter).
+//! OTLP bodies are forwarded as sent, so their exemplars are not checked or cut.
 //!
 //! A protobuf body is counted by [`scan`], a zero-copy walk of the wire format, and never
 //! decoded: the count is all weir needs from it, as the forward sends the client's bytes.

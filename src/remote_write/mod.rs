@@ -23,9 +23,11 @@ use std::cell::RefCell;
 
 use prost::encoding::{decode_key, skip_field, DecodeContext, WireType};
 
-use crate::counts::{DecodeError, Decoded, Discarded, Forward, Refused, WriteCounts};
+use crate::counts::{
+    DecodeError, Decoded, Discarded, DroppedExemplars, Forward, Refused, WriteCounts,
+};
 use crate::ha::HaOutcome;
-use validate::{MetadataVerdict, SeriesCheck, Splice, Validation};
+use validate::{ExemplarSeen, MetadataVerdict, SeriesCheck, Splice, Validation};
 use wire::{check, check_sample, field, is_utf8, short_field};
 
 /// What a remote-write 2.0 receiver reports it wrote, in the `X-Prometheus-Remote-Write-*-Written`
@@ -147,6 +149,7 @@ struct RefusedSeries {
     /// refused, as Mimir checks every series before the metadata.
     first_metadata: Option<String>,
     discarded: Discarded,
+    dropped_exemplars: DroppedExemplars,
 }
 
 /// One change to the uncompressed body.
@@ -175,6 +178,10 @@ fn scan_validating(
     let mut counts = WriteCounts::default();
     let (mut index, mut metadata_index) = (0u64, 0u64);
     let mut seen = SeriesCheck::new();
+    // The request's earliest sample, and the kept series' exemplars (each with its edit),
+    // judged once the scan is over: Mimir keeps an exemplar by that sample's time.
+    let mut earliest_sample = i64::MAX;
+    let mut exemplars: Vec<(usize, Vec<ExemplarSeen>)> = Vec::new();
     while !buf.is_empty() {
         let start = whole.len() - buf.len();
         let (tag, wire_type) = key(&mut buf, "WriteRequest")?;
@@ -187,6 +194,7 @@ fn scan_validating(
                     |reason| DecodeError::Protobuf(format!("timeseries[{index}]: {reason}")),
                 )?;
                 index += 1;
+                earliest_sample = earliest_sample.min(seen.earliest());
                 let verdict = validation.and_then(|v| seen.verdict(v, series));
                 let field = start..whole.len() - buf.len();
                 match verdict {
@@ -195,7 +203,12 @@ fn scan_validating(
                         counts.samples += own.samples;
                         counts.histograms += own.histograms;
                         counts.exemplars += own.exemplars;
-                        if !seen.dropped.is_empty() || !seen.replaced.is_empty() {
+                        let judged = !seen.exemplars.is_empty();
+                        if !seen.dropped.is_empty() || !seen.replaced.is_empty() || judged {
+                            if judged {
+                                let of_series = std::mem::take(&mut seen.exemplars);
+                                exemplars.push((refused.edits.len(), of_series));
+                            }
                             refused.edits.push(Edit::Rewrite {
                                 body: field.end - series.len()..field.end,
                                 field,
@@ -260,6 +273,29 @@ fn scan_validating(
             _ => skip(&mut buf, wire_type, tag, "WriteRequest")?,
         }
     }
+    if let Some(validation) = validation.filter(|_| !exemplars.is_empty()) {
+        let window = validation.exemplar_window(earliest_sample);
+        for (at, of_series) in exemplars {
+            let cuts = validate::exemplar_cuts(
+                &of_series,
+                &validation.limits,
+                &window,
+                &mut refused.dropped_exemplars,
+            );
+            counts.exemplars -= cuts.len() as u64;
+            if let Edit::Rewrite { splices, .. } = &mut refused.edits[at] {
+                splices.extend(cuts.into_iter().map(|range| Splice {
+                    range,
+                    with: Vec::new(),
+                }));
+                splices.sort_by_key(|splice| splice.range.start);
+            }
+        }
+        // A series whose exemplars all stayed, and nothing else changed, keeps its bytes.
+        refused
+            .edits
+            .retain(|edit| !matches!(edit, Edit::Rewrite { splices, .. } if splices.is_empty()));
+    }
     Ok(counts)
 }
 
@@ -310,8 +346,21 @@ fn scan_series<'a>(
             }
             3 => {
                 let exemplar = field(&mut buf, wire_type, "exemplars")?;
-                check::<prompb::Exemplar>(exemplar)
-                    .map_err(|reason| format!("exemplars: {reason}"))?;
+                match validating.as_mut() {
+                    None => check::<prompb::Exemplar>(exemplar),
+                    Some((_, seen)) => <prompb::Exemplar as prost::Message>::decode(exemplar)
+                        .map(|decoded| {
+                            let labels = decoded.labels.iter();
+                            let labels = labels.map(|l| (l.name.as_str(), l.value.as_str()));
+                            seen.exemplars.push(ExemplarSeen {
+                                field: field_start..series.len() - buf.len(),
+                                timestamp: decoded.timestamp,
+                                invalid: validate::exemplar_content(labels, decoded.timestamp),
+                            })
+                        })
+                        .map_err(|err| err.to_string()),
+                }
+                .map_err(|reason| format!("exemplars: {reason}"))?;
                 counts.exemplars += 1;
             }
             4 => {
@@ -445,6 +494,7 @@ pub fn decode_validated(
             counts,
             forward,
             refused,
+            dropped_exemplars: found.dropped_exemplars,
             ha,
         })
     })
@@ -524,6 +574,7 @@ pub(super) fn ha_first<'v>(
                 counts: scan(raw)?,
                 forward: Forward::Nothing,
                 refused: None,
+                dropped_exemplars: DroppedExemplars::default(),
                 ha,
             }))
         }
@@ -1050,5 +1101,204 @@ mod tests {
             ))
         );
         assert!(scan(&raw).is_ok());
+    }
+
+    /// Exemplars of every kind Mimir's checks tell apart: no labels, blank ones, too long
+    /// (in characters, not bytes), no timestamp, and times around `NOW`.
+    fn exemplar() -> impl Strategy<Value = Exemplar> {
+        let labels = prop::sample::select(vec![
+            vec![],
+            vec![("trace_id", "abc".to_string())],
+            vec![("", "abc".to_string())],
+            vec![("trace_id", String::new())],
+            vec![("t", "é".repeat(127))],
+            vec![("t", "é".repeat(128))],
+            vec![("span_id", "1".to_string()), ("trace_id", "2".to_string())],
+        ]);
+        let minute = 60_000;
+        // Every minute around the window's start (5 minutes before the earliest sample, which
+        // lies within 3 minutes of NOW), and its end (10 minutes after NOW) and just past it.
+        let timestamp = prop::sample::select(vec![
+            0,
+            -5,
+            NOW,
+            NOW - 2 * minute,
+            NOW - 3 * minute,
+            NOW - 4 * minute,
+            NOW - 5 * minute,
+            NOW - 6 * minute,
+            NOW - 7 * minute,
+            NOW - 8 * minute,
+            NOW - 9 * minute,
+            NOW - 30 * minute,
+            NOW + 10 * minute,
+            NOW + 10 * minute + 1,
+            NOW + 20 * minute,
+        ]);
+        (labels, timestamp).prop_map(|(labels, timestamp)| Exemplar {
+            labels: labels
+                .into_iter()
+                .map(|(name, value)| Label {
+                    name: name.into(),
+                    value,
+                })
+                .collect(),
+            value: 1.0,
+            timestamp,
+        })
+    }
+
+    /// Valid series with 0 to 2 samples on the minutes from 3 before `NOW` to 2 after, and 0
+    /// to 4 exemplars.
+    fn exemplar_series() -> impl Strategy<Value = TimeSeries> {
+        (
+            0u32..1000,
+            prop::collection::vec(-3i64..3, 0..3),
+            prop::collection::vec(exemplar(), 0..5),
+        )
+            .prop_map(|(id, minutes, exemplars)| TimeSeries {
+                labels: vec![
+                    Label {
+                        name: "__name__".into(),
+                        value: "up".into(),
+                    },
+                    Label {
+                        name: "id".into(),
+                        value: id.to_string(),
+                    },
+                ],
+                samples: minutes
+                    .into_iter()
+                    .map(|minutes| Sample {
+                        value: 1.0,
+                        timestamp: NOW + minutes * 60_000,
+                    })
+                    .collect(),
+                exemplars,
+                ..TimeSeries::default()
+            })
+    }
+
+    /// Mimir's exemplar rules written out from its distributor (`validateExemplars`,
+    /// `validateExemplar`, `validateExemplarTimestamp` and the window of
+    /// `prePushValidationMiddleware`), on decoded series: the exemplars each series keeps, and
+    /// the drops by reason.
+    fn mimir_exemplars(
+        series: &[TimeSeries],
+        limits: &runtime_config::ValidationLimits,
+    ) -> (Vec<Vec<Exemplar>>, DroppedExemplars) {
+        use crate::counts::ExemplarReason as R;
+        let mut dropped = DroppedExemplars::default();
+        let earliest = series
+            .iter()
+            .flat_map(|s| s.samples.iter().map(|sample| sample.timestamp))
+            .min();
+        let past = limits.past_grace_period.as_millis() as i64;
+        let min_ts = match earliest {
+            None => 0,
+            Some(earliest) if past > 0 => (earliest - 300_000).max(NOW - past),
+            Some(earliest) => earliest - 300_000,
+        };
+        let max_ts = NOW + limits.creation_grace_period.as_millis() as i64;
+        let kept = series
+            .iter()
+            .map(|s| {
+                if limits.max_global_exemplars_per_user == 0 {
+                    return vec![];
+                }
+                let mut exemplars = s.exemplars.clone();
+                let cap = limits.max_exemplars_per_series_per_request as usize;
+                if cap > 0 && exemplars.len() > cap {
+                    dropped[R::TooManyPerSeries as usize] += (exemplars.len() - cap) as u64;
+                    exemplars.truncate(cap);
+                }
+                exemplars.retain(|e| {
+                    let length: usize = e
+                        .labels
+                        .iter()
+                        .map(|l| l.name.chars().count() + l.value.chars().count())
+                        .sum();
+                    let reason = if e.labels.is_empty() {
+                        Some(R::LabelsMissing)
+                    } else if e.timestamp == 0 {
+                        Some(R::TimestampInvalid)
+                    } else if length > 128 {
+                        Some(R::LabelsTooLong)
+                    } else if !e
+                        .labels
+                        .iter()
+                        .any(|l| !l.name.is_empty() && !l.value.is_empty())
+                    {
+                        Some(R::LabelsBlank)
+                    } else if e.timestamp < min_ts {
+                        Some(R::TooOld)
+                    } else if e.timestamp > max_ts {
+                        Some(R::TooFarInFuture)
+                    } else {
+                        None
+                    };
+                    if let Some(reason) = reason {
+                        dropped[reason as usize] += 1;
+                    }
+                    reason.is_none()
+                });
+                exemplars
+            })
+            .collect();
+        (kept, dropped)
+    }
+
+    proptest! {
+        /// Each series forwards the exemplars Mimir's rules keep, in their order, and nothing
+        /// else of it changes; the charge counts those, and the drops are counted by reason.
+        #[test]
+        fn exemplars_are_kept_as_mimir_keeps_them(
+            timeseries in prop::collection::vec(exemplar_series(), 1..5),
+            on in any::<bool>(),
+            cap in prop::sample::select(vec![0u32, 1, 2]),
+            past_grace_minutes in prop::sample::select(vec![0u64, 2, 60]),
+        ) {
+            let limits = runtime_config::ValidationLimits {
+                max_global_exemplars_per_user: if on { 100_000 } else { 0 },
+                max_exemplars_per_series_per_request: cap,
+                past_grace_period: std::time::Duration::from_secs(past_grace_minutes * 60),
+                ..runtime_config::ValidationLimits::default()
+            };
+            // Series with samples older than the past grace period would be refused whole.
+            let timeseries: Vec<TimeSeries> = timeseries
+                .into_iter()
+                .map(|mut series| {
+                    if past_grace_minutes == 2 {
+                        series.samples.retain(|sample| sample.timestamp >= NOW - 60_000);
+                    }
+                    series
+                })
+                .collect();
+            let (kept, dropped) = mimir_exemplars(&timeseries, &limits);
+            let request = WriteRequest { timeseries: timeseries.clone(), metadata: vec![] };
+            let body = request.encode_snappy();
+            let decoded = decode_validated(&body, usize::MAX, &Validation::new(limits, NOW)).unwrap();
+            prop_assert!(decoded.refused.is_none());
+            prop_assert_eq!(decoded.dropped_exemplars, dropped);
+            prop_assert_eq!(decoded.counts.exemplars, kept.iter().map(|k| k.len() as u64).sum::<u64>());
+            let unchanged = matches!(decoded.forward, Forward::Unchanged);
+            let forwarded = match decoded.forward {
+                Forward::Unchanged => request.clone(),
+                Forward::Rewritten(rewritten) => {
+                    let raw = snap::raw::Decoder::new().decompress_vec(&rewritten).unwrap();
+                    <WriteRequest as prost::Message>::decode(raw.as_slice()).unwrap()
+                }
+                Forward::Nothing => WriteRequest::default(),
+            };
+            prop_assert_eq!(forwarded.timeseries.len(), timeseries.len());
+            for ((sent, got), kept) in timeseries.iter().zip(&forwarded.timeseries).zip(kept) {
+                prop_assert_eq!(&got.exemplars, &kept);
+                prop_assert_eq!(&got.labels, &sent.labels);
+                prop_assert_eq!(&got.samples, &sent.samples);
+            }
+            // Unchanged exactly when every exemplar stayed.
+            let sent: usize = timeseries.iter().map(|s| s.exemplars.len()).sum();
+            prop_assert_eq!(unchanged, decoded.counts.exemplars == sent as u64);
+        }
     }
 }

@@ -48,11 +48,14 @@ use prost::encoding::{
 
 use super::v2_proto;
 use super::validate::{
-    check_metadata, shortened_value, MetadataVerdict, SeriesCheck, Splice, Validation,
+    check_metadata, exemplar_content, exemplar_cuts, shortened_value, ExemplarSeen,
+    MetadataVerdict, SeriesCheck, Splice, Validation,
 };
 use super::wire::{check, check_sample, field, is_utf8};
 use super::{ha_first, FirstLabels, HaStep};
-use crate::counts::{DecodeError, Decoded, Discarded, Forward, Refused, SeriesReason, WriteCounts};
+use crate::counts::{
+    DecodeError, Decoded, Discarded, DroppedExemplars, Forward, Refused, SeriesReason, WriteCounts,
+};
 
 type Families = HashSet<u64, foldhash::fast::FixedState>;
 
@@ -119,6 +122,7 @@ pub fn decode_validated(
                 counts,
                 forward,
                 refused,
+                dropped_exemplars: found.dropped_exemplars,
                 ha,
             })
         })
@@ -223,6 +227,7 @@ struct Found {
     /// refused.
     first_metadata: Option<String>,
     discarded: Discarded,
+    dropped_exemplars: DroppedExemplars,
     /// The symbols the rewritten series point at, appended to the request.
     appended: Appended,
     /// Hashes of the metric families whose entry was refused: their later entries go too.
@@ -406,6 +411,10 @@ fn scan_with(
     let mut index = 0u64;
     let mut buf = body;
     let mut seen = SeriesCheck::new();
+    // The request's earliest sample, and the kept series' exemplars (each with its edit),
+    // judged once the scan is over, as in 1.0.
+    let mut earliest_sample = i64::MAX;
+    let mut exemplars: Vec<(usize, Vec<ExemplarSeen>)> = Vec::new();
     while !buf.is_empty() {
         let start = body.len() - buf.len();
         let (tag, wire_type) = decode_key(&mut buf).map_err(|e| error(format!("Request: {e}")))?;
@@ -420,6 +429,9 @@ fn scan_with(
             .map_err(|reason| error(format!("timeseries[{index}]: {reason}")))?;
         index += 1;
         let field = start..body.len() - buf.len();
+        if let Some(checking) = &checking {
+            earliest_sample = earliest_sample.min(checking.seen.earliest());
+        }
         match checking.as_ref().and_then(|c| c.verdict(series, &table)) {
             None => {
                 counts.series += 1;
@@ -446,9 +458,17 @@ fn scan_with(
                         counts.metadata += 1;
                     }
                 }
-                let rewrites =
-                    metadata_edit.is_some() || checking.as_ref().is_some_and(|c| c.rewrites());
+                let judged = checking
+                    .as_ref()
+                    .is_some_and(|c| !c.seen.exemplars.is_empty());
+                let rewrites = metadata_edit.is_some()
+                    || judged
+                    || checking.as_ref().is_some_and(|c| c.rewrites());
                 if let Some(checking) = checking.filter(|_| rewrites) {
+                    if judged {
+                        let of_series = std::mem::take(&mut checking.seen.exemplars);
+                        exemplars.push((found.edits.len(), of_series));
+                    }
                     let splices = checking
                         .splices(series, &table, &mut found.appended, metadata_edit)
                         .map_err(|reason| error(format!("timeseries[{}]: {reason}", index - 1)))?;
@@ -467,6 +487,29 @@ fn scan_with(
                 found.first.get_or_insert(message);
             }
         }
+    }
+    if let Some(validation) = validation.filter(|_| !exemplars.is_empty()) {
+        let window = validation.exemplar_window(earliest_sample);
+        for (at, of_series) in exemplars {
+            let cuts = exemplar_cuts(
+                &of_series,
+                &validation.limits,
+                &window,
+                &mut found.dropped_exemplars,
+            );
+            counts.exemplars -= cuts.len() as u64;
+            if let Edit::Rewrite { splices, .. } = &mut found.edits[at] {
+                splices.extend(cuts.into_iter().map(|range| Splice {
+                    range,
+                    with: Vec::new(),
+                }));
+                splices.sort_by_key(|splice| splice.range.start);
+            }
+        }
+        // A series whose exemplars all stayed, and nothing else changed, keeps its bytes.
+        found
+            .edits
+            .retain(|edit| !matches!(edit, Edit::Rewrite { splices, .. } if splices.is_empty()));
     }
     Ok((counts, found))
 }
@@ -718,6 +761,13 @@ fn scan_series<'a>(
                 let exemplar = field(&mut buf, wire_type, "exemplars")?;
                 check::<v2_proto::Exemplar>(exemplar)
                     .and_then(|()| scan_exemplar(exemplar, symbols))
+                    .and_then(|()| match checking.as_deref_mut() {
+                        None => Ok(()),
+                        Some(checking) => {
+                            let field = start..whole.len() - buf.len();
+                            judge_exemplar(exemplar, symbols, field, checking.seen)
+                        }
+                    })
                     .map_err(|reason| format!("exemplars[{exemplars}]: {reason}"))?;
                 exemplars += 1;
             }
@@ -854,6 +904,36 @@ fn scan_exemplar(mut buf: &[u8], symbols: &Symbols) -> Result<(), String> {
         }
     }
     labels.finish("labels_refs")
+}
+
+/// An exemplar of a series being validated, its references already checked: what its own
+/// content fails, for [`exemplar_cuts`] once the request is scanned.
+#[cold]
+#[inline(never)]
+fn judge_exemplar(
+    exemplar: &[u8],
+    symbols: &Symbols,
+    field: Range<usize>,
+    seen: &mut SeriesCheck,
+) -> Result<(), String> {
+    let decoded =
+        <v2_proto::Exemplar as prost::Message>::decode(exemplar).map_err(|e| e.to_string())?;
+    let mut labels = Vec::with_capacity(decoded.labels_refs.len() / 2);
+    for pair in decoded.labels_refs.chunks_exact(2) {
+        let text = |reference: u32| {
+            symbols
+                .get(u64::from(reference), || "labels_refs".to_string())
+                // Symbols are checked UTF-8 when the table is read.
+                .map(|bytes| std::str::from_utf8(bytes).unwrap_or_default())
+        };
+        labels.push((text(pair[0])?, text(pair[1])?));
+    }
+    seen.exemplars.push(ExemplarSeen {
+        field,
+        timestamp: decoded.timestamp,
+        invalid: exemplar_content(labels.into_iter(), decoded.timestamp),
+    });
+    Ok(())
 }
 
 /// A series' metadata, merged, its help and unit read through the symbols.
@@ -1412,6 +1492,10 @@ mod tests {
                 max_metadata_length: 6,
                 creation_grace_period: std::time::Duration::from_secs(600),
                 past_grace_period: std::time::Duration::from_secs(3600),
+                // Exemplars on: the property's are all valid and kept (at NOW, within the
+                // window of any request); `exemplars_are_dropped_as_mimir_drops_them` checks
+                // the drops.
+                max_global_exemplars_per_user: 100_000,
                 ..runtime_config::ValidationLimits::default()
             },
             NOW,
@@ -1733,9 +1817,29 @@ mod tests {
                 }
             }
             let refused_metadata = judged_metadata(&mut kept, &mut oracle);
+            // Exemplars (all at NOW) stay within Mimir's window: from 5 minutes before the
+            // request's earliest sample or histogram, refused series' too (or an hour, the
+            // past grace, before NOW), to 10 minutes after NOW.
+            let in_window = |request: &Request| {
+                let earliest = request
+                    .timeseries
+                    .iter()
+                    .flat_map(|s| s.samples.iter().map(|x| x.timestamp).chain(s.histograms.iter().map(|h| h.timestamp)))
+                    .min();
+                earliest.is_none_or(|earliest| (earliest - 300_000).max(NOW - 3_600_000) <= NOW)
+            };
+            let kept_exemplars = in_window(&request);
             let expected = Request {
                 symbols: oracle.0,
-                timeseries: kept.into_iter().map(|(series, _)| series).collect(),
+                timeseries: kept
+                    .into_iter()
+                    .map(|(mut series, _)| {
+                        if !kept_exemplars {
+                            series.exemplars.clear();
+                        }
+                        series
+                    })
+                    .collect(),
             };
             prop_assert_eq!(counts, crate::fuzzing::expected_v2(&expected));
             let refused_series = (request.timeseries.len() - expected.timeseries.len()) as u64;
@@ -1762,11 +1866,14 @@ mod tests {
                         series.labels_refs.chunks(2).any(|pair| forwarded.symbols[pair[0] as usize] == "b")
                     });
                     prop_assert!(!dropped_left, "no dropped label is forwarded");
-                    // And it passes again as it is.
-                    prop_assert_eq!(
-                        decode_validated(&rewritten, usize::MAX, &validation).unwrap(),
-                        (counts, Forward::Unchanged, None)
-                    );
+                    // And it passes again as it is, unless its exemplars' window moved: the
+                    // refused series' samples no longer count for the earliest.
+                    if in_window(&forwarded) {
+                        prop_assert_eq!(
+                            decode_validated(&rewritten, usize::MAX, &validation).unwrap(),
+                            (counts, Forward::Unchanged, None)
+                        );
+                    }
                 }
             }
         }
@@ -2190,6 +2297,130 @@ mod tests {
             decode_validated(&rewritten, usize::MAX, &tight()).unwrap(),
             (counts, Forward::Unchanged, None),
             "it passes again as it is"
+        );
+    }
+
+    #[test]
+    fn exemplars_are_dropped_as_mimir_drops_them() {
+        use crate::counts::ExemplarReason as R;
+        let long = "é".repeat(128);
+        let request = Request {
+            symbols: symbols(&["", "__name__", "up", "trace_id", "abc", "t", &long, "x"]),
+            timeseries: vec![
+                TimeSeries {
+                    samples: sample_at(NOW - 60_000),
+                    exemplars: [
+                        (vec![3, 4], NOW),
+                        (vec![], NOW),
+                        (vec![3, 4], 0),
+                        (vec![5, 6], NOW),
+                        (vec![3, 0], NOW),
+                        (vec![3, 4], NOW - 7 * 60_000),
+                        (vec![3, 4], NOW + 11 * 60_000),
+                    ]
+                    .into_iter()
+                    .map(|(labels_refs, timestamp)| Exemplar {
+                        labels_refs,
+                        value: 1.0,
+                        timestamp,
+                    })
+                    .collect(),
+                    ..series(vec![1, 2])
+                },
+                TimeSeries {
+                    samples: sample_at(NOW),
+                    exemplars: vec![
+                        Exemplar {
+                            labels_refs: vec![3, 7],
+                            value: 2.0,
+                            timestamp: NOW,
+                        };
+                        3
+                    ],
+                    ..series(vec![1, 2, 5, 7])
+                },
+            ],
+        };
+        let limits = |global, cap| runtime_config::ValidationLimits {
+            max_global_exemplars_per_user: global,
+            max_exemplars_per_series_per_request: cap,
+            ..runtime_config::ValidationLimits::default()
+        };
+        let exemplar = |series: usize, at: usize| request.timeseries[series].exemplars[at].clone();
+        let mut each = DroppedExemplars::default();
+        for reason in [
+            R::LabelsMissing,
+            R::TimestampInvalid,
+            R::LabelsTooLong,
+            R::LabelsBlank,
+            R::TooOld,
+            R::TooFarInFuture,
+        ] {
+            each[reason as usize] = 1;
+        }
+        let mut capped = DroppedExemplars::default();
+        capped[R::LabelsMissing as usize] = 1;
+        capped[R::TooManyPerSeries as usize] = 5 + 1;
+        for (limits, kept, dropped) in [
+            // On, no cap: each of the first series' bad ones goes for its reason.
+            (
+                limits(1, 0),
+                [vec![exemplar(0, 0)], vec![exemplar(1, 0); 3]],
+                each,
+            ),
+            // A cap of 2 a series goes first: the rest of each series goes as too many.
+            (
+                limits(1, 2),
+                [vec![exemplar(0, 0)], vec![exemplar(1, 0); 2]],
+                capped,
+            ),
+            // Off (Mimir's default): every exemplar goes, and none is counted as dropped.
+            (limits(0, 0), [vec![], vec![]], DroppedExemplars::default()),
+        ] {
+            let answer = super::decode_validated(
+                &request.encode_snappy(),
+                usize::MAX,
+                &Validation::new(limits, NOW),
+            )
+            .unwrap();
+            assert_eq!(answer.refused, None);
+            assert_eq!(answer.dropped_exemplars, dropped, "{limits:?}");
+            let forwarded = match answer.forward {
+                Forward::Rewritten(body) => decoded(&body),
+                other => panic!("{other:?}"),
+            };
+            assert_eq!(forwarded.symbols, request.symbols);
+            assert_eq!(
+                answer.counts.exemplars,
+                (kept[0].len() + kept[1].len()) as u64
+            );
+            for ((got, sent), kept) in forwarded
+                .timeseries
+                .iter()
+                .zip(&request.timeseries)
+                .zip(kept)
+            {
+                assert_eq!(got.exemplars, kept, "{limits:?}");
+                assert_eq!(
+                    (&got.labels_refs, &got.samples),
+                    (&sent.labels_refs, &sent.samples)
+                );
+            }
+        }
+        // With every exemplar valid, the client's bytes go on.
+        let clean = Request {
+            timeseries: vec![request.timeseries[1].clone()],
+            ..request.clone()
+        };
+        let decoded = super::decode_validated(
+            &clean.encode_snappy(),
+            usize::MAX,
+            &Validation::new(limits(1, 0), NOW),
+        )
+        .unwrap();
+        assert_eq!(
+            (decoded.forward, decoded.counts.exemplars),
+            (Forward::Unchanged, 3)
         );
     }
 }

@@ -17,7 +17,7 @@ use runtime_config::validation::{LabelValueLengthOverLimitStrategy, LABEL_VALUE_
 use runtime_config::ValidationLimits;
 
 use super::prompb::{BucketSpan, Histogram, MetricMetadata};
-use crate::counts::{MetadataReason, SeriesReason};
+use crate::counts::{ExemplarReason, MetadataReason, SeriesReason};
 
 /// The limits a request is checked against, the replica's clock (Unix milliseconds), and the
 /// label names the tenant's series lose first (`drop_labels`).
@@ -101,6 +101,9 @@ pub(crate) struct SeriesCheck<'a> {
     pub(crate) replaced: Vec<Splice>,
     /// The first histogram over `max_native_histogram_buckets` that stays over it.
     histogram_error: Option<HistogramError>,
+    /// The series' exemplars, in series order, for [`exemplar_cuts`] once the request's
+    /// earliest sample is known.
+    pub(crate) exemplars: Vec<ExemplarSeen>,
     /// Label names, by position, and a metric name that passed the legacy name checks in an
     /// earlier series of the request ([`next`](Self::next) keeps them). The series of one
     /// request mostly share their names, which a compare confirms for less than the checks.
@@ -110,6 +113,104 @@ pub(crate) struct SeriesCheck<'a> {
 
 /// How many label names, by position, [`SeriesCheck`] remembers from series to series.
 const KNOWN_NAMES: usize = 16;
+
+/// One exemplar of a series, as the scan read it: its whole field in the series' bytes, its
+/// timestamp, and what its own content fails ([`exemplar_content`]), if anything.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct ExemplarSeen {
+    pub field: std::ops::Range<usize>,
+    pub timestamp: i64,
+    pub invalid: Option<ExemplarReason>,
+}
+
+/// Mimir's checks of one exemplar's own content (its distributor's `validateExemplar`), in
+/// its order: no labels, no timestamp, labels over 128 characters (names and values
+/// together, in Unicode scalar values), no label with both a name and a value.
+pub(crate) fn exemplar_content<'l>(
+    labels: impl Iterator<Item = (&'l str, &'l str)>,
+    timestamp: i64,
+) -> Option<ExemplarReason> {
+    let (mut count, mut length, mut any_whole) = (0usize, 0usize, false);
+    for (name, value) in labels {
+        count += 1;
+        length += name.chars().count() + value.chars().count();
+        any_whole |= !name.is_empty() && !value.is_empty();
+    }
+    if count == 0 {
+        Some(ExemplarReason::LabelsMissing)
+    } else if timestamp == 0 {
+        Some(ExemplarReason::TimestampInvalid)
+    } else if length > EXEMPLAR_MAX_LABEL_SET_LENGTH {
+        Some(ExemplarReason::LabelsTooLong)
+    } else if !any_whole {
+        Some(ExemplarReason::LabelsBlank)
+    } else {
+        None
+    }
+}
+
+/// Characters an exemplar's labels may hold, names and values together (OpenMetrics').
+pub(crate) const EXEMPLAR_MAX_LABEL_SET_LENGTH: usize = 128;
+
+/// How far before the request's earliest sample an exemplar may be: Prometheus' client
+/// libraries send an exemplar again on every scrape until a newer one replaces it.
+const EXEMPLAR_BEFORE_EARLIEST_SAMPLE_MS: i64 = 5 * 60 * 1000;
+
+impl Validation {
+    /// The exemplar timestamps a request keeps, from its earliest sample or histogram
+    /// (`i64::MAX` when it has none), as Mimir's distributor computes them: no more than 5
+    /// minutes before that sample, nor before `past_grace_period` when it is set, and no
+    /// further ahead than `creation_grace_period`. A request without samples keeps every
+    /// exemplar from the epoch on.
+    pub(crate) fn exemplar_window(&self, earliest_sample: i64) -> std::ops::RangeInclusive<i64> {
+        let earliest = if earliest_sample == i64::MAX {
+            0
+        } else {
+            earliest_sample
+                .saturating_sub(EXEMPLAR_BEFORE_EARLIEST_SAMPLE_MS)
+                .max(self.earliest_ms)
+        };
+        earliest..=self.latest_ms
+    }
+}
+
+/// Mimir's rules for one kept series' exemplars (its distributor's `validateExemplars`), in
+/// its order: with `max_global_exemplars_per_user` at zero every exemplar goes, uncounted;
+/// past `max_exemplars_per_series_per_request` the rest go; then each that fails its own
+/// checks or lies outside `window` goes. Returns the fields to cut, and counts each by
+/// reason in `dropped`. (Mimir also sorts the kept ones by time; the receiver does that.)
+pub(crate) fn exemplar_cuts(
+    exemplars: &[ExemplarSeen],
+    limits: &ValidationLimits,
+    window: &std::ops::RangeInclusive<i64>,
+    dropped: &mut crate::counts::DroppedExemplars,
+) -> Vec<std::ops::Range<usize>> {
+    if limits.max_global_exemplars_per_user == 0 {
+        return exemplars.iter().map(|seen| seen.field.clone()).collect();
+    }
+    let allowed = match limits.max_exemplars_per_series_per_request {
+        0 => exemplars.len(),
+        limit => exemplars.len().min(limit as usize),
+    };
+    let (kept, over) = exemplars.split_at(allowed);
+    dropped[ExemplarReason::TooManyPerSeries as usize] += over.len() as u64;
+    let mut cuts: Vec<_> = over.iter().map(|seen| seen.field.clone()).collect();
+    for seen in kept {
+        let reason = seen.invalid.or(if seen.timestamp < *window.start() {
+            Some(ExemplarReason::TooOld)
+        } else if seen.timestamp > *window.end() {
+            Some(ExemplarReason::TooFarInFuture)
+        } else {
+            None
+        });
+        if let Some(reason) = reason {
+            dropped[reason as usize] += 1;
+            cuts.push(seen.field.clone());
+        }
+    }
+    cuts.sort_by_key(|range| range.start);
+    cuts
+}
 
 /// A field of a message written again: `range`, in the message's bytes, becomes `with` (a
 /// whole field: key, length and body; empty to cut the field).
@@ -145,6 +246,7 @@ impl<'a> SeriesCheck<'a> {
             dropped: Vec::new(),
             replaced: Vec::new(),
             histogram_error: None,
+            exemplars: Vec::new(),
             labels: 0,
             metric_name: None,
             previous_name: b"",
@@ -171,6 +273,7 @@ impl<'a> SeriesCheck<'a> {
             dropped,
             replaced,
             histogram_error,
+            exemplars,
             known_names: _,
             known_metric: _,
         } = self;
@@ -183,6 +286,7 @@ impl<'a> SeriesCheck<'a> {
         dropped.clear();
         replaced.clear();
         *histogram_error = None;
+        exemplars.clear();
     }
 
     /// Whether `name` is a legacy label name, from the name at its position in an earlier
@@ -284,6 +388,12 @@ impl<'a> SeriesCheck<'a> {
     pub(crate) fn timestamp(&mut self, timestamp: i64) {
         self.min_timestamp = self.min_timestamp.min(timestamp);
         self.max_timestamp = self.max_timestamp.max(timestamp);
+    }
+
+    /// The series' earliest sample or histogram timestamp; `i64::MAX` when it has none.
+    #[inline]
+    pub(crate) fn earliest(&self) -> i64 {
+        self.min_timestamp
     }
 
     /// A native histogram of the series, decoded from the bytes `field` (its whole field) of
