@@ -5,6 +5,11 @@
 //!
 //! The configs are the shipped examples in `examples/e2e/`, with their fixed addresses
 //! replaced by free ones. `./scripts/test` installs `prometheus` and `nginx` when missing.
+//!
+//! And exemplars, with Prometheus on both ends: A scrapes an OpenMetrics target whose counter
+//! carries an exemplar and sends exemplars for two tenants, one with exemplars on and one with
+//! Mimir's default (off); B stores what it receives. The tenant with them on has its exemplars
+//! in B; the other has its samples there and no exemplar.
 
 mod common;
 
@@ -365,4 +370,167 @@ fn nix_is_root() -> bool {
         .output()
         .map(|output| String::from_utf8_lossy(&output.stdout).trim() == "0")
         .unwrap_or(false)
+}
+
+/// An OpenMetrics target: one counter with a trace exemplar, as an instrumented service
+/// exposes it.
+async fn exemplar_target() -> SocketAddr {
+    let app = axum::Router::new().route(
+        "/metrics",
+        axum::routing::get(|| async {
+            (
+                [(
+                    "content-type",
+                    "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                )],
+                "# TYPE checkout_requests counter\n\
+                 checkout_requests_total{path=\"/pay\"} 7 # {trace_id=\"4bf92f3577b34da6\"} 1.0\n\
+                 # EOF\n",
+            )
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    addr
+}
+
+/// The exemplars B holds for `selector`, over the last hour.
+async fn exemplars(prometheus: SocketAddr, selector: &str) -> Vec<serde_json::Value> {
+    let end = now_seconds();
+    let Ok(response) = reqwest::Client::new()
+        .get(format!("http://{prometheus}/api/v1/query_exemplars"))
+        .query(&[
+            ("query", selector.to_string()),
+            ("start", format!("{}", end - 3600.0)),
+            ("end", format!("{end}")),
+        ])
+        .send()
+        .await
+    else {
+        return Vec::new();
+    };
+    let body: serde_json::Value = response.json().await.unwrap_or_default();
+    body["data"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .flat_map(|series| series["exemplars"].as_array().cloned().unwrap_or_default())
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn prometheus_exemplars_reach_the_receiver_only_for_a_tenant_that_has_them_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let _logs = DumpLogsOnFailure {
+        dir: dir.path().to_path_buf(),
+        files: &["a.log", "b.log"],
+        lines: 15,
+    };
+    let (a_addr, b_addr) = (free_tcp(), free_tcp());
+    let exemplar_flags = [
+        "--web.enable-remote-write-receiver",
+        "--enable-feature=exemplar-storage",
+    ];
+    let _backend = start_prometheus(
+        dir.path(),
+        "b",
+        &example("prometheus-b.yml", &[]),
+        b_addr,
+        &exemplar_flags,
+    );
+
+    // Two weirs, one a tenant (`--no-auth-tenant`: Debian's Prometheus sends no headers,
+    // prometheus/prometheus#13030): `keep` keeps exemplars, `plain` has Mimir's default.
+    let overrides = dir.path().join("overrides.yaml");
+    std::fs::write(
+        &overrides,
+        "overrides:\n  keep:\n    max_global_exemplars_per_user: 100000\n  plain: {}\n",
+    )
+    .unwrap();
+    let upstream = format!("http://{b_addr}/api/v1/write");
+    let weir = |tenant: &str, ip: u8| {
+        spawn(
+            free_gossip_addr([127, 0, 0, ip]),
+            &[],
+            &format!("e2e-exemplars-{tenant}"),
+            &[
+                "--runtime-config",
+                overrides.to_str().unwrap(),
+                "--upstream",
+                &upstream,
+                "--no-auth-tenant",
+                tenant,
+            ],
+        )
+    };
+    let (keep, plain) = (weir("keep", 17), weir("plain", 18));
+    until_healthy(&[&keep], 1, Duration::from_secs(15)).await;
+    until_healthy(&[&plain], 1, Duration::from_secs(15)).await;
+
+    // Prometheus A scrapes the target every second and sends exemplars to both, marking the
+    // tenant with a label so B, which has no tenants, tells them apart.
+    let target = exemplar_target().await;
+    let remote_write = |replica: &Replica, tenant: &str| {
+        format!(
+            "  - url: http://{}/api/v1/push\n    send_exemplars: true\n    \
+             queue_config:\n      batch_send_deadline: 1s\n    write_relabel_configs:\n      \
+             - target_label: tenant\n        replacement: {tenant}\n",
+            replica.http
+        )
+    };
+    let a_config = format!(
+        "global:\n  scrape_interval: 1s\nscrape_configs:\n  - job_name: checkout\n    \
+         static_configs:\n      - targets: ['{target}']\nremote_write:\n{}{}",
+        remote_write(&keep, "keep"),
+        remote_write(&plain, "plain")
+    );
+    let _client = start_prometheus(dir.path(), "a", &a_config, a_addr, &exemplar_flags[1..]);
+    let a = format!("http://{a_addr}");
+
+    eventually(
+        "the exemplars of tenant `keep` in B",
+        Duration::from_secs(90),
+        || async {
+            exemplars(b_addr, "checkout_requests_total{tenant=\"keep\"}")
+                .await
+                .iter()
+                .any(|exemplar| exemplar["labels"]["trace_id"] == "4bf92f3577b34da6")
+        },
+    )
+    .await;
+    // A sent the other tenant's exemplars too, and B has its samples, not its exemplars.
+    eventually(
+        "tenant `plain`'s samples in B",
+        Duration::from_secs(30),
+        || async {
+            !query(b_addr, "checkout_requests_total{tenant=\"plain\"}")
+                .await
+                .is_empty()
+        },
+    )
+    .await;
+    let sent = metric(&a, "prometheus_remote_storage_exemplars_total").await;
+    assert!(sent >= 2.0, "A sent exemplars for both tenants: {sent}");
+    assert_eq!(
+        exemplars(b_addr, "checkout_requests_total{tenant=\"plain\"}").await,
+        Vec::<serde_json::Value>::new(),
+        "no exemplar of a tenant with them off reaches B"
+    );
+    let (keep, plain) = (
+        format!("http://{}", keep.http),
+        format!("http://{}", plain.http),
+    );
+    let received = "weir_distributor_received_exemplars_total";
+    assert_eq!(metric(&plain, received).await, 0.0);
+    assert!(metric(&keep, received).await >= 1.0);
+    assert!(
+        metric(&plain, "weir_distributor_received_samples_total").await >= 1.0,
+        "the samples of `plain` were charged"
+    );
+    assert_eq!(
+        metric(&keep, "weir_discarded_exemplars_total").await,
+        0.0,
+        "Prometheus' exemplars pass Mimir's checks"
+    );
 }
