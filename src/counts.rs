@@ -45,6 +45,7 @@ pub enum SeriesReason {
     MissingMetricName,
     MetricNameInvalid,
     MaxLabelNamesPerSeries,
+    MaxLabelNamesPerInfoSeries,
     LabelInvalid,
     LabelNameTooLong,
     LabelValueTooLong,
@@ -55,10 +56,11 @@ pub enum SeriesReason {
 }
 
 impl SeriesReason {
-    pub const ALL: [SeriesReason; 10] = [
+    pub const ALL: [SeriesReason; 11] = [
         SeriesReason::MissingMetricName,
         SeriesReason::MetricNameInvalid,
         SeriesReason::MaxLabelNamesPerSeries,
+        SeriesReason::MaxLabelNamesPerInfoSeries,
         SeriesReason::LabelInvalid,
         SeriesReason::LabelNameTooLong,
         SeriesReason::LabelValueTooLong,
@@ -74,6 +76,7 @@ impl SeriesReason {
             SeriesReason::MissingMetricName => "missing_metric_name",
             SeriesReason::MetricNameInvalid => "metric_name_invalid",
             SeriesReason::MaxLabelNamesPerSeries => "max_label_names_per_series",
+            SeriesReason::MaxLabelNamesPerInfoSeries => "max_label_names_per_info_series",
             SeriesReason::LabelInvalid => "label_invalid",
             SeriesReason::LabelNameTooLong => "label_name_too_long",
             SeriesReason::LabelValueTooLong => "label_value_too_long",

@@ -33,6 +33,7 @@ use weir::remote_write::prompb::{
 
 const OVERRIDES: &str = "overrides:\n  v:\n    ingestion_rate: 1000000\n    \
     ingestion_burst_size: 1000000\n    max_label_names_per_series: 5\n    \
+    max_label_names_per_info_series: 7\n    \
     max_label_name_length: 20\n    max_label_value_length: 30\n    \
     creation_grace_period: 10m\n    past_grace_period: 1h\n    drop_labels: [replica]\n";
 
@@ -63,11 +64,23 @@ fn series(labels: &[(&str, &str)], timestamps: &[i64]) -> TimeSeries {
     }
 }
 
+/// `target_info` with `count` labels in all.
+fn info_labels(count: usize) -> Vec<(&'static str, &'static str)> {
+    let names = ["a", "b", "c", "d", "e", "f", "g", "h", "i"];
+    std::iter::once(("__name__", "target_info"))
+        .chain(names[..count - 1].iter().map(|name| (*name, "1")))
+        .collect()
+}
+
 /// Each bad series with the reason it must be refused for.
 fn bad_series(now: i64) -> Vec<(&'static str, TimeSeries)> {
     let long_name = "n".repeat(21);
     let long_value = "v".repeat(31);
     vec![
+        (
+            "max_label_names_per_info_series",
+            series(&info_labels(8), &[now]),
+        ),
         (
             "max_label_names_per_series",
             series(
@@ -174,6 +187,16 @@ async fn bad_series_are_refused_with_mimirs_reasons_and_the_rest_is_forwarded() 
         "the series without `replica`"
     );
 
+    // An info series has a label limit of its own: 7 labels pass where the series limit is 5.
+    let info = WriteRequest {
+        timeseries: vec![series(&info_labels(7), &[now])],
+        metadata: vec![],
+    };
+    let body = info.encode_snappy();
+    let (status, text) = push(&client, &base, body.clone()).await;
+    assert_eq!(status, 200, "{text}");
+    assert_eq!(receiver.take_bodies(), vec![Bytes::from(body)]);
+
     // Two good series around one of each bad kind.
     let first_good = series(&[("__name__", "ok"), ("job", "a")], &[now]);
     let last_good = series(&[("__name__", "ok_two")], &[now - 1_000, now - 500, now]);
@@ -188,8 +211,8 @@ async fn bad_series_are_refused_with_mimirs_reasons_and_the_rest_is_forwarded() 
     let (status, text) = push(&client, &base, mixed.encode_snappy()).await;
     assert_eq!(status, 400, "{text}");
     assert!(
-        text.contains("err-weir-max-label-names-per-series")
-            && text.contains("actual: 6, limit: 5"),
+        text.contains("err-weir-max-label-names-per-info-series")
+            && text.contains("actual: 8, limit: 7"),
         "the first refusal's message: {text}"
     );
     let forwarded = receiver.take_bodies();
@@ -219,7 +242,8 @@ async fn bad_series_are_refused_with_mimirs_reasons_and_the_rest_is_forwarded() 
             "weir_distributor_received_samples_total{user=\"v\"}"
         )
         .await,
-        Some(1.0 + 1.0 + 1.0 + 3.0),
+        // The clean request, the relabelled one, the info series, the good series here.
+        Some(1.0 + 1.0 + 1.0 + 1.0 + 3.0),
         "only the good series' samples are admitted"
     );
 

@@ -28,6 +28,7 @@ const V2: &str = "application/x-protobuf;proto=io.prometheus.write.v2.Request";
 
 const OVERRIDES: &str = "overrides:\n  v:\n    ingestion_rate: 1000000\n    \
     ingestion_burst_size: 1000000\n    max_label_names_per_series: 5\n    \
+    max_label_names_per_info_series: 7\n    \
     max_label_name_length: 20\n    max_label_value_length: 30\n    \
     creation_grace_period: 10m\n    past_grace_period: 1h\n    drop_labels: [replica]\n    \
     max_global_exemplars_per_user: 1000\n";
@@ -146,6 +147,24 @@ fn bad_series(builder: &mut Builder, now: i64) -> Vec<(&'static str, &'static st
             "too_far_in_past",
             "m{}",
             builder.series(&[("__name__", "m")], &[now - 7_200_000, now]),
+        ),
+        // Over the info series' own limit (7), where 6 or 7 labels would pass.
+        (
+            "max_label_names_per_info_series",
+            "target_info{a=\"1\", b=\"1\", c=\"1\", d=\"1\", e=\"1\", f=\"1\", g=\"1\"}",
+            builder.series(
+                &[
+                    ("__name__", "target_info"),
+                    ("a", "1"),
+                    ("b", "1"),
+                    ("c", "1"),
+                    ("d", "1"),
+                    ("e", "1"),
+                    ("f", "1"),
+                    ("g", "1"),
+                ],
+                &[now],
+            ),
         ),
     ]
 }
@@ -270,10 +289,24 @@ async fn bad_2_0_series_are_refused_with_mimirs_reasons_and_the_rest_is_forwarde
         timestamp: now,
         ..Histogram::default()
     }];
+    // An info series has a label limit of its own: 7 labels pass where the series limit is 5.
+    let info_good = builder.series(
+        &[
+            ("__name__", "target_info"),
+            ("a", "1"),
+            ("b", "1"),
+            ("c", "1"),
+            ("d", "1"),
+            ("e", "1"),
+            ("f", "1"),
+        ],
+        &[now],
+    );
     let bad = bad_series(&mut builder, now);
     let mut timeseries = vec![first_good.clone()];
     timeseries.extend(bad.iter().map(|(_, _, series)| series.clone()));
     timeseries.push(last_good.clone());
+    timeseries.push(info_good.clone());
     let mixed = builder.request(timeseries);
     let answer = push(&client, &base, &mixed).await;
     assert_eq!(answer.status, 400, "{}", answer.text);
@@ -285,14 +318,14 @@ async fn bad_2_0_series_are_refused_with_mimirs_reasons_and_the_rest_is_forwarde
     );
     assert_eq!(
         answer.written,
-        [1 + 3, 1, 0],
+        [1 + 3 + 1, 1, 0],
         "the good series were written, and the answer says so"
     );
     let forwarded = decoded(&receiver.one().1);
     assert_eq!(forwarded.symbols, mixed.symbols);
     assert_eq!(
         forwarded.timeseries,
-        vec![first_good, last_good],
+        vec![first_good, last_good, info_good],
         "exactly the good series"
     );
     for (reason, _, _) in &bad {
@@ -316,8 +349,8 @@ async fn bad_2_0_series_are_refused_with_mimirs_reasons_and_the_rest_is_forwarde
         )
         .await,
         // The clean request (2 samples, 1 histogram), the relabelled one (1), the good
-        // series here (1 + 3 samples, 1 histogram).
-        Some(3.0 + 1.0 + 5.0),
+        // series here (1 + 3 + 1 samples, 1 histogram).
+        Some(3.0 + 1.0 + 6.0),
         "only the good series' samples are admitted"
     );
 

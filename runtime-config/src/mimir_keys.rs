@@ -232,7 +232,6 @@ pub(crate) const IGNORED: &[(&str, &str)] = &[
         "not implemented: weir does not count series (Mimir applies it with ingest storage)",
     ),
     ("max_cost_attribution_cardinality", COST_ATTRIBUTION),
-    ("max_label_names_per_info_series", SERIES_VALIDATION),
     ("metric_relabel_configs", RELABELLING),
     ("metric_relabeling_enabled", RELABELLING),
     ("name_validation_scheme", SERIES_VALIDATION),

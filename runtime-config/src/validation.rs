@@ -1,6 +1,7 @@
 //! Mimir's series and metadata validation limits, per tenant: what a distributor checks in
 //! each series and metadata entry before it charges the tenant's ingestion limit. The keys,
 //! their meaning and their defaults are Mimir's (`max_label_names_per_series: 30`,
+//! `max_label_names_per_info_series: 80`,
 //! `max_label_name_length: 1024`, `max_label_value_length: 2048`,
 //! `label_value_length_over_limit_strategy: error`, `creation_grace_period: 10m`,
 //! `past_grace_period: 0s`, which is off, `max_metadata_length: 1024`,
@@ -54,6 +55,9 @@ impl<'de> Deserialize<'de> for LabelValueLengthOverLimitStrategy {
 pub struct ValidationLimits {
     /// Labels per series, `__name__` included.
     pub max_label_names_per_series: u32,
+    /// Labels per info series (a metric name ending in `_info`, such as `target_info`), which
+    /// may have more than `max_label_names_per_series`.
+    pub max_label_names_per_info_series: u32,
     /// Bytes of a label name.
     pub max_label_name_length: u32,
     /// Bytes of a label value. What a longer one does is
@@ -91,6 +95,7 @@ impl Default for ValidationLimits {
     fn default() -> Self {
         ValidationLimits {
             max_label_names_per_series: 30,
+            max_label_names_per_info_series: 80,
             max_label_name_length: 1024,
             max_label_value_length: 2048,
             label_value_length_over_limit_strategy: LabelValueLengthOverLimitStrategy::Error,
@@ -115,6 +120,7 @@ pub(crate) struct ValidationOverride(ValidationKeys);
 #[derive(Debug, Default, Deserialize, Serialize)]
 pub(crate) struct ValidationKeys {
     pub max_label_names_per_series: Option<u32>,
+    pub max_label_names_per_info_series: Option<u32>,
     pub max_label_name_length: Option<u32>,
     pub max_label_value_length: Option<u32>,
     pub label_value_length_over_limit_strategy: Option<LabelValueLengthOverLimitStrategy>,
@@ -169,6 +175,7 @@ impl ValidationOverride {
     pub(crate) fn is_empty(&self) -> bool {
         let ValidationKeys {
             max_label_names_per_series,
+            max_label_names_per_info_series,
             max_label_name_length,
             max_label_value_length,
             label_value_length_over_limit_strategy,
@@ -182,6 +189,7 @@ impl ValidationOverride {
             max_exemplars_per_series_per_request,
         } = &self.0;
         max_label_names_per_series.is_none()
+            && max_label_names_per_info_series.is_none()
             && max_label_name_length.is_none()
             && max_label_value_length.is_none()
             && label_value_length_over_limit_strategy.is_none()
@@ -201,6 +209,9 @@ impl ValidationOverride {
             max_label_names_per_series: keys
                 .max_label_names_per_series
                 .unwrap_or(defaults.max_label_names_per_series),
+            max_label_names_per_info_series: keys
+                .max_label_names_per_info_series
+                .unwrap_or(defaults.max_label_names_per_info_series),
             max_label_name_length: keys
                 .max_label_name_length
                 .unwrap_or(defaults.max_label_name_length),
@@ -269,6 +280,10 @@ mod tests {
                 .unwrap();
         let limits = entry.apply(&ValidationLimits::default());
         assert_eq!(limits.max_label_names_per_series, 40);
+        assert_eq!(
+            limits.max_label_names_per_info_series, 80,
+            "Mimir's default"
+        );
         assert_eq!(limits.max_label_name_length, 1024);
         assert_eq!(limits.past_grace_period, Duration::from_secs(5400));
         assert_eq!(limits.creation_grace_period, Duration::from_secs(600));

@@ -89,6 +89,8 @@ pub(crate) struct SeriesCheck<'a> {
     /// Whether the series' metric name (its `__name__` label's value) is a legacy metric
     /// name; `None` when it has none.
     metric_name: Option<bool>,
+    /// Whether that name ends in `_info`: an info series, with a label limit of its own.
+    info: bool,
     previous_name: &'a [u8],
     /// The first label that failed a per-label check, with its index.
     label_error: Option<(SeriesReason, u32)>,
@@ -249,6 +251,7 @@ impl<'a> SeriesCheck<'a> {
             exemplars: Vec::new(),
             labels: 0,
             metric_name: None,
+            info: false,
             previous_name: b"",
             label_error: None,
             min_timestamp: i64::MAX,
@@ -266,6 +269,7 @@ impl<'a> SeriesCheck<'a> {
         let SeriesCheck {
             labels,
             metric_name,
+            info,
             previous_name,
             label_error,
             min_timestamp,
@@ -279,6 +283,7 @@ impl<'a> SeriesCheck<'a> {
         } = self;
         *labels = 0;
         *metric_name = None;
+        *info = false;
         *previous_name = b"";
         *label_error = None;
         *min_timestamp = i64::MAX;
@@ -362,6 +367,7 @@ impl<'a> SeriesCheck<'a> {
     ) {
         if same_name(name, b"__name__") {
             self.metric_name = Some(self.is_metric_name_known(value));
+            self.info = value.ends_with(b"_info");
         }
         if self.label_error.is_none() {
             let reason = if !self.is_label_name_at(name) {
@@ -444,8 +450,18 @@ impl<'a> SeriesCheck<'a> {
         let reason = match self.metric_name {
             None => SeriesReason::MissingMetricName,
             Some(false) => SeriesReason::MetricNameInvalid,
-            Some(_) if self.labels > limits.max_label_names_per_series => {
+            // An info series over the series limit is held to its own, Mimir's order.
+            Some(_) if self.labels > limits.max_label_names_per_series && !self.info => {
                 SeriesReason::MaxLabelNamesPerSeries
+            }
+            Some(_)
+                if self.info
+                    && self.labels
+                        > limits
+                            .max_label_names_per_info_series
+                            .max(limits.max_label_names_per_series) =>
+            {
+                SeriesReason::MaxLabelNamesPerInfoSeries
             }
             Some(_) => match self.label_error {
                 Some((reason, _)) => reason,
@@ -495,6 +511,14 @@ impl<'a> SeriesCheck<'a> {
                     self.labels, limits.max_label_names_per_series
                 ),
                 raise("max_label_names_per_series"),
+            ),
+            SeriesReason::MaxLabelNamesPerInfoSeries => (
+                format!(
+                    "received an info series whose number of labels exceeds the limit \
+                     (actual: {}, limit: {}) series: '{named}'",
+                    self.labels, limits.max_label_names_per_info_series
+                ),
+                raise("max_label_names_per_info_series"),
             ),
             SeriesReason::LabelInvalid => (
                 format!(
@@ -1058,6 +1082,60 @@ mod tests {
             Some(SeriesReason::DuplicateLabelNames)
         );
         assert_eq!(judged(&mut seen, &good), None);
+    }
+
+    /// Mimir's two label limits: an info series (`…_info`) over the series limit is held to
+    /// its own, with its own reason; any other series to the series limit.
+    #[test]
+    fn info_series_have_a_label_limit_of_their_own() {
+        let limits = ValidationLimits {
+            max_label_names_per_series: 3,
+            max_label_names_per_info_series: 5,
+            ..ValidationLimits::default()
+        };
+        let validation = Validation::new(limits, 0);
+        let mut seen = SeriesCheck::new();
+        let names = ["a", "b", "c", "d", "e", "f"];
+        let mut judged = |metric: &'static str, labels: usize| {
+            seen.next();
+            seen.label(b"__name__", metric.as_bytes(), &limits);
+            for name in &names[..labels - 1] {
+                seen.label(name.as_bytes(), b"1", &limits);
+            }
+            seen.verdict(&validation, b"")
+        };
+        assert_eq!(judged("up", 3), None);
+        assert_eq!(
+            judged("up", 4).map(|(reason, _)| reason),
+            Some(SeriesReason::MaxLabelNamesPerSeries)
+        );
+        assert_eq!(judged("target_info", 4), None);
+        assert_eq!(judged("target_info", 5), None);
+        let (reason, message) = judged("target_info", 6).unwrap();
+        assert_eq!(reason, SeriesReason::MaxLabelNamesPerInfoSeries);
+        assert!(
+            message.contains("received an info series whose number of labels exceeds the limit (actual: 6, limit: 5)")
+                && message.contains("(err-weir-max-label-names-per-info-series)")
+                && message.contains("max_label_names_per_info_series"),
+            "{message}"
+        );
+        // `_info` must end the name.
+        assert_eq!(
+            judged("info_total", 4).map(|(reason, _)| reason),
+            Some(SeriesReason::MaxLabelNamesPerSeries)
+        );
+        // An info limit under the series limit does not lower it, as in Mimir.
+        let lower = ValidationLimits {
+            max_label_names_per_series: 3,
+            max_label_names_per_info_series: 2,
+            ..ValidationLimits::default()
+        };
+        let validation = Validation::new(lower, 0);
+        seen.next();
+        for (name, value) in [("__name__", "x_info"), ("a", "1"), ("b", "1")] {
+            seen.label(name.as_bytes(), value.as_bytes(), &lower);
+        }
+        assert_eq!(seen.verdict(&validation, b""), None);
     }
 
     fn limits(strategy: LabelValueLengthOverLimitStrategy, max: u32) -> ValidationLimits {
