@@ -27,7 +27,7 @@ use crate::counts::{
     DecodeError, Decoded, Discarded, DroppedExemplars, Forward, Refused, WriteCounts,
 };
 use crate::ha::HaOutcome;
-use validate::{ExemplarSeen, MetadataVerdict, SeriesCheck, Splice, Validation};
+use validate::{ExemplarSeen, MetadataVerdict, PendingExemplars, SeriesCheck, Splice, Validation};
 use wire::{check, check_sample, field, is_utf8, short_field};
 
 /// What a remote-write 2.0 receiver reports it wrote, in the `X-Prometheus-Remote-Write-*-Written`
@@ -167,6 +167,16 @@ enum Edit {
     },
 }
 
+impl Edit {
+    /// A rewrite's splices; a cut has none.
+    fn splices(&mut self) -> Option<&mut Vec<Splice>> {
+        match self {
+            Edit::Rewrite { splices, .. } => Some(splices),
+            Edit::Cut(_) => None,
+        }
+    }
+}
+
 /// [`scan`], and with `validation` each series is checked as Mimir's distributor checks it:
 /// a refused series is not counted, and lands in `refused`.
 fn scan_validating(
@@ -178,10 +188,7 @@ fn scan_validating(
     let mut counts = WriteCounts::default();
     let (mut index, mut metadata_index) = (0u64, 0u64);
     let mut seen = SeriesCheck::new();
-    // The request's earliest sample, and the kept series' exemplars (each with its edit),
-    // judged once the scan is over: Mimir keeps an exemplar by that sample's time.
-    let mut earliest_sample = i64::MAX;
-    let mut exemplars: Vec<(usize, Vec<ExemplarSeen>)> = Vec::new();
+    let mut exemplars = PendingExemplars::default();
     while !buf.is_empty() {
         let start = whole.len() - buf.len();
         let (tag, wire_type) = key(&mut buf, "WriteRequest")?;
@@ -194,7 +201,7 @@ fn scan_validating(
                     |reason| DecodeError::Protobuf(format!("timeseries[{index}]: {reason}")),
                 )?;
                 index += 1;
-                earliest_sample = earliest_sample.min(seen.earliest());
+                exemplars.samples_from(seen.earliest());
                 let verdict = validation.and_then(|v| seen.verdict(v, series));
                 let field = start..whole.len() - buf.len();
                 match verdict {
@@ -207,7 +214,7 @@ fn scan_validating(
                         if !seen.dropped.is_empty() || !seen.replaced.is_empty() || judged {
                             if judged {
                                 let of_series = std::mem::take(&mut seen.exemplars);
-                                exemplars.push((refused.edits.len(), of_series));
+                                exemplars.push(refused.edits.len(), of_series);
                             }
                             refused.edits.push(Edit::Rewrite {
                                 body: field.end - series.len()..field.end,
@@ -273,28 +280,13 @@ fn scan_validating(
             _ => skip(&mut buf, wire_type, tag, "WriteRequest")?,
         }
     }
-    if let Some(validation) = validation.filter(|_| !exemplars.is_empty()) {
-        let window = validation.exemplar_window(earliest_sample);
-        for (at, of_series) in exemplars {
-            let cuts = validate::exemplar_cuts(
-                &of_series,
-                &validation.limits,
-                &window,
-                &mut refused.dropped_exemplars,
-            );
-            counts.exemplars -= cuts.len() as u64;
-            if let Edit::Rewrite { splices, .. } = &mut refused.edits[at] {
-                splices.extend(cuts.into_iter().map(|range| Splice {
-                    range,
-                    with: Vec::new(),
-                }));
-                splices.sort_by_key(|splice| splice.range.start);
-            }
-        }
-        // A series whose exemplars all stayed, and nothing else changed, keeps its bytes.
-        refused
-            .edits
-            .retain(|edit| !matches!(edit, Edit::Rewrite { splices, .. } if splices.is_empty()));
+    if let Some(validation) = validation {
+        counts.exemplars -= exemplars.settle(
+            validation,
+            &mut refused.edits,
+            Edit::splices,
+            &mut refused.dropped_exemplars,
+        );
     }
     Ok(counts)
 }

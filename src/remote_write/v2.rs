@@ -48,8 +48,8 @@ use prost::encoding::{
 
 use super::v2_proto;
 use super::validate::{
-    check_metadata, exemplar_content, exemplar_cuts, shortened_value, ExemplarSeen,
-    MetadataVerdict, SeriesCheck, Splice, Validation,
+    check_metadata, exemplar_content, shortened_value, ExemplarSeen, MetadataVerdict,
+    PendingExemplars, SeriesCheck, Splice, Validation,
 };
 use super::wire::{check, check_sample, field, is_utf8};
 use super::{ha_first, FirstLabels, HaStep};
@@ -357,6 +357,16 @@ enum Edit {
     },
 }
 
+impl Edit {
+    /// A rewrite's splices; a cut has none.
+    fn splices(&mut self) -> Option<&mut Vec<Splice>> {
+        match self {
+            Edit::Rewrite { splices, .. } => Some(splices),
+            Edit::Cut(_) => None,
+        }
+    }
+}
+
 fn scan_with(
     body: &[u8],
     symbols: &mut Vec<(u32, u32)>,
@@ -411,10 +421,7 @@ fn scan_with(
     let mut index = 0u64;
     let mut buf = body;
     let mut seen = SeriesCheck::new();
-    // The request's earliest sample, and the kept series' exemplars (each with its edit),
-    // judged once the scan is over, as in 1.0.
-    let mut earliest_sample = i64::MAX;
-    let mut exemplars: Vec<(usize, Vec<ExemplarSeen>)> = Vec::new();
+    let mut exemplars = PendingExemplars::default();
     while !buf.is_empty() {
         let start = body.len() - buf.len();
         let (tag, wire_type) = decode_key(&mut buf).map_err(|e| error(format!("Request: {e}")))?;
@@ -430,7 +437,7 @@ fn scan_with(
         index += 1;
         let field = start..body.len() - buf.len();
         if let Some(checking) = &checking {
-            earliest_sample = earliest_sample.min(checking.seen.earliest());
+            exemplars.samples_from(checking.seen.earliest());
         }
         match checking.as_ref().and_then(|c| c.verdict(series, &table)) {
             None => {
@@ -467,7 +474,7 @@ fn scan_with(
                 if let Some(checking) = checking.filter(|_| rewrites) {
                     if judged {
                         let of_series = std::mem::take(&mut checking.seen.exemplars);
-                        exemplars.push((found.edits.len(), of_series));
+                        exemplars.push(found.edits.len(), of_series);
                     }
                     let splices = checking
                         .splices(series, &table, &mut found.appended, metadata_edit)
@@ -488,28 +495,13 @@ fn scan_with(
             }
         }
     }
-    if let Some(validation) = validation.filter(|_| !exemplars.is_empty()) {
-        let window = validation.exemplar_window(earliest_sample);
-        for (at, of_series) in exemplars {
-            let cuts = exemplar_cuts(
-                &of_series,
-                &validation.limits,
-                &window,
-                &mut found.dropped_exemplars,
-            );
-            counts.exemplars -= cuts.len() as u64;
-            if let Edit::Rewrite { splices, .. } = &mut found.edits[at] {
-                splices.extend(cuts.into_iter().map(|range| Splice {
-                    range,
-                    with: Vec::new(),
-                }));
-                splices.sort_by_key(|splice| splice.range.start);
-            }
-        }
-        // A series whose exemplars all stayed, and nothing else changed, keeps its bytes.
-        found
-            .edits
-            .retain(|edit| !matches!(edit, Edit::Rewrite { splices, .. } if splices.is_empty()));
+    if let Some(validation) = validation {
+        counts.exemplars -= exemplars.settle(
+            validation,
+            &mut found.edits,
+            Edit::splices,
+            &mut found.dropped_exemplars,
+        );
     }
     Ok((counts, found))
 }

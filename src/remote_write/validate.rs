@@ -214,6 +214,61 @@ pub(crate) fn exemplar_cuts(
     cuts
 }
 
+/// The exemplars of a request's kept series, judged once the scan is over: an exemplar's
+/// age is measured from the request's earliest sample, which only the whole scan knows.
+#[derive(Default)]
+pub(crate) struct PendingExemplars {
+    earliest_sample: Option<i64>,
+    /// Each kept series' exemplars, with the index of the series' edit.
+    series: Vec<(usize, Vec<ExemplarSeen>)>,
+}
+
+impl PendingExemplars {
+    /// A series' earliest sample or histogram, refused series' too, as Mimir's window takes
+    /// them (`i64::MAX` when it has none).
+    #[inline]
+    pub(crate) fn samples_from(&mut self, earliest: i64) {
+        let known = self.earliest_sample.unwrap_or(i64::MAX);
+        self.earliest_sample = Some(known.min(earliest));
+    }
+
+    /// A kept series' exemplars, its rewrite being `edit` among the request's edits.
+    pub(crate) fn push(&mut self, edit: usize, exemplars: Vec<ExemplarSeen>) {
+        self.series.push((edit, exemplars));
+    }
+
+    /// Each series' cuts ([`exemplar_cuts`]) joined to its rewrite's splices (`splices`
+    /// finds them in an edit), in order; a rewrite left with no splice is no edit at all.
+    /// Returns how many exemplars were cut, and counts the drops by reason in `dropped`.
+    pub(crate) fn settle<E>(
+        self,
+        validation: &Validation,
+        edits: &mut Vec<E>,
+        splices: fn(&mut E) -> Option<&mut Vec<Splice>>,
+        dropped: &mut crate::counts::DroppedExemplars,
+    ) -> u64 {
+        if self.series.is_empty() {
+            return 0;
+        }
+        let window = validation.exemplar_window(self.earliest_sample.unwrap_or(i64::MAX));
+        let mut cut = 0;
+        for (at, exemplars) in self.series {
+            let cuts = exemplar_cuts(&exemplars, &validation.limits, &window, dropped);
+            cut += cuts.len() as u64;
+            if let Some(splices) = splices(&mut edits[at]) {
+                splices.extend(cuts.into_iter().map(|range| Splice {
+                    range,
+                    with: Vec::new(),
+                }));
+                splices.sort_by_key(|splice| splice.range.start);
+            }
+        }
+        // A series whose exemplars all stayed, and nothing else changed, keeps its bytes.
+        edits.retain_mut(|edit| splices(edit).is_none_or(|splices| !splices.is_empty()));
+        cut
+    }
+}
+
 /// A field of a message written again: `range`, in the message's bytes, becomes `with` (a
 /// whole field: key, length and body; empty to cut the field).
 #[derive(Debug, Clone, PartialEq, Eq)]
