@@ -385,7 +385,9 @@ fn scan_label<'a>(
 ) -> Result<(), String> {
     let (name, value) = check_label(label).map_err(|reason| label_error(*labels, reason))?;
     if let Some((validation, seen)) = validating.as_mut() {
-        if validation.drop_labels.is_some() && validation.drops(name) {
+        // A label with an empty value goes before the checks, as `drop_labels`' do: Mimir
+        // removes them (Prometheus stores none).
+        if value.is_empty() || (validation.drop_labels.is_some() && validation.drops(name)) {
             seen.dropped.push(field);
         } else {
             seen.label_in(name, value, &validation.limits, field);
@@ -1093,6 +1095,72 @@ mod tests {
             ))
         );
         assert!(scan(&raw).is_ok());
+    }
+
+    /// Labels with an empty value are removed before the checks, as Mimir removes them: they
+    /// neither count towards the label limit nor are checked, and the receiver never sees
+    /// them; a series whose `__name__` is empty has no metric name.
+    #[test]
+    fn labels_with_an_empty_value_are_removed_first() {
+        let label = |name: &str, value: &str| Label {
+            name: name.into(),
+            value: value.into(),
+        };
+        let sample = vec![Sample {
+            value: 1.0,
+            timestamp: NOW,
+        }];
+        let with_empty = TimeSeries {
+            labels: vec![
+                label("__name__", "up"),
+                label("a", "1"),
+                label("bad-name", ""),
+                label("c", "1"),
+                label("d", ""),
+                label("e", "1"),
+            ],
+            samples: sample.clone(),
+            ..TimeSeries::default()
+        };
+        let request = WriteRequest {
+            timeseries: vec![with_empty],
+            metadata: vec![],
+        };
+        // tight(): at most 4 labels, `b` dropped; the series has 4 once its empty ones go.
+        let decoded = decode_validated(&request.encode_snappy(), usize::MAX, &tight()).unwrap();
+        assert_eq!(decoded.refused, None);
+        let Forward::Rewritten(body) = decoded.forward else {
+            panic!("{:?}", decoded.forward);
+        };
+        let raw = snap::raw::Decoder::new().decompress_vec(&body).unwrap();
+        let forwarded = <WriteRequest as prost::Message>::decode(raw.as_slice()).unwrap();
+        assert_eq!(
+            forwarded.timeseries[0].labels,
+            vec![
+                label("__name__", "up"),
+                label("a", "1"),
+                label("c", "1"),
+                label("e", "1")
+            ]
+        );
+        let nameless = WriteRequest {
+            timeseries: vec![TimeSeries {
+                labels: vec![label("__name__", ""), label("a", "1")],
+                samples: sample,
+                ..TimeSeries::default()
+            }],
+            metadata: vec![],
+        };
+        let refused = decode_validated(&nameless.encode_snappy(), usize::MAX, &tight())
+            .unwrap()
+            .refused
+            .unwrap();
+        assert!(
+            refused.first.contains("(err-weir-missing-metric-name)")
+                && refused.first.contains("series: '{a=\"1\"}'"),
+            "{}",
+            refused.first
+        );
     }
 
     /// Exemplars of every kind Mimir's checks tell apart: no labels, blank ones, too long

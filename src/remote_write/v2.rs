@@ -575,7 +575,11 @@ impl<'a, 'v> Checking<'a, 'v> {
     fn label(&mut self, name: &'a [u8], value: &'a [u8]) {
         let pair = self.pairs;
         self.pairs += 1;
-        if self.validation.drop_labels.is_some() && self.validation.drops(name) {
+        // A label with an empty value goes before the checks, as `drop_labels`' do: Mimir
+        // removes them (Prometheus stores none).
+        if value.is_empty()
+            || (self.validation.drop_labels.is_some() && self.validation.drops(name))
+        {
             self.dropped = true;
         } else if value.len() > self.validation.limits.max_label_value_length as usize {
             self.long_value(name, value, pair);
@@ -641,7 +645,8 @@ impl<'a, 'v> Checking<'a, 'v> {
             let mut packed = Vec::with_capacity(references.len() * 2);
             for (at, pair) in references.chunks_exact(2).enumerate() {
                 let name = symbols.get(u64::from(pair[0]), || "labels_refs".to_string())?;
-                if self.validation.drops(name) {
+                let value = symbols.get(u64::from(pair[1]), || "labels_refs".to_string())?;
+                if value.is_empty() || self.validation.drops(name) {
                     continue;
                 }
                 let value = match values.next_if(|(pair, _)| *pair as usize == at) {
@@ -1632,7 +1637,8 @@ mod tests {
                 let text = |i: u32| symbols.text(i).to_string();
                 (text(pair[0]), text(pair[1]), [pair[0], pair[1]])
             })
-            .filter(|(name, _, _)| name != "b")
+            // drop_labels, then the labels with an empty value, which Mimir removes.
+            .filter(|(name, value, _)| name != "b" && !value.is_empty())
             .collect();
         let legacy = |name: &str, colon: bool| {
             let mut chars = name.chars();

@@ -535,7 +535,7 @@ impl<'a> SeriesCheck<'a> {
         let limits = &validation.limits;
         let labels: Vec<(String, String)> = labels_of(series)
             .into_iter()
-            .filter(|(name, _)| !validation.drops(name.as_bytes()))
+            .filter(|(name, value)| !value.is_empty() && !validation.drops(name.as_bytes()))
             .collect();
         let named = render(&labels);
         let label = self
