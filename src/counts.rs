@@ -218,5 +218,8 @@ pub struct Decoded {
     /// Exemplars dropped by Mimir's exemplar checks (not those taken out because the
     /// tenant's exemplars are off, which Mimir does not count either).
     pub dropped_exemplars: DroppedExemplars,
+    /// Samples and histograms dropped for repeating a timestamp of their series
+    /// (`sample_duplicate_timestamp`), neither charged nor forwarded.
+    pub repeated_timestamps: u64,
     pub ha: crate::ha::HaOutcome,
 }

@@ -89,6 +89,7 @@ pub fn decode_validated(
                 forward: Forward::Unchanged,
                 refused: None,
                 dropped_exemplars: Default::default(),
+                repeated_timestamps: 0,
                 ha: crate::ha::HaOutcome::Off,
             }
         }),

@@ -281,6 +281,7 @@ async fn admit(
         forward,
         refused,
         dropped_exemplars,
+        repeated_timestamps,
         ha,
     } = decode(body.clone(), max_size, format, validation)
         .await
@@ -320,7 +321,9 @@ async fn admit(
     if let Some(refused) = &refused {
         tenant.data.discard_series(&refused.samples);
     }
-    tenant.data.drop_exemplars(&dropped_exemplars);
+    tenant
+        .data
+        .count_drops(&dropped_exemplars, repeated_timestamps);
     let body = match forward {
         Forward::Unchanged => body,
         Forward::Rewritten(rewritten) => rewritten,

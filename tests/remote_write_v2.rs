@@ -47,7 +47,17 @@ fn request(series: usize) -> Request {
     }
     timeseries.push(TimeSeries {
         labels_refs: vec![1, 2],
-        histograms: vec![Histogram::default(), Histogram::default()],
+        // Two timestamps: one repeating the other would be dropped, as Mimir drops it.
+        histograms: vec![
+            Histogram {
+                timestamp: 1_700_000_000_000,
+                ..Histogram::default()
+            },
+            Histogram {
+                timestamp: 1_700_000_000_001,
+                ..Histogram::default()
+            },
+        ],
         exemplars: vec![Exemplar {
             labels_refs: vec![3, 4],
             value: 1.0,

@@ -15,6 +15,8 @@
 //!   `weir_discarded_metadata_total`;
 //! - a native histogram over `max_native_histogram_buckets` reaches the receiver at a lower
 //!   resolution, or refuses its series when it cannot be reduced or reduction is off;
+//! - a sample repeating a timestamp of its series is dropped and counted
+//!   (`sample_duplicate_timestamp`), the push accepted;
 //! - exemplars: with `max_global_exemplars_per_user` at 0 (Mimir's default) none is charged or
 //!   forwarded; with it set, the ones Mimir's checks drop never reach the receiver and are
 //!   counted by reason in `weir_discarded_exemplars_total`, and the push is answered 200.
@@ -197,6 +199,29 @@ async fn bad_series_are_refused_with_mimirs_reasons_and_the_rest_is_forwarded() 
     assert_eq!(status, 200, "{text}");
     assert_eq!(receiver.take_bodies(), vec![Bytes::from(body)]);
 
+    // A sample repeating a timestamp of its series goes, uncharged and counted, as in
+    // Mimir; the push is accepted.
+    let repeating = WriteRequest {
+        timeseries: vec![series(&[("__name__", "rep")], &[now - 1, now, now - 1])],
+        metadata: vec![],
+    };
+    let (status, text) = push(&client, &base, repeating.encode_snappy()).await;
+    assert_eq!(status, 200, "{text}");
+    let forwarded = receiver.take_bodies();
+    assert_eq!(
+        decoded(&forwarded[0]).timeseries,
+        vec![series(&[("__name__", "rep")], &[now - 1, now])]
+    );
+    assert_eq!(
+        common::metric_at(
+            &client,
+            &base,
+            "weir_discarded_samples_total{reason=\"sample_duplicate_timestamp\",user=\"v\"}"
+        )
+        .await,
+        Some(1.0)
+    );
+
     // Two good series around one of each bad kind.
     let first_good = series(&[("__name__", "ok"), ("job", "a")], &[now]);
     let last_good = series(&[("__name__", "ok_two")], &[now - 1_000, now - 500, now]);
@@ -242,8 +267,9 @@ async fn bad_series_are_refused_with_mimirs_reasons_and_the_rest_is_forwarded() 
             "weir_distributor_received_samples_total{user=\"v\"}"
         )
         .await,
-        // The clean request, the relabelled one, the info series, the good series here.
-        Some(1.0 + 1.0 + 1.0 + 1.0 + 3.0),
+        // The clean request, the relabelled one, the info series, the repeating one (2 of 3),
+        // the good series here.
+        Some(1.0 + 1.0 + 1.0 + 2.0 + 1.0 + 3.0),
         "only the good series' samples are admitted"
     );
 

@@ -43,8 +43,8 @@ impl Gauge64 {
     }
 }
 
-/// One tenant's series: 31 atomics (248 bytes) and a pointer to the exemplar drops' 7, kept
-/// with its limiter state.
+/// One tenant's series: 31 atomics (248 bytes) and a pointer to 8 more for the drops that
+/// refuse nothing, kept with its limiter state.
 #[derive(Debug, Default)]
 pub struct TenantMetrics {
     pub requests_in: Counter,
@@ -63,9 +63,17 @@ pub struct TenantMetrics {
     invalid_samples: [Counter; SeriesReason::ALL.len()],
     /// Metadata entries refused by validation, per [`MetadataReason`].
     invalid_metadata: [Counter; MetadataReason::ALL.len()],
-    /// Exemplars dropped by validation, per [`ExemplarReason`]: made on the first drop, so
-    /// a tenant that never has one pays a pointer, not seven counters.
-    dropped_exemplars: OnceBox<[Counter; ExemplarReason::ALL.len()]>,
+    /// What validation drops without refusing a series: made on the first drop, so a tenant
+    /// that never has one pays a pointer, not eight counters.
+    drops: OnceBox<Drops>,
+}
+
+/// A tenant's drops that refuse nothing: exemplars, per [`ExemplarReason`], and samples and
+/// histograms that repeated a timestamp of their series.
+#[derive(Debug, Default)]
+struct Drops {
+    exemplars: [Counter; ExemplarReason::ALL.len()],
+    repeated_timestamps: Counter,
 }
 
 impl TenantMetrics {
@@ -82,16 +90,20 @@ impl TenantMetrics {
         }
     }
 
-    /// Exemplars validation dropped from one push, per [`ExemplarReason`].
-    pub fn drop_exemplars(&self, dropped: &DroppedExemplars) {
-        if dropped.iter().all(|&items| items == 0) {
+    /// What validation dropped from one push without refusing a series: exemplars, per
+    /// [`ExemplarReason`], and samples and histograms that repeated a timestamp.
+    pub fn count_drops(&self, exemplars: &DroppedExemplars, repeated_timestamps: u64) {
+        if repeated_timestamps == 0 && exemplars.iter().all(|&items| items == 0) {
             return;
         }
-        let counters = self.dropped_exemplars.get_or_init(Box::default);
-        for (counter, &items) in counters.iter().zip(dropped) {
+        let drops = self.drops.get_or_init(Box::default);
+        for (counter, &items) in drops.exemplars.iter().zip(exemplars) {
             if items > 0 {
                 counter.inc_by(items);
             }
+        }
+        if repeated_timestamps > 0 {
+            drops.repeated_timestamps.inc_by(repeated_timestamps);
         }
     }
 
@@ -202,6 +214,15 @@ pub(super) const TENANT_FAMILIES: [TenantFamily; 10] = [
                     sample(out, name, &labels, counter.get() as f64);
                 }
             }
+            // Mimir's reason for a sample or histogram that repeated a timestamp.
+            let repeated = m
+                .drops
+                .get()
+                .map_or(0, |drops| drops.repeated_timestamps.get());
+            if repeated > 0 {
+                let labels = [("reason", "sample_duplicate_timestamp"), ("user", user)];
+                sample(out, name, &labels, repeated as f64);
+            }
         },
     },
     TenantFamily {
@@ -224,10 +245,10 @@ pub(super) const TENANT_FAMILIES: [TenantFamily; 10] = [
         kind: "counter",
         write: |out, name, user, m| {
             // Only once one was dropped, as validation's sample reasons.
-            let Some(counters) = m.dropped_exemplars.get() else {
+            let Some(drops) = m.drops.get() else {
                 return;
             };
-            for (reason, counter) in ExemplarReason::ALL.iter().zip(counters.iter()) {
+            for (reason, counter) in ExemplarReason::ALL.iter().zip(drops.exemplars.iter()) {
                 if counter.get() > 0 {
                     let labels = [("reason", reason.as_str()), ("user", user)];
                     sample(out, name, &labels, counter.get() as f64);

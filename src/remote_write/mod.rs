@@ -150,6 +150,8 @@ struct RefusedSeries {
     first_metadata: Option<String>,
     discarded: Discarded,
     dropped_exemplars: DroppedExemplars,
+    /// Samples and histograms that repeated a timestamp of their series.
+    repeated: u64,
 }
 
 /// One change to the uncompressed body.
@@ -206,9 +208,11 @@ fn scan_validating(
                 let field = start..whole.len() - buf.len();
                 match verdict {
                     None => {
+                        let (samples_cut, histograms_cut) = seen.cut_repeats(series, 4);
+                        refused.repeated += samples_cut + histograms_cut;
                         counts.series += 1;
-                        counts.samples += own.samples;
-                        counts.histograms += own.histograms;
+                        counts.samples += own.samples - samples_cut;
+                        counts.histograms += own.histograms - histograms_cut;
                         counts.exemplars += own.exemplars;
                         let judged = !seen.exemplars.is_empty();
                         if !seen.dropped.is_empty() || !seen.replaced.is_empty() || judged {
@@ -406,7 +410,7 @@ fn scan_sample(
 ) -> Result<(), String> {
     let timestamp = check_sample(sample).map_err(|reason| format!("samples: {reason}"))?;
     if let Some((_, seen)) = validating.as_mut() {
-        seen.timestamp(timestamp);
+        seen.sample(timestamp);
     }
     counts.samples += 1;
     Ok(())
@@ -489,6 +493,7 @@ pub fn decode_validated(
             forward,
             refused,
             dropped_exemplars: found.dropped_exemplars,
+            repeated_timestamps: found.repeated,
             ha,
         })
     })
@@ -569,6 +574,7 @@ pub(super) fn ha_first<'v>(
                 forward: Forward::Nothing,
                 refused: None,
                 dropped_exemplars: DroppedExemplars::default(),
+                repeated_timestamps: 0,
                 ha,
             }))
         }
@@ -939,9 +945,10 @@ mod tests {
             let validation = rewriting(drop);
             let body = request.encode_snappy();
             let whole = decode(&body, usize::MAX, Format::V1).unwrap();
-            let Decoded { counts, forward, refused, .. } = decode_validated(&body, usize::MAX, &validation).unwrap();
+            let Decoded { counts, forward, refused, repeated_timestamps, .. } = decode_validated(&body, usize::MAX, &validation).unwrap();
             let discarded = refused.as_ref().map(|refused| refused.samples).unwrap_or_default();
-            prop_assert_eq!(counts.samples + counts.histograms + discarded.samples(), whole.samples + whole.histograms);
+            // The series' histograms all share NOW: all but the first repeat it.
+            prop_assert_eq!(counts.samples + counts.histograms + discarded.samples() + repeated_timestamps, whole.samples + whole.histograms);
             prop_assert_eq!(counts.metadata + discarded.metadata(), whole.metadata);
             match forward {
                 Forward::Unchanged => prop_assert!(refused.is_none()),
@@ -954,6 +961,7 @@ mod tests {
                     for series in &forwarded.timeseries {
                         prop_assert!(series.labels.iter().all(|label| label.value.len() <= 75));
                         prop_assert!(series.histograms.iter().all(|h| h.positive_deltas.len() + h.negative_deltas.len() <= 3));
+                        prop_assert!(series.histograms.len() <= 1, "one histogram at NOW");
                     }
                     prop_assert!(forwarded.metadata.iter().all(|m| m.help.len() <= 8 && !m.metric_family_name.is_empty()));
                 }
@@ -1351,14 +1359,21 @@ mod tests {
                 Forward::Nothing => WriteRequest::default(),
             };
             prop_assert_eq!(forwarded.timeseries.len(), timeseries.len());
+            let mut repeated = 0;
             for ((sent, got), kept) in timeseries.iter().zip(&forwarded.timeseries).zip(kept) {
                 prop_assert_eq!(&got.exemplars, &kept);
                 prop_assert_eq!(&got.labels, &sent.labels);
-                prop_assert_eq!(&got.samples, &sent.samples);
+                // Mimir's deduplication: a sample whose timestamp an earlier one had goes.
+                let mut first = sent.samples.clone();
+                let mut times = std::collections::HashSet::new();
+                first.retain(|sample| times.insert(sample.timestamp));
+                repeated += sent.samples.len() - first.len();
+                prop_assert_eq!(&got.samples, &first);
             }
-            // Unchanged exactly when every exemplar stayed.
+            prop_assert_eq!(decoded.repeated_timestamps, repeated as u64);
+            // Unchanged exactly when every exemplar and sample stayed.
             let sent: usize = timeseries.iter().map(|s| s.exemplars.len()).sum();
-            prop_assert_eq!(unchanged, decoded.counts.exemplars == sent as u64);
+            prop_assert_eq!(unchanged, decoded.counts.exemplars == sent as u64 && repeated == 0);
         }
     }
 }

@@ -123,6 +123,7 @@ pub fn decode_validated(
                 forward,
                 refused,
                 dropped_exemplars: found.dropped_exemplars,
+                repeated_timestamps: found.repeated,
                 ha,
             })
         })
@@ -228,6 +229,8 @@ struct Found {
     first_metadata: Option<String>,
     discarded: Discarded,
     dropped_exemplars: DroppedExemplars,
+    /// Samples and histograms that repeated a timestamp of their series.
+    repeated: u64,
     /// The symbols the rewritten series point at, appended to the request.
     appended: Appended,
     /// Hashes of the metric families whose entry was refused: their later entries go too.
@@ -441,9 +444,13 @@ fn scan_with(
         }
         match checking.as_ref().and_then(|c| c.verdict(series, &table)) {
             None => {
+                let (samples_cut, histograms_cut) = checking
+                    .as_mut()
+                    .map_or((0, 0), |checking| checking.seen.cut_repeats(series, 3));
+                found.repeated += samples_cut + histograms_cut;
                 counts.series += 1;
-                counts.samples += own.samples;
-                counts.histograms += own.histograms;
+                counts.samples += own.samples - samples_cut;
+                counts.histograms += own.histograms - histograms_cut;
                 counts.exemplars += own.exemplars;
                 let mut metadata_edit = None;
                 if let Some((family, metadata)) = own.family.zip(own.metadata.as_ref()) {
@@ -624,7 +631,10 @@ impl<'a, 'v> Checking<'a, 'v> {
     /// Whether the series, kept, must be written again (its metadata aside).
     #[inline]
     fn rewrites(&self) -> bool {
-        self.dropped || !self.seen.replaced.is_empty() || !self.values.is_empty()
+        self.dropped
+            || !self.seen.replaced.is_empty()
+            || !self.seen.dropped.is_empty()
+            || !self.values.is_empty()
     }
 
     /// The series' changes, in series order: its `labels_refs` as one packed field without
@@ -671,6 +681,13 @@ impl<'a, 'v> Checking<'a, 'v> {
         }
         // SeriesCheck writes a histogram as 1.0's field (4); in 2.0 it is field 3. Both keys
         // are one byte, and the message is the same.
+        // Samples and histograms that repeat a timestamp go whole.
+        for range in std::mem::take(&mut self.seen.dropped) {
+            splices.push(Splice {
+                range,
+                with: Vec::new(),
+            });
+        }
         for mut splice in std::mem::take(&mut self.seen.replaced) {
             let mut key = Vec::with_capacity(1);
             encode_key(3, WireType::LengthDelimited, &mut key);
@@ -732,7 +749,7 @@ fn scan_series<'a>(
                 let timestamp = check_sample(field(&mut buf, wire_type, "samples")?)
                     .map_err(|reason| format!("samples[{samples}]: {reason}"))?;
                 if let Some(checking) = checking.as_deref_mut() {
-                    checking.seen.timestamp(timestamp);
+                    checking.seen.sample(timestamp);
                 }
                 samples += 1;
             }
@@ -2419,6 +2436,53 @@ mod tests {
         assert_eq!(
             (decoded.forward, decoded.counts.exemplars),
             (Forward::Unchanged, 3)
+        );
+    }
+
+    /// Mimir's deduplication: a sample or histogram repeating a timestamp of its series goes,
+    /// uncharged and counted, and the rest of the series stays.
+    #[test]
+    fn samples_and_histograms_repeating_a_timestamp_are_dropped() {
+        let histogram = |timestamp| Histogram {
+            timestamp,
+            ..Histogram::default()
+        };
+        let sample = |value, timestamp| Sample { value, timestamp };
+        let request = Request {
+            symbols: symbols(&["", "__name__", "up"]),
+            timeseries: vec![TimeSeries {
+                samples: vec![sample(1.0, NOW), sample(2.0, NOW - 1), sample(3.0, NOW)],
+                histograms: vec![histogram(NOW), histogram(NOW)],
+                ..series(vec![1, 2])
+            }],
+        };
+        let answer =
+            super::decode_validated(&request.encode_snappy(), usize::MAX, &tight()).unwrap();
+        assert_eq!(answer.refused, None);
+        assert_eq!(answer.repeated_timestamps, 2);
+        assert_eq!((answer.counts.samples, answer.counts.histograms), (2, 1));
+        let Forward::Rewritten(body) = answer.forward else {
+            panic!("{:?}", answer.forward);
+        };
+        let forwarded = decoded(&body);
+        assert_eq!(
+            forwarded.timeseries[0].samples,
+            vec![sample(1.0, NOW), sample(2.0, NOW - 1)]
+        );
+        assert_eq!(forwarded.timeseries[0].histograms, vec![histogram(NOW)]);
+        // Out of order without a repeat: the client's bytes.
+        let ordered = Request {
+            timeseries: vec![TimeSeries {
+                samples: vec![sample(1.0, NOW), sample(2.0, NOW - 1)],
+                ..series(vec![1, 2])
+            }],
+            ..request
+        };
+        let answer =
+            super::decode_validated(&ordered.encode_snappy(), usize::MAX, &tight()).unwrap();
+        assert_eq!(
+            (answer.forward, answer.repeated_timestamps),
+            (Forward::Unchanged, 0)
         );
     }
 }

@@ -96,6 +96,12 @@ pub(crate) struct SeriesCheck<'a> {
     label_error: Option<(SeriesReason, u32)>,
     min_timestamp: i64,
     max_timestamp: i64,
+    /// The last sample's and histogram's timestamps, and whether one came at or before the
+    /// one before it: only then can a timestamp repeat, which
+    /// [`cut_repeats`](Self::cut_repeats) looks for.
+    last_sample: i64,
+    last_histogram: i64,
+    unordered: bool,
     /// The byte ranges, in the series, of the labels `drop_labels` cuts.
     pub(crate) dropped: Vec<std::ops::Range<usize>>,
     /// Fields of the series written again: labels with a value rewritten under `truncate` or
@@ -115,6 +121,61 @@ pub(crate) struct SeriesCheck<'a> {
 
 /// How many label names, by position, [`SeriesCheck`] remembers from series to series.
 const KNOWN_NAMES: usize = 16;
+
+/// The fields of `series` whose sample, or histogram (under `histogram_tag`), repeats the
+/// timestamp of an earlier one of its kind, in series order, each with whether it is a
+/// histogram. The scan has already checked every field, so a field that does not read ends
+/// the walk. (Remote-write 1.0 and 2.0 share the sample's and the histogram's layout.)
+#[cold]
+#[inline(never)]
+fn repeated_timestamps(series: &[u8], histogram_tag: u32) -> Vec<(std::ops::Range<usize>, bool)> {
+    use prost::encoding::{decode_key, decode_varint, skip_field, DecodeContext, WireType};
+    let mut samples = std::collections::HashSet::new();
+    let mut histograms = std::collections::HashSet::new();
+    let mut repeats = Vec::new();
+    let mut buf = series;
+    while !buf.is_empty() {
+        let start = series.len() - buf.len();
+        let Ok((tag, wire_type)) = decode_key(&mut buf) else {
+            break;
+        };
+        let histogram = tag == histogram_tag;
+        if wire_type != WireType::LengthDelimited || (tag != 2 && !histogram) {
+            if skip_field(wire_type, tag, &mut buf, DecodeContext::default()).is_err() {
+                break;
+            }
+            continue;
+        }
+        let Some(length) = decode_varint(&mut buf)
+            .ok()
+            .and_then(|n| usize::try_from(n).ok())
+        else {
+            break;
+        };
+        let Some((body, rest)) = buf.split_at_checked(length) else {
+            break;
+        };
+        buf = rest;
+        let range = start..series.len() - buf.len();
+        let timestamp = if histogram {
+            <Histogram as prost::Message>::decode(body).map(|h| h.timestamp)
+        } else {
+            <super::prompb::Sample as prost::Message>::decode(body).map(|s| s.timestamp)
+        };
+        let Ok(timestamp) = timestamp else {
+            break;
+        };
+        let seen = if histogram {
+            &mut histograms
+        } else {
+            &mut samples
+        };
+        if !seen.insert(timestamp) {
+            repeats.push((range, histogram));
+        }
+    }
+    repeats
+}
 
 /// One exemplar of a series, as the scan read it: its whole field in the series' bytes, its
 /// timestamp, and what its own content fails ([`exemplar_content`]), if anything.
@@ -311,6 +372,9 @@ impl<'a> SeriesCheck<'a> {
             label_error: None,
             min_timestamp: i64::MAX,
             max_timestamp: i64::MIN,
+            last_sample: i64::MIN,
+            last_histogram: i64::MIN,
+            unordered: false,
             known_names: [b""; KNOWN_NAMES],
             known_metric: b"",
         }
@@ -329,6 +393,9 @@ impl<'a> SeriesCheck<'a> {
             label_error,
             min_timestamp,
             max_timestamp,
+            last_sample,
+            last_histogram,
+            unordered,
             dropped,
             replaced,
             histogram_error,
@@ -343,6 +410,9 @@ impl<'a> SeriesCheck<'a> {
         *label_error = None;
         *min_timestamp = i64::MAX;
         *max_timestamp = i64::MIN;
+        *last_sample = i64::MIN;
+        *last_histogram = i64::MIN;
+        *unordered = false;
         dropped.clear();
         replaced.clear();
         *histogram_error = None;
@@ -451,6 +521,38 @@ impl<'a> SeriesCheck<'a> {
         self.max_timestamp = self.max_timestamp.max(timestamp);
     }
 
+    /// A sample's timestamp (milliseconds).
+    #[inline]
+    pub(crate) fn sample(&mut self, timestamp: i64) {
+        self.unordered |= timestamp <= self.last_sample;
+        self.last_sample = timestamp;
+        self.timestamp(timestamp);
+    }
+
+    /// Mimir's deduplication of a kept series (its distributor's `validateSamples` and
+    /// `validateHistograms`): a sample, or a histogram, whose timestamp an earlier one of the
+    /// series had goes, uncharged, counted as `sample_duplicate_timestamp`. Their fields join
+    /// `dropped` (a repeated histogram's rewrite goes with it); `series` is the series'
+    /// bytes, walked again only when a sample or histogram came at or before the one before
+    /// it, with its histograms under `histogram_tag` (4 in 1.0, 3 in 2.0). Returns the
+    /// samples and histograms cut.
+    pub(crate) fn cut_repeats(&mut self, series: &[u8], histogram_tag: u32) -> (u64, u64) {
+        if !self.unordered {
+            return (0, 0);
+        }
+        let (mut samples, mut histograms) = (0, 0);
+        for (range, histogram) in repeated_timestamps(series, histogram_tag) {
+            if histogram {
+                histograms += 1;
+                self.replaced.retain(|splice| splice.range != range);
+            } else {
+                samples += 1;
+            }
+            self.dropped.push(range);
+        }
+        (samples, histograms)
+    }
+
     /// The series' earliest sample or histogram timestamp; `i64::MAX` when it has none.
     #[inline]
     pub(crate) fn earliest(&self) -> i64 {
@@ -469,6 +571,8 @@ impl<'a> SeriesCheck<'a> {
         field: std::ops::Range<usize>,
     ) {
         self.timestamp(histogram.timestamp);
+        self.unordered |= histogram.timestamp <= self.last_histogram;
+        self.last_histogram = histogram.timestamp;
         let limit = limits.max_native_histogram_buckets;
         let buckets = bucket_count(&histogram);
         if limit == 0 || buckets <= limit as usize || self.histogram_error.is_some() {
