@@ -229,7 +229,7 @@ async fn bad_2_0_series_are_refused_with_mimirs_reasons_and_the_rest_is_forwarde
     let mut builder = Builder::new();
     let help = builder.symbol("help");
     let exemplar_labels = vec![builder.symbol("trace_id"), builder.symbol("abc")];
-    let mut good_series = builder.series(&[("__name__", "up"), ("job", "a")], &[now, now]);
+    let mut good_series = builder.series(&[("__name__", "up"), ("job", "a")], &[now - 1, now]);
     good_series.histograms = vec![Histogram {
         timestamp: now,
         ..Histogram::default()

@@ -102,7 +102,9 @@ pub(crate) struct SeriesCheck<'a> {
     last_sample: i64,
     last_histogram: i64,
     unordered: bool,
-    /// The byte ranges, in the series, of the labels `drop_labels` cuts.
+    /// The byte ranges, in the series, of the fields cut whole: the labels `drop_labels` and
+    /// empty values cut (1.0; 2.0 rewrites its `labels_refs` instead), and the samples and
+    /// histograms that repeat a timestamp ([`cut_repeats`](Self::cut_repeats)).
     pub(crate) dropped: Vec<std::ops::Range<usize>>,
     /// Fields of the series written again: labels with a value rewritten under `truncate` or
     /// `drop`, histograms of a lower resolution. In series order.
