@@ -524,7 +524,7 @@ impl<'a> SeriesCheck<'a> {
     }
 
     /// A sample's timestamp (milliseconds).
-    #[inline]
+    #[inline(always)]
     pub(crate) fn sample(&mut self, timestamp: i64) {
         self.unordered |= timestamp <= self.last_sample;
         self.last_sample = timestamp;
@@ -538,10 +538,17 @@ impl<'a> SeriesCheck<'a> {
     /// bytes, walked again only when a sample or histogram came at or before the one before
     /// it, with its histograms under `histogram_tag` (4 in 1.0, 3 in 2.0). Returns the
     /// samples and histograms cut.
+    #[inline(always)]
     pub(crate) fn cut_repeats(&mut self, series: &[u8], histogram_tag: u32) -> (u64, u64) {
         if !self.unordered {
             return (0, 0);
         }
+        self.cut_repeats_found(series, histogram_tag)
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn cut_repeats_found(&mut self, series: &[u8], histogram_tag: u32) -> (u64, u64) {
         let (mut samples, mut histograms) = (0, 0);
         for (range, histogram) in repeated_timestamps(series, histogram_tag) {
             if histogram {
