@@ -13,6 +13,15 @@ pub struct WriteCounts {
 }
 
 impl WriteCounts {
+    /// `other` added to these counts.
+    pub fn add(&mut self, other: &WriteCounts) {
+        self.series += other.series;
+        self.samples += other.samples;
+        self.histograms += other.histograms;
+        self.exemplars += other.exemplars;
+        self.metadata += other.metadata;
+    }
+
     /// The ingestion-rate cost, as Mimir counts it: samples + histograms + exemplars + metadata.
     pub fn cost(&self) -> u64 {
         self.samples + self.histograms + self.exemplars + self.metadata
@@ -221,5 +230,9 @@ pub struct Decoded {
     /// Samples and histograms dropped for repeating a timestamp of their series
     /// (`sample_duplicate_timestamp`), neither charged nor forwarded.
     pub repeated_timestamps: u64,
+    /// The series left with no label (none sent, or each empty or dropped) and what they
+    /// carried: dropped silently, as Mimir's distributor drops them (neither charged nor
+    /// counted nor an error).
+    pub unlabelled: WriteCounts,
     pub ha: crate::ha::HaOutcome,
 }

@@ -90,6 +90,7 @@ pub fn decode_validated(
                 refused: None,
                 dropped_exemplars: Default::default(),
                 repeated_timestamps: 0,
+                unlabelled: WriteCounts::default(),
                 ha: crate::ha::HaOutcome::Off,
             }
         }),

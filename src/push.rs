@@ -282,6 +282,7 @@ async fn admit(
         refused,
         dropped_exemplars,
         repeated_timestamps,
+        unlabelled: _,
         ha,
     } = decode(body.clone(), max_size, format, validation)
         .await
@@ -327,12 +328,14 @@ async fn admit(
     let body = match forward {
         Forward::Unchanged => body,
         Forward::Rewritten(rewritten) => rewritten,
-        // Nothing valid left: nothing to charge or forward.
+        // Nothing valid left: nothing to charge or forward. Refused series answer 400 with
+        // the first refusal; series with no labels, the only other cut, go silently, and the
+        // push is answered as written, as Mimir's distributor answers it.
         Forward::Nothing => {
-            let first = refused.map(|refused| refused.first);
-            return Err(PushError::InvalidSeries(
-                first.unwrap_or_else(|| "every series was refused".to_string()),
-            ));
+            return match refused {
+                Some(refused) => Err(PushError::InvalidSeries(refused.first)),
+                None => Ok(Written::of(&counts)),
+            };
         }
     };
 

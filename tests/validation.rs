@@ -17,6 +17,8 @@
 //!   resolution, or refuses its series when it cannot be reduced or reduction is off;
 //! - a sample repeating a timestamp of its series is dropped and counted
 //!   (`sample_duplicate_timestamp`), the push accepted;
+//! - a series with no label left (none sent, or each empty or dropped) is dropped silently,
+//!   as Mimir drops it: 200, and with nothing else nothing is forwarded;
 //! - exemplars: with `max_global_exemplars_per_user` at 0 (Mimir's default) none is charged or
 //!   forwarded; with it set, the ones Mimir's checks drop never reach the receiver and are
 //!   counted by reason in `weir_discarded_exemplars_total`, and the push is answered 200.
@@ -113,7 +115,11 @@ fn bad_series(now: i64) -> Vec<(&'static str, TimeSeries)> {
         ("metric_name_invalid", series(&[("__name__", "9m")], &[now])),
         (
             "duplicate_label_names",
-            series(&[("__name__", "m"), ("a", "1"), ("a", "2")], &[now]),
+            // Not adjacent: Mimir sorts the labels before its checks.
+            series(
+                &[("__name__", "m"), ("a", "1"), ("job", "x"), ("a", "2")],
+                &[now],
+            ),
         ),
         (
             "too_far_in_future",
@@ -222,8 +228,41 @@ async fn bad_series_are_refused_with_mimirs_reasons_and_the_rest_is_forwarded() 
         Some(1.0)
     );
 
+    // A series with no labels, or none left once the empty values and `drop_labels` go,
+    // is dropped silently, as Mimir drops it: 200, not forwarded, not charged, not counted.
+    let unlabelled = [
+        series(&[], &[now]),
+        series(&[("replica", "r1"), ("job", "")], &[now]),
+    ];
+    let mut timeseries = unlabelled.to_vec();
+    timeseries.push(series(&[("__name__", "labelled")], &[now]));
+    let (status, text) = push(
+        &client,
+        &base,
+        WriteRequest {
+            timeseries,
+            metadata: vec![],
+        }
+        .encode_snappy(),
+    )
+    .await;
+    assert_eq!(status, 200, "{text}");
+    let forwarded = receiver.take_bodies();
+    assert_eq!(
+        decoded(&forwarded[0]).timeseries,
+        vec![series(&[("__name__", "labelled")], &[now])]
+    );
+    let only = WriteRequest {
+        timeseries: unlabelled.to_vec(),
+        metadata: vec![],
+    };
+    let (status, text) = push(&client, &base, only.encode_snappy()).await;
+    assert_eq!(status, 200, "{text}");
+    assert!(receiver.take_bodies().is_empty(), "nothing to forward");
+
     // Two good series around one of each bad kind.
-    let first_good = series(&[("__name__", "ok"), ("job", "a")], &[now]);
+    // Out of name order, as vmagent sends its target labels: kept, and forwarded as sent.
+    let first_good = series(&[("job", "a"), ("__name__", "ok")], &[now]);
     let last_good = series(&[("__name__", "ok_two")], &[now - 1_000, now - 500, now]);
     let bad = bad_series(now);
     let mut timeseries = vec![first_good.clone()];
@@ -268,8 +307,8 @@ async fn bad_series_are_refused_with_mimirs_reasons_and_the_rest_is_forwarded() 
         )
         .await,
         // The clean request, the relabelled one, the info series, the repeating one (2 of 3),
-        // the good series here.
-        Some(1.0 + 1.0 + 1.0 + 2.0 + 1.0 + 3.0),
+        // the labelled series beside the unlabelled ones, the good series here.
+        Some(1.0 + 1.0 + 1.0 + 2.0 + 1.0 + 1.0 + 3.0),
         "only the good series' samples are admitted"
     );
 

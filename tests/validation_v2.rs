@@ -135,8 +135,12 @@ fn bad_series(builder: &mut Builder, now: i64) -> Vec<(&'static str, &'static st
         ),
         (
             "duplicate_label_names",
-            "m{a=\"1\", a=\"2\"}",
-            builder.series(&[("__name__", "m"), ("a", "1"), ("a", "2")], &[now]),
+            // Not adjacent: Mimir sorts the labels before its checks, and names them sorted.
+            "m{a=\"1\", a=\"2\", job=\"x\"}",
+            builder.series(
+                &[("__name__", "m"), ("a", "1"), ("job", "x"), ("a", "2")],
+                &[now],
+            ),
         ),
         (
             "too_far_in_future",

@@ -152,6 +152,8 @@ struct RefusedSeries {
     dropped_exemplars: DroppedExemplars,
     /// Samples and histograms that repeated a timestamp of their series.
     repeated: u64,
+    /// The series dropped for having no label left, and what they carried.
+    unlabelled: WriteCounts,
 }
 
 /// One change to the uncompressed body.
@@ -199,13 +201,24 @@ fn scan_validating(
                 let series = embedded(&mut buf, wire_type, "WriteRequest.timeseries")?;
                 let mut own = WriteCounts::default();
                 seen.next();
-                scan_series(series, &mut own, validation.map(|v| (v, &mut seen))).map_err(
-                    |reason| DecodeError::Protobuf(format!("timeseries[{index}]: {reason}")),
-                )?;
+                let labels = scan_series(series, &mut own, validation.map(|v| (v, &mut seen)))
+                    .map_err(|reason| {
+                        DecodeError::Protobuf(format!("timeseries[{index}]: {reason}"))
+                    })?;
                 index += 1;
+                let field = start..whole.len() - buf.len();
+                // A series with no label left (none sent, or each empty or dropped) goes
+                // silently, as Mimir's distributor drops it before its checks.
+                if validation.map_or(labels == 0, |_| seen.unlabelled()) {
+                    if validation.is_some() {
+                        refused.edits.push(Edit::Cut(field));
+                    }
+                    own.series = 1;
+                    refused.unlabelled.add(&own);
+                    continue;
+                }
                 exemplars.samples_from(seen.earliest());
                 let verdict = validation.and_then(|v| seen.verdict(v, series));
-                let field = start..whole.len() - buf.len();
                 match verdict {
                     None => {
                         let (samples_cut, histograms_cut) = seen.cut_repeats(series, 4);
@@ -309,11 +322,12 @@ fn splices(seen: &mut SeriesCheck) -> Vec<Splice> {
 }
 
 /// Scans one series into `counts`; with a validation, also gathers what its checks need.
+/// Returns how many labels it was sent with.
 fn scan_series<'a>(
     mut buf: &'a [u8],
     counts: &mut WriteCounts,
     mut validating: Option<(&Validation, &mut SeriesCheck<'a>)>,
-) -> Result<(), String> {
+) -> Result<u32, String> {
     let series = buf;
     let mut labels = 0u32;
     while !buf.is_empty() {
@@ -373,10 +387,7 @@ fn scan_series<'a>(
                 .map_err(|e| e.to_string())?,
         }
     }
-    if labels == 0 {
-        return Err("series has no labels".into());
-    }
-    Ok(())
+    Ok(labels)
 }
 
 /// A series' label, the `labels`-th, whose whole field is `field` in the series' bytes.
@@ -494,6 +505,7 @@ pub fn decode_validated(
             refused,
             dropped_exemplars: found.dropped_exemplars,
             repeated_timestamps: found.repeated,
+            unlabelled: found.unlabelled,
             ha,
         })
     })
@@ -575,6 +587,7 @@ pub(super) fn ha_first<'v>(
                 refused: None,
                 dropped_exemplars: DroppedExemplars::default(),
                 repeated_timestamps: 0,
+                unlabelled: WriteCounts::default(),
                 ha,
             }))
         }
@@ -877,10 +890,11 @@ mod tests {
             };
             let body = request.encode_snappy();
             let whole = decode(&body, usize::MAX, Format::V1).unwrap();
-            let Decoded { counts, forward, refused, .. } = decode_validated(&body, usize::MAX, &tight()).unwrap();
+            // Series whose every label value is empty go silently (`unlabelled`).
+            let Decoded { counts, forward, refused, unlabelled, .. } = decode_validated(&body, usize::MAX, &tight()).unwrap();
             let dropped: u64 = refused.as_ref().map_or(0, |refused| refused.samples.samples());
-            prop_assert_eq!(counts.samples + counts.histograms + dropped, whole.samples + whole.histograms);
-            prop_assert_eq!(counts.series + refused.as_ref().map_or(0, |r| r.series), whole.series);
+            prop_assert_eq!(counts.samples + counts.histograms + dropped + unlabelled.samples + unlabelled.histograms, whole.samples + whole.histograms);
+            prop_assert_eq!(counts.series + refused.as_ref().map_or(0, |r| r.series) + unlabelled.series, whole.series);
             if let Some(refused) = &refused {
                 prop_assert!(refused.first.contains("(err-weir-"));
             }
@@ -1069,13 +1083,8 @@ mod tests {
                 "field `WriteRequest.timeseries` claims 5 bytes but only 1 remain".into()
             ))
         );
-        // a series with no labels
-        assert_eq!(
-            scan(&[0x0a, 0x00]),
-            Err(DecodeError::Protobuf(
-                "timeseries[0]: series has no labels".into()
-            ))
-        );
+        // a series with no labels is no error: it counts for nothing (Mimir drops it)
+        assert_eq!(scan(&[0x0a, 0x00]), Ok(WriteCounts::default()));
         // timeseries with the wrong wire type
         let err = scan(&[0x08, 0x01]).unwrap_err().to_string();
         assert!(err.contains("wire type Varint"), "{err}");
@@ -1168,6 +1177,120 @@ mod tests {
                 && refused.first.contains("series: '{a=\"1\"}'"),
             "{}",
             refused.first
+        );
+    }
+
+    /// Mimir sorts a series' labels before its checks: two labels of one name that were not
+    /// adjacent are a duplicate, and the first label to fail is the first in name order. A
+    /// series out of order that passes is kept, and forwarded as sent.
+    #[test]
+    fn labels_out_of_order_are_checked_as_mimir_sorts_them() {
+        let request = |labels: &[(&str, &str)]| {
+            WriteRequest {
+                timeseries: vec![TimeSeries {
+                    labels: labels
+                        .iter()
+                        .map(|(name, value)| Label {
+                            name: name.to_string(),
+                            value: value.to_string(),
+                        })
+                        .collect(),
+                    samples: vec![Sample {
+                        value: 1.0,
+                        timestamp: NOW,
+                    }],
+                    ..TimeSeries::default()
+                }],
+                metadata: vec![],
+            }
+            .encode_snappy()
+        };
+        let refusal = |labels: &[(&str, &str)]| {
+            decode_validated(&request(labels), usize::MAX, &tight())
+                .unwrap()
+                .refused
+                .map(|refused| refused.first)
+        };
+        let first = refusal(&[("__name__", "up"), ("job", "a"), ("a", "1"), ("job", "b")])
+            .expect("two `job` labels");
+        assert!(
+            first.contains("(err-weir-duplicate-label-names)") && first.contains("label: 'job'"),
+            "{first}"
+        );
+        // Sent first, `zz-x` is not a legacy name; sorted first, `aaaaaaaaa` is over tight()'s
+        // 8 bytes, and Mimir names that one.
+        let first = refusal(&[("__name__", "up"), ("zz-x", "1"), ("aaaaaaaaa", "1")])
+            .expect("both labels are bad");
+        assert!(
+            first.contains("(err-weir-label-name-too-long)") && first.contains("'aaaaaaaaa'"),
+            "{first}"
+        );
+        let kept = decode_validated(
+            &request(&[("job", "a"), ("__name__", "up")]),
+            usize::MAX,
+            &tight(),
+        )
+        .unwrap();
+        assert_eq!((kept.forward, kept.refused), (Forward::Unchanged, None));
+    }
+
+    /// A series with no labels, or none left once the empty values and `drop_labels` go, is
+    /// dropped silently, as Mimir's distributor drops it: not counted, not charged, not
+    /// refused, not forwarded; with nothing else, nothing is forwarded and nothing refused.
+    #[test]
+    fn a_series_with_no_label_left_goes_silently() {
+        let at_now = |labels: &[(&str, &str)]| TimeSeries {
+            labels: labels
+                .iter()
+                .map(|(name, value)| Label {
+                    name: name.to_string(),
+                    value: value.to_string(),
+                })
+                .collect(),
+            samples: vec![Sample {
+                value: 1.0,
+                timestamp: NOW,
+            }],
+            ..TimeSeries::default()
+        };
+        let kept = at_now(&[("__name__", "up")]);
+        let request = WriteRequest {
+            timeseries: vec![
+                at_now(&[]),
+                kept.clone(),
+                at_now(&[("job", "")]),
+                // `b` is dropped by tight().
+                at_now(&[("b", "1"), ("job", "")]),
+            ],
+            metadata: vec![],
+        };
+        let of = |series: u64| WriteCounts {
+            series,
+            samples: series,
+            ..WriteCounts::default()
+        };
+        // Without validation only the series sent with no labels is left out.
+        assert_eq!(
+            decode(&request.encode_snappy(), usize::MAX, Format::V1),
+            Ok(of(3))
+        );
+        let decoded = decode_validated(&request.encode_snappy(), usize::MAX, &tight()).unwrap();
+        assert_eq!((decoded.counts, decoded.unlabelled), (of(1), of(3)));
+        assert_eq!(decoded.refused, None);
+        let Forward::Rewritten(body) = decoded.forward else {
+            panic!("the unlabelled series are cut: {:?}", decoded.forward);
+        };
+        let raw = snap::raw::Decoder::new().decompress_vec(&body).unwrap();
+        let forwarded = <WriteRequest as prost::Message>::decode(raw.as_slice()).unwrap();
+        assert_eq!(forwarded.timeseries, vec![kept]);
+        let nothing = WriteRequest {
+            timeseries: vec![at_now(&[]), at_now(&[("job", "")])],
+            metadata: vec![],
+        };
+        let decoded = decode_validated(&nothing.encode_snappy(), usize::MAX, &tight()).unwrap();
+        assert_eq!(
+            (decoded.counts, decoded.forward, decoded.refused),
+            (WriteCounts::default(), Forward::Nothing, None)
         );
     }
 

@@ -179,21 +179,15 @@ impl WriteRequest {
             .expect("snappy compresses any input")
     }
 
-    /// What the scanner should count for this request.
+    /// What the scanner should count for this request: a series with no labels counts for
+    /// nothing (Mimir's distributor drops it).
     pub fn counts(&self) -> WriteCounts {
+        let labelled = || self.timeseries.iter().filter(|s| !s.labels.is_empty());
         WriteCounts {
-            series: self.timeseries.len() as u64,
-            samples: self.timeseries.iter().map(|s| s.samples.len() as u64).sum(),
-            histograms: self
-                .timeseries
-                .iter()
-                .map(|s| s.histograms.len() as u64)
-                .sum(),
-            exemplars: self
-                .timeseries
-                .iter()
-                .map(|s| s.exemplars.len() as u64)
-                .sum(),
+            series: labelled().count() as u64,
+            samples: labelled().map(|s| s.samples.len() as u64).sum(),
+            histograms: labelled().map(|s| s.histograms.len() as u64).sum(),
+            exemplars: labelled().map(|s| s.exemplars.len() as u64).sum(),
             metadata: self.metadata.len() as u64,
         }
     }

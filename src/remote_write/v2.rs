@@ -124,6 +124,7 @@ pub fn decode_validated(
                 refused,
                 dropped_exemplars: found.dropped_exemplars,
                 repeated_timestamps: found.repeated,
+                unlabelled: found.unlabelled,
                 ha,
             })
         })
@@ -231,6 +232,8 @@ struct Found {
     dropped_exemplars: DroppedExemplars,
     /// Samples and histograms that repeated a timestamp of their series.
     repeated: u64,
+    /// The series dropped for having no label left, and what they carried.
+    unlabelled: WriteCounts,
     /// The symbols the rewritten series point at, appended to the request.
     appended: Appended,
     /// Hashes of the metric families whose entry was refused: their later entries go too.
@@ -439,6 +442,24 @@ fn scan_with(
             .map_err(|reason| error(format!("timeseries[{index}]: {reason}")))?;
         index += 1;
         let field = start..body.len() - buf.len();
+        // A series with no label left (none sent, or each empty or dropped) goes silently,
+        // as Mimir's distributor drops it before its checks.
+        if checking
+            .as_ref()
+            .map_or(own.labels == 0, |checking| checking.seen.unlabelled())
+        {
+            if checking.is_some() {
+                found.edits.push(Edit::Cut(field));
+            }
+            found.unlabelled.add(&WriteCounts {
+                series: 1,
+                samples: own.samples,
+                histograms: own.histograms,
+                exemplars: own.exemplars,
+                metadata: 0,
+            });
+            continue;
+        }
         if let Some(checking) = &checking {
             exemplars.samples_from(checking.seen.earliest());
         }
@@ -539,6 +560,8 @@ impl<'a> Symbols<'a> {
 
 /// What one series carries, for the request's counts once its verdict is in.
 struct SeriesCounts<'a> {
+    /// The label pairs it was sent with.
+    labels: u64,
     samples: u64,
     histograms: u64,
     exemplars: u64,
@@ -612,12 +635,15 @@ impl<'a, 'v> Checking<'a, 'v> {
     }
 
     /// The first check the series fails, with its message naming the series.
-    /// [`SeriesCheck::verdict`] reads the series' bytes only to name a refused series, as
-    /// 1.0 `Label` fields: a series that passes is judged without them, and a refused one is
-    /// judged again with its labels written so (out of line: a refusal is rare).
+    /// [`SeriesCheck::verdict`] reads the series' bytes only to name a refused series, or to
+    /// check again labels that came out of order and failed ([`SeriesCheck::needs_labels`]),
+    /// as 1.0 `Label` fields: a series that passes is judged without them, and a refused one
+    /// is judged again with its labels written so (out of line: a refusal is rare).
     #[inline]
     fn verdict(&self, series: &[u8], symbols: &Symbols) -> Option<(SeriesReason, String)> {
-        self.seen.verdict(self.validation, &[])?;
+        if !self.seen.needs_labels() {
+            self.seen.verdict(self.validation, &[])?;
+        }
         self.named_verdict(series, symbols)
     }
 
@@ -804,9 +830,6 @@ fn scan_series<'a>(
         }
     }
     labels.finish("labels_refs")?;
-    if labels.count == 0 {
-        return Err("series has no labels".into());
-    }
     let metadata = metadata
         .map(|fields| fields.resolve(symbols))
         .transpose()
@@ -818,6 +841,7 @@ fn scan_series<'a>(
         _ => None,
     };
     Ok(SeriesCounts {
+        labels: labels.count / 2,
         samples,
         histograms,
         exemplars,
@@ -1293,8 +1317,9 @@ mod tests {
                 }
             }
             if let (Ok(counts), Ok(decoded)) = (scan(&bytes), <Request as prost::Message>::decode(&bytes[..])) {
-                prop_assert_eq!(counts.samples, decoded.timeseries.iter().map(|s| s.samples.len() as u64).sum::<u64>());
-                prop_assert_eq!(counts.series, decoded.timeseries.len() as u64);
+                let labelled = || decoded.timeseries.iter().filter(|s| !s.labels_refs.is_empty());
+                prop_assert_eq!(counts.samples, labelled().map(|s| s.samples.len() as u64).sum::<u64>());
+                prop_assert_eq!(counts.series, labelled().count() as u64);
             }
         }
     }
@@ -1432,7 +1457,7 @@ mod tests {
     }
 
     #[test]
-    fn the_first_symbol_must_be_empty_and_series_need_labels() {
+    fn the_first_symbol_must_be_empty() {
         let request = Request {
             symbols: symbols(&["x", "a"]),
             timeseries: vec![series(vec![0, 1])],
@@ -1443,14 +1468,58 @@ mod tests {
                 "symbols[0] must be the empty string (remote-write 2.0)".into()
             ))
         );
-        let unlabelled = Request {
-            symbols: symbols(&[""]),
-            timeseries: vec![series(vec![])],
+    }
+
+    /// A series with no labels, or none left once the empty values and `drop_labels` go,
+    /// is dropped silently, as Mimir's distributor drops it: not counted, not charged, not
+    /// refused, not forwarded; and with nothing else the push forwards nothing.
+    #[test]
+    fn a_series_with_no_label_left_goes_silently() {
+        let at_now = |labels_refs: Vec<u32>| TimeSeries {
+            labels_refs,
+            samples: sample_at(NOW),
+            ..TimeSeries::default()
         };
-        assert!(scan(&raw(&unlabelled))
-            .unwrap_err()
-            .to_string()
-            .contains("series has no labels"));
+        // "", __name__, up, job, b (dropped by `tight`)
+        let names = symbols(&["", "__name__", "up", "job", "b"]);
+        let request = Request {
+            symbols: names.clone(),
+            timeseries: vec![
+                at_now(vec![]),
+                at_now(vec![1, 2]),
+                at_now(vec![3, 0]),
+                at_now(vec![4, 2, 3, 0]),
+            ],
+        };
+        // Without validation only the series sent with no labels is left out.
+        let one = WriteCounts {
+            series: 1,
+            samples: 1,
+            ..WriteCounts::default()
+        };
+        let three = WriteCounts {
+            series: 3,
+            samples: 3,
+            ..WriteCounts::default()
+        };
+        assert_eq!(scan(&raw(&request)), Ok(three));
+        let answer =
+            super::decode_validated(&request.encode_snappy(), usize::MAX, &tight()).unwrap();
+        assert_eq!((answer.counts, answer.unlabelled.series), (one, 3));
+        assert_eq!(answer.refused, None);
+        let Forward::Rewritten(forwarded) = answer.forward else {
+            panic!("the unlabelled series are cut: {:?}", answer.forward);
+        };
+        assert_eq!(decoded(&forwarded).timeseries, vec![at_now(vec![1, 2])]);
+        // Only such series: nothing to forward, and nothing refused.
+        let nothing = Request {
+            symbols: names,
+            timeseries: vec![at_now(vec![]), at_now(vec![3, 0])],
+        };
+        assert_eq!(
+            validated(&nothing),
+            (WriteCounts::default(), Forward::Nothing, None)
+        );
     }
 
     #[test]
@@ -1542,8 +1611,8 @@ mod tests {
     const HELPS: [u32; 3] = [0, 1, 2];
     const UNITS: [u32; 3] = [0, 4, 1];
 
-    /// Series that validation may refuse for any of its reasons, labels sorted by name as
-    /// senders sort them.
+    /// Series that validation may refuse for any of its reasons, labels mostly sorted by name
+    /// as senders sort them, and some in the order drawn.
     fn checked_series() -> impl Strategy<Value = TimeSeries> {
         (
             prop::collection::vec(
@@ -1561,45 +1630,50 @@ mod tests {
                 prop::sample::select(&HELPS[..]),
                 prop::sample::select(&UNITS[..]),
             )),
+            prop::bool::weighted(0.75),
         )
-            .prop_map(|(mut labels, samples, histograms, exemplars, metadata)| {
-                labels.sort_by_key(|&(name, _)| CHECKED[name as usize]);
-                // One `__name__` at most: with two, Mimir names the series by the first and
-                // the 1.0 checks by the last (either way it is refused, for one reason or
-                // the other).
-                let mut named = false;
-                labels.retain(|&(name, _)| name != 1 || !std::mem::replace(&mut named, true));
-                TimeSeries {
-                    labels_refs: labels.into_iter().flat_map(|(n, v)| [n, v]).collect(),
-                    samples: samples
-                        .into_iter()
-                        .map(|offset| Sample {
-                            value: 1.0,
-                            timestamp: NOW + offset,
-                        })
-                        .collect(),
-                    histograms: histograms
-                        .into_iter()
-                        .map(|offset| Histogram {
-                            timestamp: NOW + offset,
-                            ..Histogram::default()
-                        })
-                        .collect(),
-                    exemplars: (0..exemplars)
-                        .map(|_| Exemplar {
-                            labels_refs: vec![5, 9],
-                            value: 1.0,
-                            timestamp: NOW,
-                        })
-                        .collect(),
-                    metadata: metadata.map(|(r#type, help_ref, unit_ref)| Metadata {
-                        r#type,
-                        help_ref,
-                        unit_ref,
-                    }),
-                    created_timestamp: 0,
-                }
-            })
+            .prop_map(
+                |(mut labels, samples, histograms, exemplars, metadata, in_order)| {
+                    if in_order {
+                        labels.sort_by_key(|&(name, _)| CHECKED[name as usize]);
+                    }
+                    // One `__name__` at most: with two, Mimir names the series by the first and
+                    // the 1.0 checks by the last (either way it is refused, for one reason or
+                    // the other).
+                    let mut named = false;
+                    labels.retain(|&(name, _)| name != 1 || !std::mem::replace(&mut named, true));
+                    TimeSeries {
+                        labels_refs: labels.into_iter().flat_map(|(n, v)| [n, v]).collect(),
+                        samples: samples
+                            .into_iter()
+                            .map(|offset| Sample {
+                                value: 1.0,
+                                timestamp: NOW + offset,
+                            })
+                            .collect(),
+                        histograms: histograms
+                            .into_iter()
+                            .map(|offset| Histogram {
+                                timestamp: NOW + offset,
+                                ..Histogram::default()
+                            })
+                            .collect(),
+                        exemplars: (0..exemplars)
+                            .map(|_| Exemplar {
+                                labels_refs: vec![5, 9],
+                                value: 1.0,
+                                timestamp: NOW,
+                            })
+                            .collect(),
+                        metadata: metadata.map(|(r#type, help_ref, unit_ref)| Metadata {
+                            r#type,
+                            help_ref,
+                            unit_ref,
+                        }),
+                        created_timestamp: 0,
+                    }
+                },
+            )
     }
 
     /// The oracle's symbols: the request's, then each new text once, in the order needed.
@@ -1639,6 +1713,10 @@ mod tests {
         format!("{}(hash:{hex})", &value[..keep])
     }
 
+    /// What [`judged`] answers for a series with no label left: Mimir drops it before its
+    /// checks, silently.
+    const UNLABELLED: &str = "unlabelled";
+
     /// The oracle, written apart from the scan: Mimir's checks in Mimir's order on a decoded
     /// series, after `drop_labels` ("b"), with [`tight_with`]'s limits. The series as it must
     /// be forwarded (its metadata as sent) with its metric name, or the reason it is refused.
@@ -1657,6 +1735,9 @@ mod tests {
             // drop_labels, then the labels with an empty value, which Mimir removes.
             .filter(|(name, value, _)| name != "b" && !value.is_empty())
             .collect();
+        if labels.is_empty() {
+            return Err(UNLABELLED);
+        }
         let legacy = |name: &str, colon: bool| {
             let mut chars = name.chars();
             chars.next().is_some_and(|first| {
@@ -1672,21 +1753,20 @@ mod tests {
         if labels.len() > 4 {
             return Err("max_label_names_per_series");
         }
-        let mut long = Vec::new();
-        for (i, (name, value, _)) in labels.iter().enumerate() {
+        // Mimir checks the labels sorted by name; they are forwarded in the order sent.
+        let mut sorted = labels.clone();
+        sorted.sort_by(|a, b| a.0.cmp(&b.0));
+        for (i, (name, value, _)) in sorted.iter().enumerate() {
             if !legacy(name, false) {
                 return Err("label_invalid");
             }
             if name.len() > 8 {
                 return Err("label_name_too_long");
             }
-            if value.len() > 74 {
-                if strategy == LabelValueLengthOverLimitStrategy::Error {
-                    return Err("label_value_too_long");
-                }
-                long.push(i);
+            if value.len() > 74 && strategy == LabelValueLengthOverLimitStrategy::Error {
+                return Err("label_value_too_long");
             }
-            if i > 0 && labels[i - 1].0 == *name {
+            if i > 0 && sorted[i - 1].0 == *name {
                 return Err("duplicate_label_names");
             }
         }
@@ -1708,9 +1788,9 @@ mod tests {
             return Err("too_far_in_past");
         }
         let mut labels_refs = Vec::new();
-        for (i, (_, value, pair)) in labels.iter().enumerate() {
+        for (_, value, pair) in &labels {
             labels_refs.push(pair[0]);
-            labels_refs.push(if long.contains(&i) {
+            labels_refs.push(if value.len() > 74 {
                 symbols.reference(hashed(value, strategy, 74))
             } else {
                 pair[1]
@@ -1822,19 +1902,24 @@ mod tests {
             let mut oracle = OracleSymbols(symbols.clone(), symbols.len());
             let mut kept = Vec::new();
             let mut refused_samples = [0u64; SeriesReason::ALL.len()];
+            // The series with a label left: the others go silently, before Mimir's checks.
+            let mut labelled = Request { symbols: vec![], timeseries: vec![] };
             for series in &request.timeseries {
                 match judged(series, &mut oracle, strategy) {
+                    Err(UNLABELLED) => continue,
                     Ok(kept_series) => kept.push(kept_series),
                     Err(reason) => {
                         let at = SeriesReason::ALL.iter().position(|r| r.as_str() == reason).unwrap();
                         refused_samples[at] += (series.samples.len() + series.histograms.len()) as u64;
                     }
                 }
+                labelled.timeseries.push(series.clone());
             }
             let refused_metadata = judged_metadata(&mut kept, &mut oracle);
             // Exemplars (all at NOW) stay within Mimir's window: from 5 minutes before the
-            // request's earliest sample or histogram, refused series' too (or an hour, the
-            // past grace, before NOW), to 10 minutes after NOW.
+            // request's earliest sample or histogram, refused series' too but not those of
+            // series with no label left (or an hour, the past grace, before NOW), to 10
+            // minutes after NOW.
             let in_window = |request: &Request| {
                 let earliest = request
                     .timeseries
@@ -1843,7 +1928,7 @@ mod tests {
                     .min();
                 earliest.is_none_or(|earliest| (earliest - 300_000).max(NOW - 3_600_000) <= NOW)
             };
-            let kept_exemplars = in_window(&request);
+            let kept_exemplars = in_window(&labelled);
             let expected = Request {
                 symbols: oracle.0,
                 timeseries: kept
@@ -1857,7 +1942,9 @@ mod tests {
                     .collect(),
             };
             prop_assert_eq!(counts, crate::fuzzing::expected_v2(&expected));
-            let refused_series = (request.timeseries.len() - expected.timeseries.len()) as u64;
+            let refused_series = (labelled.timeseries.len() - expected.timeseries.len()) as u64;
+            let unlabelled = super::decode_validated(&body, usize::MAX, &validation).unwrap().unlabelled;
+            prop_assert_eq!(unlabelled.series, (request.timeseries.len() - labelled.timeseries.len()) as u64);
             match &refused {
                 None => prop_assert_eq!(
                     (refused_series, refused_metadata.iter().sum::<u64>()),

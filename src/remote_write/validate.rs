@@ -92,7 +92,15 @@ pub(crate) struct SeriesCheck<'a> {
     /// Whether that name ends in `_info`: an info series, with a label limit of its own.
     info: bool,
     previous_name: &'a [u8],
-    /// The first label that failed a per-label check, with its index.
+    /// Whether a label's name sorts before the one before it. Mimir sorts a series' labels
+    /// before its checks, so then the checks are made again on them sorted
+    /// ([`first_label_error`](Self::first_label_error)). Prometheus sorts them; vmagent
+    /// sends them in the order scraped.
+    unsorted: bool,
+    /// The series' label names in the order checked (the first [`NAMES`]), for the duplicates
+    /// of a series out of order.
+    names: [&'a [u8]; NAMES],
+    /// The first label that failed a per-label check, with its index, in the order sent.
     label_error: Option<(SeriesReason, u32)>,
     min_timestamp: i64,
     max_timestamp: i64,
@@ -123,6 +131,10 @@ pub(crate) struct SeriesCheck<'a> {
 
 /// How many label names, by position, [`SeriesCheck`] remembers from series to series.
 const KNOWN_NAMES: usize = 16;
+
+/// How many of a series' label names [`SeriesCheck`] keeps, to find the duplicates of a
+/// series out of order without reading it again (Mimir's default limit is 30 labels).
+const NAMES: usize = 32;
 
 /// The fields of `series` whose sample, or histogram (under `histogram_tag`), repeats the
 /// timestamp of an earlier one of its kind, in series order, each with whether it is a
@@ -371,6 +383,8 @@ impl<'a> SeriesCheck<'a> {
             metric_name: None,
             info: false,
             previous_name: b"",
+            unsorted: false,
+            names: [b""; NAMES],
             label_error: None,
             min_timestamp: i64::MAX,
             max_timestamp: i64::MIN,
@@ -392,6 +406,7 @@ impl<'a> SeriesCheck<'a> {
             metric_name,
             info,
             previous_name,
+            unsorted,
             label_error,
             min_timestamp,
             max_timestamp,
@@ -404,11 +419,14 @@ impl<'a> SeriesCheck<'a> {
             exemplars,
             known_names: _,
             known_metric: _,
+            // Written before they are read, up to `labels`.
+            names: _,
         } = self;
         *labels = 0;
         *metric_name = None;
         *info = false;
         *previous_name = b"";
+        *unsorted = false;
         *label_error = None;
         *min_timestamp = i64::MAX;
         *max_timestamp = i64::MIN;
@@ -496,6 +514,11 @@ impl<'a> SeriesCheck<'a> {
             self.metric_name = Some(self.is_metric_name_known(value));
             self.info = value.ends_with(b"_info");
         }
+        let order = name_order(name, self.previous_name);
+        self.unsorted |= order == std::cmp::Ordering::Less;
+        if let Some(slot) = self.names.get_mut(self.labels as usize) {
+            *slot = name;
+        }
         if self.label_error.is_none() {
             let reason = if !self.is_label_name_at(name) {
                 Some(SeriesReason::LabelInvalid)
@@ -503,7 +526,7 @@ impl<'a> SeriesCheck<'a> {
                 Some(SeriesReason::LabelNameTooLong)
             } else if value_length && value.len() > limits.max_label_value_length as usize {
                 Some(SeriesReason::LabelValueTooLong)
-            } else if same_name(name, self.previous_name) {
+            } else if order == std::cmp::Ordering::Equal {
                 Some(SeriesReason::DuplicateLabelNames)
             } else {
                 None
@@ -560,6 +583,61 @@ impl<'a> SeriesCheck<'a> {
             self.dropped.push(range);
         }
         (samples, histograms)
+    }
+
+    /// Whether the series has no label left to check: none was sent, or each had an empty
+    /// value or was dropped. Mimir's distributor drops such a series silently, before its
+    /// checks.
+    #[inline]
+    pub(crate) fn unlabelled(&self) -> bool {
+        self.labels == 0
+    }
+
+    /// Whether [`verdict`](Self::verdict) needs the series' labels (in `series`) to judge
+    /// it, not only to name it: they came out of order, and a label failed a check in the
+    /// order sent (which one fails first sorted is Mimir's answer), or there are more than
+    /// the check keeps.
+    #[inline]
+    pub(crate) fn needs_labels(&self) -> bool {
+        self.unsorted && (self.label_error.is_some() || self.labels as usize > NAMES)
+    }
+
+    /// The first label that fails a per-label check, with its index among the series' kept
+    /// labels: in the order sent, or, when they came out of order, sorted by name as Mimir
+    /// checks them. A series out of order that passed each check in the order sent can fail
+    /// only as a duplicate, which its names kept tell; else its labels are read again from
+    /// `series` (1.0 `Label` fields).
+    #[inline]
+    fn first_label_error(
+        &self,
+        validation: &Validation,
+        series: &[u8],
+    ) -> Option<(SeriesReason, u32)> {
+        if !self.unsorted {
+            return self.label_error;
+        }
+        if self.needs_labels() {
+            return sorted_label_error(validation, series);
+        }
+        self.sorted_duplicate()
+    }
+
+    /// The first duplicate name among the series' names sorted, with its index sorted. Each
+    /// name is compared with those before it (a few, and most differ in length), and only a
+    /// series with a duplicate is sorted.
+    #[inline(never)]
+    fn sorted_duplicate(&self) -> Option<(SeriesReason, u32)> {
+        let names = &self.names[..self.labels as usize];
+        let repeats = |(at, name): (usize, &&[u8])| names[..at].iter().any(|b| same_name(name, b));
+        if !names.iter().enumerate().any(repeats) {
+            return None;
+        }
+        let mut sorted = names.to_vec();
+        sorted.sort_unstable();
+        sorted
+            .windows(2)
+            .position(|pair| pair[0] == pair[1])
+            .map(|at| (SeriesReason::DuplicateLabelNames, at as u32 + 1))
     }
 
     /// The series' earliest sample or histogram timestamp; `i64::MAX` when it has none.
@@ -631,7 +709,7 @@ impl<'a> SeriesCheck<'a> {
             {
                 SeriesReason::MaxLabelNamesPerInfoSeries
             }
-            Some(_) => match self.label_error {
+            Some(_) => match self.first_label_error(validation, series) {
                 Some((reason, _)) => reason,
                 None if self.max_timestamp > validation.latest_ms => SeriesReason::TooFarInFuture,
                 None if self.min_timestamp < validation.earliest_ms => SeriesReason::TooFarInPast,
@@ -646,13 +724,10 @@ impl<'a> SeriesCheck<'a> {
     #[inline(never)]
     fn message(&self, reason: SeriesReason, validation: &Validation, series: &[u8]) -> String {
         let limits = &validation.limits;
-        let labels: Vec<(String, String)> = labels_of(series)
-            .into_iter()
-            .filter(|(name, value)| !value.is_empty() && !validation.drops(name.as_bytes()))
-            .collect();
+        let labels = kept_labels(validation, series, self.unsorted);
         let named = render(&labels);
         let label = self
-            .label_error
+            .first_label_error(validation, series)
             .and_then(|(_, index)| labels.get(index as usize))
             .cloned()
             .unwrap_or_default();
@@ -778,6 +853,51 @@ impl<'a> SeriesCheck<'a> {
         };
         format!("{text} (err-weir-{id}).{advice}")
     }
+}
+
+/// The labels of `series` (1.0 `Label` fields) that the checks see: without the empty values
+/// and the dropped names; `sorted` by name (stably), as Mimir sorts them.
+fn kept_labels(validation: &Validation, series: &[u8], sorted: bool) -> Vec<(String, String)> {
+    let mut labels: Vec<(String, String)> = labels_of(series)
+        .into_iter()
+        .filter(|(name, value)| !value.is_empty() && !validation.drops(name.as_bytes()))
+        .collect();
+    if sorted {
+        labels.sort_by(|a, b| a.0.cmp(&b.0));
+    }
+    labels
+}
+
+/// Mimir's per-label checks, in its order, on a series' kept labels sorted by name: the first
+/// that fails, with its index among them. For a series whose labels came out of order: two of
+/// one name are then adjacent, and the first failure is the one Mimir finds.
+#[cold]
+#[inline(never)]
+fn sorted_label_error(validation: &Validation, series: &[u8]) -> Option<(SeriesReason, u32)> {
+    let limits = &validation.limits;
+    let labels = kept_labels(validation, series, true);
+    let mut previous = "";
+    for (index, (name, value)) in labels.iter().enumerate() {
+        let reason = if !is_label_name(name.as_bytes()) {
+            Some(SeriesReason::LabelInvalid)
+        } else if name.len() > limits.max_label_name_length as usize {
+            Some(SeriesReason::LabelNameTooLong)
+        } else if value.len() > limits.max_label_value_length as usize
+            && limits.label_value_length_over_limit_strategy
+                == LabelValueLengthOverLimitStrategy::Error
+        {
+            Some(SeriesReason::LabelValueTooLong)
+        } else if name == previous {
+            Some(SeriesReason::DuplicateLabelNames)
+        } else {
+            None
+        };
+        if let Some(reason) = reason {
+            return Some((reason, index as u32));
+        }
+        previous = name;
+    }
+    None
 }
 
 /// A label value over `max_label_value_length` as Mimir writes it under `truncate` (its
@@ -1125,6 +1245,19 @@ fn same_name(a: &[u8], b: &[u8]) -> bool {
     a == b
 }
 
+/// How a label's name sorts against the one before it in its series: senders sort them, so
+/// the first bytes mostly differ and settle it; equal is a duplicate.
+#[inline(always)]
+fn name_order(name: &[u8], previous: &[u8]) -> std::cmp::Ordering {
+    match (name.first(), previous.first()) {
+        (Some(first), Some(before)) if first != before => first.cmp(before),
+        // The series' first label.
+        (first, None) => first.is_some().cmp(&false),
+        _ if same_name(name, previous) => std::cmp::Ordering::Equal,
+        _ => name.cmp(previous),
+    }
+}
+
 /// A series' labels, from its (already checked) bytes.
 fn labels_of(mut series: &[u8]) -> Vec<(String, String)> {
     use prost::encoding::{decode_key, skip_field, DecodeContext};
@@ -1217,27 +1350,28 @@ mod tests {
             }
             seen.verdict(&validation, b"").map(|(reason, _)| reason)
         };
-        let good = [("__name__", "up_1"), ("job", "x"), ("instance_a", "y")];
+        // In name order, as senders send them (the verdict reads no bytes of the series).
+        let good = [("__name__", "up_1"), ("instance_a", "y"), ("job", "x")];
         assert_eq!(judged(&mut seen, &good), None);
         assert_eq!(judged(&mut seen, &good), None);
         assert_eq!(
             judged(
                 &mut seen,
-                &[("__name__", "up_1"), ("a-b", "x"), ("instance_a", "y")]
+                &[("__name__", "up_1"), ("instance_a", "y"), ("j-b", "x")]
             ),
             Some(SeriesReason::LabelInvalid)
         );
         assert_eq!(
             judged(
                 &mut seen,
-                &[("__name__", "up_1"), ("job", "x"), ("instance-a", "y")]
+                &[("__name__", "up_1"), ("instance-a", "y"), ("job", "x")]
             ),
             Some(SeriesReason::LabelInvalid)
         );
         assert_eq!(
             judged(
                 &mut seen,
-                &[("__name__", "9p_1"), ("job", "x"), ("instance_a", "y")]
+                &[("__name__", "9p_1"), ("instance_a", "y"), ("job", "x")]
             ),
             Some(SeriesReason::MetricNameInvalid)
         );
