@@ -364,10 +364,12 @@ enum Edit {
 }
 
 impl Edit {
-    /// A rewrite's splices; a cut has none.
-    fn splices(&mut self) -> Option<&mut Vec<Splice>> {
+    /// A rewrite's splices, with where its series' bytes are in the body; a cut has none.
+    fn splices(&mut self) -> Option<(Range<usize>, &mut Vec<Splice>)> {
         match self {
-            Edit::Rewrite { splices, .. } => Some(splices),
+            Edit::Rewrite {
+                series, splices, ..
+            } => Some((series.clone(), splices)),
             Edit::Cut(_) => None,
         }
     }
@@ -526,6 +528,7 @@ fn scan_with(
     if let Some(validation) = validation {
         counts.exemplars -= exemplars.settle(
             validation,
+            body,
             &mut found.edits,
             Edit::splices,
             &mut found.dropped_exemplars,
@@ -2400,6 +2403,50 @@ mod tests {
             (counts, Forward::Unchanged, None),
             "it passes again as it is"
         );
+    }
+
+    /// Kept exemplars out of time order are forwarded sorted, as Mimir sorts them; in order,
+    /// the series keeps its bytes.
+    #[test]
+    fn kept_exemplars_are_sorted_by_time() {
+        let at = |labels_refs: Vec<u32>, timestamp: i64| Exemplar {
+            labels_refs,
+            value: 1.0,
+            timestamp,
+        };
+        let with = |exemplars: Vec<Exemplar>| Request {
+            symbols: symbols(&["", "__name__", "up", "trace_id", "abc"]),
+            timeseries: vec![TimeSeries {
+                samples: sample_at(NOW),
+                exemplars,
+                ..series(vec![1, 2])
+            }],
+        };
+        let on = Validation::new(
+            runtime_config::ValidationLimits {
+                max_global_exemplars_per_user: 1,
+                ..runtime_config::ValidationLimits::default()
+            },
+            NOW,
+        );
+        // The second has no labels and goes; the other two are kept, out of order.
+        let request = with(vec![
+            at(vec![3, 4], NOW),
+            at(vec![], NOW - 60_000),
+            at(vec![3, 4], NOW - 30_000),
+        ]);
+        let answer = super::decode_validated(&request.encode_snappy(), usize::MAX, &on).unwrap();
+        let Forward::Rewritten(body) = answer.forward else {
+            panic!("{:?}", answer.forward);
+        };
+        assert_eq!(
+            decoded(&body).timeseries[0].exemplars,
+            vec![at(vec![3, 4], NOW - 30_000), at(vec![3, 4], NOW)]
+        );
+        assert_eq!(answer.counts.exemplars, 2);
+        let in_order = with(vec![at(vec![3, 4], NOW - 30_000), at(vec![3, 4], NOW)]);
+        let answer = super::decode_validated(&in_order.encode_snappy(), usize::MAX, &on).unwrap();
+        assert_eq!(answer.forward, Forward::Unchanged);
     }
 
     #[test]

@@ -255,7 +255,7 @@ impl Validation {
 /// its order: with `max_global_exemplars_per_user` at zero every exemplar goes, uncounted;
 /// past `max_exemplars_per_series_per_request` the rest go; then each that fails its own
 /// checks or lies outside `window` goes. Returns the fields to cut, and counts each by
-/// reason in `dropped`. (Mimir also sorts the kept ones by time; the receiver does that.)
+/// reason in `dropped`. The ones kept are sorted by time after ([`exemplar_order`]).
 pub(crate) fn exemplar_cuts(
     exemplars: &[ExemplarSeen],
     limits: &ValidationLimits,
@@ -289,6 +289,47 @@ pub(crate) fn exemplar_cuts(
     cuts
 }
 
+/// Mimir sorts the exemplars a series keeps by time when they are not (its
+/// `SortExemplars`), and a receiver's exemplar storage takes them only in order. When the
+/// exemplars kept (those of `exemplars` whose field is not in `cuts`, sorted by start) are
+/// out of order: the splices that write them sorted (stably) where the first of them was,
+/// the others' fields emptied. `series` is the series' bytes the fields are in.
+pub(crate) fn exemplar_order(
+    exemplars: &[ExemplarSeen],
+    cuts: &[std::ops::Range<usize>],
+    series: &[u8],
+) -> Vec<Splice> {
+    let mut kept: Vec<&ExemplarSeen> = exemplars
+        .iter()
+        .filter(|seen| {
+            cuts.binary_search_by_key(&seen.field.start, |cut| cut.start)
+                .is_err()
+        })
+        .collect();
+    if kept.is_sorted_by_key(|seen| seen.timestamp) {
+        return Vec::new();
+    }
+    let first = kept[0].field.clone();
+    let mut splices: Vec<Splice> = kept[1..]
+        .iter()
+        .map(|seen| Splice {
+            range: seen.field.clone(),
+            with: Vec::new(),
+        })
+        .collect();
+    kept.sort_by_key(|seen| seen.timestamp);
+    let with = kept.iter().flat_map(|seen| &series[seen.field.clone()]);
+    splices.push(Splice {
+        range: first,
+        with: with.copied().collect(),
+    });
+    splices
+}
+
+/// A series' rewrite as [`PendingExemplars::settle`] finds it in an edit: where the series'
+/// bytes are in the request, and its splices.
+pub(crate) type SeriesSplices<'e> = Option<(std::ops::Range<usize>, &'e mut Vec<Splice>)>;
+
 /// The exemplars of a request's kept series, judged once the scan is over: an exemplar's
 /// age is measured from the request's earliest sample, which only the whole scan knows.
 #[derive(Default)]
@@ -312,14 +353,17 @@ impl PendingExemplars {
         self.series.push((edit, exemplars));
     }
 
-    /// Each series' cuts ([`exemplar_cuts`]) joined to its rewrite's splices (`splices`
-    /// finds them in an edit), in order; a rewrite left with no splice is no edit at all.
-    /// Returns how many exemplars were cut, and counts the drops by reason in `dropped`.
+    /// Each series' cuts ([`exemplar_cuts`]) and the order of the rest
+    /// ([`exemplar_order`]) joined to its rewrite's splices (`splices` finds them in an edit,
+    /// with the series' place in `raw`, the request's bytes), in order; a rewrite left with
+    /// no splice is no edit at all. Returns how many exemplars were cut, and counts the
+    /// drops by reason in `dropped`.
     pub(crate) fn settle<E>(
         self,
         validation: &Validation,
+        raw: &[u8],
         edits: &mut Vec<E>,
-        splices: fn(&mut E) -> Option<&mut Vec<Splice>>,
+        splices: fn(&mut E) -> SeriesSplices<'_>,
         dropped: &mut crate::counts::DroppedExemplars,
     ) -> u64 {
         if self.series.is_empty() {
@@ -330,7 +374,8 @@ impl PendingExemplars {
         for (at, exemplars) in self.series {
             let cuts = exemplar_cuts(&exemplars, &validation.limits, &window, dropped);
             cut += cuts.len() as u64;
-            if let Some(splices) = splices(&mut edits[at]) {
+            if let Some((series, splices)) = splices(&mut edits[at]) {
+                splices.extend(exemplar_order(&exemplars, &cuts, &raw[series]));
                 splices.extend(cuts.into_iter().map(|range| Splice {
                     range,
                     with: Vec::new(),
@@ -338,8 +383,9 @@ impl PendingExemplars {
                 splices.sort_by_key(|splice| splice.range.start);
             }
         }
-        // A series whose exemplars all stayed, and nothing else changed, keeps its bytes.
-        edits.retain_mut(|edit| splices(edit).is_none_or(|splices| !splices.is_empty()));
+        // A series whose exemplars all stayed, in order, and nothing else changed, keeps its
+        // bytes.
+        edits.retain_mut(|edit| splices(edit).is_none_or(|(_, splices)| !splices.is_empty()));
         cut
     }
 }
