@@ -1181,6 +1181,24 @@ mod tests {
         );
     }
 
+    /// A series of these labels with one sample at `NOW`.
+    fn at_now(labels: &[(&str, &str)]) -> TimeSeries {
+        TimeSeries {
+            labels: labels
+                .iter()
+                .map(|(name, value)| Label {
+                    name: name.to_string(),
+                    value: value.to_string(),
+                })
+                .collect(),
+            samples: vec![Sample {
+                value: 1.0,
+                timestamp: NOW,
+            }],
+            ..TimeSeries::default()
+        }
+    }
+
     /// Mimir sorts a series' labels before its checks: two labels of one name that were not
     /// adjacent are a duplicate, and the first label to fail is the first in name order. A
     /// series out of order that passes is kept, and forwarded as sent.
@@ -1188,20 +1206,7 @@ mod tests {
     fn labels_out_of_order_are_checked_as_mimir_sorts_them() {
         let request = |labels: &[(&str, &str)]| {
             WriteRequest {
-                timeseries: vec![TimeSeries {
-                    labels: labels
-                        .iter()
-                        .map(|(name, value)| Label {
-                            name: name.to_string(),
-                            value: value.to_string(),
-                        })
-                        .collect(),
-                    samples: vec![Sample {
-                        value: 1.0,
-                        timestamp: NOW,
-                    }],
-                    ..TimeSeries::default()
-                }],
+                timeseries: vec![at_now(labels)],
                 metadata: vec![],
             }
             .encode_snappy()
@@ -1240,20 +1245,6 @@ mod tests {
     /// refused, not forwarded; with nothing else, nothing is forwarded and nothing refused.
     #[test]
     fn a_series_with_no_label_left_goes_silently() {
-        let at_now = |labels: &[(&str, &str)]| TimeSeries {
-            labels: labels
-                .iter()
-                .map(|(name, value)| Label {
-                    name: name.to_string(),
-                    value: value.to_string(),
-                })
-                .collect(),
-            samples: vec![Sample {
-                value: 1.0,
-                timestamp: NOW,
-            }],
-            ..TimeSeries::default()
-        };
         let kept = at_now(&[("__name__", "up")]);
         let request = WriteRequest {
             timeseries: vec![
