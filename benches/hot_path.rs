@@ -131,8 +131,8 @@ fn scan(c: &mut Criterion) {
             },
         );
         // One label more, last: `zone` keeps the labels in name order, as Prometheus sends
-        // them; `job` does not, as vmagent appends its target labels (Mimir's checks sort
-        // them, so weir looks for duplicates among the names).
+        // them; `job` does not, as vmagent may send them (it sorts only with `-sortLabels`;
+        // Mimir's checks sort them, so weir looks for duplicates among the names).
         for (name, label) in [("zone-last", "zone"), ("job-last", "job")] {
             let body = request.clone().with_labels(&[(label, "a")]).encode_snappy();
             group.bench_with_input(

@@ -95,7 +95,7 @@ pub(crate) struct SeriesCheck<'a> {
     /// Whether a label's name sorts before the one before it. Mimir sorts a series' labels
     /// before its checks, so then the checks are made again on them sorted
     /// ([`first_label_error`](Self::first_label_error)). Prometheus sorts them; vmagent
-    /// sends them in the order scraped.
+    /// sorts them only with `-sortLabels` (off by default).
     unsorted: bool,
     /// The series' label names in the order checked (the first [`NAMES`]), for the duplicates
     /// of a series out of order.
