@@ -299,16 +299,16 @@ pub(crate) fn exemplar_order(
     cuts: &[std::ops::Range<usize>],
     series: &[u8],
 ) -> Vec<Splice> {
-    let mut kept: Vec<&ExemplarSeen> = exemplars
-        .iter()
-        .filter(|seen| {
-            cuts.binary_search_by_key(&seen.field.start, |cut| cut.start)
-                .is_err()
-        })
-        .collect();
-    if kept.is_sorted_by_key(|seen| seen.timestamp) {
+    let is_kept = |seen: &&ExemplarSeen| {
+        cuts.binary_search_by_key(&seen.field.start, |cut| cut.start)
+            .is_err()
+    };
+    // Checked in place: a series in order, the rule, allocates nothing.
+    let in_order = exemplars.iter().filter(is_kept);
+    if in_order.is_sorted_by_key(|seen| seen.timestamp) {
         return Vec::new();
     }
+    let mut kept: Vec<&ExemplarSeen> = exemplars.iter().filter(is_kept).collect();
     let first = kept[0].field.clone();
     let mut splices: Vec<Splice> = kept[1..]
         .iter()
