@@ -329,8 +329,11 @@ fn now_or_never<F: std::future::Future>(future: F) -> F::Output {
 
 /// OTLP metrics: an export of 2 000 gauge points (20 metrics of 100 points, 3 attributes
 /// each, one resource with service attributes), counted as Mimir charges it: by the
-/// zero-copy scan the push path uses (`scan`), and after a full prost decode (`decode+count`,
-/// the scan's reference); as protobuf, and gzip-compressed.
+/// zero-copy scan (`scan`), by the scan with Mimir's series checks as the push path runs it
+/// (`scan+checks`: the scan's bounds pass it, nothing is translated), and after a full prost
+/// decode (`decode+count`, the scan's reference); as protobuf, and gzip-compressed. And the
+/// checks' cold path: the same export with one value over `max_label_value_length`
+/// (`scan+checks+refusal`: decoded, translated, checked, cut and encoded again).
 fn otlp(c: &mut Criterion) {
     use weir::otlp::proto::{common, metrics, resource, ExportMetricsServiceRequest};
     use weir::otlp::OtlpFormat;
@@ -379,6 +382,18 @@ fn otlp(c: &mut Criterion) {
         }],
     };
     let raw = prost::Message::encode_to_vec(&request);
+    let mut refused = request.clone();
+    if let Some(metrics::metric::Data::Gauge(gauge)) =
+        &mut refused.resource_metrics[0].scope_metrics[0].metrics[0].data
+    {
+        gauge.data_points[0].attributes[0] = attribute("route", "r".repeat(3000));
+    }
+    let refused = prost::Message::encode_to_vec(&refused);
+    // The points' time, a second ago, for the checks.
+    let validation = weir::remote_write::validate::Validation::new(
+        runtime_config::ValidationLimits::default(),
+        1_700_000_001_000,
+    );
     let mut encoder = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
     std::io::Write::write_all(&mut encoder, &raw).unwrap();
     let gzipped = encoder.finish().unwrap();
@@ -389,10 +404,31 @@ fn otlp(c: &mut Criterion) {
         group.bench_with_input(BenchmarkId::new("scan", name), body, |b, body| {
             b.iter(|| weir::otlp::decode(black_box(body), 100 << 20, format).unwrap())
         });
+        group.bench_with_input(BenchmarkId::new("scan+checks", name), body, |b, body| {
+            b.iter(|| {
+                weir::otlp_checks::decode_validated(black_box(body), 100 << 20, format, &validation)
+                    .unwrap()
+            })
+        });
         group.bench_with_input(BenchmarkId::new("decode+count", name), body, |b, body| {
             b.iter(|| weir::otlp::decode_full(black_box(body), 100 << 20, format).unwrap())
         });
     }
+    group.bench_with_input(
+        BenchmarkId::new("scan+checks+refusal", "protobuf"),
+        &refused,
+        |b, body| {
+            b.iter(|| {
+                weir::otlp_checks::decode_validated(
+                    black_box(body),
+                    100 << 20,
+                    weir::otlp::OtlpFormat::PROTOBUF,
+                    &validation,
+                )
+                .unwrap()
+            })
+        },
+    );
     group.finish();
 }
 

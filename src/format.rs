@@ -2,7 +2,7 @@
 //! the remote-write scans or the OTLP decoder ([`decode`]). Above both decoders, so they never
 //! import each other.
 
-use crate::counts::{DecodeError, Decoded, Forward, UnsupportedMedia, WriteCounts};
+use crate::counts::{DecodeError, Decoded, UnsupportedMedia, WriteCounts};
 use crate::otlp::{self, OtlpFormat};
 use crate::remote_write;
 
@@ -66,9 +66,9 @@ impl Format {
 
 /// Decodes a push body of at most `max_size` decoded bytes as `format`, counting what it
 /// carries.
-/// [`decode`] with Mimir's series validation where weir applies it (remote-write 1.0 and
-/// 2.0): the counts of what passed, what to forward, and what was refused
-/// ([`remote_write::decode_validated`], [`remote_write::v2::decode_validated`]).
+/// [`decode`] with Mimir's series validation: the counts of what passed, what to forward, and
+/// what was refused ([`remote_write::decode_validated`], [`remote_write::v2::decode_validated`],
+/// [`crate::otlp_checks::decode_validated`]).
 pub fn decode_validated(
     body: &[u8],
     max_size: usize,
@@ -78,22 +78,9 @@ pub fn decode_validated(
     match format {
         Format::V1 => remote_write::decode_validated(body, max_size, validation),
         Format::V2 => remote_write::v2::decode_validated(body, max_size, validation),
-        // OTLP is forwarded as sent, exemplars included; with the tenant's exemplars off
-        // they are not charged, as Mimir's distributor takes them out of the translation.
-        other => decode(body, max_size, other).map(|mut counts| {
-            if validation.limits.max_global_exemplars_per_user == 0 {
-                counts.exemplars = 0;
-            }
-            Decoded {
-                counts,
-                forward: Forward::Unchanged,
-                refused: None,
-                dropped_exemplars: Default::default(),
-                repeated_timestamps: 0,
-                unlabelled: WriteCounts::default(),
-                ha: crate::ha::HaOutcome::Off,
-            }
-        }),
+        Format::Otlp(otlp) => {
+            crate::otlp_checks::decode_validated(body, max_size, otlp, validation)
+        }
     }
 }
 

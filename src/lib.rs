@@ -64,6 +64,7 @@ pub mod http_serve;
 pub mod instance;
 pub mod metrics;
 pub mod otlp;
+pub mod otlp_checks;
 pub mod push;
 pub mod rejection;
 pub mod remote_write;

@@ -354,3 +354,98 @@ async fn bad_requests_get_the_right_status_and_an_rpc_status_body() {
         0
     );
 }
+
+/// Mimir checks the series an export becomes; weir checks the series the export would become,
+/// cuts the failing data points from the forwarded export, charges the rest and answers 400
+/// with the first failure, as Mimir answers a partly refused push.
+#[tokio::test]
+async fn a_data_point_whose_series_fails_mimir_s_checks_is_cut_and_answered_400() {
+    use weir::otlp::proto::{common, metrics, resource, ExportMetricsServiceRequest};
+    let (addr, receiver) = start_receiver().await;
+    let weir = Weir::start(Options {
+        configure: Box::new(move |config| {
+            config.upstream = Some(format!("http://{addr}/api/v1/push"));
+        }),
+        overrides: "overrides:\n  v:\n    max_label_value_length: 64\n".into(),
+        ..Options::default()
+    })
+    .await;
+    let now_ns = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos() as u64;
+    let kv = |key: &str, value: &str| common::KeyValue {
+        key: key.into(),
+        value: Some(common::AnyValue {
+            value: Some(common::any_value::Value::StringValue(value.into())),
+        }),
+    };
+    let point = |path: &str| metrics::NumberDataPoint {
+        attributes: vec![kv("url.path", path)],
+        time_unix_nano: now_ns,
+        value: Some(metrics::number_data_point::Value::AsInt(1)),
+        ..Default::default()
+    };
+    let long = format!("/{}", "x".repeat(64));
+    let export = ExportMetricsServiceRequest {
+        resource_metrics: vec![metrics::ResourceMetrics {
+            resource: Some(resource::Resource {
+                attributes: vec![kv("service.name", "api")],
+                ..Default::default()
+            }),
+            scope_metrics: vec![metrics::ScopeMetrics {
+                metrics: vec![metrics::Metric {
+                    name: "http.server.requests".into(),
+                    data: Some(metrics::metric::Data::Gauge(metrics::Gauge {
+                        data_points: vec![point("/a"), point(&long), point("/b")],
+                    })),
+                    ..Default::default()
+                }],
+                ..Default::default()
+            }],
+            ..Default::default()
+        }],
+    };
+    let response = reqwest::Client::new()
+        .post(weir.url("/otlp/v1/metrics"))
+        .header("X-Scope-OrgID", "v")
+        .header("Content-Type", "application/x-protobuf")
+        .body(export.encode_to_vec())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 400);
+    let status = RpcStatus::decode(response.bytes().await.unwrap()).unwrap();
+    assert_eq!(status.code, 3, "INVALID_ARGUMENT");
+    assert!(
+        status
+            .message
+            .contains("label value length exceeds the limit")
+            && status.message.contains("label: 'url_path'"),
+        "{status:?}"
+    );
+
+    // The receiver got the export without the refused point.
+    let received = receiver.received.lock().unwrap().clone();
+    assert_eq!(received.len(), 1);
+    let (path, _, forwarded) = &received[0];
+    assert_eq!(path, "/otlp/v1/metrics");
+    let forwarded = ExportMetricsServiceRequest::decode(forwarded.as_ref()).unwrap();
+    let Some(metrics::metric::Data::Gauge(gauge)) =
+        &forwarded.resource_metrics[0].scope_metrics[0].metrics[0].data
+    else {
+        panic!("{forwarded:?}")
+    };
+    assert_eq!(gauge.data_points, vec![point("/a"), point("/b")]);
+    // Charged: the two samples kept and the family's metadata; the refused one counted.
+    assert_eq!(admitted(&weir, "v").await, [2, 0, 1]);
+    assert_eq!(
+        counter(
+            &weir,
+            "weir_discarded_samples_total",
+            r#"reason="label_value_too_long",user="v""#
+        )
+        .await,
+        1
+    );
+}

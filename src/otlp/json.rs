@@ -1,6 +1,7 @@
 //! OTLP/JSON (the protobuf JSON mapping with OTLP's rules: lowerCamelCase keys, enums as
 //! numbers, 64-bit integers as decimal strings) into the prost types, for the fields the
-//! count reads. Field names in the proto's own snake_case are accepted too, as protobuf JSON
+//! count and the series checks read (the metric names and the resources' and points'
+//! attributes among them). Field names in the proto's own snake_case are accepted too, as protobuf JSON
 //! parsers do; unknown fields are ignored. The body is still forwarded as sent.
 
 use serde_json::{Map, Value};
@@ -91,20 +92,7 @@ fn resource_metrics(value: &Value) -> Result<metrics::ResourceMetrics, DecodeErr
     let resource = match field(map, "resource", "resource") {
         None => None,
         Some(value) => {
-            let attributes = list(object(value, "resource")?, "attributes", "attributes")?
-                .iter()
-                .map(|kv| {
-                    let kv = object(kv, "an attribute")?;
-                    Ok(common::KeyValue {
-                        key: match field(kv, "key", "key") {
-                            Some(Value::String(key)) => key.clone(),
-                            _ => return Err(error("an attribute has no string key".into())),
-                        },
-                        // Only the keys decide what is counted.
-                        value: None,
-                    })
-                })
-                .collect::<Result<_, _>>()?;
+            let attributes = attributes(object(value, "resource")?)?;
             Some(resource::Resource {
                 attributes,
                 ..Default::default()
@@ -196,6 +184,73 @@ fn metric(value: &Value) -> Result<metrics::Metric, DecodeError> {
     })
 }
 
+/// An object's `attributes`: each key and its value.
+fn attributes(map: &Map<String, Value>) -> Result<Vec<common::KeyValue>, DecodeError> {
+    list(map, "attributes", "attributes")?
+        .iter()
+        .map(key_value)
+        .collect()
+}
+
+fn key_value(kv: &Value) -> Result<common::KeyValue, DecodeError> {
+    let kv = object(kv, "an attribute")?;
+    Ok(common::KeyValue {
+        key: match field(kv, "key", "key") {
+            Some(Value::String(key)) => key.clone(),
+            _ => return Err(error("an attribute has no string key".into())),
+        },
+        value: field(kv, "value", "value").map(any_value).transpose()?,
+    })
+}
+
+/// An `AnyValue`. A byte string is kept as the base64 text it was sent as: what a label
+/// value makes of it.
+fn any_value(value: &Value) -> Result<common::AnyValue, DecodeError> {
+    use common::any_value::Value as Any;
+    let map = object(value, "an attribute's value")?;
+    let value = if let Some(text) = field(map, "stringValue", "string_value") {
+        match text {
+            Value::String(text) => Some(Any::StringValue(text.clone())),
+            _ => return Err(error("stringValue is not a string".into())),
+        }
+    } else if let Some(flag) = field(map, "boolValue", "bool_value") {
+        Some(Any::BoolValue(
+            flag.as_bool()
+                .ok_or_else(|| error("boolValue is not a boolean".into()))?,
+        ))
+    } else if field(map, "intValue", "int_value").is_some() {
+        Some(Any::IntValue(int(map, "intValue", "int_value")?))
+    } else if field(map, "doubleValue", "double_value").is_some() {
+        Some(Any::DoubleValue(double(
+            map,
+            "doubleValue",
+            "double_value",
+        )?))
+    } else if let Some(bytes) = field(map, "bytesValue", "bytes_value") {
+        match bytes {
+            Value::String(text) => Some(Any::StringValue(text.clone())),
+            _ => return Err(error("bytesValue is not a string".into())),
+        }
+    } else if let Some(array) = field(map, "arrayValue", "array_value") {
+        Some(Any::ArrayValue(common::ArrayValue {
+            values: list(object(array, "arrayValue")?, "values", "values")?
+                .iter()
+                .map(any_value)
+                .collect::<Result<_, _>>()?,
+        }))
+    } else if let Some(pairs) = field(map, "kvlistValue", "kvlist_value") {
+        Some(Any::KvlistValue(common::KeyValueList {
+            values: list(object(pairs, "kvlistValue")?, "values", "values")?
+                .iter()
+                .map(key_value)
+                .collect::<Result<_, _>>()?,
+        }))
+    } else {
+        None
+    };
+    Ok(common::AnyValue { value })
+}
+
 fn data_points(data: &Map<String, Value>) -> Result<&[Value], DecodeError> {
     list(data, "dataPoints", "data_points")
 }
@@ -237,6 +292,7 @@ fn number_point(value: &Value) -> Result<metrics::NumberDataPoint, DecodeError> 
     int(map, "asInt", "as_int")?;
     double(map, "asDouble", "as_double")?;
     Ok(metrics::NumberDataPoint {
+        attributes: attributes(map)?,
         time_unix_nano: time(map)?,
         exemplars: exemplars(map)?,
         ..Default::default()
@@ -248,6 +304,7 @@ fn histogram_point(value: &Value) -> Result<metrics::HistogramDataPoint, DecodeE
     let bounds = list(map, "explicitBounds", "explicit_bounds")?.len();
     let buckets = list(map, "bucketCounts", "bucket_counts")?.len();
     Ok(metrics::HistogramDataPoint {
+        attributes: attributes(map)?,
         time_unix_nano: time(map)?,
         exemplars: exemplars(map)?,
         explicit_bounds: vec![0.0; bounds],
@@ -261,6 +318,7 @@ fn exponential_point(value: &Value) -> Result<metrics::ExponentialHistogramDataP
     let map = object(value, "an exponential histogram data point")?;
     let scale = int(map, "scale", "scale")?;
     Ok(metrics::ExponentialHistogramDataPoint {
+        attributes: attributes(map)?,
         time_unix_nano: time(map)?,
         exemplars: exemplars(map)?,
         scale: i32::try_from(scale).map_err(|_| error(format!("scale {scale} is out of range")))?,
@@ -272,6 +330,7 @@ fn summary_point(value: &Value) -> Result<metrics::SummaryDataPoint, DecodeError
     let map = object(value, "a summary data point")?;
     let quantiles = list(map, "quantileValues", "quantile_values")?.len();
     Ok(metrics::SummaryDataPoint {
+        attributes: attributes(map)?,
         time_unix_nano: time(map)?,
         quantile_values: vec![Default::default(); quantiles],
         ..Default::default()

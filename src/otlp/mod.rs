@@ -28,12 +28,15 @@
 //! fuzz target and the property tests in `tests.rs`) and the baseline `benches/hot_path.rs`
 //! measures it against. OTLP/JSON is still decoded in full ([`json`]) and counted by [`count`].
 
-mod json;
+pub mod edit;
+pub mod json;
 pub mod proto;
 mod rules;
 mod scan;
+pub mod translate;
 
-pub use scan::scan;
+pub use rules::{Bounds, TimeRange};
+pub use scan::{scan, scan_bounded};
 
 use std::borrow::Cow;
 use std::collections::HashSet;
@@ -44,8 +47,8 @@ use prost::Message;
 use crate::counts::{DecodeError, UnsupportedMedia, WriteCounts};
 use proto::metrics::{metric::Data, AggregationTemporality, Metric};
 use rules::{
-    family_name, nothing_ingested, target_info_samples, TargetKeys, TimeRange, NOT_CUMULATIVE,
-    NO_DATA, SCALE_BELOW_MINUS_4, TARGET_INFO,
+    family_name, nothing_ingested, target_info_samples, TargetKeys, NOT_CUMULATIVE, NO_DATA,
+    SCALE_BELOW_MINUS_4, TARGET_INFO,
 };
 
 /// How an OTLP body is encoded, from its headers.
@@ -187,7 +190,11 @@ pub fn decode_full(
 }
 
 /// The body as sent, or gunzipped into at most `max_size` bytes.
-fn inflate(body: &[u8], max_size: usize, format: OtlpFormat) -> Result<Cow<'_, [u8]>, DecodeError> {
+pub fn inflate(
+    body: &[u8],
+    max_size: usize,
+    format: OtlpFormat,
+) -> Result<Cow<'_, [u8]>, DecodeError> {
     if !format.gzip {
         return Ok(Cow::Borrowed(body));
     }

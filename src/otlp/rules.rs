@@ -19,10 +19,10 @@ pub(super) const NO_DATA: &str = "the metric has no data";
 pub(super) const TARGET_INFO: &str = "target_info";
 
 /// The earliest and latest point of one resource, in Unix nanoseconds.
-#[derive(Debug, Default)]
-pub(super) struct TimeRange {
-    pub(super) earliest: Option<u64>,
-    pub(super) latest: u64,
+#[derive(Debug, Clone, Default)]
+pub struct TimeRange {
+    pub earliest: Option<u64>,
+    pub latest: u64,
 }
 
 impl TimeRange {
@@ -107,4 +107,50 @@ pub(super) fn is_family_name(name: &str) -> bool {
         .iter()
         .all(|&b| b.is_ascii_alphanumeric() || b == b'_' || b == b':')
         && !bytes.windows(2).any(|pair| pair == b"__")
+}
+
+/// How long a request's labels can get, from a walk of its attributes: enough to tell, for
+/// nearly every request, that none of the series it becomes can fail a label or time check,
+/// without translating them ([`super::scan_bounded`]).
+#[derive(Debug, Clone, Default)]
+pub struct Bounds {
+    /// The most attributes of one data point, and of one resource.
+    pub point_attributes: u32,
+    pub resource_attributes: u32,
+    /// The longest attribute key of a point or a resource, in bytes.
+    pub key: usize,
+    /// The longest such attribute value as a label value can be: a string's bytes, 5 for a
+    /// bool, 20 for an integer, 29 for a double; [`UNMEASURED`] for a value rendered as a
+    /// label value only a translation can measure (a byte string, an array, a key-value list).
+    pub value: usize,
+    /// The longest metric name, in bytes.
+    pub metric_name: usize,
+    /// The earliest and the latest point of the request.
+    pub times: TimeRange,
+    /// An empty key, or a metric name that escapes to nothing.
+    pub unusual: bool,
+}
+
+/// A [`Bounds::value`] only a translation can measure.
+pub const UNMEASURED: usize = usize::MAX;
+
+/// The longest a double is written as a label value: `-1.7976931348623157e+308` is 24
+/// characters, and an infinity is `json: unsupported value: +Inf` (pdata's `AsString`).
+pub(super) const DOUBLE_TEXT: usize = 29;
+
+/// Whether no character of a metric name is one a metric name keeps: it escapes to nothing.
+pub(super) fn escapes_to_nothing(name: &[u8]) -> bool {
+    !name
+        .iter()
+        .any(|&b| b.is_ascii_alphanumeric() || b == b'_' || b == b':')
+}
+
+impl Bounds {
+    /// An attribute of a point or a resource: its key and its value's size.
+    #[inline(always)]
+    pub fn attribute(&mut self, key: &[u8], value: usize) {
+        self.key = self.key.max(key.len());
+        self.value = self.value.max(value);
+        self.unusual |= key.is_empty();
+    }
 }

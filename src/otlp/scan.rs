@@ -25,8 +25,9 @@ use std::collections::HashSet;
 use prost::encoding::{decode_key, decode_varint, WireType};
 
 use super::rules::{
-    escape_family_name, is_family_name, nothing_ingested, target_info_samples, TargetKeys,
-    TimeRange, NOT_CUMULATIVE, NO_DATA, SCALE_BELOW_MINUS_4, TARGET_INFO,
+    escape_family_name, escapes_to_nothing, is_family_name, nothing_ingested, target_info_samples,
+    Bounds, TargetKeys, TimeRange, DOUBLE_TEXT, NOT_CUMULATIVE, NO_DATA, SCALE_BELOW_MINUS_4,
+    TARGET_INFO, UNMEASURED,
 };
 use crate::counts::{DecodeError, WriteCounts};
 
@@ -40,6 +41,12 @@ type Scanned<T> = Result<T, String>;
 /// Scans an uncompressed protobuf `ExportMetricsServiceRequest` and counts what Mimir would
 /// charge for it ([`super::count`]'s rules), refusing what a prost decode refuses.
 pub fn scan(body: &[u8]) -> Result<WriteCounts, DecodeError> {
+    scan_bounded(body).map(|(counts, _)| counts)
+}
+
+/// [`scan`], with how long the labels of the series the request becomes can get
+/// ([`Bounds`]), which the same walk reads on the way.
+pub fn scan_bounded(body: &[u8]) -> Result<(WriteCounts, Bounds), DecodeError> {
     let invalid = |err: String| DecodeError::Otlp(format!("invalid protobuf: {err}"));
     let mut charge = Charge::default();
     let mut buf = body;
@@ -75,6 +82,7 @@ struct Charge<'a> {
     escaped: String,
     /// Each refused metric's name and why, in the request's order.
     refused: Vec<(&'a str, &'static str)>,
+    bounds: Bounds,
 }
 
 impl<'a> Charge<'a> {
@@ -91,7 +99,7 @@ impl<'a> Charge<'a> {
         }
     }
 
-    fn finish(mut self) -> Result<WriteCounts, DecodeError> {
+    fn finish(mut self) -> Result<(WriteCounts, Bounds), DecodeError> {
         self.counts.metadata = self.families.len() as u64;
         if self.counts.cost() == 0 && !self.refused.is_empty() {
             let refused: Vec<String> = self
@@ -101,7 +109,7 @@ impl<'a> Charge<'a> {
                 .collect();
             return Err(nothing_ingested(refused.join("; ")));
         }
-        Ok(self.counts)
+        Ok((self.counts, self.bounds))
     }
 
     /// `ResourceMetrics`: its metrics, then its `target_info`.
@@ -114,7 +122,7 @@ impl<'a> Charge<'a> {
                 1 => {
                     let (resource, depth) =
                         message(&mut buf, wire_type, depth, "ResourceMetrics.resource")?;
-                    resource_attributes(resource, depth, &mut keys)?;
+                    resource_attributes(resource, depth, &mut keys, &mut self.bounds)?;
                 }
                 2 => {
                     let (scope, depth) =
@@ -185,8 +193,11 @@ impl<'a> Charge<'a> {
                     if data.as_ref().is_some_and(|data| data.kind != kind) {
                         data = None;
                     }
-                    data.get_or_insert_with(|| Data::new(kind))
-                        .add(body, depth)?;
+                    data.get_or_insert_with(|| Data::new(kind)).add(
+                        body,
+                        depth,
+                        &mut self.bounds,
+                    )?;
                 }
                 12 => {
                     let (kv, depth) = message(&mut buf, wire_type, depth, "Metric.metadata")?;
@@ -194,6 +205,11 @@ impl<'a> Charge<'a> {
                 }
                 _ => skip(&mut buf, wire_type, tag, depth)?,
             }
+        }
+        self.bounds.metric_name = self.bounds.metric_name.max(name.len());
+        self.bounds.unusual |= escapes_to_nothing(name.as_bytes());
+        if let Some(data) = &data {
+            self.bounds.times.cover(&data.times);
         }
         match data
             .ok_or(NO_DATA)
@@ -268,14 +284,14 @@ impl Data {
     }
 
     /// One `Gauge`, `Sum`, `Histogram`, `ExponentialHistogram` or `Summary` message.
-    fn add(&mut self, mut buf: &[u8], depth: u32) -> Scanned<()> {
+    fn add(&mut self, mut buf: &[u8], depth: u32, bounds: &mut Bounds) -> Scanned<()> {
         let kind = self.kind;
         while !buf.is_empty() {
             let (tag, wire_type) = key(&mut buf)?;
             match (tag, kind) {
                 (1, _) => {
                     let (point, depth) = message(&mut buf, wire_type, depth, "data_points")?;
-                    self.point(point, depth)?;
+                    self.point(point, depth, bounds)?;
                 }
                 (2, Kind::Sum | Kind::Histogram | Kind::Exponential) => {
                     self.temporality =
@@ -290,36 +306,42 @@ impl Data {
         Ok(())
     }
 
-    fn point(&mut self, buf: &[u8], depth: u32) -> Scanned<()> {
+    fn point(&mut self, buf: &[u8], depth: u32, bounds: &mut Bounds) -> Scanned<()> {
+        let mut attributes = 0;
+        let mut labels = Labels {
+            bounds,
+            count: &mut attributes,
+        };
         let time = match self.kind {
             Kind::Gauge | Kind::Sum => {
-                let point = number_point(buf, depth)?;
+                let point = number_point(buf, depth, &mut labels)?;
                 self.samples += 1;
                 self.exemplars += point.exemplars;
                 point.time
             }
             Kind::Histogram => {
-                let point = histogram_point(buf, depth)?;
+                let point = histogram_point(buf, depth, &mut labels)?;
                 // The buckets, `+Inf`, `_count`, and `_sum` when the point has one.
                 self.samples += point.bounds.min(point.bucket_counts) + 2 + u64::from(point.sum);
                 self.exemplars += point.exemplars;
                 point.time
             }
             Kind::Exponential => {
-                let point = exponential_point(buf, depth)?;
+                let point = exponential_point(buf, depth, &mut labels)?;
                 self.histograms += 1;
                 self.exemplars += point.exemplars;
                 self.scale_below_minus_4 |= point.scale < -4;
                 point.time
             }
             Kind::Summary => {
-                let point = summary_point(buf, depth)?;
+                let point = summary_point(buf, depth, &mut labels)?;
                 self.samples += point.quantiles + 2;
                 point.time
             }
         };
         self.points += 1;
         self.times.see(time);
+        bounds.point_attributes = bounds.point_attributes.max(attributes);
         Ok(())
     }
 
@@ -354,7 +376,7 @@ struct NumberPoint {
     exemplars: u64,
 }
 
-fn number_point(mut buf: &[u8], depth: u32) -> Scanned<NumberPoint> {
+fn number_point(mut buf: &[u8], depth: u32, labels: &mut Labels) -> Scanned<NumberPoint> {
     let mut point = NumberPoint {
         time: 0,
         exemplars: 0,
@@ -362,7 +384,7 @@ fn number_point(mut buf: &[u8], depth: u32) -> Scanned<NumberPoint> {
     while !buf.is_empty() {
         let (tag, wire_type) = key(&mut buf)?;
         match tag {
-            7 => attribute(&mut buf, wire_type, depth, "NumberDataPoint.attributes")?,
+            7 => labels.attribute(&mut buf, wire_type, depth, "NumberDataPoint.attributes")?,
             3 => point.time = fixed64(&mut buf, wire_type, "NumberDataPoint.time_unix_nano")?,
             2 | 4 | 6 => {
                 fixed64(&mut buf, wire_type, "NumberDataPoint")?;
@@ -391,7 +413,7 @@ struct HistogramPoint {
     exemplars: u64,
 }
 
-fn histogram_point(mut buf: &[u8], depth: u32) -> Scanned<HistogramPoint> {
+fn histogram_point(mut buf: &[u8], depth: u32, labels: &mut Labels) -> Scanned<HistogramPoint> {
     let mut point = HistogramPoint {
         time: 0,
         bounds: 0,
@@ -402,7 +424,7 @@ fn histogram_point(mut buf: &[u8], depth: u32) -> Scanned<HistogramPoint> {
     while !buf.is_empty() {
         let (tag, wire_type) = key(&mut buf)?;
         match tag {
-            9 => attribute(&mut buf, wire_type, depth, "HistogramDataPoint.attributes")?,
+            9 => labels.attribute(&mut buf, wire_type, depth, "HistogramDataPoint.attributes")?,
             3 => point.time = fixed64(&mut buf, wire_type, "HistogramDataPoint.time_unix_nano")?,
             5 => {
                 fixed64(&mut buf, wire_type, "HistogramDataPoint.sum")?;
@@ -441,7 +463,7 @@ struct ExponentialPoint {
     exemplars: u64,
 }
 
-fn exponential_point(mut buf: &[u8], depth: u32) -> Scanned<ExponentialPoint> {
+fn exponential_point(mut buf: &[u8], depth: u32, labels: &mut Labels) -> Scanned<ExponentialPoint> {
     let mut point = ExponentialPoint {
         time: 0,
         scale: 0,
@@ -451,7 +473,7 @@ fn exponential_point(mut buf: &[u8], depth: u32) -> Scanned<ExponentialPoint> {
     while !buf.is_empty() {
         let (tag, wire_type) = key(&mut buf)?;
         match tag {
-            1 => attribute(&mut buf, wire_type, depth, name)?,
+            1 => labels.attribute(&mut buf, wire_type, depth, name)?,
             3 => point.time = fixed64(&mut buf, wire_type, name)?,
             2 | 4 | 5 | 7 | 12 | 13 | 14 => {
                 fixed64(&mut buf, wire_type, name)?;
@@ -502,7 +524,7 @@ struct SummaryPoint {
     quantiles: u64,
 }
 
-fn summary_point(mut buf: &[u8], depth: u32) -> Scanned<SummaryPoint> {
+fn summary_point(mut buf: &[u8], depth: u32, labels: &mut Labels) -> Scanned<SummaryPoint> {
     let mut point = SummaryPoint {
         time: 0,
         quantiles: 0,
@@ -510,7 +532,7 @@ fn summary_point(mut buf: &[u8], depth: u32) -> Scanned<SummaryPoint> {
     while !buf.is_empty() {
         let (tag, wire_type) = key(&mut buf)?;
         match tag {
-            7 => attribute(&mut buf, wire_type, depth, "SummaryDataPoint.attributes")?,
+            7 => labels.attribute(&mut buf, wire_type, depth, "SummaryDataPoint.attributes")?,
             3 => point.time = fixed64(&mut buf, wire_type, "SummaryDataPoint.time_unix_nano")?,
             2 | 4 | 5 => {
                 fixed64(&mut buf, wire_type, "SummaryDataPoint")?;
@@ -566,13 +588,22 @@ fn exemplar(mut buf: &[u8], depth: u32) -> Scanned<()> {
 }
 
 /// `Resource`: the keys of its attributes decide its `target_info`.
-fn resource_attributes(mut buf: &[u8], depth: u32, keys: &mut TargetKeys) -> Scanned<()> {
+fn resource_attributes(
+    mut buf: &[u8],
+    depth: u32,
+    keys: &mut TargetKeys,
+    bounds: &mut Bounds,
+) -> Scanned<()> {
+    let mut attributes = 0;
     while !buf.is_empty() {
         let (tag, wire_type) = key(&mut buf)?;
         match tag {
             1 => {
                 let (kv, depth) = message(&mut buf, wire_type, depth, "Resource.attributes")?;
-                keys.see(key_value(kv, depth)?);
+                let (name, value) = key_value(kv, depth)?;
+                keys.see(name);
+                bounds.attribute(name, value);
+                attributes += 1;
             }
             2 => {
                 varint(&mut buf, wire_type, "Resource.dropped_attributes_count")?;
@@ -580,6 +611,7 @@ fn resource_attributes(mut buf: &[u8], depth: u32, keys: &mut TargetKeys) -> Sca
             _ => skip(&mut buf, wire_type, tag, depth)?,
         }
     }
+    bounds.resource_attributes = bounds.resource_attributes.max(attributes);
     Ok(())
 }
 
@@ -605,62 +637,97 @@ fn instrumentation_scope(mut buf: &[u8], depth: u32) -> Scanned<()> {
     Ok(())
 }
 
-/// One attribute (a `KeyValue` field) of a point, scope or exemplar: checked.
+/// One attribute (a `KeyValue` field) of a scope or exemplar: checked.
 #[inline(always)]
 fn attribute(buf: &mut &[u8], wire_type: WireType, depth: u32, field: &str) -> Scanned<()> {
     let (kv, depth) = message(buf, wire_type, depth, field)?;
     key_value(kv, depth).map(|_| ())
 }
 
-/// `KeyValue`: checked; returns its key (the last one sent, as a decode keeps).
-fn key_value(mut buf: &[u8], depth: u32) -> Scanned<&[u8]> {
+/// A data point's attributes as they are read: each becomes a label of its series.
+struct Labels<'b> {
+    bounds: &'b mut Bounds,
+    count: &'b mut u32,
+}
+
+impl Labels<'_> {
+    /// One attribute of the point: checked, counted and measured.
+    #[inline(always)]
+    fn attribute(
+        &mut self,
+        buf: &mut &[u8],
+        wire_type: WireType,
+        depth: u32,
+        field: &str,
+    ) -> Scanned<()> {
+        let (kv, depth) = message(buf, wire_type, depth, field)?;
+        let (name, value) = key_value(kv, depth)?;
+        self.bounds.attribute(name, value);
+        *self.count += 1;
+        Ok(())
+    }
+}
+
+/// `KeyValue`: checked; returns its key (the last one sent, as a decode keeps) and how long
+/// its value can be as a label value ([`any_value`]).
+fn key_value(mut buf: &[u8], depth: u32) -> Scanned<(&[u8], usize)> {
     let mut name: &[u8] = b"";
+    let mut size = 0;
     while !buf.is_empty() {
         let (tag, wire_type) = key(&mut buf)?;
         match tag {
             1 => name = string(&mut buf, wire_type, "KeyValue.key")?,
             2 => {
                 let (value, depth) = message(&mut buf, wire_type, depth, "KeyValue.value")?;
-                match value {
+                size = match value {
                     // Most values are one short string (`string_value`, under 128 bytes): the
                     // general walk would find just that.
                     [0x0a, len, text @ ..] if *len < 0x80 && usize::from(*len) == text.len() => {
-                        utf8(text, "AnyValue.string_value")?
+                        utf8(text, "AnyValue.string_value")?;
+                        text.len()
                     }
                     _ => any_value(value, depth)?,
-                }
+                };
             }
             _ => skip(&mut buf, wire_type, tag, depth)?,
         }
     }
-    Ok(name)
+    Ok((name, size))
 }
 
-/// `AnyValue`: checked, arrays and key-value lists to any depth prost allows.
-fn any_value(mut buf: &[u8], depth: u32) -> Scanned<()> {
+/// `AnyValue`: checked, arrays and key-value lists to any depth prost allows. Returns how
+/// long the value can be as a label value: a string's bytes, the longest a bool (5), an
+/// integer (20) or a double ([`DOUBLE_TEXT`]) is written; [`UNMEASURED`] for a byte string,
+/// an array or a list, which are written as base64 or JSON.
+fn any_value(mut buf: &[u8], depth: u32) -> Scanned<usize> {
+    let mut size = 0;
     while !buf.is_empty() {
         let (tag, wire_type) = key(&mut buf)?;
         match tag {
             1 => {
-                string(&mut buf, wire_type, "AnyValue.string_value")?;
+                size = string(&mut buf, wire_type, "AnyValue.string_value")?.len();
             }
             2 | 3 => {
                 varint(&mut buf, wire_type, "AnyValue")?;
+                size = if tag == 2 { 5 } else { 20 };
             }
             4 => {
                 fixed64(&mut buf, wire_type, "AnyValue.double_value")?;
+                size = DOUBLE_TEXT;
             }
             5 | 6 => {
                 let (list, depth) = message(&mut buf, wire_type, depth, "AnyValue")?;
                 list_values(list, depth, tag == 6)?;
+                size = UNMEASURED;
             }
             7 => {
                 bytes(&mut buf, wire_type, "AnyValue.bytes_value")?;
+                size = UNMEASURED;
             }
             _ => skip(&mut buf, wire_type, tag, depth)?,
         }
     }
-    Ok(())
+    Ok(size)
 }
 
 /// `ArrayValue` (of `AnyValue`s) or `KeyValueList` (of `KeyValue`s, `pairs`).

@@ -66,6 +66,12 @@ impl Validation {
             .is_some_and(|labels| labels.iter().any(|label| label.as_bytes() == name))
     }
 
+    /// The samples' timestamps allowed (Unix milliseconds): from now minus
+    /// `past_grace_period` (when set) to now plus `creation_grace_period`.
+    pub(crate) fn window(&self) -> std::ops::RangeInclusive<i64> {
+        self.earliest_ms..=self.latest_ms
+    }
+
     pub fn new(limits: ValidationLimits, now_ms: i64) -> Validation {
         let millis = |period: std::time::Duration| period.as_millis().min(i64::MAX as u128) as i64;
         Validation {

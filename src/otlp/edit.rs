@@ -1,0 +1,220 @@
+//! Changes to an OTLP export before it is forwarded: refused data points cut, attributes cut
+//! or given a shorter value. Made on the decoded request (which is then counted again and, for
+//! a protobuf body, encoded) and, for a JSON body, on its JSON too, so that the forwarded JSON
+//! keeps every field the decode did not read.
+
+use std::collections::{HashMap, HashSet};
+
+use serde_json::{Map, Value};
+
+use super::proto::{
+    common::{any_value::Value as Any, AnyValue, KeyValue},
+    metrics::metric::Data,
+    ExportMetricsServiceRequest,
+};
+use super::translate::Place;
+
+/// One attribute: a resource's (`point: None`) or a data point's (its scope, metric, point).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct AttributeAt {
+    pub resource: usize,
+    pub point: Option<(usize, usize, usize)>,
+    pub attribute: usize,
+}
+
+/// What to change. Indices are the request's as sent.
+#[derive(Debug, Default)]
+pub struct Edits {
+    /// Data points cut (only [`Place::Point`]s).
+    pub points: HashSet<Place>,
+    pub removed: HashSet<AttributeAt>,
+    /// Attributes whose value becomes this string.
+    pub values: HashMap<AttributeAt, String>,
+}
+
+impl Edits {
+    pub fn is_empty(&self) -> bool {
+        self.points.is_empty() && self.removed.is_empty() && self.values.is_empty()
+    }
+
+    fn attributes_at<'e>(
+        &'e self,
+        resource: usize,
+        point: Option<(usize, usize, usize)>,
+    ) -> impl Fn(usize) -> (bool, Option<&'e String>) + 'e {
+        move |attribute| {
+            let at = AttributeAt {
+                resource,
+                point,
+                attribute,
+            };
+            (self.removed.contains(&at), self.values.get(&at))
+        }
+    }
+
+    /// The changes made to a decoded request.
+    pub fn apply(&self, request: &mut ExportMetricsServiceRequest) {
+        for (r, resource) in request.resource_metrics.iter_mut().enumerate() {
+            if let Some(resource) = resource.resource.as_mut() {
+                edit_attributes(&mut resource.attributes, self.attributes_at(r, None));
+            }
+            for (s, scope) in resource.scope_metrics.iter_mut().enumerate() {
+                for (m, metric) in scope.metrics.iter_mut().enumerate() {
+                    let Some(data) = metric.data.as_mut() else {
+                        continue;
+                    };
+                    macro_rules! points {
+                        ($points:expr) => {{
+                            for (p, point) in $points.iter_mut().enumerate() {
+                                edit_attributes(
+                                    &mut point.attributes,
+                                    self.attributes_at(r, Some((s, m, p))),
+                                );
+                            }
+                            let mut p = 0;
+                            $points.retain(|_| {
+                                p += 1;
+                                !self.points.contains(&Place::Point {
+                                    resource: r,
+                                    scope: s,
+                                    metric: m,
+                                    point: p - 1,
+                                })
+                            });
+                        }};
+                    }
+                    match data {
+                        Data::Gauge(gauge) => points!(gauge.data_points),
+                        Data::Sum(sum) => points!(sum.data_points),
+                        Data::Histogram(histogram) => points!(histogram.data_points),
+                        Data::ExponentialHistogram(histogram) => points!(histogram.data_points),
+                        Data::Summary(summary) => points!(summary.data_points),
+                    }
+                }
+            }
+        }
+    }
+
+    /// The same changes made to the request's OTLP/JSON (keys in lowerCamelCase or the
+    /// proto's snake_case, as [`super::json`] reads them).
+    pub fn apply_json(&self, root: &mut Value) {
+        for (r, resource) in list_mut(root, "resourceMetrics", "resource_metrics")
+            .iter_mut()
+            .enumerate()
+        {
+            if let Some(inner) = field_mut(resource, "resource", "resource") {
+                edit_json_attributes(inner, self.attributes_at(r, None));
+            }
+            for (s, scope) in list_mut(resource, "scopeMetrics", "scope_metrics")
+                .iter_mut()
+                .enumerate()
+            {
+                for (m, metric) in list_mut(scope, "metrics", "metrics").iter_mut().enumerate() {
+                    let Some(data) = DATA_FIELDS
+                        .iter()
+                        .find_map(|(camel, snake)| {
+                            metric
+                                .as_object()
+                                .and_then(|map| present(map, camel, snake))
+                        })
+                        .map(str::to_string)
+                    else {
+                        continue;
+                    };
+                    let Some(data) = metric.get_mut(&data) else {
+                        continue;
+                    };
+                    let Some(points) = vec_mut(data, "dataPoints", "data_points") else {
+                        continue;
+                    };
+                    for (p, point) in points.iter_mut().enumerate() {
+                        edit_json_attributes(point, self.attributes_at(r, Some((s, m, p))));
+                    }
+                    let mut p = 0;
+                    points.retain(|_| {
+                        p += 1;
+                        !self.points.contains(&Place::Point {
+                            resource: r,
+                            scope: s,
+                            metric: m,
+                            point: p - 1,
+                        })
+                    });
+                }
+            }
+        }
+    }
+}
+
+/// The `data` oneof's JSON names, in the order [`super::json`] looks for them.
+const DATA_FIELDS: [(&str, &str); 5] = [
+    ("gauge", "gauge"),
+    ("sum", "sum"),
+    ("histogram", "histogram"),
+    ("exponentialHistogram", "exponential_histogram"),
+    ("summary", "summary"),
+];
+
+fn edit_attributes<'e>(
+    attributes: &mut Vec<KeyValue>,
+    at: impl Fn(usize) -> (bool, Option<&'e String>),
+) {
+    let mut index = 0;
+    attributes.retain_mut(|kv| {
+        let (removed, value) = at(index);
+        index += 1;
+        if let Some(value) = value {
+            kv.value = Some(AnyValue {
+                value: Some(Any::StringValue(value.clone())),
+            });
+        }
+        !removed
+    });
+}
+
+fn edit_json_attributes<'e>(object: &mut Value, at: impl Fn(usize) -> (bool, Option<&'e String>)) {
+    let Some(attributes) = vec_mut(object, "attributes", "attributes") else {
+        return;
+    };
+    for (index, kv) in attributes.iter_mut().enumerate() {
+        if let (Some(value), Some(kv)) = (at(index).1, kv.as_object_mut()) {
+            kv.insert(
+                "value".to_string(),
+                serde_json::json!({ "stringValue": value }),
+            );
+        }
+    }
+    let mut index = 0;
+    attributes.retain(|_| {
+        index += 1;
+        !at(index - 1).0
+    });
+}
+
+/// Which of a field's two names an object has (not `null`), as [`super::json`] reads it.
+fn present<'n>(map: &Map<String, Value>, camel: &'n str, snake: &'n str) -> Option<&'n str> {
+    [camel, snake]
+        .into_iter()
+        .find(|name| map.get(*name).is_some_and(|value| !value.is_null()))
+}
+
+fn field_mut<'v>(value: &'v mut Value, camel: &str, snake: &str) -> Option<&'v mut Value> {
+    let name = present(value.as_object()?, camel, snake)?.to_string();
+    value.get_mut(&name)
+}
+
+/// A list field's items; none when it is absent (the decode has checked its type).
+fn list_mut<'v>(value: &'v mut Value, camel: &str, snake: &str) -> &'v mut [Value] {
+    match field_mut(value, camel, snake) {
+        Some(Value::Array(items)) => items,
+        _ => &mut [],
+    }
+}
+
+/// [`list_mut`], to cut items from.
+fn vec_mut<'v>(value: &'v mut Value, camel: &str, snake: &str) -> Option<&'v mut Vec<Value>> {
+    match field_mut(value, camel, snake) {
+        Some(Value::Array(items)) => Some(items),
+        _ => None,
+    }
+}

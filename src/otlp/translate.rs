@@ -1,0 +1,511 @@
+//! The series an OTLP export becomes, with their labels, as Mimir's translator builds them
+//! (Prometheus' `otlptranslator`, with Mimir's defaults: underscore escaping, no unit or type
+//! suffixes, no resource attribute promoted, no scope labels): what Mimir's series checks
+//! see. Only the labels and the times are built; the values are not.
+//!
+//! Per data point: its attributes, each key escaped to a label name (a character outside
+//! `[A-Za-z0-9_]` becomes `_`; `key_` before a leading digit, `key` before a single leading
+//! `_`), values of keys that escape alike joined with `;` in key order; then `job` (the
+//! resource's `service.namespace/service.name`, or `service.name`) and `instance`
+//! (`service.instance.id`); then `__name__` (the metric name escaped as
+//! [`metric_name`] says) and, for a bucket or a quantile, `le` or `quantile`. Per resource,
+//! `target_info` under [`super::rules`]' rule: its attributes other than the three above, with
+//! `job` and `instance`. A label with an empty value is left out, as Mimir's distributor
+//! removes it before its checks.
+//!
+//! Where this departs from the translator (only the lengths of rare labels can differ): an
+//! array or a key-value list is written as JSON with Rust's numbers; `le` and `quantile`
+//! values are not measured (a bucket series is checked once, with `le="+Inf"`).
+
+use std::collections::BTreeMap;
+
+use super::proto::{
+    common::{any_value::Value as Any, AnyValue, KeyValue},
+    metrics::{metric::Data, AggregationTemporality, Metric},
+    ExportMetricsServiceRequest,
+};
+use super::rules::{
+    escapes_to_nothing, target_info_samples, Bounds, TargetKeys, TimeRange, DOUBLE_TEXT,
+    TARGET_INFO, UNMEASURED,
+};
+
+/// Where in the request a translated item comes from: a data point (by its resource, scope,
+/// metric and point index), or a resource's `target_info`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Place {
+    Point {
+        resource: usize,
+        scope: usize,
+        metric: usize,
+        point: usize,
+    },
+    TargetInfo {
+        resource: usize,
+    },
+}
+
+/// One data point, or one `target_info`, as the series it becomes.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Translated {
+    pub place: Place,
+    /// Each series' labels, sorted by name; the `_bucket` series of a histogram once (with
+    /// `le="+Inf"`: they differ only in `le`, whose values are short).
+    pub series: Vec<Vec<(String, String)>>,
+    /// The earliest and the latest sample of those series (Unix milliseconds).
+    pub earliest_ms: i64,
+    pub latest_ms: i64,
+    /// The samples and histograms they carry, as [`super::count`] charges them.
+    pub items: u64,
+}
+
+/// The data points of the metrics Mimir translates, and every `target_info`, in request
+/// order, as series. `drops(name)`: a label of this name is taken out first (`drop_labels`).
+/// `wanted(bounds)`: whether to translate a point measured as `bounds` (its attributes, its
+/// resource's `service.*` values, its metric name and time, as the scan measures a request);
+/// a point not wanted is left out.
+pub fn translate(
+    request: &ExportMetricsServiceRequest,
+    drops: &dyn Fn(&str) -> bool,
+    wanted: &dyn Fn(&Bounds) -> bool,
+) -> Vec<Translated> {
+    let mut out = Vec::new();
+    for (r, resource) in request.resource_metrics.iter().enumerate() {
+        let attributes: &[KeyValue] = resource
+            .resource
+            .as_ref()
+            .map_or(&[], |resource| &resource.attributes);
+        let identity = identity_labels(attributes);
+        let identity_size = attributes
+            .iter()
+            .filter(|kv| is_identity(&kv.key))
+            .map(|kv| measured(kv.value.as_ref()))
+            .max()
+            .unwrap_or(0);
+        let mut times = TimeRange::default();
+        for (s, scope) in resource.scope_metrics.iter().enumerate() {
+            for (m, metric) in scope.metrics.iter().enumerate() {
+                metric_points(metric, &mut times, |point, attributes, time, kind| {
+                    let mut bounds = Bounds {
+                        point_attributes: attributes.len() as u32,
+                        metric_name: metric.name.len(),
+                        value: identity_size,
+                        unusual: escapes_to_nothing(metric.name.as_bytes()),
+                        ..Bounds::default()
+                    };
+                    bounds.times.see(time);
+                    for kv in attributes {
+                        bounds.attribute(kv.key.as_bytes(), measured(kv.value.as_ref()));
+                    }
+                    if !wanted(&bounds) {
+                        return;
+                    }
+                    let mut base = labels_of(attributes);
+                    for (name, value) in &identity {
+                        base.insert(name.to_string(), value.clone());
+                    }
+                    let name = metric_name(&metric.name);
+                    let (series, items) = kind.series(&name, &base);
+                    let time = nanos_to_millis(time);
+                    out.push(Translated {
+                        place: Place::Point {
+                            resource: r,
+                            scope: s,
+                            metric: m,
+                            point,
+                        },
+                        series: series
+                            .into_iter()
+                            .map(|labels| kept(labels, drops))
+                            .collect(),
+                        earliest_ms: time,
+                        latest_ms: time,
+                        items,
+                    });
+                });
+            }
+        }
+        let mut keys = TargetKeys::default();
+        for kv in attributes {
+            keys.see(kv.key.as_bytes());
+        }
+        if let Some(samples) = target_info_samples(&keys, &times) {
+            let mut labels = labels_of(attributes.iter().filter(|kv| !is_identity(&kv.key)));
+            for (name, value) in &identity {
+                labels.insert(name.to_string(), value.clone());
+            }
+            labels.insert("__name__".to_string(), TARGET_INFO.to_string());
+            out.push(Translated {
+                place: Place::TargetInfo { resource: r },
+                series: vec![kept(labels, drops)],
+                earliest_ms: nanos_to_millis(times.earliest.unwrap_or_default()),
+                latest_ms: nanos_to_millis(times.latest),
+                items: samples,
+            });
+        }
+    }
+    out
+}
+
+/// The resource attributes that become `job` and `instance`, not `target_info` labels.
+pub fn is_identity(key: &str) -> bool {
+    matches!(
+        key,
+        "service.name" | "service.namespace" | "service.instance.id"
+    )
+}
+
+fn nanos_to_millis(nanos: u64) -> i64 {
+    (nanos / 1_000_000) as i64
+}
+
+/// `job` and `instance` from a resource's attributes.
+fn identity_labels(attributes: &[KeyValue]) -> Vec<(&'static str, String)> {
+    let value = |key: &str| {
+        attributes
+            .iter()
+            .rev()
+            .find(|kv| kv.key == key)
+            .map(|kv| value_string(kv.value.as_ref()))
+    };
+    let mut labels = Vec::new();
+    if let Some(name) = value("service.name") {
+        let job = match value("service.namespace") {
+            Some(namespace) if !namespace.is_empty() => format!("{namespace}/{name}"),
+            _ => name,
+        };
+        labels.push(("job", job));
+    }
+    if let Some(instance) = value("service.instance.id") {
+        labels.push(("instance", instance));
+    }
+    labels
+}
+
+/// Attributes as labels: keys escaped, values of keys that escape alike joined with `;` in
+/// key order.
+fn labels_of<'k>(attributes: impl IntoIterator<Item = &'k KeyValue>) -> BTreeMap<String, String> {
+    let mut sorted: Vec<&KeyValue> = attributes.into_iter().collect();
+    sorted.sort_by(|a, b| a.key.cmp(&b.key));
+    let mut labels: BTreeMap<String, String> = BTreeMap::new();
+    for kv in sorted {
+        let value = value_string(kv.value.as_ref());
+        labels
+            .entry(label_name(&kv.key))
+            .and_modify(|joined| {
+                joined.push(';');
+                joined.push_str(&value);
+            })
+            .or_insert(value);
+    }
+    labels
+}
+
+/// The labels Mimir's checks see: no empty value, no dropped name; sorted by name.
+fn kept(labels: BTreeMap<String, String>, drops: &dyn Fn(&str) -> bool) -> Vec<(String, String)> {
+    labels
+        .into_iter()
+        .filter(|(name, value)| !value.is_empty() && !drops(name))
+        .collect()
+}
+
+/// An attribute key as a label name.
+pub fn label_name(key: &str) -> String {
+    if key.is_empty() {
+        return String::new();
+    }
+    let mut name: String = key
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '_' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    if name.starts_with(|c: char| c.is_ascii_digit()) {
+        name.insert_str(0, "key_");
+    } else if name.starts_with('_') && !name.starts_with("__") {
+        name.insert_str(0, "key");
+    }
+    name
+}
+
+/// A metric name as a `__name__`: each run of characters outside `[A-Za-z0-9_:]` becomes one
+/// `_`, and none is kept at either end; `_` before a leading digit.
+pub fn metric_name(name: &str) -> String {
+    let valid = |c: char| c.is_ascii_alphanumeric() || c == '_' || c == ':';
+    let mut out = name
+        .split(|c: char| !valid(c))
+        .filter(|field| !field.is_empty())
+        .collect::<Vec<_>>()
+        .join("_");
+    if out.starts_with(|c: char| c.is_ascii_digit()) {
+        out.insert(0, '_');
+    }
+    out
+}
+
+/// How long an attribute value can be as a label value, as the scan measures it: a string's
+/// bytes, the longest a bool, an integer or a double is written; [`UNMEASURED`] for the
+/// others.
+pub fn measured(value: Option<&AnyValue>) -> usize {
+    match value.and_then(|value| value.value.as_ref()) {
+        None => 0,
+        Some(Any::StringValue(text)) => text.len(),
+        Some(Any::BoolValue(_)) => 5,
+        Some(Any::IntValue(_)) => 20,
+        Some(Any::DoubleValue(_)) => DOUBLE_TEXT,
+        Some(_) => UNMEASURED,
+    }
+}
+
+/// An attribute value as a label value (pdata's `AsString`).
+pub fn value_string(value: Option<&AnyValue>) -> String {
+    match value.and_then(|value| value.value.as_ref()) {
+        None => String::new(),
+        Some(Any::StringValue(text)) => text.clone(),
+        Some(Any::BoolValue(flag)) => flag.to_string(),
+        Some(Any::IntValue(number)) => number.to_string(),
+        Some(Any::DoubleValue(number)) => double_string(*number),
+        Some(Any::BytesValue(bytes)) => {
+            use base64::Engine;
+            base64::engine::general_purpose::STANDARD.encode(bytes)
+        }
+        Some(other) => json_of(Some(other)).to_string(),
+    }
+}
+
+/// A double as pdata writes it (Go's `encoding/json` rule): shortest round-trip digits, with
+/// an exponent below 1e-6 and from 1e21 (`1e+21`, `1e-7`); not-a-number and the infinities
+/// as Go's error text.
+fn double_string(number: f64) -> String {
+    if !number.is_finite() {
+        let go = if number.is_nan() {
+            "NaN"
+        } else if number > 0.0 {
+            "+Inf"
+        } else {
+            "-Inf"
+        };
+        return format!("json: unsupported value: {go}");
+    }
+    let abs = number.abs();
+    if abs != 0.0 && !(1e-6..1e21).contains(&abs) {
+        let text = format!("{number:e}");
+        match text.split_once('e') {
+            Some((digits, exponent)) if !exponent.starts_with('-') => {
+                format!("{digits}e+{exponent}")
+            }
+            _ => text,
+        }
+    } else {
+        format!("{number}")
+    }
+}
+
+fn json_of(value: Option<&Any>) -> serde_json::Value {
+    use serde_json::Value as Json;
+    match value {
+        None => Json::Null,
+        Some(Any::StringValue(text)) => Json::String(text.clone()),
+        Some(Any::BoolValue(flag)) => Json::Bool(*flag),
+        Some(Any::IntValue(number)) => Json::from(*number),
+        Some(Any::DoubleValue(number)) => Json::from(*number),
+        Some(Any::BytesValue(_)) => Json::String(value_string(Some(&AnyValue {
+            value: value.cloned(),
+        }))),
+        Some(Any::ArrayValue(array)) => Json::Array(
+            array
+                .values
+                .iter()
+                .map(|value| json_of(value.value.as_ref()))
+                .collect(),
+        ),
+        Some(Any::KvlistValue(list)) => Json::Object(
+            list.values
+                .iter()
+                .map(|kv| {
+                    (
+                        kv.key.clone(),
+                        json_of(kv.value.as_ref().and_then(|v| v.value.as_ref())),
+                    )
+                })
+                .collect(),
+        ),
+    }
+}
+
+/// The series kinds a point becomes.
+#[derive(Debug, Clone, Copy)]
+enum PointKind {
+    /// A gauge's or a sum's: one sample.
+    Number,
+    /// A classic histogram's: `_sum` (when `sum`), `_count`, the `_bucket` series.
+    Histogram { buckets: usize, sum: bool },
+    /// A native histogram.
+    Exponential,
+    /// A summary's: `_sum`, `_count`, one series a quantile.
+    Summary { quantiles: usize },
+}
+
+impl PointKind {
+    /// The series (labels) of a point with base labels `base` and `__name__` `name`, and the
+    /// samples and histograms they carry.
+    fn series(
+        self,
+        name: &str,
+        base: &BTreeMap<String, String>,
+    ) -> (Vec<BTreeMap<String, String>>, u64) {
+        let with = |suffix: &str, extra: Option<(&str, &str)>| {
+            let mut labels = base.clone();
+            labels.insert("__name__".to_string(), format!("{name}{suffix}"));
+            if let Some((label, value)) = extra {
+                labels.insert(label.to_string(), value.to_string());
+            }
+            labels
+        };
+        match self {
+            PointKind::Number | PointKind::Exponential => (vec![with("", None)], 1),
+            PointKind::Histogram { buckets, sum } => {
+                let mut series = Vec::new();
+                if sum {
+                    series.push(with("_sum", None));
+                }
+                series.push(with("_count", None));
+                series.push(with("_bucket", Some(("le", "+Inf"))));
+                (series, buckets as u64 + 2 + u64::from(sum))
+            }
+            PointKind::Summary { quantiles } => {
+                let mut series = vec![with("_sum", None), with("_count", None)];
+                if quantiles > 0 {
+                    series.push(with("", Some(("quantile", "0"))));
+                }
+                (series, quantiles as u64 + 2)
+            }
+        }
+    }
+}
+
+/// Calls `each(point index, attributes, time, kind)` for every point of a metric Mimir's
+/// translator takes (cumulative where it has a temporality, every exponential scale at -4 or
+/// above, with data); every point's time widens `times`, taken or not, as
+/// [`super::count`] has it.
+fn metric_points(
+    metric: &Metric,
+    times: &mut TimeRange,
+    mut each: impl FnMut(usize, &[KeyValue], u64, PointKind),
+) {
+    let cumulative = |temporality: i32| temporality == AggregationTemporality::Cumulative as i32;
+    match metric.data.as_ref() {
+        None => {}
+        Some(Data::Gauge(gauge)) => {
+            for (p, point) in gauge.data_points.iter().enumerate() {
+                times.see(point.time_unix_nano);
+                each(
+                    p,
+                    &point.attributes,
+                    point.time_unix_nano,
+                    PointKind::Number,
+                );
+            }
+        }
+        Some(Data::Sum(sum)) => {
+            for point in &sum.data_points {
+                times.see(point.time_unix_nano);
+            }
+            if cumulative(sum.aggregation_temporality) {
+                for (p, point) in sum.data_points.iter().enumerate() {
+                    each(
+                        p,
+                        &point.attributes,
+                        point.time_unix_nano,
+                        PointKind::Number,
+                    );
+                }
+            }
+        }
+        Some(Data::Histogram(histogram)) => {
+            for point in &histogram.data_points {
+                times.see(point.time_unix_nano);
+            }
+            if cumulative(histogram.aggregation_temporality) {
+                for (p, point) in histogram.data_points.iter().enumerate() {
+                    let kind = PointKind::Histogram {
+                        buckets: point.explicit_bounds.len().min(point.bucket_counts.len()),
+                        sum: point.sum.is_some(),
+                    };
+                    each(p, &point.attributes, point.time_unix_nano, kind);
+                }
+            }
+        }
+        Some(Data::ExponentialHistogram(histogram)) => {
+            for point in &histogram.data_points {
+                times.see(point.time_unix_nano);
+            }
+            if cumulative(histogram.aggregation_temporality)
+                && histogram.data_points.iter().all(|point| point.scale >= -4)
+            {
+                for (p, point) in histogram.data_points.iter().enumerate() {
+                    each(
+                        p,
+                        &point.attributes,
+                        point.time_unix_nano,
+                        PointKind::Exponential,
+                    );
+                }
+            }
+        }
+        Some(Data::Summary(summary)) => {
+            for (p, point) in summary.data_points.iter().enumerate() {
+                times.see(point.time_unix_nano);
+                let kind = PointKind::Summary {
+                    quantiles: point.quantile_values.len(),
+                };
+                each(p, &point.attributes, point.time_unix_nano, kind);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_are_escaped_as_the_translator_escapes_them() {
+        assert_eq!(label_name("http.method"), "http_method");
+        assert_eq!(label_name("123invalid"), "key_123invalid");
+        assert_eq!(label_name("_private"), "key_private");
+        assert_eq!(label_name("__reserved__"), "__reserved__");
+        assert_eq!(label_name("ü"), "key_");
+        assert_eq!(metric_name("http.server.duration"), "http_server_duration");
+        assert_eq!(metric_name("a..b__c."), "a_b__c");
+        assert_eq!(metric_name("2xx.count"), "_2xx_count");
+    }
+
+    #[test]
+    fn values_are_written_as_pdata_writes_them() {
+        let any = |value| Some(AnyValue { value: Some(value) });
+        assert_eq!(value_string(any(Any::IntValue(-12)).as_ref()), "-12");
+        assert_eq!(value_string(any(Any::BoolValue(true)).as_ref()), "true");
+        assert_eq!(value_string(any(Any::DoubleValue(1.5)).as_ref()), "1.5");
+        let double = |number| value_string(any(Any::DoubleValue(number)).as_ref());
+        assert_eq!(double(1e21), "1e+21");
+        assert_eq!(double(123456789.0), "123456789");
+        assert_eq!(double(-1.2429013403811885e-144), "-1.2429013403811885e-144");
+        assert_eq!(double(0.000001), "0.000001");
+        assert_eq!(double(-0.0), "-0");
+        assert_eq!(double(f64::INFINITY), "json: unsupported value: +Inf");
+        assert_eq!(
+            value_string(any(Any::BytesValue(vec![0xff, 0x00])).as_ref()),
+            "/wA="
+        );
+        let array = Any::ArrayValue(super::super::proto::common::ArrayValue {
+            values: vec![AnyValue {
+                value: Some(Any::StringValue("a".into())),
+            }],
+        });
+        assert_eq!(value_string(any(array).as_ref()), r#"["a"]"#);
+    }
+}

@@ -1,0 +1,906 @@
+//! Mimir's series checks and `drop_labels` on an OTLP export. Mimir translates an export into
+//! Prometheus series and runs its distributor's checks on them; weir forwards OTLP, so it
+//! checks the series the export would become ([`otlp::translate`]) with the remote-write
+//! checks ([`SeriesCheck`]), and cuts from the forwarded export the data points whose series
+//! fail ([`otlp::edit`]).
+//!
+//! Nearly every export passes, and is forwarded as sent: the scan that counts it also
+//! measures its attributes ([`Bounds`]), and when no series it becomes can fail a check
+//! ([`may_fail`]), nothing is translated. Only an export with a label near a limit, a time
+//! outside the window, an unusual attribute or a tenant with `drop_labels` is decoded in full,
+//! checked series by series and, when something changes, encoded again.
+//!
+//! Above `otlp` and `remote_write`, which do not import each other.
+
+use prost::Message;
+
+use crate::counts::{DecodeError, Decoded, Discarded, Forward, Refused, WriteCounts};
+use crate::otlp::edit::{AttributeAt, Edits};
+use crate::otlp::proto::{common::KeyValue, metrics::metric::Data, ExportMetricsServiceRequest};
+use crate::otlp::translate::{self, Place};
+use crate::otlp::{self, Bounds, OtlpFormat};
+use crate::remote_write::prompb;
+use crate::remote_write::validate::{shortened_value, SeriesCheck, Validation};
+use runtime_config::validation::LabelValueLengthOverLimitStrategy;
+
+/// Decompresses, counts and checks an OTLP export: what it charges once the refused points
+/// are cut, what to forward, and what was refused.
+pub fn decode_validated(
+    body: &[u8],
+    max_size: usize,
+    format: OtlpFormat,
+    validation: &Validation,
+) -> Result<Decoded, DecodeError> {
+    let raw = otlp::inflate(body, max_size, format)?;
+    let (request, json) = if format.json {
+        let json: serde_json::Value = serde_json::from_slice(&raw)
+            .map_err(|err| DecodeError::Otlp(format!("invalid JSON: {err}")))?;
+        (otlp::json::decode(&raw)?, Some(json))
+    } else {
+        let (counts, bounds) = otlp::scan_bounded(&raw)?;
+        if !may_fail(&bounds, validation) {
+            return Ok(decoded(counts, Forward::Unchanged, None, validation));
+        }
+        let request = ExportMetricsServiceRequest::decode(&raw[..])
+            .map_err(|err| DecodeError::Otlp(format!("invalid protobuf: {err}")))?;
+        (request, None)
+    };
+    let counts = otlp::count(&request)?;
+    let (edits, refused) = check(&request, validation);
+    if edits.is_empty() {
+        return Ok(decoded(counts, Forward::Unchanged, refused, validation));
+    }
+    let mut kept = request;
+    edits.apply(&mut kept);
+    // A request of which nothing is left but metrics the translator refuses costs nothing.
+    let counts = otlp::count(&kept).unwrap_or_default();
+    if counts.cost() == 0 {
+        return Ok(decoded(counts, Forward::Nothing, refused, validation));
+    }
+    let bytes = match json {
+        Some(mut json) => {
+            edits.apply_json(&mut json);
+            json.to_string().into_bytes()
+        }
+        None => kept.encode_to_vec(),
+    };
+    let bytes = if format.gzip { gzip(&bytes) } else { bytes };
+    Ok(decoded(
+        counts,
+        Forward::Rewritten(bytes.into()),
+        refused,
+        validation,
+    ))
+}
+
+fn decoded(
+    mut counts: WriteCounts,
+    forward: Forward,
+    refused: Option<Refused>,
+    validation: &Validation,
+) -> Decoded {
+    // OTLP is forwarded with its exemplars; with the tenant's exemplars off they are not
+    // charged, as Mimir's distributor takes them out of the translation.
+    if validation.limits.max_global_exemplars_per_user == 0 {
+        counts.exemplars = 0;
+    }
+    Decoded {
+        counts,
+        forward,
+        refused,
+        dropped_exemplars: Default::default(),
+        repeated_timestamps: 0,
+        unlabelled: WriteCounts::default(),
+        ha: crate::ha::HaOutcome::Off,
+    }
+}
+
+fn gzip(bytes: &[u8]) -> Vec<u8> {
+    use std::io::Write;
+    let mut encoder = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+    encoder
+        .write_all(bytes)
+        .expect("gzip writes into memory without error");
+    encoder
+        .finish()
+        .expect("gzip writes into memory without error")
+}
+
+/// Whether any series of an export measured as `bounds` could fail a check, or lose a label
+/// to `drop_labels`: when not, nothing needs translating. Each bound is the longest a label
+/// can get after translation: a point's labels are its attributes, `job`, `instance`,
+/// `__name__` and `le` or `quantile`; a `target_info`'s (an info series, with a limit of its
+/// own) at most its resource's attributes and `__name__`; an escaped key is at most 4 bytes longer (`key_`); `job` is two values and a
+/// `/`; a `__name__` is the metric name, a `_` and `_bucket` at most.
+pub fn may_fail(bounds: &Bounds, validation: &Validation) -> bool {
+    validation.drop_labels.is_some() || exceeds(bounds, validation)
+}
+
+/// [`may_fail`], but for `drop_labels`: whether a label can get past a limit.
+fn exceeds(bounds: &Bounds, validation: &Validation) -> bool {
+    let limits = &validation.limits;
+    let labels = u64::from(limits.max_label_names_per_series);
+    let name = limits.max_label_name_length as usize;
+    let value = limits.max_label_value_length as usize;
+    let window = validation.window();
+    let millis = |nanos: u64| (nanos / 1_000_000) as i64;
+    bounds.unusual
+        || u64::from(bounds.point_attributes) + 4 > labels
+        || u64::from(bounds.resource_attributes) + 1
+            > labels.max(u64::from(limits.max_label_names_per_info_series))
+        || (bounds.key + 4).max("__name__".len()) > name
+        || bounds
+            .value
+            .saturating_mul(2)
+            .saturating_add(1)
+            .max(bounds.metric_name + 8)
+            > value
+        || bounds
+            .times
+            .earliest
+            .is_some_and(|earliest| millis(earliest) < *window.start())
+        || millis(bounds.times.latest) > *window.end()
+}
+
+/// The changes a request needs (values shortened, labels dropped, refused points cut) and
+/// what was refused. Only the points that could fail are translated: each is measured as the
+/// scan measures a request. (With `__name__` dropped, every series fails.)
+fn check(
+    request: &ExportMetricsServiceRequest,
+    validation: &Validation,
+) -> (Edits, Option<Refused>) {
+    let every = validation.drops(b"__name__");
+    check_points(request, validation, &|bounds| {
+        every || exceeds(bounds, validation)
+    })
+}
+
+/// [`check`], translating the points `wanted` says.
+fn check_points(
+    request: &ExportMetricsServiceRequest,
+    validation: &Validation,
+    wanted: &dyn Fn(&Bounds) -> bool,
+) -> (Edits, Option<Refused>) {
+    let limits = &validation.limits;
+    let mut edits = Edits::default();
+    each_attribute(request, |at, kv| {
+        if validation.drops(translate::label_name(&kv.key).as_bytes())
+            && (at.point.is_some() || !translate::is_identity(&kv.key))
+        {
+            edits.removed.insert(at);
+            return;
+        }
+        if limits.label_value_length_over_limit_strategy != LabelValueLengthOverLimitStrategy::Error
+        {
+            let value = translate::value_string(kv.value.as_ref());
+            if value.len() > limits.max_label_value_length as usize {
+                let short = shortened_value(value.as_bytes(), limits);
+                edits
+                    .values
+                    .insert(at, String::from_utf8_lossy(&short).into_owned());
+            }
+        }
+    });
+    // The series are translated from the attributes as they will be forwarded.
+    let relabelled = if edits.is_empty() {
+        std::borrow::Cow::Borrowed(request)
+    } else {
+        let mut relabelled = request.clone();
+        edits.apply(&mut relabelled);
+        std::borrow::Cow::Owned(relabelled)
+    };
+    let drops = |name: &str| validation.drops(name.as_bytes());
+    let mut refused: Option<Refused> = None;
+    for translated in translate::translate(&relabelled, &drops, wanted) {
+        let Some(reason_and_message) = translated
+            .series
+            .iter()
+            .find_map(|labels| series_verdict(labels, &translated, validation))
+        else {
+            continue;
+        };
+        let (reason, message) = reason_and_message;
+        let refused = refused.get_or_insert_with(|| Refused {
+            first: message,
+            samples: Discarded::default(),
+            series: 0,
+        });
+        refused.samples.samples[reason as usize] += translated.items;
+        refused.series += translated.series.len() as u64;
+        match translated.place {
+            place @ Place::Point { .. } => {
+                edits.points.insert(place);
+            }
+            // The receiver builds `target_info` from the resource's other attributes: without
+            // them it builds none, as Mimir keeps none.
+            Place::TargetInfo { resource } => {
+                let attributes = request.resource_metrics[resource]
+                    .resource
+                    .as_ref()
+                    .map_or(&[][..], |resource| &resource.attributes);
+                for (attribute, kv) in attributes.iter().enumerate() {
+                    if !translate::is_identity(&kv.key) {
+                        edits.removed.insert(AttributeAt {
+                            resource,
+                            point: None,
+                            attribute,
+                        });
+                    }
+                }
+            }
+        }
+    }
+    (edits, refused)
+}
+
+/// Mimir's checks on one translated series, as on a remote-write series: the first that fails,
+/// with its message.
+fn series_verdict(
+    labels: &[(String, String)],
+    translated: &translate::Translated,
+    validation: &Validation,
+) -> Option<(crate::counts::SeriesReason, String)> {
+    let mut check = SeriesCheck::new();
+    for (name, value) in labels {
+        check.label(name.as_bytes(), value.as_bytes(), &validation.limits);
+    }
+    check.timestamp(translated.earliest_ms);
+    check.timestamp(translated.latest_ms);
+    // The labels came sorted, so only a message reads the series again: judged without it,
+    // and named, for the few that fail, from the series as remote-write 1.0 bytes.
+    check.verdict(validation, &[])?;
+    let series = prompb::TimeSeries {
+        labels: labels
+            .iter()
+            .map(|(name, value)| prompb::Label {
+                name: name.clone(),
+                value: value.clone(),
+            })
+            .collect(),
+        ..Default::default()
+    }
+    .encode_to_vec();
+    check.verdict(validation, &series)
+}
+
+/// Calls `each` with every attribute of every resource and data point, where it is.
+fn each_attribute(
+    request: &ExportMetricsServiceRequest,
+    mut each: impl FnMut(AttributeAt, &KeyValue),
+) {
+    for (r, resource) in request.resource_metrics.iter().enumerate() {
+        for (a, kv) in resource
+            .resource
+            .iter()
+            .flat_map(|resource| &resource.attributes)
+            .enumerate()
+        {
+            each(
+                AttributeAt {
+                    resource: r,
+                    point: None,
+                    attribute: a,
+                },
+                kv,
+            );
+        }
+        for (s, scope) in resource.scope_metrics.iter().enumerate() {
+            for (m, metric) in scope.metrics.iter().enumerate() {
+                let points: Vec<&[KeyValue]> = match metric.data.as_ref() {
+                    None => Vec::new(),
+                    Some(Data::Gauge(gauge)) => gauge
+                        .data_points
+                        .iter()
+                        .map(|p| &p.attributes[..])
+                        .collect(),
+                    Some(Data::Sum(sum)) => {
+                        sum.data_points.iter().map(|p| &p.attributes[..]).collect()
+                    }
+                    Some(Data::Histogram(h)) => {
+                        h.data_points.iter().map(|p| &p.attributes[..]).collect()
+                    }
+                    Some(Data::ExponentialHistogram(h)) => {
+                        h.data_points.iter().map(|p| &p.attributes[..]).collect()
+                    }
+                    Some(Data::Summary(summary)) => summary
+                        .data_points
+                        .iter()
+                        .map(|p| &p.attributes[..])
+                        .collect(),
+                };
+                for (p, attributes) in points.into_iter().enumerate() {
+                    for (a, kv) in attributes.iter().enumerate() {
+                        each(
+                            AttributeAt {
+                                resource: r,
+                                point: Some((s, m, p)),
+                                attribute: a,
+                            },
+                            kv,
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use proptest::prelude::*;
+    use runtime_config::ValidationLimits;
+
+    use super::*;
+    use crate::counts::SeriesReason;
+    use crate::otlp::proto::{common, metrics, resource};
+
+    /// Now, for the checks (Unix milliseconds), and a point's time a second before it.
+    const NOW_MS: i64 = 1_750_000_000_000;
+    const POINT_NS: u64 = (NOW_MS as u64 - 1_000) * 1_000_000;
+
+    fn kv(key: &str, value: &str) -> common::KeyValue {
+        common::KeyValue {
+            key: key.into(),
+            value: Some(common::AnyValue {
+                value: Some(common::any_value::Value::StringValue(value.into())),
+            }),
+        }
+    }
+
+    fn point(attributes: Vec<common::KeyValue>, time: u64) -> metrics::NumberDataPoint {
+        metrics::NumberDataPoint {
+            attributes,
+            time_unix_nano: time,
+            value: Some(metrics::number_data_point::Value::AsDouble(1.0)),
+            ..Default::default()
+        }
+    }
+
+    fn gauge(name: &str, points: Vec<metrics::NumberDataPoint>) -> metrics::Metric {
+        metrics::Metric {
+            name: name.into(),
+            data: Some(Data::Gauge(metrics::Gauge {
+                data_points: points,
+            })),
+            ..Default::default()
+        }
+    }
+
+    fn export(
+        resource: Vec<common::KeyValue>,
+        metrics: Vec<metrics::Metric>,
+    ) -> ExportMetricsServiceRequest {
+        ExportMetricsServiceRequest {
+            resource_metrics: vec![metrics::ResourceMetrics {
+                resource: Some(resource::Resource {
+                    attributes: resource,
+                    ..Default::default()
+                }),
+                scope_metrics: vec![metrics::ScopeMetrics {
+                    metrics,
+                    ..Default::default()
+                }],
+                ..Default::default()
+            }],
+        }
+    }
+
+    fn validation(limits: ValidationLimits) -> Validation {
+        Validation::new(limits, NOW_MS)
+    }
+
+    const PROTOBUF: OtlpFormat = OtlpFormat::PROTOBUF;
+    const JSON: OtlpFormat = OtlpFormat {
+        json: true,
+        gzip: false,
+    };
+
+    /// The request as OTLP/JSON, written apart from weir's decoder (the mapping's names).
+    fn as_json(request: &ExportMetricsServiceRequest) -> Vec<u8> {
+        let attributes = |attributes: &[common::KeyValue]| {
+            attributes
+                .iter()
+                .map(|kv| {
+                    serde_json::json!({
+                        "key": kv.key,
+                        "value": {"stringValue": translate::value_string(kv.value.as_ref())},
+                    })
+                })
+                .collect::<Vec<_>>()
+        };
+        let resources: Vec<serde_json::Value> = request
+            .resource_metrics
+            .iter()
+            .map(|rm| {
+                let metrics: Vec<serde_json::Value> = rm.scope_metrics[0]
+                    .metrics
+                    .iter()
+                    .map(|metric| {
+                        let Some(Data::Gauge(gauge)) = &metric.data else {
+                            unreachable!("the tests send gauges as JSON");
+                        };
+                        let points: Vec<serde_json::Value> = gauge
+                            .data_points
+                            .iter()
+                            .map(|p| {
+                                serde_json::json!({
+                                    "attributes": attributes(&p.attributes),
+                                    "timeUnixNano": p.time_unix_nano.to_string(),
+                                    "asDouble": 1.0,
+                                    "futureField": "kept",
+                                })
+                            })
+                            .collect();
+                        serde_json::json!({"name": metric.name, "gauge": {"dataPoints": points}})
+                    })
+                    .collect();
+                serde_json::json!({
+                    "resource": {"attributes": attributes(&rm.resource.as_ref().unwrap().attributes)},
+                    "scopeMetrics": [{"metrics": metrics}],
+                })
+            })
+            .collect();
+        serde_json::json!({ "resourceMetrics": resources })
+            .to_string()
+            .into_bytes()
+    }
+
+    fn forwarded(decoded: &Decoded, format: OtlpFormat) -> ExportMetricsServiceRequest {
+        let Forward::Rewritten(bytes) = &decoded.forward else {
+            panic!("not rewritten: {:?}", decoded.forward);
+        };
+        if format.json {
+            otlp::json::decode(bytes).unwrap()
+        } else {
+            ExportMetricsServiceRequest::decode(&bytes[..]).unwrap()
+        }
+    }
+
+    fn gauge_points(request: &ExportMetricsServiceRequest) -> Vec<Vec<common::KeyValue>> {
+        request.resource_metrics[0].scope_metrics[0]
+            .metrics
+            .iter()
+            .flat_map(|metric| match &metric.data {
+                Some(Data::Gauge(gauge)) => gauge.data_points.clone(),
+                _ => Vec::new(),
+            })
+            .map(|point| point.attributes)
+            .collect()
+    }
+
+    #[test]
+    fn a_point_whose_series_fails_is_cut_and_the_rest_goes_on() {
+        let long = "x".repeat(2049);
+        let request = export(
+            vec![kv("service.name", "api")],
+            vec![gauge(
+                "http.requests",
+                vec![
+                    point(vec![kv("path", "/")], POINT_NS),
+                    point(vec![kv("path", &long)], POINT_NS),
+                    point(vec![kv("path", "/b")], POINT_NS),
+                ],
+            )],
+        );
+        for (format, body) in [
+            (PROTOBUF, request.encode_to_vec()),
+            (JSON, as_json(&request)),
+        ] {
+            let decoded =
+                decode_validated(&body, 1 << 20, format, &validation(Default::default())).unwrap();
+            let refused = decoded.refused.clone().expect("a point is refused");
+            assert_eq!(
+                refused.samples.samples[SeriesReason::LabelValueTooLong as usize],
+                1
+            );
+            assert!(
+                refused
+                    .first
+                    .contains("label value length exceeds the limit")
+                    && refused.first.contains("label: 'path'")
+                    && refused
+                        .first
+                        .contains("series: 'http_requests{job=\"api\", path="),
+                "{}",
+                refused.first
+            );
+            // Two samples and one metadata entry are left to charge.
+            assert_eq!((decoded.counts.samples, decoded.counts.metadata), (2, 1));
+            let kept = forwarded(&decoded, format);
+            assert_eq!(
+                gauge_points(&kept),
+                vec![vec![kv("path", "/")], vec![kv("path", "/b")]]
+            );
+            if format.json {
+                let Forward::Rewritten(bytes) = &decoded.forward else {
+                    unreachable!()
+                };
+                assert!(
+                    String::from_utf8_lossy(bytes).contains("\"futureField\":\"kept\""),
+                    "fields weir does not read are forwarded"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn labels_are_counted_as_the_translation_makes_them() {
+        // 26 attributes + job + instance + __name__ = 29 labels: within Mimir's 30; one more
+        // attribute is 30; two more, 31.
+        let attributes = |n: usize| (0..n).map(|i| kv(&format!("a{i}"), "v")).collect();
+        let request = export(
+            vec![kv("service.name", "api"), kv("service.instance.id", "i-1")],
+            vec![gauge(
+                "g",
+                vec![
+                    point(attributes(26), POINT_NS),
+                    point(attributes(27), POINT_NS),
+                    point(attributes(28), POINT_NS),
+                ],
+            )],
+        );
+        let decoded = decode_validated(
+            &request.encode_to_vec(),
+            1 << 20,
+            PROTOBUF,
+            &validation(Default::default()),
+        )
+        .unwrap();
+        let refused = decoded.refused.unwrap();
+        assert_eq!(
+            refused.samples.samples[SeriesReason::MaxLabelNamesPerSeries as usize],
+            1,
+            "{}",
+            refused.first
+        );
+        assert!(
+            refused.first.contains("(actual: 31, limit: 30)"),
+            "{}",
+            refused.first
+        );
+        // Keys that escape alike are one label: `a.b` and `a_b` are `a_b`.
+        let alike = export(
+            vec![],
+            vec![gauge(
+                "g",
+                vec![point(
+                    (0..40)
+                        .map(|i| kv(if i % 2 == 0 { "k.x" } else { "k_x" }, "v"))
+                        .collect(),
+                    POINT_NS,
+                )],
+            )],
+        );
+        let decoded = decode_validated(
+            &alike.encode_to_vec(),
+            1 << 20,
+            PROTOBUF,
+            &validation(Default::default()),
+        )
+        .unwrap();
+        assert_eq!(decoded.refused, None);
+        assert_eq!(decoded.forward, Forward::Unchanged);
+    }
+
+    #[test]
+    fn times_outside_the_window_are_refused() {
+        let limits = ValidationLimits {
+            past_grace_period: Duration::from_secs(3600),
+            ..Default::default()
+        };
+        let future = (NOW_MS as u64 + 11 * 60 * 1000) * 1_000_000;
+        let past = (NOW_MS as u64 - 2 * 3600 * 1000) * 1_000_000;
+        let request = export(
+            vec![],
+            vec![gauge(
+                "g",
+                vec![
+                    point(vec![], future),
+                    point(vec![], past),
+                    point(vec![], POINT_NS),
+                ],
+            )],
+        );
+        let decoded = decode_validated(
+            &request.encode_to_vec(),
+            1 << 20,
+            PROTOBUF,
+            &validation(limits),
+        )
+        .unwrap();
+        let refused = decoded.refused.clone().unwrap();
+        assert_eq!(
+            refused.samples.samples[SeriesReason::TooFarInFuture as usize],
+            1
+        );
+        assert_eq!(
+            refused.samples.samples[SeriesReason::TooFarInPast as usize],
+            1
+        );
+        assert!(
+            refused.first.contains("too far in the future"),
+            "{}",
+            refused.first
+        );
+        assert_eq!(gauge_points(&forwarded(&decoded, PROTOBUF)).len(), 1);
+    }
+
+    #[test]
+    fn truncate_shortens_the_value_and_drop_labels_cuts_the_attribute() {
+        let long = "y".repeat(3000);
+        let limits = ValidationLimits {
+            label_value_length_over_limit_strategy: LabelValueLengthOverLimitStrategy::Truncate,
+            ..Default::default()
+        };
+        let request = export(
+            vec![kv("service.name", "api")],
+            vec![gauge(
+                "g",
+                vec![point(
+                    vec![kv("query", &long), kv("pod.uid", "p")],
+                    POINT_NS,
+                )],
+            )],
+        );
+        let validation = validation(limits).dropping(Some(vec!["pod_uid".to_string()].into()));
+        for (format, body) in [
+            (PROTOBUF, request.encode_to_vec()),
+            (JSON, as_json(&request)),
+        ] {
+            let decoded = decode_validated(&body, 1 << 20, format, &validation).unwrap();
+            assert_eq!(decoded.refused, None);
+            let points = gauge_points(&forwarded(&decoded, format));
+            let short = String::from_utf8(shortened_value(long.as_bytes(), &limits)).unwrap();
+            assert_eq!(short.len(), 2048);
+            assert_eq!(points, vec![vec![kv("query", &short)]]);
+        }
+    }
+
+    #[test]
+    fn a_target_info_that_fails_takes_the_resource_s_other_attributes_with_it() {
+        // target_info is an info series: Mimir's limit for it is 80 labels.
+        let mut resource: Vec<common::KeyValue> =
+            (0..80).map(|i| kv(&format!("host.tag{i}"), "v")).collect();
+        resource.push(kv("service.name", "api"));
+        let request = export(resource, vec![gauge("g", vec![point(vec![], POINT_NS)])]);
+        let decoded = decode_validated(
+            &request.encode_to_vec(),
+            1 << 20,
+            PROTOBUF,
+            &validation(Default::default()),
+        )
+        .unwrap();
+        let refused = decoded.refused.clone().unwrap();
+        assert_eq!(
+            refused.samples.samples[SeriesReason::MaxLabelNamesPerInfoSeries as usize],
+            1
+        );
+        assert!(refused.first.contains("target_info{"), "{}", refused.first);
+        let kept = forwarded(&decoded, PROTOBUF);
+        assert_eq!(
+            kept.resource_metrics[0]
+                .resource
+                .as_ref()
+                .unwrap()
+                .attributes,
+            vec![kv("service.name", "api")]
+        );
+        // The gauge's sample and its metadata: no target_info left.
+        assert_eq!((decoded.counts.samples, decoded.counts.metadata), (1, 1));
+    }
+
+    #[test]
+    fn a_gzip_export_is_forwarded_gzip_and_one_with_nothing_left_forwards_nothing() {
+        let request = export(
+            vec![],
+            vec![gauge(
+                "g",
+                vec![point(vec![kv("k", &"z".repeat(5000))], POINT_NS)],
+            )],
+        );
+        let decoded = decode_validated(
+            &request.encode_to_vec(),
+            1 << 20,
+            PROTOBUF,
+            &validation(Default::default()),
+        )
+        .unwrap();
+        assert_eq!(decoded.forward, Forward::Nothing);
+        assert!(decoded.refused.is_some());
+
+        let mut two = request.clone();
+        let Some(Data::Gauge(g)) = &mut two.resource_metrics[0].scope_metrics[0].metrics[0].data
+        else {
+            unreachable!()
+        };
+        g.data_points.push(point(vec![], POINT_NS));
+        let gzip = OtlpFormat {
+            json: false,
+            gzip: true,
+        };
+        let mut encoder = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+        std::io::Write::write_all(&mut encoder, &two.encode_to_vec()).unwrap();
+        let body = encoder.finish().unwrap();
+        let decoded =
+            decode_validated(&body, 1 << 20, gzip, &validation(Default::default())).unwrap();
+        let Forward::Rewritten(bytes) = &decoded.forward else {
+            panic!("{:?}", decoded.forward)
+        };
+        let raw = otlp::inflate(bytes, 1 << 20, gzip).unwrap();
+        let kept = ExportMetricsServiceRequest::decode(&raw[..]).unwrap();
+        assert_eq!(gauge_points(&kept), vec![Vec::<common::KeyValue>::new()]);
+    }
+
+    /// An export at the edge of one of [`may_fail`]'s bounds, whose series fail: the bounds
+    /// must see it (the property below draws such edges only now and then).
+    fn at_the_edge(request: ExportMetricsServiceRequest, limits: ValidationLimits) {
+        let validation = validation(limits);
+        let (_, refused) = check(&request, &validation);
+        assert!(refused.is_some(), "the export at the edge must fail");
+        let (_, bounds) = otlp::scan_bounded(&request.encode_to_vec()).unwrap();
+        assert!(may_fail(&bounds, &validation), "{bounds:?}");
+    }
+
+    #[test]
+    fn each_bound_sees_the_export_at_its_edge() {
+        let limits = ValidationLimits {
+            max_label_names_per_series: 10,
+            max_label_names_per_info_series: 10,
+            max_label_value_length: 40,
+            ..Default::default()
+        };
+        // target_info: `service.name` and 9 others are 9 labels, `job` and `__name__`: 11.
+        let mut resource: Vec<common::KeyValue> =
+            (0..9).map(|i| kv(&format!("r{i}"), "v")).collect();
+        resource.push(kv("service.name", "api"));
+        at_the_edge(
+            export(resource, vec![gauge("g", vec![point(vec![], POINT_NS)])]),
+            limits,
+        );
+        // `job` is the namespace, a `/` and the name: 20 + 1 + 20 characters.
+        let resource = vec![
+            kv("service.namespace", &"n".repeat(20)),
+            kv("service.name", &"s".repeat(20)),
+        ];
+        at_the_edge(
+            export(resource, vec![gauge("g", vec![point(vec![], POINT_NS)])]),
+            limits,
+        );
+        // A histogram's bucket series is named with `_bucket`: 36 + 7 characters.
+        let histogram = metrics::Metric {
+            name: "h".repeat(36),
+            data: Some(Data::Histogram(metrics::Histogram {
+                data_points: vec![metrics::HistogramDataPoint {
+                    time_unix_nano: POINT_NS,
+                    bucket_counts: vec![1],
+                    ..Default::default()
+                }],
+                aggregation_temporality: metrics::AggregationTemporality::Cumulative as i32,
+            })),
+            ..Default::default()
+        };
+        at_the_edge(export(vec![], vec![histogram]), limits);
+        // A metric name with no character a metric name keeps: no `__name__` at all.
+        at_the_edge(
+            export(vec![], vec![gauge("..", vec![point(vec![], POINT_NS)])]),
+            limits,
+        );
+    }
+
+    /// Exports near the limits drawn with them: most attributes within every bound, a few
+    /// past one (a key that escapes longer, a long value, a byte string, an empty key, a
+    /// point with as many attributes as the limit allows, a time outside the window).
+    fn strategy() -> impl Strategy<Value = (ExportMetricsServiceRequest, ValidationLimits)> {
+        use common::any_value::Value as Any;
+        use proptest::string::string_regex;
+        (8u32..14, 0u32..4, 12u32..24, 60u32..90, any::<bool>()).prop_flat_map(
+            |(labels, info, name, value, past)| {
+                let limits = ValidationLimits {
+                    max_label_names_per_series: labels,
+                    max_label_names_per_info_series: labels + info,
+                    max_label_name_length: name,
+                    max_label_value_length: value,
+                    past_grace_period: Duration::from_secs(if past { 3600 } else { 0 }),
+                    ..Default::default()
+                };
+                let regex = |pattern: String| string_regex(&pattern).unwrap();
+                let key = prop_oneof![
+                    40 => regex(format!("[a-z][a-z.]{{0,{}}}", name - 5)),
+                    1 => regex(format!("[0-9_][a-z.]{{0,{name}}}")),
+                    1 => Just("service.name".to_string()),
+                    1 => Just("service.namespace".to_string()),
+                    1 => Just("service.instance.id".to_string()),
+                    1 => Just(String::new()),
+                ];
+                let text = prop_oneof![
+                    40 => regex(format!("[a-z]{{0,{}}}", value / 2 - 1)),
+                    1 => regex(format!("[a-z]{{{},{}}}", value / 2, value + 2)),
+                ];
+                let any_value = prop_oneof![
+                    40 => text.clone().prop_map(Any::StringValue),
+                    1 => any::<i64>().prop_map(Any::IntValue),
+                    1 => any::<f64>().prop_map(Any::DoubleValue),
+                    1 => any::<bool>().prop_map(Any::BoolValue),
+                    1 => proptest::collection::vec(any::<u8>(), 0..(value as usize))
+                        .prop_map(Any::BytesValue),
+                ];
+                let attribute = (key, any_value).prop_map(|(key, value)| common::KeyValue {
+                    key,
+                    value: Some(common::AnyValue { value: Some(value) }),
+                });
+                let near = labels as usize - 4..labels as usize;
+                let count = prop_oneof![0..labels as usize, near];
+                let attributes = count.prop_flat_map(move |count| {
+                    proptest::collection::vec(attribute.clone(), count)
+                });
+                let identity = |key: &'static str| {
+                    proptest::option::of(text.clone().prop_map(move |value| kv(key, &value)))
+                };
+                let resource = (
+                    attributes.clone(),
+                    identity("service.name"),
+                    identity("service.namespace"),
+                    identity("service.instance.id"),
+                )
+                    .prop_map(|(mut attributes, name, namespace, instance)| {
+                        attributes.extend([name, namespace, instance].into_iter().flatten());
+                        attributes
+                    });
+                let time = prop_oneof![
+                    20 => Just(POINT_NS),
+                    1 => Just((NOW_MS as u64 + 20 * 60 * 1000) * 1_000_000),
+                    1 => Just((NOW_MS as u64 - 3 * 3600 * 1000) * 1_000_000),
+                ];
+                let metric = (
+                    regex(format!("[a-z][a-z.]{{0,{}}}", value + 2)),
+                    proptest::collection::vec((attributes.clone(), time), 1..3),
+                )
+                    .prop_map(|(name, points)| {
+                        let points = points
+                            .into_iter()
+                            .map(|(attributes, time)| point(attributes, time))
+                            .collect();
+                        gauge(&name, points)
+                    });
+                (resource, proptest::collection::vec(metric, 1..3))
+                    .prop_map(move |(resource, metrics)| (export(resource, metrics), limits))
+            },
+        )
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(2048))]
+
+        /// The bounds never pass an export, or a point, whose translated series fail: when
+        /// `may_fail` says no, the series checks of every point translated find nothing, and
+        /// the points `check` leaves untranslated are never refused (the oracle translates
+        /// every point). And what is forwarded after the cut passes the checks again, with
+        /// nothing left to cut.
+        #[test]
+        fn the_bounds_never_hide_a_failure_and_the_cut_is_complete(
+            (request, limits) in strategy()
+        ) {
+            let validation = validation(limits);
+            let raw = request.encode_to_vec();
+            let (_, bounds) = otlp::scan_bounded(&raw).unwrap();
+            let (every_edit, every_refusal) = check_points(&request, &validation, &|_| true);
+            let (edits, refused) = check(&request, &validation);
+            prop_assert_eq!(&edits.points, &every_edit.points);
+            prop_assert_eq!(&edits.removed, &every_edit.removed);
+            prop_assert_eq!(&refused, &every_refusal);
+            if !may_fail(&bounds, &validation) {
+                prop_assert!(every_edit.is_empty() && every_refusal.is_none(), "{every_refusal:?}");
+            }
+            let decoded = decode_validated(&raw, 1 << 20, PROTOBUF, &validation).unwrap();
+            prop_assert_eq!(decoded.refused.is_some(), refused.is_some());
+            if let Forward::Rewritten(bytes) = &decoded.forward {
+                let kept = ExportMetricsServiceRequest::decode(&bytes[..]).unwrap();
+                let (edits, refused) = check(&kept, &validation);
+                prop_assert!(edits.is_empty() && refused.is_none(), "{refused:?}");
+                prop_assert_eq!(otlp::count(&kept).unwrap(), decoded.counts);
+            }
+        }
+    }
+}
