@@ -449,3 +449,82 @@ async fn a_data_point_whose_series_fails_mimir_s_checks_is_cut_and_answered_400(
         1
     );
 }
+
+/// The OpenTelemetry Python SDK's exporter, against a tenant whose series may have 3 labels: a
+/// gauge's or a sum's point (`series`, `job`, `__name__`) passes, a histogram's or a summary's
+/// does not (its bucket and quantile series add `le` and `quantile`). Those points are cut
+/// from what the receiver gets, counted, and the exporter hears 400, which it does not retry.
+#[tokio::test]
+async fn the_python_sdk_exporter_s_points_that_fail_mimir_s_checks_are_cut() {
+    use weir::otlp::proto::{metrics::metric::Data, ExportMetricsServiceRequest};
+    let (addr, receiver) = start_receiver().await;
+    let weir = Weir::start(Options {
+        configure: Box::new(move |config| {
+            config.upstream = Some(format!("http://{addr}/api/v1/push"));
+        }),
+        overrides: "overrides:\n  small:\n    max_label_names_per_series: 3\n".into(),
+        ..Options::default()
+    })
+    .await;
+    let report = export(
+        &weir,
+        "small",
+        &[
+            "--kind",
+            "all",
+            "--points",
+            "3",
+            "--metrics",
+            "1",
+            "--bounds",
+            "2",
+            "--resource",
+            "service",
+        ],
+    )
+    .await;
+    assert_eq!(report["result"], "FAILURE", "{report}");
+    assert_eq!(report["attempts"].as_array().unwrap().len(), 1, "{report}");
+    assert_eq!(report["attempts"][0]["status"], 400, "{report}");
+
+    let received = receiver.received.lock().unwrap().clone();
+    assert_eq!(received.len(), 1, "the valid rest is forwarded");
+    let forwarded = ExportMetricsServiceRequest::decode(received[0].2.as_ref()).unwrap();
+    let mut kept = Vec::new();
+    for metric in forwarded
+        .resource_metrics
+        .iter()
+        .flat_map(|resource| &resource.scope_metrics)
+        .flat_map(|scope| &scope.metrics)
+    {
+        let (kind, points) = match metric.data.as_ref().unwrap() {
+            Data::Gauge(gauge) => ("gauge", gauge.data_points.len()),
+            Data::Sum(sum) => ("sum", sum.data_points.len()),
+            Data::ExponentialHistogram(h) => ("exponential", h.data_points.len()),
+            Data::Histogram(h) => ("histogram", h.data_points.len()),
+            Data::Summary(summary) => ("summary", summary.data_points.len()),
+        };
+        kept.push((kind, points));
+    }
+    kept.sort();
+    assert_eq!(
+        kept,
+        [
+            ("exponential", 3),
+            ("gauge", 3),
+            ("histogram", 0),
+            ("sum", 3),
+            ("sum", 3),
+            ("summary", 0)
+        ],
+        "{report}"
+    );
+    // Each histogram point: 2 buckets, `+Inf`, `_count` and `_sum`.
+    let discarded = counter(
+        &weir,
+        "weir_discarded_samples_total",
+        r#"reason="max_label_names_per_series",user="small""#,
+    )
+    .await;
+    assert!(discarded >= 3 * 5, "{discarded}");
+}

@@ -2,8 +2,8 @@
 //! and what an `ExportMetricsServiceRequest` costs, counted the way Grafana Mimir charges it.
 //!
 //! Mimir translates OTLP into Prometheus series and charges the tenant's ingestion rate with
-//! samples + histograms + exemplars + metadata of the result. weir forwards the client's bytes
-//! unchanged, so it does not translate; it counts what the translation would produce:
+//! samples + histograms + exemplars + metadata of the result. weir forwards OTLP, so it does
+//! not translate what it forwards; it counts what the translation would produce:
 //!
 //! | data point | samples | histograms | exemplars |
 //! | --- | --- | --- | --- |
@@ -20,10 +20,14 @@
 //! is a 400. The counts include every exemplar the translation would carry;
 //! [`crate::format::decode_validated`] charges none of them for a tenant with exemplars off
 //! (`max_global_exemplars_per_user: 0`, Mimir's default, which drops them before its limiter).
-//! OTLP bodies are forwarded as sent, so their exemplars are not checked or cut.
+//! Their exemplars are forwarded as sent, not checked or cut.
 //!
 //! A protobuf body is counted by [`scan`], a zero-copy walk of the wire format, and never
 //! decoded: the count is all weir needs from it, as the forward sends the client's bytes.
+//! The same walk measures the labels the request's series can have ([`scan_bounded`],
+//! [`Bounds`]): Mimir's series checks ([`crate::otlp_checks`]) translate the series of a
+//! request ([`translate`]) and cut the failing points ([`edit`]) only when those bounds say a
+//! series could fail.
 //! [`count`] of a full prost decode is the reference the scan is held to (the `otlp_scan`
 //! fuzz target and the property tests in `tests.rs`) and the baseline `benches/hot_path.rs`
 //! measures it against. OTLP/JSON is still decoded in full ([`json`]) and counted by [`count`].
