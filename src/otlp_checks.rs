@@ -15,12 +15,17 @@
 use prost::Message;
 
 use crate::counts::{DecodeError, Decoded, Discarded, Forward, Refused, WriteCounts};
-use crate::otlp::edit::{AttributeAt, Edits};
-use crate::otlp::proto::{common::KeyValue, metrics::metric::Data, ExportMetricsServiceRequest};
+use crate::otlp::edit::{AttributeAt, Edits, Resolution};
+use crate::otlp::proto::metrics::{
+    exponential_histogram_data_point::Buckets, metric::Data, ExponentialHistogramDataPoint,
+};
+use crate::otlp::proto::{common::KeyValue, ExportMetricsServiceRequest};
 use crate::otlp::translate::{self, Place};
 use crate::otlp::{self, Bounds, OtlpFormat};
 use crate::remote_write::prompb;
-use crate::remote_write::validate::{shortened_value, SeriesCheck, Validation};
+use crate::remote_write::validate::{
+    bucket_count, reduce_to_fit, shortened_value, SeriesCheck, Validation,
+};
 use runtime_config::validation::LabelValueLengthOverLimitStrategy;
 
 /// Decompresses, counts and checks an OTLP export: what it charges once the refused points
@@ -33,9 +38,9 @@ pub fn decode_validated(
 ) -> Result<Decoded, DecodeError> {
     let raw = otlp::inflate(body, max_size, format)?;
     let (request, json) = if format.json {
-        let json: serde_json::Value = serde_json::from_slice(&raw)
-            .map_err(|err| DecodeError::Otlp(format!("invalid JSON: {err}")))?;
-        (otlp::json::decode(&raw)?, Some(json))
+        // Parsed once: decoded for the count and the checks, and kept to be edited.
+        let json = otlp::json::parse(&raw)?;
+        (otlp::json::decode_value(&json)?, Some(json))
     } else {
         let (counts, bounds) = otlp::scan_bounded(&raw)?;
         if !may_fail(&bounds, validation) {
@@ -110,8 +115,9 @@ fn gzip(bytes: &[u8]) -> Vec<u8> {
 /// to `drop_labels`: when not, nothing needs translating. Each bound is the longest a label
 /// can get after translation: a point's labels are its attributes, `job`, `instance`,
 /// `__name__` and `le` or `quantile`; a `target_info`'s (an info series, with a limit of its
-/// own) at most its resource's attributes and `__name__`; an escaped key is at most 4 bytes longer (`key_`); `job` is two values and a
-/// `/`; a `__name__` is the metric name, a `_` and `_bucket` at most.
+/// own) at most its resource's attributes and `__name__`; an escaped key is at most 4 bytes
+/// longer (`key_`); `job` is two values and a `/`; a `__name__` is the metric name, a `_` and
+/// `_bucket` at most; a native histogram has at most as many buckets as OTLP bucket counts.
 pub fn may_fail(bounds: &Bounds, validation: &Validation) -> bool {
     validation.drop_labels.is_some() || exceeds(bounds, validation)
 }
@@ -124,7 +130,9 @@ fn exceeds(bounds: &Bounds, validation: &Validation) -> bool {
     let value = limits.max_label_value_length as usize;
     let window = validation.window();
     let millis = |nanos: u64| (nanos / 1_000_000) as i64;
+    let buckets = u64::from(limits.max_native_histogram_buckets);
     bounds.unusual
+        || (buckets != 0 && bounds.buckets > buckets)
         || u64::from(bounds.point_attributes) + 4 > labels
         || u64::from(bounds.resource_attributes) + 1
             > labels.max(u64::from(limits.max_label_names_per_info_series))
@@ -197,6 +205,13 @@ fn check_points(
             .iter()
             .find_map(|labels| series_verdict(labels, &translated, validation))
         else {
+            // A native histogram over the bucket limit that passed was lowered in resolution
+            // to fit, as Mimir lowers it: the export carries it so.
+            if let Some(point) = &translated.exponential {
+                if let Some(resolution) = lowered(point, &validation.limits) {
+                    edits.histograms.insert(translated.place, resolution);
+                }
+            }
             continue;
         };
         let (reason, message) = reason_and_message;
@@ -246,6 +261,9 @@ fn series_verdict(
     }
     check.timestamp(translated.earliest_ms);
     check.timestamp(translated.latest_ms);
+    if let Some(point) = &translated.exponential {
+        check.histogram(native_histogram(point), &validation.limits, 0..0);
+    }
     // The labels came sorted, so only a message reads the series again: judged without it,
     // and named, for the few that fail, from the series as remote-write 1.0 bytes.
     check.verdict(validation, &[])?;
@@ -261,6 +279,207 @@ fn series_verdict(
     }
     .encode_to_vec();
     check.verdict(validation, &series)
+}
+
+/// An exponential histogram's point as the native histogram Mimir's translator makes of it
+/// (Prometheus' `exponentialToNativeHistogram`): a scale above 8 brought down to 8, buckets as
+/// spans and deltas, the OTLP bucket index `i` being the native one `i + 1`.
+fn native_histogram(point: &ExponentialHistogramDataPoint) -> prompb::Histogram {
+    use prompb::histogram::{Count, ZeroCount};
+    let (scale, down) = if point.scale > 8 {
+        (8, point.scale - 8)
+    } else {
+        (point.scale, 0)
+    };
+    let layout = |buckets: &Option<Buckets>| {
+        buckets
+            .as_ref()
+            .map_or((Vec::new(), Vec::new()), |buckets| {
+                buckets_layout(&buckets.bucket_counts, buckets.offset, down)
+            })
+    };
+    let (positive_spans, positive_deltas) = layout(&point.positive);
+    let (negative_spans, negative_deltas) = layout(&point.negative);
+    prompb::Histogram {
+        count: Some(Count::CountInt(point.count)),
+        sum: point.sum.unwrap_or_default(),
+        schema: scale,
+        zero_count: Some(ZeroCount::ZeroCountInt(point.zero_count)),
+        positive_spans,
+        positive_deltas,
+        negative_spans,
+        negative_deltas,
+        timestamp: (point.time_unix_nano / 1_000_000) as i64,
+        ..Default::default()
+    }
+}
+
+/// Go's `>>` on an `int32`: a shift of 32 or more leaves the sign.
+fn go_shr(value: i32, shift: i32) -> i32 {
+    if shift >= 32 {
+        if value < 0 {
+            -1
+        } else {
+            0
+        }
+    } else {
+        value >> shift
+    }
+}
+
+/// Prometheus' `convertBucketsLayout` for an exponential histogram: OTLP's dense bucket
+/// counts from `offset`, `2^down` merged into one, as native spans and deltas (a gap of up to
+/// two empty buckets stays in its span, a longer one starts a new span).
+fn buckets_layout(counts: &[u64], offset: i32, down: i32) -> (Vec<prompb::BucketSpan>, Vec<i64>) {
+    if counts.is_empty() {
+        return (Vec::new(), Vec::new());
+    }
+    let index = |i: i32| go_shr(i.wrapping_add(offset), down).wrapping_add(1);
+    let mut spans = vec![prompb::BucketSpan {
+        offset: index(0),
+        length: 0,
+    }];
+    let mut deltas: Vec<i64> = Vec::new();
+    let mut previous = 0i64;
+    let mut append = |spans: &mut Vec<prompb::BucketSpan>, count: i64| {
+        if let Some(span) = spans.last_mut() {
+            span.length += 1;
+        }
+        deltas.push(count.wrapping_sub(previous));
+        previous = count;
+    };
+    let mut bucket = index(0);
+    let mut count = 0i64;
+    let mut close = |spans: &mut Vec<prompb::BucketSpan>, gap: i32, count: i64| {
+        if gap > 2 {
+            spans.push(prompb::BucketSpan {
+                offset: gap,
+                length: 0,
+            });
+        } else {
+            for _ in 0..gap.max(0) {
+                append(spans, 0);
+            }
+        }
+        append(spans, count);
+    };
+    for (i, &n) in counts.iter().enumerate() {
+        let next = index(i as i32);
+        if next == bucket {
+            count = count.wrapping_add(n as i64);
+            continue;
+        }
+        if count == 0 {
+            count = n as i64;
+            continue;
+        }
+        close(&mut spans, next.wrapping_sub(bucket).wrapping_sub(1), count);
+        count = n as i64;
+        bucket = next;
+    }
+    let last = index(counts.len() as i32 - 1);
+    close(&mut spans, last.wrapping_sub(bucket), count);
+    (spans, deltas)
+}
+
+/// The lower resolution a point takes to fit `max_native_histogram_buckets` (Mimir's
+/// `reduce_native_histogram_over_max_buckets`); `None` when it fits. Lowered a scale at a time
+/// in OTLP's own buckets (bucket `j` goes to `j >> 1`) and measured each time as the native
+/// histogram the translation makes of it, so that the receiver's translation of the export
+/// fits too (it keeps short runs of empty buckets, which a native histogram lowered in place
+/// may not have). Should that not fit by scale -4, the native histogram lowered as Mimir lowers
+/// it is written back instead.
+fn lowered(
+    point: &ExponentialHistogramDataPoint,
+    limits: &runtime_config::ValidationLimits,
+) -> Option<Resolution> {
+    let limit = limits.max_native_histogram_buckets as usize;
+    let mut native = native_histogram(point);
+    if limit == 0 || bucket_count(&native) <= limit || !reduce_to_fit(&mut native, limit) {
+        return None;
+    }
+    let mut lowering = point.clone();
+    // A scale above 8 is brought down to 8 first, as the translation brings it.
+    let mut down = (lowering.scale - MAX_SCALE).max(1);
+    while lowering.scale > MIN_SCALE {
+        lowering.scale = (lowering.scale - down).max(MIN_SCALE);
+        for buckets in [&mut lowering.positive, &mut lowering.negative]
+            .into_iter()
+            .flatten()
+        {
+            *buckets = lowered_buckets(buckets, down);
+        }
+        down = 1;
+        if bucket_count(&native_histogram(&lowering)) < limit {
+            return Some(Resolution {
+                scale: lowering.scale,
+                positive: lowering.positive.unwrap_or_default(),
+                negative: lowering.negative.unwrap_or_default(),
+            });
+        }
+    }
+    Some(Resolution {
+        scale: native.schema,
+        positive: otlp_buckets(&native.positive_spans, &native.positive_deltas),
+        negative: otlp_buckets(&native.negative_spans, &native.negative_deltas),
+    })
+}
+
+/// The lowest and highest scales a native histogram takes.
+const MIN_SCALE: i32 = -4;
+const MAX_SCALE: i32 = 8;
+
+/// OTLP buckets `down` scales lower: bucket `j` goes into `j >> down`; no empty bucket at
+/// either end.
+fn lowered_buckets(buckets: &Buckets, down: i32) -> Buckets {
+    let down = down.clamp(0, 62);
+    let start = i64::from(buckets.offset) >> down;
+    let mut counts: Vec<u64> = Vec::new();
+    for (i, &count) in buckets.bucket_counts.iter().enumerate() {
+        // Never past the buckets' own number: `j >> down` grows no faster than `j`.
+        let index = (((i64::from(buckets.offset) + i as i64) >> down) - start) as usize;
+        if counts.len() <= index {
+            counts.resize(index + 1, 0);
+        }
+        counts[index] = counts[index].wrapping_add(count);
+    }
+    trimmed(start as i32, counts)
+}
+
+/// `counts` from `offset`, without empty buckets at either end.
+fn trimmed(offset: i32, counts: Vec<u64>) -> Buckets {
+    let Some(start) = counts.iter().position(|&count| count != 0) else {
+        return Buckets::default();
+    };
+    let end = counts
+        .iter()
+        .rposition(|&count| count != 0)
+        .map_or(start, |end| end + 1);
+    Buckets {
+        offset: offset.wrapping_add(start as i32),
+        bucket_counts: counts[start..end].to_vec(),
+    }
+}
+
+/// Native spans and deltas as OTLP's dense buckets (native index `i` is OTLP's `i - 1`),
+/// without empty buckets at either end.
+fn otlp_buckets(spans: &[prompb::BucketSpan], deltas: &[i64]) -> Buckets {
+    let Some(first) = spans.first() else {
+        return Buckets::default();
+    };
+    let mut counts = Vec::new();
+    let mut deltas = deltas.iter();
+    let mut count = 0i64;
+    for (i, span) in spans.iter().enumerate() {
+        if i > 0 {
+            counts.extend(std::iter::repeat_n(0, span.offset.max(0) as usize));
+        }
+        for _ in 0..span.length {
+            count = count.wrapping_add(deltas.next().copied().unwrap_or_default());
+            counts.push(count as u64);
+        }
+    }
+    trimmed(first.offset.wrapping_sub(1), counts)
 }
 
 /// Calls `each` with every attribute of every resource and data point, where it is.
@@ -743,6 +962,163 @@ mod tests {
         assert!(may_fail(&bounds, &validation), "{bounds:?}");
     }
 
+    fn exponential(name: &str, scale: i32, counts: Vec<u64>) -> metrics::Metric {
+        let total = counts.iter().sum();
+        metrics::Metric {
+            name: name.into(),
+            data: Some(Data::ExponentialHistogram(metrics::ExponentialHistogram {
+                data_points: vec![ExponentialHistogramDataPoint {
+                    time_unix_nano: POINT_NS,
+                    scale,
+                    count: total,
+                    positive: Some(Buckets {
+                        offset: -3,
+                        bucket_counts: counts,
+                    }),
+                    ..Default::default()
+                }],
+                aggregation_temporality: metrics::AggregationTemporality::Cumulative as i32,
+            })),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn buckets_become_the_native_histogram_prometheus_makes() {
+        // Prometheus' own cases for convertBucketsLayout (otlptranslator histograms_test.go):
+        // offset -1 is native index 0; gaps of up to two stay in a span.
+        let spans = |list: &[(i32, u32)]| {
+            list.iter()
+                .map(|&(offset, length)| prompb::BucketSpan { offset, length })
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(
+            buckets_layout(&[4, 3, 2, 1], 0, 0),
+            (spans(&[(1, 4)]), vec![4, -1, -1, -1])
+        );
+        assert_eq!(
+            buckets_layout(&[4, 0, 0, 0, 1], 0, 0),
+            (spans(&[(1, 1), (3, 1)]), vec![4, -3])
+        );
+        assert_eq!(
+            buckets_layout(&[4, 0, 0, 1], 0, 0),
+            (spans(&[(1, 4)]), vec![4, -4, 0, 1])
+        );
+        // Two merged into one (a scale one above 8).
+        assert_eq!(
+            buckets_layout(&[4, 3, 2, 1], 0, 1),
+            (spans(&[(1, 2)]), vec![7, -4])
+        );
+        // And back to OTLP's dense buckets.
+        let (native_spans, deltas) = buckets_layout(&[4, 0, 0, 0, 1], -2, 0);
+        assert_eq!(
+            otlp_buckets(&native_spans, &deltas),
+            Buckets {
+                offset: -2,
+                bucket_counts: vec![4, 0, 0, 0, 1]
+            }
+        );
+    }
+
+    /// `exponential("latency", 3, 1..=10)` as OTLP/JSON, in the proto's snake_case names.
+    fn exponential_json() -> Vec<u8> {
+        let counts: Vec<String> = (1..=10).map(|n: u64| n.to_string()).collect();
+        serde_json::json!({"resource_metrics": [{"scope_metrics": [{"metrics": [{
+            "name": "latency",
+            "exponential_histogram": {
+                "aggregation_temporality": 2,
+                "data_points": [{
+                    "time_unix_nano": POINT_NS.to_string(),
+                    "scale": 3,
+                    "count": "55",
+                    "positive": {"offset": -3, "bucket_counts": counts},
+                }],
+            },
+        }]}]}]})
+        .to_string()
+        .into_bytes()
+    }
+
+    #[test]
+    fn a_native_histogram_over_the_bucket_limit_is_lowered_or_refused() {
+        let counts: Vec<u64> = (1..=10).collect();
+        let request = export(vec![], vec![exponential("latency", 3, counts.clone())]);
+        let lowering = ValidationLimits {
+            max_native_histogram_buckets: 6,
+            reduce_native_histogram_over_max_buckets: true,
+            ..Default::default()
+        };
+        for (format, body) in [
+            (PROTOBUF, request.encode_to_vec()),
+            (JSON, exponential_json()),
+        ] {
+            let decoded = decode_validated(&body, 1 << 20, format, &validation(lowering)).unwrap();
+            assert_eq!(decoded.refused, None);
+            let kept = forwarded(&decoded, format);
+            let Some(Data::ExponentialHistogram(h)) =
+                &kept.resource_metrics[0].scope_metrics[0].metrics[0].data
+            else {
+                panic!("{kept:?}")
+            };
+            let point = &h.data_points[0];
+            // Offsets -3..=6 at scale 3, halved: -2..=3 at scale 2 (6 buckets, not under 6),
+            // then -1..=1 at scale 1.
+            assert_eq!(point.scale, 1);
+            let positive = point.positive.as_ref().unwrap();
+            assert_eq!(positive.offset, -1);
+            assert_eq!(
+                positive.bucket_counts.iter().sum::<u64>(),
+                counts.iter().sum::<u64>()
+            );
+            // OTLP bucket j goes to j >> 1 at each step.
+            assert_eq!(
+                positive.bucket_counts,
+                vec![1 + 2 + 3, 4 + 5 + 6 + 7, 8 + 9 + 10]
+            );
+            assert_eq!(bucket_count(&native_histogram(point)), 3);
+        }
+        // A scale far above 8 is brought down to 8 at once, as the translation brings it:
+        // buckets on both sides of 1 stay two buckets down to scale -4, over a limit of 1.
+        for scale in [40, i32::MAX] {
+            let request = export(vec![], vec![exponential("wide", scale, counts.clone())]);
+            let one = ValidationLimits {
+                max_native_histogram_buckets: 1,
+                ..lowering
+            };
+            let decoded = decode_validated(
+                &request.encode_to_vec(),
+                1 << 20,
+                PROTOBUF,
+                &validation(one),
+            )
+            .unwrap();
+            let refused = decoded.refused.unwrap();
+            assert!(refused.first.contains("cannot reduce"), "{}", refused.first);
+        }
+        let refusing = ValidationLimits {
+            reduce_native_histogram_over_max_buckets: false,
+            ..lowering
+        };
+        let decoded = decode_validated(
+            &request.encode_to_vec(),
+            1 << 20,
+            PROTOBUF,
+            &validation(refusing),
+        )
+        .unwrap();
+        let refused = decoded.refused.unwrap();
+        assert_eq!(
+            refused.samples.samples[SeriesReason::MaxNativeHistogramBuckets as usize],
+            1
+        );
+        assert!(
+            refused.first.contains("buckets: 10, limit: 6"),
+            "{}",
+            refused.first
+        );
+        assert_eq!(decoded.forward, Forward::Nothing);
+    }
+
     #[test]
     fn each_bound_sees_the_export_at_its_edge() {
         let limits = ValidationLimits {
@@ -782,6 +1158,16 @@ mod tests {
             ..Default::default()
         };
         at_the_edge(export(vec![], vec![histogram]), limits);
+        // A native histogram with one bucket over the limit, not to be lowered.
+        let buckets = ValidationLimits {
+            max_native_histogram_buckets: 4,
+            reduce_native_histogram_over_max_buckets: false,
+            ..limits
+        };
+        at_the_edge(
+            export(vec![], vec![exponential("e", 0, vec![1, 1, 1, 1, 1])]),
+            buckets,
+        );
         // A metric name with no character a metric name keeps: no `__name__` at all.
         at_the_edge(
             export(vec![], vec![gauge("..", vec![point(vec![], POINT_NS)])]),
@@ -795,14 +1181,20 @@ mod tests {
     fn strategy() -> impl Strategy<Value = (ExportMetricsServiceRequest, ValidationLimits)> {
         use common::any_value::Value as Any;
         use proptest::string::string_regex;
-        (8u32..14, 0u32..4, 12u32..24, 60u32..90, any::<bool>()).prop_flat_map(
-            |(labels, info, name, value, past)| {
+        let buckets = prop_oneof![Just(0u32), 3u32..9];
+        (
+            (8u32..14, 0u32..4, 12u32..24, 60u32..90),
+            (any::<bool>(), buckets, any::<bool>()),
+        )
+            .prop_flat_map(|((labels, info, name, value), (past, buckets, reduce))| {
                 let limits = ValidationLimits {
                     max_label_names_per_series: labels,
                     max_label_names_per_info_series: labels + info,
                     max_label_name_length: name,
                     max_label_value_length: value,
                     past_grace_period: Duration::from_secs(if past { 3600 } else { 0 }),
+                    max_native_histogram_buckets: buckets,
+                    reduce_native_histogram_over_max_buckets: reduce,
                     ..Default::default()
                 };
                 let regex = |pattern: String| string_regex(&pattern).unwrap();
@@ -853,8 +1245,9 @@ mod tests {
                     1 => Just((NOW_MS as u64 + 20 * 60 * 1000) * 1_000_000),
                     1 => Just((NOW_MS as u64 - 3 * 3600 * 1000) * 1_000_000),
                 ];
-                let metric = (
-                    regex(format!("[a-z][a-z.]{{0,{}}}", value + 2)),
+                let metric_name = move || regex(format!("[a-z][a-z.]{{0,{}}}", value + 2));
+                let gauge_metric = (
+                    metric_name(),
                     proptest::collection::vec((attributes.clone(), time), 1..3),
                 )
                     .prop_map(|(name, points)| {
@@ -864,10 +1257,24 @@ mod tests {
                             .collect();
                         gauge(&name, points)
                     });
+                // Scales above 8 too, which the translation brings down; zero buckets, which
+                // it leaves out or keeps in a span.
+                let counts = proptest::collection::vec(prop_oneof![Just(0u64), 1u64..5], 0..14);
+                let exponential_metric = (metric_name(), -2i32..11, -4i32..4, counts).prop_map(
+                    |(name, scale, offset, counts)| {
+                        let mut metric = exponential(&name, scale, counts);
+                        if let Some(Data::ExponentialHistogram(h)) = &mut metric.data {
+                            if let Some(positive) = &mut h.data_points[0].positive {
+                                positive.offset = offset;
+                            }
+                        }
+                        metric
+                    },
+                );
+                let metric = prop_oneof![3 => gauge_metric, 1 => exponential_metric];
                 (resource, proptest::collection::vec(metric, 1..3))
                     .prop_map(move |(resource, metrics)| (export(resource, metrics), limits))
-            },
-        )
+            })
     }
 
     proptest! {

@@ -1,5 +1,5 @@
 //! Changes to an OTLP export before it is forwarded: refused data points cut, attributes cut
-//! or given a shorter value. Made on the decoded request (which is then counted again and, for
+//! or given a shorter value, exponential histograms lowered in resolution. Made on the decoded request (which is then counted again and, for
 //! a protobuf body, encoded) and, for a JSON body, on its JSON too, so that the forwarded JSON
 //! keeps every field the decode did not read.
 
@@ -9,7 +9,7 @@ use serde_json::{Map, Value};
 
 use super::proto::{
     common::{any_value::Value as Any, AnyValue, KeyValue},
-    metrics::metric::Data,
+    metrics::{exponential_histogram_data_point::Buckets, metric::Data},
     ExportMetricsServiceRequest,
 };
 use super::translate::Place;
@@ -30,11 +30,24 @@ pub struct Edits {
     pub removed: HashSet<AttributeAt>,
     /// Attributes whose value becomes this string.
     pub values: HashMap<AttributeAt, String>,
+    /// Exponential histogram points given a lower resolution.
+    pub histograms: HashMap<Place, Resolution>,
+}
+
+/// An exponential histogram point's scale and buckets.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Resolution {
+    pub scale: i32,
+    pub positive: Buckets,
+    pub negative: Buckets,
 }
 
 impl Edits {
     pub fn is_empty(&self) -> bool {
-        self.points.is_empty() && self.removed.is_empty() && self.values.is_empty()
+        self.points.is_empty()
+            && self.removed.is_empty()
+            && self.values.is_empty()
+            && self.histograms.is_empty()
     }
 
     fn attributes_at<'e>(
@@ -87,7 +100,22 @@ impl Edits {
                         Data::Gauge(gauge) => points!(gauge.data_points),
                         Data::Sum(sum) => points!(sum.data_points),
                         Data::Histogram(histogram) => points!(histogram.data_points),
-                        Data::ExponentialHistogram(histogram) => points!(histogram.data_points),
+                        Data::ExponentialHistogram(histogram) => {
+                            for (p, point) in histogram.data_points.iter_mut().enumerate() {
+                                let place = Place::Point {
+                                    resource: r,
+                                    scope: s,
+                                    metric: m,
+                                    point: p,
+                                };
+                                if let Some(resolution) = self.histograms.get(&place) {
+                                    point.scale = resolution.scale;
+                                    point.positive = Some(resolution.positive.clone());
+                                    point.negative = Some(resolution.negative.clone());
+                                }
+                            }
+                            points!(histogram.data_points)
+                        }
                         Data::Summary(summary) => points!(summary.data_points),
                     }
                 }
@@ -129,6 +157,32 @@ impl Edits {
                     };
                     for (p, point) in points.iter_mut().enumerate() {
                         edit_json_attributes(point, self.attributes_at(r, Some((s, m, p))));
+                        let place = Place::Point {
+                            resource: r,
+                            scope: s,
+                            metric: m,
+                            point: p,
+                        };
+                        if let (Some(resolution), Some(point)) =
+                            (self.histograms.get(&place), point.as_object_mut())
+                        {
+                            let buckets = |buckets: &Buckets| {
+                                serde_json::json!({
+                                    "offset": buckets.offset,
+                                    "bucketCounts": buckets
+                                        .bucket_counts
+                                        .iter()
+                                        .map(u64::to_string)
+                                        .collect::<Vec<_>>(),
+                                })
+                            };
+                            for name in ["positive", "negative", "scale"] {
+                                point.remove(name);
+                            }
+                            point.insert("scale".into(), resolution.scale.into());
+                            point.insert("positive".into(), buckets(&resolution.positive));
+                            point.insert("negative".into(), buckets(&resolution.negative));
+                        }
                     }
                     let mut p = 0;
                     points.retain(|_| {

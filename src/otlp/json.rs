@@ -10,9 +10,17 @@ use super::proto::{common, metrics, resource, ExportMetricsServiceRequest};
 use crate::counts::DecodeError;
 
 pub fn decode(raw: &[u8]) -> Result<ExportMetricsServiceRequest, DecodeError> {
-    let value: Value = serde_json::from_slice(raw)
-        .map_err(|err| DecodeError::Otlp(format!("invalid JSON: {err}")))?;
-    let root = object(&value, "the request")?;
+    decode_value(&parse(raw)?)
+}
+
+/// The body as JSON.
+pub fn parse(raw: &[u8]) -> Result<Value, DecodeError> {
+    serde_json::from_slice(raw).map_err(|err| DecodeError::Otlp(format!("invalid JSON: {err}")))
+}
+
+/// [`decode`] of a body already parsed.
+pub fn decode_value(value: &Value) -> Result<ExportMetricsServiceRequest, DecodeError> {
+    let root = object(value, "the request")?;
     Ok(ExportMetricsServiceRequest {
         resource_metrics: list(root, "resourceMetrics", "resource_metrics")?
             .iter()
@@ -52,15 +60,19 @@ fn list<'a>(
 
 /// A 64-bit unsigned integer: a decimal string (OTLP's rule) or a JSON number.
 fn uint(map: &Map<String, Value>, camel: &str, snake: &str) -> Result<u64, DecodeError> {
-    match field(map, camel, snake) {
-        None => Ok(0),
-        Some(Value::String(text)) => text
+    field(map, camel, snake).map_or(Ok(0), |value| uint_of(value, camel))
+}
+
+/// [`uint`] of a value (`what` names it in the error).
+fn uint_of(value: &Value, what: &str) -> Result<u64, DecodeError> {
+    match value {
+        Value::String(text) => text
             .parse()
-            .map_err(|_| error(format!("{camel} {text:?} is not an unsigned integer"))),
-        Some(Value::Number(number)) => number
+            .map_err(|_| error(format!("{what} {text:?} is not an unsigned integer"))),
+        Value::Number(number) => number
             .as_u64()
-            .ok_or_else(|| error(format!("{camel} {number} is not an unsigned integer"))),
-        Some(_) => Err(error(format!("{camel} is not an integer"))),
+            .ok_or_else(|| error(format!("{what} {number} is not an unsigned integer"))),
+        _ => Err(error(format!("{what} is not an integer"))),
     }
 }
 
@@ -317,8 +329,27 @@ fn histogram_point(value: &Value) -> Result<metrics::HistogramDataPoint, DecodeE
 fn exponential_point(value: &Value) -> Result<metrics::ExponentialHistogramDataPoint, DecodeError> {
     let map = object(value, "an exponential histogram data point")?;
     let scale = int(map, "scale", "scale")?;
+    let buckets = |camel: &str| -> Result<_, DecodeError> {
+        let Some(buckets) = field(map, camel, camel) else {
+            return Ok(None);
+        };
+        let buckets = object(buckets, camel)?;
+        let offset = int(buckets, "offset", "offset")?;
+        Ok(Some(metrics::exponential_histogram_data_point::Buckets {
+            offset: i32::try_from(offset)
+                .map_err(|_| error(format!("offset {offset} is out of range")))?,
+            bucket_counts: list(buckets, "bucketCounts", "bucket_counts")?
+                .iter()
+                .map(|count| uint_of(count, "a bucket count"))
+                .collect::<Result<_, _>>()?,
+        }))
+    };
     Ok(metrics::ExponentialHistogramDataPoint {
         attributes: attributes(map)?,
+        count: uint(map, "count", "count")?,
+        zero_count: uint(map, "zeroCount", "zero_count")?,
+        positive: buckets("positive")?,
+        negative: buckets("negative")?,
         time_unix_nano: time(map)?,
         exemplars: exemplars(map)?,
         scale: i32::try_from(scale).map_err(|_| error(format!("scale {scale} is out of range")))?,

@@ -125,6 +125,9 @@ pub struct Bounds {
     pub value: usize,
     /// The longest metric name, in bytes.
     pub metric_name: usize,
+    /// The most bucket counts of one exponential histogram point, positive and negative: at
+    /// least as many as the native histogram it becomes has buckets.
+    pub buckets: u64,
     /// The earliest and the latest point of the request.
     pub times: TimeRange,
     /// An empty key, or a metric name that escapes to nothing.

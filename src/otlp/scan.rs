@@ -328,6 +328,7 @@ impl Data {
             }
             Kind::Exponential => {
                 let point = exponential_point(buf, depth, &mut labels)?;
+                labels.bounds.buckets = labels.bounds.buckets.max(point.buckets);
                 self.histograms += 1;
                 self.exemplars += point.exemplars;
                 self.scale_below_minus_4 |= point.scale < -4;
@@ -461,6 +462,8 @@ struct ExponentialPoint {
     time: u64,
     scale: i32,
     exemplars: u64,
+    /// Its positive and negative bucket counts.
+    buckets: u64,
 }
 
 fn exponential_point(mut buf: &[u8], depth: u32, labels: &mut Labels) -> Scanned<ExponentialPoint> {
@@ -468,6 +471,7 @@ fn exponential_point(mut buf: &[u8], depth: u32, labels: &mut Labels) -> Scanned
         time: 0,
         scale: 0,
         exemplars: 0,
+        buckets: 0,
     };
     let name = "ExponentialHistogramDataPoint";
     while !buf.is_empty() {
@@ -481,7 +485,7 @@ fn exponential_point(mut buf: &[u8], depth: u32, labels: &mut Labels) -> Scanned
             6 => point.scale = sint32(varint(&mut buf, wire_type, name)?),
             8 | 9 => {
                 let (buckets_body, depth) = message(&mut buf, wire_type, depth, name)?;
-                buckets(buckets_body, depth)?;
+                point.buckets += buckets(buckets_body, depth)?;
             }
             10 => {
                 varint(&mut buf, wire_type, name)?;
@@ -503,19 +507,20 @@ fn sint32(value: u64) -> i32 {
     ((value >> 1) as i32) ^ (-((value & 1) as i32))
 }
 
-/// `ExponentialHistogramDataPoint.Buckets`: checked, not counted.
-fn buckets(mut buf: &[u8], depth: u32) -> Scanned<()> {
+/// `ExponentialHistogramDataPoint.Buckets`: checked; returns how many bucket counts it has.
+fn buckets(mut buf: &[u8], depth: u32) -> Scanned<u64> {
+    let mut counts = 0;
     while !buf.is_empty() {
         let (tag, wire_type) = key(&mut buf)?;
         match tag {
             1 => {
                 varint(&mut buf, wire_type, "Buckets.offset")?;
             }
-            2 => repeated_varint(&mut buf, wire_type, "Buckets.bucket_counts")?,
+            2 => counts += repeated_varint(&mut buf, wire_type, "Buckets.bucket_counts")?,
             _ => skip(&mut buf, wire_type, tag, depth)?,
         }
     }
-    Ok(())
+    Ok(counts)
 }
 
 /// What a `SummaryDataPoint` contributes.
@@ -861,15 +866,18 @@ fn repeated_fixed64(buf: &mut &[u8], wire_type: WireType, field: &str) -> Scanne
 }
 
 /// A repeated varint, packed or not.
-fn repeated_varint(buf: &mut &[u8], wire_type: WireType, field: &str) -> Scanned<()> {
+/// A repeated varint field, packed or not: checked; returns how many numbers it holds.
+fn repeated_varint(buf: &mut &[u8], wire_type: WireType, field: &str) -> Scanned<u64> {
     if wire_type == WireType::LengthDelimited {
         let mut packed = delimited(buf, field)?;
+        let mut numbers = 0;
         while !packed.is_empty() {
             decode_varint(&mut packed).map_err(|err| prost_error(field, err))?;
+            numbers += 1;
         }
-        Ok(())
+        Ok(numbers)
     } else {
-        varint(buf, wire_type, field).map(|_| ())
+        varint(buf, wire_type, field).map(|_| 1)
     }
 }
 

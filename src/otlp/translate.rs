@@ -21,7 +21,7 @@ use std::collections::BTreeMap;
 
 use super::proto::{
     common::{any_value::Value as Any, AnyValue, KeyValue},
-    metrics::{metric::Data, AggregationTemporality, Metric},
+    metrics::{metric::Data, AggregationTemporality, ExponentialHistogramDataPoint, Metric},
     ExportMetricsServiceRequest,
 };
 use super::rules::{
@@ -56,6 +56,9 @@ pub struct Translated {
     pub latest_ms: i64,
     /// The samples and histograms they carry, as [`super::count`] charges them.
     pub items: u64,
+    /// An exponential histogram's point, which becomes a native histogram, for the checks
+    /// of its buckets.
+    pub exponential: Option<ExponentialHistogramDataPoint>,
 }
 
 /// The data points of the metrics Mimir translates, and every `target_info`, in request
@@ -93,6 +96,9 @@ pub fn translate(
                         ..Bounds::default()
                     };
                     bounds.times.see(time);
+                    if let PointKind::Exponential(point) = kind {
+                        bounds.buckets = bucket_counts(point);
+                    }
                     for kv in attributes {
                         bounds.attribute(kv.key.as_bytes(), measured(kv.value.as_ref()));
                     }
@@ -120,6 +126,10 @@ pub fn translate(
                         earliest_ms: time,
                         latest_ms: time,
                         items,
+                        exponential: match kind {
+                            PointKind::Exponential(point) => Some(point.clone()),
+                            _ => None,
+                        },
                     });
                 });
             }
@@ -140,6 +150,7 @@ pub fn translate(
                 earliest_ms: nanos_to_millis(times.earliest.unwrap_or_default()),
                 latest_ms: nanos_to_millis(times.latest),
                 items: samples,
+                exponential: None,
             });
         }
     }
@@ -336,20 +347,29 @@ fn json_of(value: Option<&Any>) -> serde_json::Value {
     }
 }
 
+/// How many bucket counts an exponential histogram's point has, positive and negative.
+fn bucket_counts(point: &ExponentialHistogramDataPoint) -> u64 {
+    [&point.positive, &point.negative]
+        .into_iter()
+        .flatten()
+        .map(|buckets| buckets.bucket_counts.len() as u64)
+        .sum()
+}
+
 /// The series kinds a point becomes.
 #[derive(Debug, Clone, Copy)]
-enum PointKind {
+enum PointKind<'p> {
     /// A gauge's or a sum's: one sample.
     Number,
     /// A classic histogram's: `_sum` (when `sum`), `_count`, the `_bucket` series.
     Histogram { buckets: usize, sum: bool },
     /// A native histogram.
-    Exponential,
+    Exponential(&'p ExponentialHistogramDataPoint),
     /// A summary's: `_sum`, `_count`, one series a quantile.
     Summary { quantiles: usize },
 }
 
-impl PointKind {
+impl PointKind<'_> {
     /// The series (labels) of a point with base labels `base` and `__name__` `name`, and the
     /// samples and histograms they carry.
     fn series(
@@ -366,7 +386,7 @@ impl PointKind {
             labels
         };
         match self {
-            PointKind::Number | PointKind::Exponential => (vec![with("", None)], 1),
+            PointKind::Number | PointKind::Exponential(_) => (vec![with("", None)], 1),
             PointKind::Histogram { buckets, sum } => {
                 let mut series = Vec::new();
                 if sum {
@@ -391,10 +411,10 @@ impl PointKind {
 /// translator takes (cumulative where it has a temporality, every exponential scale at -4 or
 /// above, with data); every point's time widens `times`, taken or not, as
 /// [`super::count`] has it.
-fn metric_points(
-    metric: &Metric,
+fn metric_points<'p>(
+    metric: &'p Metric,
     times: &mut TimeRange,
-    mut each: impl FnMut(usize, &[KeyValue], u64, PointKind),
+    mut each: impl FnMut(usize, &'p [KeyValue], u64, PointKind<'p>),
 ) {
     let cumulative = |temporality: i32| temporality == AggregationTemporality::Cumulative as i32;
     match metric.data.as_ref() {
@@ -451,7 +471,7 @@ fn metric_points(
                         p,
                         &point.attributes,
                         point.time_unix_nano,
-                        PointKind::Exponential,
+                        PointKind::Exponential(point),
                     );
                 }
             }

@@ -1009,7 +1009,7 @@ const MIN_SCHEMA: i32 = -4;
 const MAX_SCHEMA: i32 = 8;
 
 /// Buckets of a histogram as Mimir counts them: the entries of its four bucket arrays.
-fn bucket_count(histogram: &Histogram) -> usize {
+pub(crate) fn bucket_count(histogram: &Histogram) -> usize {
     histogram.positive_deltas.len()
         + histogram.negative_deltas.len()
         + histogram.positive_counts.len()
