@@ -65,6 +65,15 @@ impl Edits {
         }
     }
 
+    /// Cuts the points to cut from `points`, the point at index `p` being `place(p)`.
+    fn cut_points<T>(&self, points: &mut Vec<T>, place: impl Fn(usize) -> Place) {
+        let mut p = 0;
+        points.retain(|_| {
+            p += 1;
+            !self.points.contains(&place(p - 1))
+        });
+    }
+
     /// The changes made to a decoded request.
     pub fn apply(&self, request: &mut ExportMetricsServiceRequest) {
         for (r, resource) in request.resource_metrics.iter_mut().enumerate() {
@@ -84,16 +93,7 @@ impl Edits {
                                     self.attributes_at(r, Some((s, m, p))),
                                 );
                             }
-                            let mut p = 0;
-                            $points.retain(|_| {
-                                p += 1;
-                                !self.points.contains(&Place::Point {
-                                    resource: r,
-                                    scope: s,
-                                    metric: m,
-                                    point: p - 1,
-                                })
-                            });
+                            self.cut_points(&mut $points, |p| point_at(r, s, m, p));
                         }};
                     }
                     match data {
@@ -102,13 +102,8 @@ impl Edits {
                         Data::Histogram(histogram) => points!(histogram.data_points),
                         Data::ExponentialHistogram(histogram) => {
                             for (p, point) in histogram.data_points.iter_mut().enumerate() {
-                                let place = Place::Point {
-                                    resource: r,
-                                    scope: s,
-                                    metric: m,
-                                    point: p,
-                                };
-                                if let Some(resolution) = self.histograms.get(&place) {
+                                if let Some(resolution) = self.histograms.get(&point_at(r, s, m, p))
+                                {
                                     point.scale = resolution.scale;
                                     point.positive = Some(resolution.positive.clone());
                                     point.negative = Some(resolution.negative.clone());
@@ -157,15 +152,10 @@ impl Edits {
                     };
                     for (p, point) in points.iter_mut().enumerate() {
                         edit_json_attributes(point, self.attributes_at(r, Some((s, m, p))));
-                        let place = Place::Point {
-                            resource: r,
-                            scope: s,
-                            metric: m,
-                            point: p,
-                        };
-                        if let (Some(resolution), Some(point)) =
-                            (self.histograms.get(&place), point.as_object_mut())
-                        {
+                        if let (Some(resolution), Some(point)) = (
+                            self.histograms.get(&point_at(r, s, m, p)),
+                            point.as_object_mut(),
+                        ) {
                             let buckets = |buckets: &Buckets| {
                                 serde_json::json!({
                                     "offset": buckets.offset,
@@ -184,19 +174,19 @@ impl Edits {
                             point.insert("negative".into(), buckets(&resolution.negative));
                         }
                     }
-                    let mut p = 0;
-                    points.retain(|_| {
-                        p += 1;
-                        !self.points.contains(&Place::Point {
-                            resource: r,
-                            scope: s,
-                            metric: m,
-                            point: p - 1,
-                        })
-                    });
+                    self.cut_points(points, |p| point_at(r, s, m, p));
                 }
             }
         }
+    }
+}
+
+fn point_at(resource: usize, scope: usize, metric: usize, point: usize) -> Place {
+    Place::Point {
+        resource,
+        scope,
+        metric,
+        point,
     }
 }
 
