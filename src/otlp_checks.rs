@@ -178,10 +178,13 @@ fn check_points(
             edits.removed.insert(at);
             return;
         }
+        let limit = limits.max_label_value_length as usize;
+        // A value is written out only when its size as measured could be over the limit.
         if limits.label_value_length_over_limit_strategy != LabelValueLengthOverLimitStrategy::Error
+            && translate::measured(kv.value.as_ref()) > limit
         {
             let value = translate::value_string(kv.value.as_ref());
-            if value.len() > limits.max_label_value_length as usize {
+            if value.len() > limit {
                 let short = shortened_value(value.as_bytes(), limits);
                 edits
                     .values
@@ -606,6 +609,22 @@ mod tests {
         }
     }
 
+    /// `request` as protobuf, checked against `limits`.
+    fn checked(request: &ExportMetricsServiceRequest, limits: ValidationLimits) -> Decoded {
+        decode_validated(
+            &request.encode_to_vec(),
+            1 << 20,
+            PROTOBUF,
+            &validation(limits),
+        )
+        .unwrap()
+    }
+
+    /// The samples refused for `reason`.
+    fn discarded(refused: &Refused, reason: SeriesReason) -> u64 {
+        refused.samples.samples[reason as usize]
+    }
+
     fn validation(limits: ValidationLimits) -> Validation {
         Validation::new(limits, NOW_MS)
     }
@@ -710,10 +729,7 @@ mod tests {
             let decoded =
                 decode_validated(&body, 1 << 20, format, &validation(Default::default())).unwrap();
             let refused = decoded.refused.clone().expect("a point is refused");
-            assert_eq!(
-                refused.samples.samples[SeriesReason::LabelValueTooLong as usize],
-                1
-            );
+            assert_eq!(discarded(&refused, SeriesReason::LabelValueTooLong), 1);
             assert!(
                 refused
                     .first
@@ -760,16 +776,10 @@ mod tests {
                 ],
             )],
         );
-        let decoded = decode_validated(
-            &request.encode_to_vec(),
-            1 << 20,
-            PROTOBUF,
-            &validation(Default::default()),
-        )
-        .unwrap();
+        let decoded = checked(&request, Default::default());
         let refused = decoded.refused.unwrap();
         assert_eq!(
-            refused.samples.samples[SeriesReason::MaxLabelNamesPerSeries as usize],
+            discarded(&refused, SeriesReason::MaxLabelNamesPerSeries),
             1,
             "{}",
             refused.first
@@ -792,13 +802,7 @@ mod tests {
                 )],
             )],
         );
-        let decoded = decode_validated(
-            &alike.encode_to_vec(),
-            1 << 20,
-            PROTOBUF,
-            &validation(Default::default()),
-        )
-        .unwrap();
+        let decoded = checked(&alike, Default::default());
         assert_eq!(decoded.refused, None);
         assert_eq!(decoded.forward, Forward::Unchanged);
     }
@@ -822,22 +826,10 @@ mod tests {
                 ],
             )],
         );
-        let decoded = decode_validated(
-            &request.encode_to_vec(),
-            1 << 20,
-            PROTOBUF,
-            &validation(limits),
-        )
-        .unwrap();
+        let decoded = checked(&request, limits);
         let refused = decoded.refused.clone().unwrap();
-        assert_eq!(
-            refused.samples.samples[SeriesReason::TooFarInFuture as usize],
-            1
-        );
-        assert_eq!(
-            refused.samples.samples[SeriesReason::TooFarInPast as usize],
-            1
-        );
+        assert_eq!(discarded(&refused, SeriesReason::TooFarInFuture), 1);
+        assert_eq!(discarded(&refused, SeriesReason::TooFarInPast), 1);
         assert!(
             refused.first.contains("too far in the future"),
             "{}",
@@ -884,16 +876,10 @@ mod tests {
             (0..80).map(|i| kv(&format!("host.tag{i}"), "v")).collect();
         resource.push(kv("service.name", "api"));
         let request = export(resource, vec![gauge("g", vec![point(vec![], POINT_NS)])]);
-        let decoded = decode_validated(
-            &request.encode_to_vec(),
-            1 << 20,
-            PROTOBUF,
-            &validation(Default::default()),
-        )
-        .unwrap();
+        let decoded = checked(&request, Default::default());
         let refused = decoded.refused.clone().unwrap();
         assert_eq!(
-            refused.samples.samples[SeriesReason::MaxLabelNamesPerInfoSeries as usize],
+            discarded(&refused, SeriesReason::MaxLabelNamesPerInfoSeries),
             1
         );
         assert!(refused.first.contains("target_info{"), "{}", refused.first);
@@ -919,13 +905,7 @@ mod tests {
                 vec![point(vec![kv("k", &"z".repeat(5000))], POINT_NS)],
             )],
         );
-        let decoded = decode_validated(
-            &request.encode_to_vec(),
-            1 << 20,
-            PROTOBUF,
-            &validation(Default::default()),
-        )
-        .unwrap();
+        let decoded = checked(&request, Default::default());
         assert_eq!(decoded.forward, Forward::Nothing);
         assert!(decoded.refused.is_some());
 
@@ -1085,13 +1065,7 @@ mod tests {
                 max_native_histogram_buckets: 1,
                 ..lowering
             };
-            let decoded = decode_validated(
-                &request.encode_to_vec(),
-                1 << 20,
-                PROTOBUF,
-                &validation(one),
-            )
-            .unwrap();
+            let decoded = checked(&request, one);
             let refused = decoded.refused.unwrap();
             assert!(refused.first.contains("cannot reduce"), "{}", refused.first);
         }
@@ -1099,16 +1073,10 @@ mod tests {
             reduce_native_histogram_over_max_buckets: false,
             ..lowering
         };
-        let decoded = decode_validated(
-            &request.encode_to_vec(),
-            1 << 20,
-            PROTOBUF,
-            &validation(refusing),
-        )
-        .unwrap();
+        let decoded = checked(&request, refusing);
         let refused = decoded.refused.unwrap();
         assert_eq!(
-            refused.samples.samples[SeriesReason::MaxNativeHistogramBuckets as usize],
+            discarded(&refused, SeriesReason::MaxNativeHistogramBuckets),
             1
         );
         assert!(

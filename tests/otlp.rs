@@ -224,6 +224,19 @@ async fn start_receiver() -> (SocketAddr, Receiver) {
     (addr, receiver)
 }
 
+/// A weir forwarding to the receiver at `addr`, with these overrides. Mimir's push path: OTLP
+/// goes to the same host's `/otlp/v1/metrics` by default.
+async fn forwarding_to(addr: SocketAddr, overrides: &str) -> Weir {
+    Weir::start(Options {
+        configure: Box::new(move |config| {
+            config.upstream = Some(format!("http://{addr}/api/v1/push"));
+        }),
+        overrides: overrides.into(),
+        ..Options::default()
+    })
+    .await
+}
+
 fn gzip(raw: &[u8]) -> Vec<u8> {
     use std::io::Write;
     let mut encoder = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
@@ -234,14 +247,7 @@ fn gzip(raw: &[u8]) -> Vec<u8> {
 #[tokio::test]
 async fn json_and_gzip_are_counted_and_forwarded_unchanged_to_the_otlp_path() {
     let (addr, receiver) = start_receiver().await;
-    let weir = Weir::start(Options {
-        configure: Box::new(move |config| {
-            // Mimir's push path: OTLP goes to the same host's /otlp/v1/metrics by default.
-            config.upstream = Some(format!("http://{addr}/api/v1/push"));
-        }),
-        ..Options::default()
-    })
-    .await;
+    let weir = forwarding_to(addr, "").await;
     let body = gzip(SAMPLE);
     let response = reqwest::Client::new()
         .post(weir.url("/otlp/v1/metrics"))
@@ -362,14 +368,7 @@ async fn bad_requests_get_the_right_status_and_an_rpc_status_body() {
 async fn a_data_point_whose_series_fails_mimir_s_checks_is_cut_and_answered_400() {
     use weir::otlp::proto::{common, metrics, resource, ExportMetricsServiceRequest};
     let (addr, receiver) = start_receiver().await;
-    let weir = Weir::start(Options {
-        configure: Box::new(move |config| {
-            config.upstream = Some(format!("http://{addr}/api/v1/push"));
-        }),
-        overrides: "overrides:\n  v:\n    max_label_value_length: 64\n".into(),
-        ..Options::default()
-    })
-    .await;
+    let weir = forwarding_to(addr, "overrides:\n  v:\n    max_label_value_length: 64\n").await;
     let now_ns = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
@@ -458,13 +457,10 @@ async fn a_data_point_whose_series_fails_mimir_s_checks_is_cut_and_answered_400(
 async fn the_python_sdk_exporter_s_points_that_fail_mimir_s_checks_are_cut() {
     use weir::otlp::proto::{metrics::metric::Data, ExportMetricsServiceRequest};
     let (addr, receiver) = start_receiver().await;
-    let weir = Weir::start(Options {
-        configure: Box::new(move |config| {
-            config.upstream = Some(format!("http://{addr}/api/v1/push"));
-        }),
-        overrides: "overrides:\n  small:\n    max_label_names_per_series: 3\n".into(),
-        ..Options::default()
-    })
+    let weir = forwarding_to(
+        addr,
+        "overrides:\n  small:\n    max_label_names_per_series: 3\n",
+    )
     .await;
     let report = export(
         &weir,
