@@ -37,20 +37,22 @@ pub fn decode_validated(
     validation: &Validation,
 ) -> Result<Decoded, DecodeError> {
     let raw = otlp::inflate(body, max_size, format)?;
-    let (request, json) = if format.json {
+    let (request, counts, json) = if format.json {
         // Parsed once: decoded for the count and the checks, and kept to be edited.
         let json = otlp::json::parse(&raw)?;
-        (otlp::json::decode_value(&json)?, Some(json))
+        let request = otlp::json::decode_value(&json)?;
+        let counts = otlp::count(&request)?;
+        (request, counts, Some(json))
     } else {
         let (counts, bounds) = otlp::scan_bounded(&raw)?;
         if !may_fail(&bounds, validation) {
             return Ok(decoded(counts, Forward::Unchanged, None, validation));
         }
+        // The scan has counted it (as a decode counts it): decoded only to be checked.
         let request = ExportMetricsServiceRequest::decode(&raw[..])
             .map_err(|err| DecodeError::Otlp(format!("invalid protobuf: {err}")))?;
-        (request, None)
+        (request, counts, None)
     };
-    let counts = otlp::count(&request)?;
     let (edits, refused) = check(&request, validation);
     if edits.is_empty() {
         return Ok(decoded(counts, Forward::Unchanged, refused, validation));
