@@ -197,6 +197,32 @@ fn bad_bodies_are_clear_errors() {
             json(),
             "asDouble is not a number",
         ),
+        // The attributes and exponential buckets the series checks read.
+        (
+            &br#"{"resourceMetrics":[{"scopeMetrics":[{"metrics":[{"name":"g","gauge":{"dataPoints":[{"attributes":[{"key":"k","value":{"stringValue":1}}]}]}}]}]}]}"#[..],
+            json(),
+            "stringValue is not a string",
+        ),
+        (
+            &br#"{"resourceMetrics":[{"resource":{"attributes":[{"key":"k","value":{"boolValue":"yes"}}]}}]}"#[..],
+            json(),
+            "boolValue is not a boolean",
+        ),
+        (
+            &br#"{"resourceMetrics":[{"scopeMetrics":[{"metrics":[{"name":"g","gauge":{"dataPoints":[{"attributes":[{"key":"k","value":{"intValue":"1.5"}}]}]}}]}]}]}"#[..],
+            json(),
+            "intValue \"1.5\" is not an integer",
+        ),
+        (
+            &br#"{"resourceMetrics":[{"scopeMetrics":[{"metrics":[{"name":"e","exponentialHistogram":{"aggregationTemporality":2,"dataPoints":[{"positive":{"offset":0,"bucketCounts":["-1"]}}]}}]}]}]}"#[..],
+            json(),
+            "a bucket count \"-1\" is not an unsigned integer",
+        ),
+        (
+            &br#"{"resourceMetrics":[{"scopeMetrics":[{"metrics":[{"name":"e","exponentialHistogram":{"aggregationTemporality":2,"dataPoints":[{"positive":{"offset":9999999999}}]}}]}]}]}"#[..],
+            json(),
+            "offset 9999999999 is out of range",
+        ),
     ] {
         let err = decode(body, 1 << 20, format).unwrap_err();
         assert!(err.to_string().contains(expected), "{err} for {body:?}");
