@@ -256,13 +256,25 @@ fn top_level_tags(mut data: &[u8]) -> impl Iterator<Item = u32> + '_ {
 ///
 /// And Mimir's series checks on it ([`crate::otlp_checks`]) under tight limits, so that most
 /// inputs take their cold path: no panic; a rewritten export decodes, carries no more than
-/// the request did, and passes the checks itself.
+/// the request did, and passes the checks itself. And the exemplars cut on the wire
+/// ([`otlp::edit::without_exemplars`]) are those a decode clears.
 pub fn otlp_scan(data: &[u8]) {
     let scanned = otlp::scan(data);
     match otlp::proto::ExportMetricsServiceRequest::decode(data) {
         Ok(request) => {
             assert_eq!(scanned, otlp::count(&request));
             otlp_checks(data);
+            // Exemplars cut on the wire are those a decode clears.
+            let mut cleared = request.clone();
+            let had = otlp::edit::clear_exemplars(&mut cleared);
+            match otlp::edit::without_exemplars(data).expect("what decodes, the cut walks") {
+                Some(cut) => {
+                    assert!(had);
+                    let decoded = otlp::proto::ExportMetricsServiceRequest::decode(&cut[..]);
+                    assert_eq!(decoded.expect("the cut export decodes"), cleared);
+                }
+                None => assert!(!had, "exemplars left on the wire"),
+            }
         }
         Err(err) => {
             let invalid = |message: &str| message.starts_with("invalid protobuf: ");

@@ -29,7 +29,9 @@ use crate::remote_write::validate::{
 use runtime_config::validation::LabelValueLengthOverLimitStrategy;
 
 /// Decompresses, counts and checks an OTLP export: what it charges once the refused points
-/// are cut, what to forward, and what was refused.
+/// are cut, what to forward, and what was refused. With the tenant's exemplars off
+/// (`max_global_exemplars_per_user: 0`, Mimir's default), the forwarded export carries none,
+/// as Mimir's distributor keeps none.
 pub fn decode_validated(
     body: &[u8],
     max_size: usize,
@@ -37,7 +39,8 @@ pub fn decode_validated(
     validation: &Validation,
 ) -> Result<Decoded, DecodeError> {
     let raw = otlp::inflate(body, max_size, format)?;
-    let (request, counts, json) = if format.json {
+    let exemplars_off = validation.limits.max_global_exemplars_per_user == 0;
+    let (mut request, counts, json) = if format.json {
         // Parsed once: decoded for the count and the checks, and kept to be edited.
         let json = otlp::json::parse(&raw)?;
         let request = otlp::json::decode_value(&json)?;
@@ -46,16 +49,26 @@ pub fn decode_validated(
     } else {
         let (counts, bounds) = otlp::scan_bounded(&raw)?;
         if !may_fail(&bounds, validation) {
-            return Ok(decoded(counts, Forward::Unchanged, None, validation));
+            let forward = as_sent(&raw, exemplars_off && bounds.exemplars > 0, format)?;
+            return Ok(decoded(counts, forward, None, validation));
         }
         // The scan has counted it (as a decode counts it): decoded only to be checked.
         let request = ExportMetricsServiceRequest::decode(&raw[..])
             .map_err(|err| DecodeError::Otlp(format!("invalid protobuf: {err}")))?;
         (request, counts, None)
     };
-    let (edits, refused) = check(&request, validation);
+    let (mut edits, refused) = check(&request, validation);
+    edits.exemplars = exemplars_off && otlp::edit::clear_exemplars(&mut request);
     if edits.is_empty() {
         return Ok(decoded(counts, Forward::Unchanged, refused, validation));
+    }
+    if json.is_none() && edits.only_exemplars() {
+        return Ok(decoded(
+            counts,
+            as_sent(&raw, true, format)?,
+            refused,
+            validation,
+        ));
     }
     let mut kept = request;
     edits.apply(&mut kept);
@@ -71,13 +84,35 @@ pub fn decode_validated(
         }
         None => kept.encode_to_vec(),
     };
-    let bytes = if format.gzip { gzip(&bytes) } else { bytes };
     Ok(decoded(
         counts,
-        Forward::Rewritten(bytes.into()),
+        Forward::Rewritten(compressed(bytes, format).into()),
         refused,
         validation,
     ))
+}
+
+/// What to forward of a protobuf export the checks leave as it is: the client's bytes, or,
+/// with `strip`, the export without its exemplars ([`otlp::edit::without_exemplars`]).
+fn as_sent(raw: &[u8], strip: bool, format: OtlpFormat) -> Result<Forward, DecodeError> {
+    if !strip {
+        return Ok(Forward::Unchanged);
+    }
+    match otlp::edit::without_exemplars(raw) {
+        Ok(Some(stripped)) => Ok(Forward::Rewritten(compressed(stripped, format).into())),
+        Ok(None) => Ok(Forward::Unchanged),
+        // The scan has read every field it walks; kept for a body it somehow did not.
+        Err(err) => Err(DecodeError::Otlp(format!("invalid protobuf: {err}"))),
+    }
+}
+
+/// The forwarded bytes in the request's encoding: gzip stays gzip.
+fn compressed(bytes: Vec<u8>, format: OtlpFormat) -> Vec<u8> {
+    if format.gzip {
+        gzip(&bytes)
+    } else {
+        bytes
+    }
 }
 
 fn decoded(
@@ -86,8 +121,8 @@ fn decoded(
     refused: Option<Refused>,
     validation: &Validation,
 ) -> Decoded {
-    // OTLP is forwarded with its exemplars; with the tenant's exemplars off they are not
-    // charged, as Mimir's distributor takes them out of the translation.
+    // With the tenant's exemplars off they are not charged, nor forwarded: Mimir's
+    // distributor takes them out of the translation.
     if validation.limits.max_global_exemplars_per_user == 0 {
         counts.exemplars = 0;
     }
@@ -708,6 +743,75 @@ mod tests {
             })
             .map(|point| point.attributes)
             .collect()
+    }
+
+    /// With the tenant's exemplars off (Mimir's default) the forwarded export carries none,
+    /// whether it is otherwise forwarded as sent (cut on the wire) or has a point cut (cut in
+    /// the decode); gzip stays gzip. With them on, they stay and are charged.
+    #[test]
+    fn exemplars_go_when_the_tenant_s_are_off_and_stay_when_on() {
+        let mut traced = point(vec![kv("path", "/")], POINT_NS);
+        traced.exemplars = vec![metrics::Exemplar {
+            time_unix_nano: POINT_NS,
+            span_id: vec![7; 8],
+            value: Some(metrics::exemplar::Value::AsDouble(0.5)),
+            ..Default::default()
+        }];
+        let refused = point(vec![kv("path", &"x".repeat(2049))], POINT_NS);
+        let sum = |points| metrics::Metric {
+            name: "requests".into(),
+            data: Some(Data::Sum(metrics::Sum {
+                data_points: points,
+                aggregation_temporality: metrics::AggregationTemporality::Cumulative as i32,
+                is_monotonic: true,
+            })),
+            ..Default::default()
+        };
+        let on = ValidationLimits {
+            max_global_exemplars_per_user: 100_000,
+            ..Default::default()
+        };
+        for with_refused in [false, true] {
+            let mut points = vec![traced.clone()];
+            if with_refused {
+                points.push(refused.clone());
+            }
+            let request = export(vec![kv("service.name", "api")], vec![sum(points)]);
+            let kept = export(
+                vec![kv("service.name", "api")],
+                vec![sum(vec![traced.clone()])],
+            );
+            let mut kept_without = kept.clone();
+            assert!(otlp::edit::clear_exemplars(&mut kept_without));
+            for gzipped in [false, true] {
+                let format = OtlpFormat {
+                    json: false,
+                    gzip: gzipped,
+                };
+                let raw = request.encode_to_vec();
+                let body = if gzipped { gzip(&raw) } else { raw };
+                let forwarded = |decoded: &Decoded| {
+                    let Forward::Rewritten(bytes) = &decoded.forward else {
+                        panic!("not rewritten: {:?}", decoded.forward);
+                    };
+                    let raw = otlp::inflate(bytes, 1 << 20, format).expect("in its encoding");
+                    ExportMetricsServiceRequest::decode(&raw[..]).unwrap()
+                };
+                let off = decode_validated(&body, 1 << 20, format, &validation(Default::default()))
+                    .unwrap();
+                assert_eq!((off.counts.samples, off.counts.exemplars), (1, 0));
+                assert_eq!(forwarded(&off), kept_without);
+                assert_eq!(off.refused.is_some(), with_refused);
+
+                let kept_on = decode_validated(&body, 1 << 20, format, &validation(on)).unwrap();
+                assert_eq!((kept_on.counts.samples, kept_on.counts.exemplars), (1, 1));
+                if with_refused {
+                    assert_eq!(forwarded(&kept_on), kept);
+                } else {
+                    assert_eq!(kept_on.forward, Forward::Unchanged);
+                }
+            }
+        }
     }
 
     #[test]

@@ -245,40 +245,81 @@ fn gzip(raw: &[u8]) -> Vec<u8> {
 }
 
 #[tokio::test]
-async fn json_and_gzip_are_counted_and_forwarded_unchanged_to_the_otlp_path() {
+async fn json_and_gzip_are_counted_and_forwarded_to_the_otlp_path_without_exemplars_when_off() {
     let (addr, receiver) = start_receiver().await;
-    let weir = forwarding_to(addr, "").await;
+    // `traced` keeps exemplars; `json-tenant` has Mimir's default, exemplars off.
+    let weir = forwarding_to(
+        addr,
+        "overrides:\n  traced:\n    max_global_exemplars_per_user: 100000\n",
+    )
+    .await;
     let body = gzip(SAMPLE);
-    let response = reqwest::Client::new()
-        .post(weir.url("/otlp/v1/metrics"))
-        .header("X-Scope-OrgID", "json-tenant")
-        .header("Content-Type", "application/json")
-        .header("Content-Encoding", "gzip")
-        .body(body.clone())
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(response.status(), 200);
-    assert_eq!(response.headers()["content-type"], "application/json");
-    assert_eq!(response.text().await.unwrap(), "{}");
+    for tenant in ["traced", "json-tenant"] {
+        let response = reqwest::Client::new()
+            .post(weir.url("/otlp/v1/metrics"))
+            .header("X-Scope-OrgID", tenant)
+            .header("Content-Type", "application/json")
+            .header("Content-Encoding", "gzip")
+            .body(body.clone())
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 200);
+        assert_eq!(response.headers()["content-type"], "application/json");
+        assert_eq!(response.text().await.unwrap(), "{}");
+    }
 
     let received = receiver.received.lock().unwrap().clone();
-    assert_eq!(received.len(), 1);
-    let (path, headers, forwarded) = &received[0];
-    assert_eq!(path, "/otlp/v1/metrics");
+    assert_eq!(received.len(), 2);
+    for (path, headers, _) in &received {
+        assert_eq!(path, "/otlp/v1/metrics");
+        assert_eq!(headers["content-type"], "application/json");
+        assert_eq!(headers["content-encoding"], "gzip");
+        assert!(headers.get("x-prometheus-remote-write-version").is_none());
+    }
+    let (_, headers, forwarded) = &received[0];
+    assert_eq!(headers["x-scope-orgid"], "traced");
     assert_eq!(
         forwarded.as_ref(),
         &body[..],
         "the client's bytes, unchanged"
     );
-    assert_eq!(headers["content-type"], "application/json");
-    assert_eq!(headers["content-encoding"], "gzip");
+    // With exemplars off, the export without them: every other field as sent.
+    let (_, headers, forwarded) = &received[1];
     assert_eq!(headers["x-scope-orgid"], "json-tenant");
-    assert!(headers.get("x-prometheus-remote-write-version").is_none());
+    let json = |bytes: &[u8]| -> serde_json::Value {
+        use std::io::Read;
+        let mut text = String::new();
+        flate2::read::GzDecoder::new(bytes)
+            .read_to_string(&mut text)
+            .unwrap();
+        serde_json::from_str(&text).unwrap()
+    };
+    let mut expected = json(&body);
+    let mut cut = 0;
+    for resource in expected["resourceMetrics"].as_array_mut().unwrap() {
+        for scope in resource["scopeMetrics"].as_array_mut().unwrap() {
+            for metric in scope["metrics"].as_array_mut().unwrap() {
+                for (_, data) in metric.as_object_mut().unwrap().iter_mut() {
+                    let Some(points) = data.get_mut("dataPoints") else {
+                        continue;
+                    };
+                    for point in points.as_array_mut().unwrap() {
+                        let exemplars = point.as_object_mut().unwrap().remove("exemplars");
+                        cut += exemplars.map_or(0, |e| e.as_array().unwrap().len());
+                    }
+                }
+            }
+        }
+    }
+    // tests/otlp/sample.expected.json: `otlp_exemplars`, the gauge's among them.
+    assert_eq!(cut, 3);
+    assert_eq!(json(forwarded), expected);
 
-    // tests/otlp/sample.expected.json: 21 samples + 1 histogram + 7 metadata; its 2 exemplars
-    // are forwarded but not charged, as the tenant has Mimir's default, exemplars off.
+    // tests/otlp/sample.expected.json: 21 samples + 1 histogram + 7 metadata, and its 2
+    // exemplars that Mimir translates when the tenant keeps them.
     // (samples with histograms, exemplars, metadata)
+    assert_eq!(admitted(&weir, "traced").await, [22, 2, 7]);
     assert_eq!(admitted(&weir, "json-tenant").await, [22, 0, 7]);
 }
 

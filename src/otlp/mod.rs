@@ -19,8 +19,9 @@
 //! translator refuses: such a metric costs nothing, and a request where nothing else is left
 //! is a 400. The counts include every exemplar the translation would carry;
 //! [`crate::format::decode_validated`] charges none of them for a tenant with exemplars off
-//! (`max_global_exemplars_per_user: 0`, Mimir's default, which drops them before its limiter).
-//! Their exemplars are forwarded as sent, not checked or cut.
+//! (`max_global_exemplars_per_user: 0`, Mimir's default, which drops them before its limiter)
+//! and cuts them from the forwarded export ([`edit::without_exemplars`]); a tenant with
+//! exemplars on has them forwarded as sent, charged, not checked.
 //!
 //! A protobuf body is counted by [`scan`], a zero-copy walk of the wire format, and never
 //! decoded: the count is all weir needs from it, as the forward sends the client's bytes.

@@ -132,6 +132,8 @@ pub struct Bounds {
     pub times: TimeRange,
     /// An empty key, or a metric name that escapes to nothing.
     pub unusual: bool,
+    /// The exemplars of every data point, gauges' too (which Mimir never translates).
+    pub exemplars: u64,
 }
 
 /// A [`Bounds::value`] only a translation can measure.

@@ -317,6 +317,7 @@ impl Data {
                 let point = number_point(buf, depth, &mut labels)?;
                 self.samples += 1;
                 self.exemplars += point.exemplars;
+                labels.bounds.exemplars += point.exemplars;
                 point.time
             }
             Kind::Histogram => {
@@ -324,6 +325,7 @@ impl Data {
                 // The buckets, `+Inf`, `_count`, and `_sum` when the point has one.
                 self.samples += point.bounds.min(point.bucket_counts) + 2 + u64::from(point.sum);
                 self.exemplars += point.exemplars;
+                labels.bounds.exemplars += point.exemplars;
                 point.time
             }
             Kind::Exponential => {
@@ -331,6 +333,7 @@ impl Data {
                 labels.bounds.buckets = labels.bounds.buckets.max(point.buckets);
                 self.histograms += 1;
                 self.exemplars += point.exemplars;
+                labels.bounds.exemplars += point.exemplars;
                 self.scale_below_minus_4 |= point.scale < -4;
                 point.time
             }

@@ -941,10 +941,65 @@ proptest! {
         crate::fuzzing::otlp_scan(&body);
     }
 
+    /// Exemplars cut on the wire are what clearing them in the decoded request cuts, and an
+    /// export with none is left as it is.
+    #[test]
+    fn exemplars_cut_on_the_wire_are_those_a_decode_clears(request in request_strategy()) {
+        let body = request.encode_to_vec();
+        let mut cleared = request.clone();
+        edit::clear_exemplars(&mut cleared);
+        match edit::without_exemplars(&body).unwrap() {
+            None => prop_assert_eq!(&cleared, &request),
+            Some(cut) => {
+                prop_assert_ne!(&cleared, &request);
+                prop_assert!(cut.len() < body.len());
+                prop_assert_eq!(ExportMetricsServiceRequest::decode(&cut[..]).unwrap(), cleared);
+            }
+        }
+    }
+
     #[test]
     fn arbitrary_bytes_are_refused_as_prost_refuses_them(
         body in prop::collection::vec(any::<u8>(), 0..256),
     ) {
         crate::fuzzing::otlp_scan(&body);
     }
+}
+
+/// Fields weir does not read stay as sent, byte for byte, beside a cut exemplar: an unknown
+/// field of the point, of the request, and an exemplar field of a summary point (which has
+/// none: its field 5 is its sum, so it is not touched).
+#[test]
+fn cutting_exemplars_on_the_wire_keeps_every_other_byte() {
+    use prost::encoding::WireType;
+    use wire::*;
+    const T: u64 = 1_700_000_000_000_000_000;
+    let exemplar = message(5, &fixed64(2, 7));
+    let unknown = cat(&[&key(99, WireType::Varint), &[1]]);
+    let sum = |extra: &[u8]| {
+        let point = gauge_point(T, extra);
+        cat(&[
+            &message(1, b"requests"),
+            &message(7, &cat(&[&point, &key(2, WireType::Varint), &[2]])),
+        ])
+    };
+    let summary = cat(&[
+        &message(1, b"latency"),
+        &message(11, &message(1, &cat(&[&fixed64(3, T), &fixed64(5, 9)]))),
+    ]);
+    let sent = cat(&[
+        &request(
+            None,
+            &[
+                sum(&cat(&[&exemplar, &unknown, &exemplar])),
+                summary.clone(),
+            ],
+        ),
+        &unknown,
+    ]);
+    let expected = cat(&[&request(None, &[sum(&unknown), summary.clone()]), &unknown]);
+    assert_eq!(edit::without_exemplars(&sent).unwrap(), Some(expected));
+    // With none to cut, nothing is written.
+    let none = cat(&[&request(None, &[sum(&unknown), summary]), &unknown]);
+    assert_eq!(edit::without_exemplars(&none).unwrap(), None);
 }
