@@ -565,3 +565,72 @@ async fn the_python_sdk_exporter_s_points_that_fail_mimir_s_checks_are_cut() {
     .await;
     assert!(discarded >= 3 * 5, "{discarded}");
 }
+
+#[tokio::test]
+async fn the_python_sdk_exporter_s_exemplars_reach_the_receiver_only_when_the_tenant_keeps_them() {
+    use weir::otlp::proto::{metrics::metric::Data, ExportMetricsServiceRequest};
+    let (addr, receiver) = start_receiver().await;
+    // `traced` keeps exemplars; `plain` has Mimir's default, exemplars off.
+    let weir = forwarding_to(
+        addr,
+        "overrides:\n  traced:\n    max_global_exemplars_per_user: 100000\n",
+    )
+    .await;
+    for (tenant, compression) in [("traced", "gzip"), ("plain", "gzip"), ("plain", "none")] {
+        let report = export(
+            &weir,
+            tenant,
+            &[
+                "--kind",
+                "all",
+                "--points",
+                "3",
+                "--metrics",
+                "1",
+                "--exemplars",
+                "1",
+                "--compression",
+                compression,
+            ],
+        )
+        .await;
+        assert_eq!(report["result"], "SUCCESS", "{report}");
+    }
+    let received = receiver.received.lock().unwrap().clone();
+    assert_eq!(received.len(), 3);
+    let exemplars = |(_, headers, body): &(String, HeaderMap, Bytes)| -> usize {
+        let raw = if headers
+            .get("content-encoding")
+            .is_some_and(|encoding| encoding == "gzip")
+        {
+            use std::io::Read;
+            let mut raw = Vec::new();
+            flate2::read::GzDecoder::new(body.as_ref())
+                .read_to_end(&mut raw)
+                .unwrap();
+            raw
+        } else {
+            body.to_vec()
+        };
+        let export = ExportMetricsServiceRequest::decode(&raw[..]).unwrap();
+        export
+            .resource_metrics
+            .iter()
+            .flat_map(|resource| &resource.scope_metrics)
+            .flat_map(|scope| &scope.metrics)
+            .map(|metric| match metric.data.as_ref().unwrap() {
+                Data::Gauge(g) => g.data_points.iter().map(|p| p.exemplars.len()).sum(),
+                Data::Sum(s) => s.data_points.iter().map(|p| p.exemplars.len()).sum(),
+                Data::Histogram(h) => h.data_points.iter().map(|p| p.exemplars.len()).sum(),
+                Data::ExponentialHistogram(h) => {
+                    h.data_points.iter().map(|p| p.exemplars.len()).sum()
+                }
+                Data::Summary(_) => 0,
+            })
+            .sum()
+    };
+    assert!(exemplars(&received[0]) > 0, "the SDK sent exemplars");
+    assert_eq!(received[1].1["content-encoding"], "gzip");
+    assert_eq!(exemplars(&received[1]), 0);
+    assert_eq!(exemplars(&received[2]), 0);
+}
