@@ -287,7 +287,6 @@ pub fn otlp_scan(data: &[u8]) {
 }
 
 fn otlp_checks(data: &[u8]) {
-    use crate::counts::Forward;
     let limits = runtime_config::ValidationLimits {
         max_label_names_per_series: 6,
         max_label_name_length: 12,
@@ -296,6 +295,20 @@ fn otlp_checks(data: &[u8]) {
         reduce_native_histogram_over_max_buckets: true,
         ..Default::default()
     };
+    otlp_checks_under(data, limits);
+    // A tenant that keeps exemplars, at most one a series: Mimir's exemplar checks.
+    otlp_checks_under(
+        data,
+        runtime_config::ValidationLimits {
+            max_global_exemplars_per_user: 1000,
+            max_exemplars_per_series_per_request: 1,
+            ..limits
+        },
+    );
+}
+
+fn otlp_checks_under(data: &[u8], limits: runtime_config::ValidationLimits) {
+    use crate::counts::Forward;
     // Points stamped from 2023 to 2025 pass the time checks; others are refused.
     let validation = crate::remote_write::validate::Validation::new(limits, 1_720_000_000_000);
     let check = |body: &[u8]| {
@@ -307,6 +320,13 @@ fn otlp_checks(data: &[u8]) {
     if let Forward::Rewritten(bytes) = &decoded.forward {
         let again = check(bytes).expect("a rewritten export decodes");
         assert_eq!(again.refused, None, "a rewritten export passes the checks");
+        // (A cut point can move the request's earliest sample, which ages exemplars.)
+        if decoded.refused.is_none() {
+            assert!(
+                again.dropped_exemplars.iter().all(|&n| n == 0),
+                "a rewritten export's exemplars pass the checks"
+            );
+        }
         let items = |counts: &crate::counts::WriteCounts| counts.samples + counts.histograms;
         let before = otlp::scan(data).expect("it decoded");
         assert!(items(&decoded.counts) <= items(&before));

@@ -14,7 +14,11 @@
 
 use prost::Message;
 
-use crate::counts::{DecodeError, Decoded, Discarded, Forward, Refused, WriteCounts};
+use std::collections::{BTreeMap, HashSet};
+
+use crate::counts::{
+    DecodeError, Decoded, Discarded, DroppedExemplars, Forward, Refused, WriteCounts,
+};
 use crate::otlp::edit::{AttributeAt, Edits, Resolution};
 use crate::otlp::proto::metrics::{
     exponential_histogram_data_point::Buckets, metric::Data, ExponentialHistogramDataPoint,
@@ -24,7 +28,8 @@ use crate::otlp::translate::{self, Place};
 use crate::otlp::{self, Bounds, OtlpFormat};
 use crate::remote_write::prompb;
 use crate::remote_write::validate::{
-    bucket_count, reduce_to_fit, shortened_value, SeriesCheck, Validation,
+    self, bucket_count, exemplar_content, reduce_to_fit, shortened_value, ExemplarSeen,
+    SeriesCheck, Validation,
 };
 use runtime_config::validation::LabelValueLengthOverLimitStrategy;
 
@@ -48,7 +53,7 @@ pub fn decode_validated(
         (request, counts, Some(json))
     } else {
         let (counts, bounds) = otlp::scan_bounded(&raw)?;
-        if !may_fail(&bounds, validation) {
+        if !may_fail(&bounds, validation) && !exemplars_may_fail(&bounds, validation) {
             let forward = as_sent(&raw, exemplars_off && bounds.exemplars > 0, format)?;
             return Ok(decoded(counts, forward, None, validation));
         }
@@ -58,24 +63,29 @@ pub fn decode_validated(
         (request, counts, None)
     };
     let (mut edits, refused) = check(&request, validation);
-    edits.exemplars = exemplars_off && otlp::edit::clear_exemplars(&mut request);
+    let mut dropped = DroppedExemplars::default();
+    if exemplars_off {
+        edits.exemplars = otlp::edit::clear_exemplars(&mut request);
+    } else {
+        edits.exemplar_cuts = exemplar_cuts(&request, validation, &edits.points, &mut dropped);
+    }
+    let decoded = |counts, forward, refused| {
+        let mut decoded = decoded(counts, forward, refused, validation);
+        decoded.dropped_exemplars = dropped;
+        decoded
+    };
     if edits.is_empty() {
-        return Ok(decoded(counts, Forward::Unchanged, refused, validation));
+        return Ok(decoded(counts, Forward::Unchanged, refused));
     }
     if json.is_none() && edits.only_exemplars() {
-        return Ok(decoded(
-            counts,
-            as_sent(&raw, true, format)?,
-            refused,
-            validation,
-        ));
+        return Ok(decoded(counts, as_sent(&raw, true, format)?, refused));
     }
     let mut kept = request;
     edits.apply(&mut kept);
     // A request of which nothing is left but metrics the translator refuses costs nothing.
     let counts = otlp::count(&kept).unwrap_or_default();
     if counts.cost() == 0 {
-        return Ok(decoded(counts, Forward::Nothing, refused, validation));
+        return Ok(decoded(counts, Forward::Nothing, refused));
     }
     let bytes = match json {
         Some(mut json) => {
@@ -88,8 +98,66 @@ pub fn decode_validated(
         counts,
         Forward::Rewritten(compressed(bytes, format).into()),
         refused,
-        validation,
     ))
+}
+
+/// Whether an exemplar the translation carries could fail Mimir's exemplar checks, for a
+/// tenant that keeps exemplars, by the scan's bounds: one with neither a trace nor a span id
+/// (its labels, its attributes, can be missing or blank), more on one point than a series
+/// may carry, a time under a millisecond (no timestamp), or a time outside the window. The
+/// window opens at most 5 minutes before the request's latest point, its earliest sample
+/// being no later than that.
+fn exemplars_may_fail(bounds: &Bounds, validation: &Validation) -> bool {
+    let limits = &validation.limits;
+    if limits.max_global_exemplars_per_user == 0 || bounds.exemplars_per_point == 0 {
+        return false;
+    }
+    let per_series = u64::from(limits.max_exemplars_per_series_per_request);
+    let window = validation.exemplar_window((bounds.times.latest / 1_000_000) as i64);
+    let millis = |nanos: u64| (nanos as i64).div_euclid(1_000_000);
+    let times = &bounds.exemplar_times;
+    bounds.exemplar_without_ids
+        || (per_series != 0 && bounds.exemplars_per_point > per_series)
+        || times
+            .earliest
+            .is_some_and(|earliest| millis(earliest) < (*window.start()).max(1))
+        || millis(times.latest) > *window.end()
+        || times.latest > i64::MAX as u64
+}
+
+/// Mimir's checks of a tenant's exemplars (its distributor's `validateExemplars`) on those
+/// the translation carries ([`translate::exemplars`]), series by series: past
+/// `max_exemplars_per_series_per_request` the rest go; then each that fails its own checks or
+/// lies outside the window goes. The exemplars of the points in `cut` are not judged: their
+/// series are refused. Returns the exemplars to cut, counted by reason in `dropped`.
+fn exemplar_cuts(
+    request: &ExportMetricsServiceRequest,
+    validation: &Validation,
+    cut: &HashSet<Place>,
+    dropped: &mut DroppedExemplars,
+) -> HashSet<(Place, usize)> {
+    let (exemplars, earliest) = translate::exemplars(request);
+    let window = validation.exemplar_window(earliest);
+    let mut series: BTreeMap<(Place, usize), Vec<ExemplarSeen>> = BTreeMap::new();
+    for exemplar in exemplars.iter().filter(|e| !cut.contains(&e.point)) {
+        let labels = exemplar.labels.iter();
+        let labels = labels.map(|(name, value)| (name.as_str(), value.as_str()));
+        series
+            .entry((exemplar.point, exemplar.series))
+            .or_default()
+            .push(ExemplarSeen {
+                field: exemplar.index..exemplar.index + 1,
+                timestamp: exemplar.timestamp_ms,
+                invalid: exemplar_content(labels, exemplar.timestamp_ms),
+            });
+    }
+    let mut cuts = HashSet::new();
+    for ((point, _), seen) in series {
+        for index in validate::exemplar_cuts(&seen, &validation.limits, &window, dropped) {
+            cuts.insert((point, index.start));
+        }
+    }
+    cuts
 }
 
 /// What to forward of a protobuf export the checks leave as it is: the client's bytes, or,
@@ -814,6 +882,205 @@ mod tests {
         }
     }
 
+    fn exemplar(
+        time: u64,
+        span: &[u8],
+        attributes: Vec<common::KeyValue>,
+        value: f64,
+    ) -> metrics::Exemplar {
+        metrics::Exemplar {
+            time_unix_nano: time,
+            span_id: span.to_vec(),
+            filtered_attributes: attributes,
+            value: Some(metrics::exemplar::Value::AsDouble(value)),
+            ..Default::default()
+        }
+    }
+
+    fn cumulative_sum(points: Vec<metrics::NumberDataPoint>) -> metrics::Metric {
+        metrics::Metric {
+            name: "requests".into(),
+            data: Some(Data::Sum(metrics::Sum {
+                data_points: points,
+                aggregation_temporality: metrics::AggregationTemporality::Cumulative as i32,
+                is_monotonic: true,
+            })),
+            ..Default::default()
+        }
+    }
+
+    /// The exemplars of the points a request forwards, point by point.
+    fn forwarded_exemplars(decoded: &Decoded, format: OtlpFormat) -> Vec<Vec<metrics::Exemplar>> {
+        let Forward::Rewritten(bytes) = &decoded.forward else {
+            panic!("not rewritten: {:?}", decoded.forward);
+        };
+        let raw = otlp::inflate(bytes, 1 << 20, format).unwrap();
+        let request = if format.json {
+            otlp::json::decode(&raw).unwrap()
+        } else {
+            ExportMetricsServiceRequest::decode(&raw[..]).unwrap()
+        };
+        request.resource_metrics[0].scope_metrics[0]
+            .metrics
+            .iter()
+            .flat_map(|metric| match &metric.data {
+                Some(Data::Sum(sum)) => sum
+                    .data_points
+                    .iter()
+                    .map(|p| p.exemplars.clone())
+                    .collect(),
+                Some(Data::Histogram(h)) => {
+                    h.data_points.iter().map(|p| p.exemplars.clone()).collect()
+                }
+                _ => Vec::new(),
+            })
+            .collect()
+    }
+
+    fn exemplars_on(per_series: u32) -> ValidationLimits {
+        ValidationLimits {
+            max_global_exemplars_per_user: 100_000,
+            max_exemplars_per_series_per_request: per_series,
+            ..Default::default()
+        }
+    }
+
+    /// A tenant that keeps exemplars has each one the translation carries checked as Mimir's
+    /// distributor checks it: one that fails is cut from the forwarded export, uncharged, and
+    /// counted by reason; the push is accepted.
+    #[test]
+    fn exemplars_a_tenant_keeps_are_checked_as_mimir_checks_them() {
+        use crate::counts::ExemplarReason as Reason;
+        let span = [7u8; 8];
+        let minute = 60_000_000_000;
+        let good = exemplar(POINT_NS, &span, vec![kv("user", "a")], 1.0);
+        let sent = vec![
+            good.clone(),
+            // No id and no attribute: no labels.
+            exemplar(POINT_NS, &[], vec![], 1.0),
+            // An id of zeros is none; its only attribute has no value.
+            exemplar(POINT_NS, &[0; 8], vec![kv("user", "")], 1.0),
+            // Under a millisecond: no timestamp.
+            exemplar(999_999, &span, vec![], 1.0),
+            // 6 minutes before the request's earliest sample.
+            exemplar(POINT_NS - 6 * minute, &span, vec![], 1.0),
+            // 11 minutes ahead of now (the creation grace is 10).
+            exemplar(POINT_NS + 11 * minute, &span, vec![], 1.0),
+            // Attributes over 128 characters and no id: the translator leaves them out.
+            exemplar(POINT_NS, &[], vec![kv("note", &"n".repeat(130))], 1.0),
+        ];
+        let mut traced = point(vec![kv("path", "/")], POINT_NS);
+        traced.exemplars = sent;
+        let request = export(
+            vec![kv("service.name", "api")],
+            vec![cumulative_sum(vec![traced])],
+        );
+        let json = serde_json::json!({"resourceMetrics": [{
+        "resource": {"attributes": [{"key": "service.name", "value": {"stringValue": "api"}}]},
+        "scopeMetrics": [{"metrics": [{"name": "requests", "sum": {
+            "aggregationTemporality": 2, "isMonotonic": true,
+            "dataPoints": [{
+                "attributes": [{"key": "path", "value": {"stringValue": "/"}}],
+                "timeUnixNano": POINT_NS.to_string(), "asDouble": 1.0,
+                "exemplars": [
+                    {"timeUnixNano": POINT_NS.to_string(), "spanId": "0707070707070707",
+                     "filteredAttributes": [{"key": "user", "value": {"stringValue": "a"}}],
+                     "asDouble": 1.0, "futureField": "kept"},
+                    {"timeUnixNano": POINT_NS.to_string(), "asDouble": 1.0}
+                ]}]}}]}]}]});
+        let checks = validation(exemplars_on(0));
+        let decoded =
+            decode_validated(&request.encode_to_vec(), 1 << 20, PROTOBUF, &checks).unwrap();
+        assert_eq!(
+            forwarded_exemplars(&decoded, PROTOBUF),
+            vec![vec![good.clone()]]
+        );
+        assert_eq!(decoded.refused, None, "the push is accepted");
+        assert_eq!((decoded.counts.samples, decoded.counts.exemplars), (1, 1));
+        let dropped = decoded.dropped_exemplars;
+        assert_eq!(dropped[Reason::LabelsMissing as usize], 2);
+        assert_eq!(dropped[Reason::LabelsBlank as usize], 1);
+        assert_eq!(dropped[Reason::TimestampInvalid as usize], 1);
+        assert_eq!(dropped[Reason::TooOld as usize], 1);
+        assert_eq!(dropped[Reason::TooFarInFuture as usize], 1);
+
+        let body = json.to_string().into_bytes();
+        let decoded = decode_validated(&body, 1 << 20, JSON, &checks).unwrap();
+        assert_eq!(forwarded_exemplars(&decoded, JSON), vec![vec![good]]);
+        assert_eq!(decoded.dropped_exemplars[Reason::LabelsMissing as usize], 1);
+        let Forward::Rewritten(bytes) = &decoded.forward else {
+            unreachable!()
+        };
+        assert!(String::from_utf8_lossy(bytes).contains("\"futureField\":\"kept\""));
+    }
+
+    /// `max_exemplars_per_series_per_request` counts per series: a sum point's exemplars are
+    /// one series; a classic histogram's are handed out to its bucket series as the
+    /// translator does (in their order, never to a bucket below the one before's).
+    #[test]
+    fn the_exemplar_limit_counts_per_series_as_the_translator_hands_them_out() {
+        use crate::counts::ExemplarReason as Reason;
+        let span = [7u8; 8];
+        let at = |value: f64| exemplar(POINT_NS, &span, vec![], value);
+        let histogram = |values: &[f64]| metrics::Metric {
+            name: "latency".into(),
+            data: Some(Data::Histogram(metrics::Histogram {
+                data_points: vec![metrics::HistogramDataPoint {
+                    time_unix_nano: POINT_NS,
+                    count: 5,
+                    bucket_counts: vec![1, 2, 2],
+                    explicit_bounds: vec![1.0, 10.0],
+                    exemplars: values.iter().map(|&value| at(value)).collect(),
+                    ..Default::default()
+                }],
+                aggregation_temporality: metrics::AggregationTemporality::Cumulative as i32,
+            })),
+            ..Default::default()
+        };
+        let mut sum_point = point(vec![], POINT_NS);
+        sum_point.exemplars = vec![at(1.0), at(2.0)];
+        for (metric, kept) in [
+            // Buckets 1, 1, 10, +Inf, +Inf: one each stays.
+            (
+                histogram(&[0.5, 0.7, 5.0, 50.0, 60.0]),
+                vec![0.5, 5.0, 50.0],
+            ),
+            // 5 goes to the bucket of 10, and 0.5 after it to the same: one stays.
+            (histogram(&[5.0, 0.5]), vec![5.0]),
+            // A value on a bound is in its bucket.
+            (histogram(&[1.0, 0.5, 5.0]), vec![1.0, 5.0]),
+            (cumulative_sum(vec![sum_point]), vec![1.0]),
+        ] {
+            let request = export(vec![kv("service.name", "api")], vec![metric]);
+            let decoded = decode_validated(
+                &request.encode_to_vec(),
+                1 << 20,
+                PROTOBUF,
+                &validation(exemplars_on(1)),
+            )
+            .unwrap();
+            let values: Vec<f64> = forwarded_exemplars(&decoded, PROTOBUF)[0]
+                .iter()
+                .map(|e| match e.value {
+                    Some(metrics::exemplar::Value::AsDouble(value)) => value,
+                    _ => unreachable!(),
+                })
+                .collect();
+            assert_eq!(values, kept);
+            let cut = request.encode_to_vec();
+            let sent = ExportMetricsServiceRequest::decode(&cut[..]).unwrap();
+            let all: usize = match &sent.resource_metrics[0].scope_metrics[0].metrics[0].data {
+                Some(Data::Histogram(h)) => h.data_points[0].exemplars.len(),
+                Some(Data::Sum(s)) => s.data_points[0].exemplars.len(),
+                _ => unreachable!(),
+            };
+            assert_eq!(
+                decoded.dropped_exemplars[Reason::TooManyPerSeries as usize] as usize,
+                all - kept.len()
+            );
+        }
+    }
+
     #[test]
     fn a_point_whose_series_fails_is_cut_and_the_rest_goes_on() {
         let long = "x".repeat(2049);
@@ -1349,6 +1616,139 @@ mod tests {
                 (resource, proptest::collection::vec(metric, 1..3))
                     .prop_map(move |(resource, metrics)| (export(resource, metrics), limits))
             })
+    }
+
+    /// Exports whose exemplars sit at the edges of Mimir's exemplar checks: sums', classic
+    /// histograms' (bounds 1 and 10) and exponential histograms' points, with exemplars with
+    /// or without ids and attributes, at times around the window's edges and under a
+    /// millisecond, up to three a point; and the tenant's limits.
+    fn exemplar_strategy() -> impl Strategy<Value = (ExportMetricsServiceRequest, ValidationLimits)>
+    {
+        const MINUTE: u64 = 60_000_000_000;
+        let now = NOW_MS as u64 * 1_000_000;
+        let time = prop::sample::select(vec![
+            POINT_NS,
+            POINT_NS - 5 * MINUTE + 1_000_000,
+            POINT_NS - 5 * MINUTE - 1_000_000,
+            POINT_NS - 9 * MINUTE,
+            now + 9 * MINUTE,
+            now + 10 * MINUTE,
+            now + 10 * MINUTE + 1_000_000,
+            999_999,
+            1_000_000,
+            0,
+            u64::MAX,
+        ]);
+        let id = prop::sample::select(vec![vec![], vec![0u8; 8], vec![7u8; 8]]);
+        let attributes = prop::sample::select(vec![
+            vec![],
+            vec![kv("user", "a")],
+            vec![kv("user", "")],
+            vec![kv("", "a")],
+            vec![kv("note", &"n".repeat(130))],
+        ]);
+        let value = prop::sample::select(vec![0.5, 5.0, 50.0, f64::NAN]);
+        let one = (time, id.clone(), id, attributes, value).prop_map(
+            |(time, span, trace, attributes, value)| metrics::Exemplar {
+                time_unix_nano: time,
+                span_id: span,
+                trace_id: trace,
+                filtered_attributes: attributes,
+                value: Some(metrics::exemplar::Value::AsDouble(value)),
+            },
+        );
+        // A point a millisecond after the epoch opens the window before it.
+        let point_time = prop::sample::select(vec![POINT_NS, POINT_NS - 4 * MINUTE, 1_000_000]);
+        let point = (0..3u8, point_time, prop::collection::vec(one, 0..4));
+        let cumulative = metrics::AggregationTemporality::Cumulative as i32;
+        let metric = point.prop_map(move |(kind, time, exemplars)| {
+            let data = match kind {
+                0 => Data::Sum(metrics::Sum {
+                    data_points: vec![metrics::NumberDataPoint {
+                        time_unix_nano: time,
+                        exemplars,
+                        value: Some(metrics::number_data_point::Value::AsDouble(1.0)),
+                        ..Default::default()
+                    }],
+                    aggregation_temporality: cumulative,
+                    is_monotonic: true,
+                }),
+                1 => Data::Histogram(metrics::Histogram {
+                    data_points: vec![metrics::HistogramDataPoint {
+                        time_unix_nano: time,
+                        count: 3,
+                        bucket_counts: vec![1, 1, 1],
+                        explicit_bounds: vec![1.0, 10.0],
+                        exemplars,
+                        ..Default::default()
+                    }],
+                    aggregation_temporality: cumulative,
+                }),
+                _ => Data::ExponentialHistogram(metrics::ExponentialHistogram {
+                    data_points: vec![metrics::ExponentialHistogramDataPoint {
+                        time_unix_nano: time,
+                        count: 1,
+                        zero_count: 1,
+                        exemplars,
+                        ..Default::default()
+                    }],
+                    aggregation_temporality: cumulative,
+                }),
+            };
+            metrics::Metric {
+                name: "m".into(),
+                data: Some(data),
+                ..Default::default()
+            }
+        });
+        let limits = (0u32..3, any::<bool>()).prop_map(|(per_series, past)| ValidationLimits {
+            max_global_exemplars_per_user: 1000,
+            max_exemplars_per_series_per_request: per_series,
+            past_grace_period: if past {
+                Duration::from_secs(420)
+            } else {
+                Duration::ZERO
+            },
+            ..Default::default()
+        });
+        (prop::collection::vec(metric, 1..4), limits).prop_map(|(metrics, limits)| {
+            (export(vec![kv("service.name", "api")], metrics), limits)
+        })
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(4096))]
+
+        /// The scan's bounds never pass an export with an exemplar Mimir's checks cut: when
+        /// `exemplars_may_fail` says no, the checks, run on every exemplar, cut none. The push
+        /// path drops what the checks drop, and, with no point refused, the forwarded export's
+        /// exemplars pass the checks again.
+        #[test]
+        fn the_exemplar_bounds_never_pass_an_exemplar_to_cut(
+            (request, limits) in exemplar_strategy()
+        ) {
+            let validation = validation(limits);
+            let raw = request.encode_to_vec();
+            let (_, bounds) = otlp::scan_bounded(&raw).unwrap();
+            let mut dropped = DroppedExemplars::default();
+            let cuts = exemplar_cuts(&request, &validation, &HashSet::new(), &mut dropped);
+            if !exemplars_may_fail(&bounds, &validation) {
+                prop_assert!(cuts.is_empty(), "{:?} passed {:?}", bounds, cuts);
+            }
+            prop_assert_eq!(cuts.len() as u64, dropped.iter().sum::<u64>());
+            // The push path judges no exemplar of a point whose series is refused.
+            let (edits, _) = check(&request, &validation);
+            let mut dropped = DroppedExemplars::default();
+            exemplar_cuts(&request, &validation, &edits.points, &mut dropped);
+            let decoded = decode_validated(&raw, 1 << 20, PROTOBUF, &validation).unwrap();
+            prop_assert_eq!(decoded.dropped_exemplars, dropped);
+            // (A cut point can move the earliest sample, which ages the exemplars.)
+            if let (Forward::Rewritten(bytes), None) = (&decoded.forward, &decoded.refused) {
+                let again = decode_validated(bytes, 1 << 20, PROTOBUF, &validation).unwrap();
+                prop_assert_eq!(again.dropped_exemplars, DroppedExemplars::default());
+                prop_assert_eq!(again.counts, decoded.counts);
+            }
+        }
     }
 
     proptest! {

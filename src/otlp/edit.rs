@@ -36,6 +36,9 @@ pub struct Edits {
     pub histograms: HashMap<Place, Resolution>,
     /// Every data point's exemplars cut: the tenant's exemplars are off.
     pub exemplars: bool,
+    /// Exemplars cut one by one, by their point and their index there: those Mimir's
+    /// exemplar checks drop.
+    pub exemplar_cuts: HashSet<(Place, usize)>,
 }
 
 /// An exponential histogram point's scale and buckets.
@@ -56,12 +59,18 @@ impl Edits {
         self.exemplars && self.leaves_points()
     }
 
-    /// Whether every point and attribute stays as sent.
+    /// Whether every point, attribute and exemplar stays as sent but for [`Self::exemplars`].
     fn leaves_points(&self) -> bool {
         self.points.is_empty()
             && self.removed.is_empty()
             && self.values.is_empty()
             && self.histograms.is_empty()
+            && self.exemplar_cuts.is_empty()
+    }
+
+    /// Whether the exemplar at `index` of the point at `place` goes.
+    fn cuts_exemplar(&self, place: Place, index: usize) -> bool {
+        self.exemplars || self.exemplar_cuts.contains(&(place, index))
     }
 
     fn attributes_at<'e>(
@@ -90,8 +99,14 @@ impl Edits {
 
     /// The changes made to a decoded request.
     pub fn apply(&self, request: &mut ExportMetricsServiceRequest) {
-        if self.exemplars {
-            clear_exemplars(request);
+        if self.exemplars || !self.exemplar_cuts.is_empty() {
+            each_point_exemplars(request, |place, exemplars| {
+                let mut index = 0;
+                exemplars.retain(|_| {
+                    index += 1;
+                    !self.cuts_exemplar(place, index - 1)
+                });
+            });
         }
         for (r, resource) in request.resource_metrics.iter_mut().enumerate() {
             if let Some(resource) = resource.resource.as_mut() {
@@ -169,6 +184,14 @@ impl Edits {
                     };
                     for (p, point) in points.iter_mut().enumerate() {
                         edit_json_attributes(point, self.attributes_at(r, Some((s, m, p))));
+                        let place = point_at(r, s, m, p);
+                        if let Some(exemplars) = vec_mut(point, "exemplars", "exemplars") {
+                            let mut index = 0;
+                            exemplars.retain(|_| {
+                                index += 1;
+                                !self.cuts_exemplar(place, index - 1)
+                            });
+                        }
                         if let (true, Some(point)) = (self.exemplars, point.as_object_mut()) {
                             point.remove("exemplars");
                         }
@@ -286,37 +309,41 @@ fn vec_mut<'v>(value: &'v mut Value, camel: &str, snake: &str) -> Option<&'v mut
 /// Cuts every data point's exemplars from a decoded request; returns whether it had any.
 pub fn clear_exemplars(request: &mut ExportMetricsServiceRequest) -> bool {
     let mut any = false;
-    let mut clear = |exemplars: &mut Vec<Exemplar>| {
+    each_point_exemplars(request, |_, exemplars| {
         any |= !exemplars.is_empty();
         exemplars.clear();
-    };
-    for metric in request
-        .resource_metrics
-        .iter_mut()
-        .flat_map(|resource| &mut resource.scope_metrics)
-        .flat_map(|scope| &mut scope.metrics)
-    {
-        match &mut metric.data {
-            Some(Data::Gauge(gauge)) => gauge
-                .data_points
-                .iter_mut()
-                .for_each(|p| clear(&mut p.exemplars)),
-            Some(Data::Sum(sum)) => sum
-                .data_points
-                .iter_mut()
-                .for_each(|p| clear(&mut p.exemplars)),
-            Some(Data::Histogram(histogram)) => histogram
-                .data_points
-                .iter_mut()
-                .for_each(|p| clear(&mut p.exemplars)),
-            Some(Data::ExponentialHistogram(histogram)) => histogram
-                .data_points
-                .iter_mut()
-                .for_each(|p| clear(&mut p.exemplars)),
-            Some(Data::Summary(_)) | None => {}
+    });
+    any
+}
+
+/// Each data point's exemplars (a gauge's, a sum's, a histogram's, an exponential
+/// histogram's), with the point's place, in request order.
+fn each_point_exemplars(
+    request: &mut ExportMetricsServiceRequest,
+    mut each: impl FnMut(Place, &mut Vec<Exemplar>),
+) {
+    for (r, resource) in request.resource_metrics.iter_mut().enumerate() {
+        for (s, scope) in resource.scope_metrics.iter_mut().enumerate() {
+            for (m, metric) in scope.metrics.iter_mut().enumerate() {
+                let mut each =
+                    |p, exemplars: &mut Vec<Exemplar>| each(point_at(r, s, m, p), exemplars);
+                macro_rules! points {
+                    ($points:expr) => {
+                        for (p, point) in $points.iter_mut().enumerate() {
+                            each(p, &mut point.exemplars);
+                        }
+                    };
+                }
+                match &mut metric.data {
+                    Some(Data::Gauge(gauge)) => points!(gauge.data_points),
+                    Some(Data::Sum(sum)) => points!(sum.data_points),
+                    Some(Data::Histogram(histogram)) => points!(histogram.data_points),
+                    Some(Data::ExponentialHistogram(histogram)) => points!(histogram.data_points),
+                    Some(Data::Summary(_)) | None => {}
+                }
+            }
         }
     }
-    any
 }
 
 /// The protobuf export `raw`, which the scan has read, without its data points' exemplars;

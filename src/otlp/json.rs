@@ -267,13 +267,53 @@ fn data_points(data: &Map<String, Value>) -> Result<&[Value], DecodeError> {
     list(data, "dataPoints", "data_points")
 }
 
-/// Exemplars are counted, not read: each becomes a default one.
+/// A point's exemplars: their time, ids, filtered attributes and value, which Mimir's
+/// exemplar checks read.
 fn exemplars(map: &Map<String, Value>) -> Result<Vec<metrics::Exemplar>, DecodeError> {
-    let items = list(map, "exemplars", "exemplars")?;
-    for item in items {
-        object(item, "an exemplar")?;
+    use metrics::exemplar::Value as Number;
+    list(map, "exemplars", "exemplars")?
+        .iter()
+        .map(|item| {
+            let map = object(item, "an exemplar")?;
+            let value = if field(map, "asInt", "as_int").is_some() {
+                Some(Number::AsInt(int(map, "asInt", "as_int")?))
+            } else if field(map, "asDouble", "as_double").is_some() {
+                Some(Number::AsDouble(double(map, "asDouble", "as_double")?))
+            } else {
+                None
+            };
+            Ok(metrics::Exemplar {
+                time_unix_nano: time(map)?,
+                span_id: id(map, "spanId", "span_id")?,
+                trace_id: id(map, "traceId", "trace_id")?,
+                filtered_attributes: list(map, "filteredAttributes", "filtered_attributes")?
+                    .iter()
+                    .map(key_value)
+                    .collect::<Result<_, _>>()?,
+                value,
+            })
+        })
+        .collect()
+}
+
+/// A trace or a span id: hex in OTLP/JSON, where other bytes are base64.
+fn id(map: &Map<String, Value>, camel: &str, snake: &str) -> Result<Vec<u8>, DecodeError> {
+    let hex = match field(map, camel, snake) {
+        None => return Ok(Vec::new()),
+        Some(Value::String(hex)) => hex,
+        Some(_) => return Err(error(format!("{camel} is not a string"))),
+    };
+    let digit = |c: u8| (c as char).to_digit(16);
+    if hex.len() % 2 != 0 {
+        return Err(error(format!("{camel} {hex:?} is not hex")));
     }
-    Ok(vec![metrics::Exemplar::default(); items.len()])
+    hex.as_bytes()
+        .chunks(2)
+        .map(|pair| match (digit(pair[0]), digit(pair[1])) {
+            (Some(high), Some(low)) => Ok((high * 16 + low) as u8),
+            _ => Err(error(format!("{camel} {hex:?} is not hex"))),
+        })
+        .collect()
 }
 
 fn time(map: &Map<String, Value>) -> Result<u64, DecodeError> {

@@ -20,8 +20,9 @@
 //! is a 400. The counts include every exemplar the translation would carry;
 //! [`crate::format::decode_validated`] charges none of them for a tenant with exemplars off
 //! (`max_global_exemplars_per_user: 0`, Mimir's default, which drops them before its limiter)
-//! and cuts them from the forwarded export ([`edit::without_exemplars`]); a tenant with
-//! exemplars on has them forwarded as sent, charged, not checked.
+//! and cuts them from the forwarded export ([`edit::without_exemplars`]); for a tenant with
+//! exemplars on, those Mimir's exemplar checks drop are cut ([`crate::otlp_checks`]) and the
+//! rest charged.
 //!
 //! A protobuf body is counted by [`scan`], a zero-copy walk of the wire format, and never
 //! decoded: the count is all weir needs from it, as the forward sends the client's bytes.

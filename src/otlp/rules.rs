@@ -134,6 +134,12 @@ pub struct Bounds {
     pub unusual: bool,
     /// The exemplars of every data point, gauges' too (which Mimir never translates).
     pub exemplars: u64,
+    /// Of the exemplars Mimir translates (sums', histograms', exponential histograms'): the
+    /// most on one point, their earliest and latest times, and whether one has neither a
+    /// trace nor a span id (only its attributes can give it labels).
+    pub exemplars_per_point: u64,
+    pub exemplar_times: TimeRange,
+    pub exemplar_without_ids: bool,
 }
 
 /// A [`Bounds::value`] only a translation can measure.

@@ -312,37 +312,39 @@ impl Data {
             bounds,
             count: &mut attributes,
         };
-        let time = match self.kind {
+        let (time, exemplars) = match self.kind {
             Kind::Gauge | Kind::Sum => {
                 let point = number_point(buf, depth, &mut labels)?;
                 self.samples += 1;
-                self.exemplars += point.exemplars;
-                labels.bounds.exemplars += point.exemplars;
-                point.time
+                (point.time, point.exemplars)
             }
             Kind::Histogram => {
                 let point = histogram_point(buf, depth, &mut labels)?;
                 // The buckets, `+Inf`, `_count`, and `_sum` when the point has one.
                 self.samples += point.bounds.min(point.bucket_counts) + 2 + u64::from(point.sum);
-                self.exemplars += point.exemplars;
-                labels.bounds.exemplars += point.exemplars;
-                point.time
+                (point.time, point.exemplars)
             }
             Kind::Exponential => {
                 let point = exponential_point(buf, depth, &mut labels)?;
                 labels.bounds.buckets = labels.bounds.buckets.max(point.buckets);
                 self.histograms += 1;
-                self.exemplars += point.exemplars;
-                labels.bounds.exemplars += point.exemplars;
                 self.scale_below_minus_4 |= point.scale < -4;
-                point.time
+                (point.time, point.exemplars)
             }
             Kind::Summary => {
                 let point = summary_point(buf, depth, &mut labels)?;
                 self.samples += point.quantiles + 2;
-                point.time
+                (point.time, Exemplars::default())
             }
         };
+        self.exemplars += exemplars.count;
+        bounds.exemplars += exemplars.count;
+        // Gauge exemplars are never translated, so never checked.
+        if self.kind != Kind::Gauge && exemplars.count > 0 {
+            bounds.exemplars_per_point = bounds.exemplars_per_point.max(exemplars.count);
+            bounds.exemplar_times.cover(&exemplars.times);
+            bounds.exemplar_without_ids |= exemplars.without_ids;
+        }
         self.points += 1;
         self.times.see(time);
         bounds.point_attributes = bounds.point_attributes.max(attributes);
@@ -377,13 +379,13 @@ impl Data {
 /// What a `NumberDataPoint` (gauge or sum) contributes.
 struct NumberPoint {
     time: u64,
-    exemplars: u64,
+    exemplars: Exemplars,
 }
 
 fn number_point(mut buf: &[u8], depth: u32, labels: &mut Labels) -> Scanned<NumberPoint> {
     let mut point = NumberPoint {
         time: 0,
-        exemplars: 0,
+        exemplars: Exemplars::default(),
     };
     while !buf.is_empty() {
         let (tag, wire_type) = key(&mut buf)?;
@@ -396,8 +398,7 @@ fn number_point(mut buf: &[u8], depth: u32, labels: &mut Labels) -> Scanned<Numb
             5 => {
                 let (exemplar_body, depth) =
                     message(&mut buf, wire_type, depth, "NumberDataPoint.exemplars")?;
-                exemplar(exemplar_body, depth)?;
-                point.exemplars += 1;
+                point.exemplars.add(exemplar_body, depth)?;
             }
             8 => {
                 varint(&mut buf, wire_type, "NumberDataPoint.flags")?;
@@ -414,7 +415,7 @@ struct HistogramPoint {
     bounds: u64,
     bucket_counts: u64,
     sum: bool,
-    exemplars: u64,
+    exemplars: Exemplars,
 }
 
 fn histogram_point(mut buf: &[u8], depth: u32, labels: &mut Labels) -> Scanned<HistogramPoint> {
@@ -423,7 +424,7 @@ fn histogram_point(mut buf: &[u8], depth: u32, labels: &mut Labels) -> Scanned<H
         bounds: 0,
         bucket_counts: 0,
         sum: false,
-        exemplars: 0,
+        exemplars: Exemplars::default(),
     };
     while !buf.is_empty() {
         let (tag, wire_type) = key(&mut buf)?;
@@ -448,8 +449,7 @@ fn histogram_point(mut buf: &[u8], depth: u32, labels: &mut Labels) -> Scanned<H
             8 => {
                 let (exemplar_body, depth) =
                     message(&mut buf, wire_type, depth, "HistogramDataPoint.exemplars")?;
-                exemplar(exemplar_body, depth)?;
-                point.exemplars += 1;
+                point.exemplars.add(exemplar_body, depth)?;
             }
             10 => {
                 varint(&mut buf, wire_type, "HistogramDataPoint.flags")?;
@@ -464,7 +464,7 @@ fn histogram_point(mut buf: &[u8], depth: u32, labels: &mut Labels) -> Scanned<H
 struct ExponentialPoint {
     time: u64,
     scale: i32,
-    exemplars: u64,
+    exemplars: Exemplars,
     /// Its positive and negative bucket counts.
     buckets: u64,
 }
@@ -473,7 +473,7 @@ fn exponential_point(mut buf: &[u8], depth: u32, labels: &mut Labels) -> Scanned
     let mut point = ExponentialPoint {
         time: 0,
         scale: 0,
-        exemplars: 0,
+        exemplars: Exemplars::default(),
         buckets: 0,
     };
     let name = "ExponentialHistogramDataPoint";
@@ -495,8 +495,7 @@ fn exponential_point(mut buf: &[u8], depth: u32, labels: &mut Labels) -> Scanned
             }
             11 => {
                 let (exemplar_body, depth) = message(&mut buf, wire_type, depth, name)?;
-                exemplar(exemplar_body, depth)?;
-                point.exemplars += 1;
+                point.exemplars.add(exemplar_body, depth)?;
             }
             _ => skip(&mut buf, wire_type, tag, depth)?,
         }
@@ -577,22 +576,45 @@ fn value_at_quantile(mut buf: &[u8], depth: u32) -> Scanned<()> {
     Ok(())
 }
 
-/// `Exemplar`: checked; its point counts it.
-fn exemplar(mut buf: &[u8], depth: u32) -> Scanned<()> {
-    while !buf.is_empty() {
-        let (tag, wire_type) = key(&mut buf)?;
-        match tag {
-            7 => attribute(&mut buf, wire_type, depth, "Exemplar.filtered_attributes")?,
-            2 | 3 | 6 => {
-                fixed64(&mut buf, wire_type, "Exemplar")?;
+/// What a point's exemplars tell Mimir's exemplar checks ([`Bounds::exemplar_times`],
+/// [`Bounds::exemplar_without_ids`]).
+#[derive(Default)]
+struct Exemplars {
+    count: u64,
+    times: TimeRange,
+    without_ids: bool,
+}
+
+impl Exemplars {
+    /// One `Exemplar`, checked: its time, and whether it has a trace or a span id (bytes
+    /// not all zero, as pdata reads an id), which give it labels whatever its attributes.
+    fn add(&mut self, mut buf: &[u8], depth: u32) -> Scanned<()> {
+        let (mut time, mut trace, mut span) = (0, false, false);
+        while !buf.is_empty() {
+            let (tag, wire_type) = key(&mut buf)?;
+            match tag {
+                7 => attribute(&mut buf, wire_type, depth, "Exemplar.filtered_attributes")?,
+                2 => time = fixed64(&mut buf, wire_type, "Exemplar.time_unix_nano")?,
+                3 | 6 => {
+                    fixed64(&mut buf, wire_type, "Exemplar")?;
+                }
+                // The span id, then the trace id: the last of each sent is the one a decode
+                // keeps.
+                4 => span = is_id(bytes(&mut buf, wire_type, "Exemplar.span_id")?),
+                5 => trace = is_id(bytes(&mut buf, wire_type, "Exemplar.trace_id")?),
+                _ => skip(&mut buf, wire_type, tag, depth)?,
             }
-            4 | 5 => {
-                bytes(&mut buf, wire_type, "Exemplar")?;
-            }
-            _ => skip(&mut buf, wire_type, tag, depth)?,
         }
+        self.count += 1;
+        self.times.see(time);
+        self.without_ids |= !(trace || span);
+        Ok(())
     }
-    Ok(())
+}
+
+/// Whether a trace or span id is one: pdata reads an id of zeros as none.
+fn is_id(id: &[u8]) -> bool {
+    id.iter().any(|&b| b != 0)
 }
 
 /// `Resource`: the keys of its attributes decide its `target_info`.

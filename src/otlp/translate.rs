@@ -21,7 +21,10 @@ use std::collections::BTreeMap;
 
 use super::proto::{
     common::{any_value::Value as Any, AnyValue, KeyValue},
-    metrics::{metric::Data, AggregationTemporality, ExponentialHistogramDataPoint, Metric},
+    metrics::{
+        exemplar::Value as ExemplarValue, metric::Data, AggregationTemporality, Exemplar,
+        ExponentialHistogramDataPoint, Metric,
+    },
     ExportMetricsServiceRequest,
 };
 use super::rules::{
@@ -156,6 +159,117 @@ pub fn translate(
     }
     out
 }
+
+/// An exemplar as Mimir's translation carries it: its place in the request (its point, and
+/// its index among the point's exemplars), the series it lands on (a classic histogram's
+/// bucket, counted from the first bound, the last being `+Inf`; 0 for a sum's or an
+/// exponential histogram's), its timestamp and its labels.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TranslatedExemplar {
+    pub point: Place,
+    pub index: usize,
+    pub series: usize,
+    pub timestamp_ms: i64,
+    pub labels: Vec<(String, String)>,
+}
+
+/// The exemplars Mimir's translation carries, in request order (a gauge's are never
+/// translated, a summary has none), and the request's earliest sample: its translated points'
+/// and its `target_info`s' (Unix milliseconds; `i64::MAX` when it has none), from which
+/// Mimir's distributor judges an exemplar's age.
+pub fn exemplars(request: &ExportMetricsServiceRequest) -> (Vec<TranslatedExemplar>, i64) {
+    let target_infos = translate(request, &|_| false, &|_| false);
+    let mut earliest = target_infos
+        .iter()
+        .map(|info| info.earliest_ms)
+        .min()
+        .unwrap_or(i64::MAX);
+    let mut out = Vec::new();
+    for (r, resource) in request.resource_metrics.iter().enumerate() {
+        for (s, scope) in resource.scope_metrics.iter().enumerate() {
+            for (m, metric) in scope.metrics.iter().enumerate() {
+                metric_points(metric, &mut TimeRange::default(), |p, _, time, kind| {
+                    earliest = earliest.min(nanos_to_millis(time));
+                    let (exemplars, bounds): (&[Exemplar], &[f64]) = match (&metric.data, kind) {
+                        (Some(Data::Sum(sum)), _) => (&sum.data_points[p].exemplars, &[]),
+                        (
+                            Some(Data::Histogram(histogram)),
+                            PointKind::Histogram { buckets, .. },
+                        ) => {
+                            let point = &histogram.data_points[p];
+                            (&point.exemplars, &point.explicit_bounds[..buckets])
+                        }
+                        (Some(Data::ExponentialHistogram(histogram)), _) => {
+                            (&histogram.data_points[p].exemplars, &[])
+                        }
+                        _ => return,
+                    };
+                    // The translator hands a classic histogram's exemplars out bucket by
+                    // bucket, in their order: each goes to the first bucket from the one the
+                    // exemplar before it went to whose bound is not below its value.
+                    let mut bucket = 0;
+                    for (index, exemplar) in exemplars.iter().enumerate() {
+                        let value = match exemplar.value {
+                            Some(ExemplarValue::AsDouble(value)) => value,
+                            Some(ExemplarValue::AsInt(value)) => value as f64,
+                            None => 0.0,
+                        };
+                        while bucket < bounds.len() && value > bounds[bucket] {
+                            bucket += 1;
+                        }
+                        out.push(TranslatedExemplar {
+                            point: Place::Point {
+                                resource: r,
+                                scope: s,
+                                metric: m,
+                                point: p,
+                            },
+                            index,
+                            series: bucket,
+                            timestamp_ms: (exemplar.time_unix_nano as i64).div_euclid(1_000_000),
+                            labels: exemplar_labels(exemplar),
+                        });
+                    }
+                });
+            }
+        }
+    }
+    (out, earliest)
+}
+
+/// An exemplar's labels as the translator writes them: `trace_id` and `span_id` in hex when
+/// set (an id of zeros is none), then its filtered attributes, unless they would take the
+/// labels over 128 characters, names and values together (OpenMetrics' bound).
+fn exemplar_labels(exemplar: &Exemplar) -> Vec<(String, String)> {
+    let mut labels = Vec::new();
+    let mut characters = 0;
+    for (name, id) in [
+        ("trace_id", &exemplar.trace_id),
+        ("span_id", &exemplar.span_id),
+    ] {
+        if id.iter().any(|&byte| byte != 0) {
+            let hex: String = id.iter().map(|byte| format!("{byte:02x}")).collect();
+            characters += name.len() + hex.len();
+            labels.push((name.to_string(), hex));
+        }
+    }
+    let attributes: Vec<(String, String)> = exemplar
+        .filtered_attributes
+        .iter()
+        .map(|kv| (kv.key.clone(), value_string(kv.value.as_ref())))
+        .collect();
+    characters += attributes
+        .iter()
+        .map(|(key, value)| key.chars().count() + value.chars().count())
+        .sum::<usize>();
+    if characters <= EXEMPLAR_MAX_LABEL_SET_LENGTH {
+        labels.extend(attributes);
+    }
+    labels
+}
+
+/// Characters an exemplar's labels may hold (the translator's `maxExemplarRunes`).
+const EXEMPLAR_MAX_LABEL_SET_LENGTH: usize = 128;
 
 /// The resource attributes that become `job` and `instance`, not `target_info` labels.
 pub fn is_identity(key: &str) -> bool {
