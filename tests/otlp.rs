@@ -244,6 +244,15 @@ fn gzip(raw: &[u8]) -> Vec<u8> {
     encoder.finish().unwrap()
 }
 
+fn gunzip(compressed: &[u8]) -> Vec<u8> {
+    use std::io::Read;
+    let mut raw = Vec::new();
+    flate2::read::GzDecoder::new(compressed)
+        .read_to_end(&mut raw)
+        .unwrap();
+    raw
+}
+
 #[tokio::test]
 async fn json_and_gzip_are_counted_and_forwarded_to_the_otlp_path_without_exemplars_when_off() {
     let (addr, receiver) = start_receiver().await;
@@ -287,14 +296,8 @@ async fn json_and_gzip_are_counted_and_forwarded_to_the_otlp_path_without_exempl
     // With exemplars off, the export without them: every other field as sent.
     let (_, headers, forwarded) = &received[1];
     assert_eq!(headers["x-scope-orgid"], "json-tenant");
-    let json = |bytes: &[u8]| -> serde_json::Value {
-        use std::io::Read;
-        let mut text = String::new();
-        flate2::read::GzDecoder::new(bytes)
-            .read_to_string(&mut text)
-            .unwrap();
-        serde_json::from_str(&text).unwrap()
-    };
+    let json =
+        |bytes: &[u8]| -> serde_json::Value { serde_json::from_slice(&gunzip(bytes)).unwrap() };
     let mut expected = json(&body);
     let mut cut = 0;
     for resource in expected["resourceMetrics"].as_array_mut().unwrap() {
@@ -603,12 +606,7 @@ async fn the_python_sdk_exporter_s_exemplars_reach_the_receiver_only_when_the_te
             .get("content-encoding")
             .is_some_and(|encoding| encoding == "gzip")
         {
-            use std::io::Read;
-            let mut raw = Vec::new();
-            flate2::read::GzDecoder::new(body.as_ref())
-                .read_to_end(&mut raw)
-                .unwrap();
-            raw
+            gunzip(body)
         } else {
             body.to_vec()
         };
