@@ -223,6 +223,47 @@ fn bad_bodies_are_clear_errors() {
             json(),
             "offset 9999999999 is out of range",
         ),
+        // An exemplar's fields, which the decoder reads whole (its ids are hex in JSON).
+        (
+            br#"{"resourceMetrics":[{"scopeMetrics":[{"metrics":[{"name":"s","sum":{"dataPoints":[{"exemplars":[{"spanId":"zz"}]}]}}]}]}]}"#.as_slice(),
+            json(),
+            "spanId \"zz\" is not hex",
+        ),
+        (
+            br#"{"resourceMetrics":[{"scopeMetrics":[{"metrics":[{"name":"s","sum":{"dataPoints":[{"exemplars":[{"traceId":"abc"}]}]}}]}]}]}"#.as_slice(),
+            json(),
+            "traceId \"abc\" is not hex",
+        ),
+        (
+            br#"{"resourceMetrics":[{"scopeMetrics":[{"metrics":[{"name":"s","sum":{"dataPoints":[{"exemplars":[{"traceId":"\u00e90"}]}]}}]}]}]}"#.as_slice(),
+            json(),
+            "traceId \"é0\" is not hex",
+        ),
+        (
+            br#"{"resourceMetrics":[{"scopeMetrics":[{"metrics":[{"name":"s","sum":{"dataPoints":[{"exemplars":[{"spanId":7}]}]}}]}]}]}"#.as_slice(),
+            json(),
+            "spanId is not a string",
+        ),
+        (
+            br#"{"resourceMetrics":[{"scopeMetrics":[{"metrics":[{"name":"s","sum":{"dataPoints":[{"exemplars":[{"timeUnixNano":"soon"}]}]}}]}]}]}"#.as_slice(),
+            json(),
+            "not an unsigned integer",
+        ),
+        (
+            br#"{"resourceMetrics":[{"scopeMetrics":[{"metrics":[{"name":"s","sum":{"dataPoints":[{"exemplars":[{"asDouble":"lots"}]}]}}]}]}]}"#.as_slice(),
+            json(),
+            "asDouble \"lots\" is not a number",
+        ),
+        (
+            br#"{"resourceMetrics":[{"scopeMetrics":[{"metrics":[{"name":"s","sum":{"dataPoints":[{"exemplars":[{"asInt":1.5}]}]}}]}]}]}"#.as_slice(),
+            json(),
+            "asInt 1.5 is not an integer",
+        ),
+        (
+            br#"{"resourceMetrics":[{"scopeMetrics":[{"metrics":[{"name":"s","sum":{"dataPoints":[{"exemplars":[{"filteredAttributes":[{"key":"k","value":{"stringValue":1}}]}]}]}}]}]}]}"#.as_slice(),
+            json(),
+            "stringValue is not a string",
+        ),
     ] {
         let err = decode(body, 1 << 20, format).unwrap_err();
         assert!(err.to_string().contains(expected), "{err} for {body:?}");
