@@ -14,11 +14,13 @@
 
 use prost::Message;
 
+use std::borrow::Cow;
 use std::collections::{BTreeMap, HashSet};
 
 use crate::counts::{
     DecodeError, Decoded, Discarded, DroppedExemplars, Forward, Refused, WriteCounts,
 };
+use crate::ha::HaOutcome;
 use crate::otlp::edit::{AttributeAt, Edits, Resolution};
 use crate::otlp::proto::metrics::{
     exponential_histogram_data_point::Buckets, metric::Data, ExponentialHistogramDataPoint,
@@ -53,7 +55,11 @@ pub fn decode_validated(
         (request, counts, Some(json))
     } else {
         let (counts, bounds) = otlp::scan_bounded(&raw)?;
-        if !may_fail(&bounds, validation) && !exemplars_may_fail(&bounds, validation) {
+        // A tenant that deduplicates HA pairs needs the first series' labels: decoded.
+        if validation.ha.is_none()
+            && !may_fail(&bounds, validation)
+            && !exemplars_may_fail(&bounds, validation)
+        {
             let forward = as_sent(&raw, exemplars_off && bounds.exemplars > 0, format)?;
             return Ok(decoded(counts, forward, None, validation));
         }
@@ -62,6 +68,18 @@ pub fn decode_validated(
             .map_err(|err| DecodeError::Otlp(format!("invalid protobuf: {err}")))?;
         (request, counts, None)
     };
+    // The HA tracker first, as in Mimir's distributor: a push it does not accept is only
+    // counted; one from the elected replica goes on without the replica label.
+    let (ha, validation) = match ha_first(&request, validation) {
+        HaStep::Done(ha) => {
+            return Ok(Decoded {
+                ha,
+                ..decoded(counts, Forward::Nothing, None, validation)
+            })
+        }
+        HaStep::Go(ha, validation) => (ha, validation),
+    };
+    let validation = &*validation;
     let (mut edits, refused) = check(&request, validation);
     let mut dropped = DroppedExemplars::default();
     if exemplars_off {
@@ -69,10 +87,10 @@ pub fn decode_validated(
     } else {
         edits.exemplar_cuts = exemplar_cuts(&request, validation, &edits.points, &mut dropped);
     }
-    let decoded = |counts, forward, refused| {
-        let mut decoded = decoded(counts, forward, refused, validation);
-        decoded.dropped_exemplars = dropped;
-        decoded
+    let decoded = |counts, forward, refused| Decoded {
+        dropped_exemplars: dropped,
+        ha,
+        ..decoded(counts, forward, refused, validation)
     };
     if edits.is_empty() {
         return Ok(decoded(counts, Forward::Unchanged, refused));
@@ -99,6 +117,46 @@ pub fn decode_validated(
         Forward::Rewritten(compressed(bytes, format).into()),
         refused,
     ))
+}
+
+/// Where an export stands after the HA tracker ([`ha_first`]).
+enum HaStep<'v> {
+    /// Deduplicated, or a cluster too many: the export is only counted.
+    Done(HaOutcome),
+    /// On to the checks, with this validation: the tenant's, dropping the replica label too
+    /// when the export is from the elected replica.
+    Go(HaOutcome, Cow<'v, Validation>),
+}
+
+/// The HA tracker's word on an export, read as Mimir's distributor reads it after the
+/// translation: from the cluster and replica labels of the first series, which is the
+/// request's first translated data point (a resource's `target_info` comes after its
+/// points), so from its attributes and its resource's `job` and `instance`.
+fn ha_first<'v>(request: &ExportMetricsServiceRequest, validation: &'v Validation) -> HaStep<'v> {
+    let Some(check) = &validation.ha else {
+        return HaStep::Go(HaOutcome::Off, Cow::Borrowed(validation));
+    };
+    let settings = &check.settings;
+    let labels = translate::first_series(request).unwrap_or_default();
+    let value = |name: &str| {
+        labels
+            .iter()
+            .find(|(label, _)| label == name)
+            .map(|(_, value)| value.as_str())
+    };
+    let ha = check.outcome(
+        value(&settings.ha_cluster_label),
+        value(&settings.ha_replica_label),
+        validation.now_ms,
+    );
+    match &ha {
+        HaOutcome::Deduplicated { .. } | HaOutcome::TooManyClusters { .. } => HaStep::Done(ha),
+        HaOutcome::Accepted { replica_label, .. } => {
+            let validation = Cow::Owned(validation.also_dropping(replica_label));
+            HaStep::Go(ha, validation)
+        }
+        HaOutcome::Off | HaOutcome::NotHa => HaStep::Go(ha, Cow::Borrowed(validation)),
+    }
 }
 
 /// Whether an exemplar the translation carries could fail Mimir's exemplar checks, for a
@@ -201,7 +259,7 @@ fn decoded(
         dropped_exemplars: Default::default(),
         repeated_timestamps: 0,
         unlabelled: WriteCounts::default(),
-        ha: crate::ha::HaOutcome::Off,
+        ha: HaOutcome::Off,
     }
 }
 

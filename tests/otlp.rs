@@ -632,3 +632,192 @@ async fn the_python_sdk_exporter_s_exemplars_reach_the_receiver_only_when_the_te
     assert_eq!(exemplars(&received[1]), 0);
     assert_eq!(exemplars(&received[2]), 0);
 }
+
+/// An HA pair of OTLP senders, deduplicated as Mimir's distributor deduplicates it: the HA
+/// tracker reads `cluster` and `__replica__` from the first series the export translates to,
+/// its first data point (attributes, then `job` and `instance`); the elected replica's export
+/// is forwarded without `__replica__` (on its points and its resource, whose `target_info` it
+/// would label), the other's is answered 202 with Mimir's message as a `google.rpc.Status`,
+/// neither forwarded nor charged; the election is shared with remote-write pushes; a replica
+/// label on the resource only, which Mimir's translation does not promote, is not HA.
+#[tokio::test]
+async fn an_otlp_ha_pair_is_deduplicated_on_its_first_series() {
+    use weir::otlp::proto::{common, metrics, resource, ExportMetricsServiceRequest};
+    let (addr, receiver) = start_receiver().await;
+    let weir = forwarding_to(
+        addr,
+        "overrides:\n  ha:\n    accept_ha_samples: true\n    ha_max_clusters: 1\n    \
+         ingestion_rate: 100000\n",
+    )
+    .await;
+    let now_ns = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos() as u64;
+    let kv = |key: &str, value: &str| common::KeyValue {
+        key: key.into(),
+        value: Some(common::AnyValue {
+            value: Some(common::any_value::Value::StringValue(value.into())),
+        }),
+    };
+    // Two points labelled `point`, and `resource` on the resource (then `target_info`).
+    let export = |point: &[(&str, &str)], resource: &[(&str, &str)]| {
+        let point = |path: &str| metrics::NumberDataPoint {
+            attributes: [("path", path)]
+                .iter()
+                .chain(point)
+                .map(|(key, value)| kv(key, value))
+                .collect(),
+            time_unix_nano: now_ns,
+            value: Some(metrics::number_data_point::Value::AsInt(1)),
+            ..Default::default()
+        };
+        ExportMetricsServiceRequest {
+            resource_metrics: vec![metrics::ResourceMetrics {
+                resource: Some(resource::Resource {
+                    attributes: [("service.name", "api")]
+                        .iter()
+                        .chain(resource)
+                        .map(|(key, value)| kv(key, value))
+                        .collect(),
+                    ..Default::default()
+                }),
+                scope_metrics: vec![metrics::ScopeMetrics {
+                    metrics: vec![metrics::Metric {
+                        name: "requests".into(),
+                        data: Some(metrics::metric::Data::Gauge(metrics::Gauge {
+                            data_points: vec![point("/a"), point("/b")],
+                        })),
+                        ..Default::default()
+                    }],
+                    ..Default::default()
+                }],
+                ..Default::default()
+            }],
+        }
+    };
+    let client = reqwest::Client::new();
+    let send = |body: Vec<u8>, content_type: &'static str| {
+        client
+            .post(weir.url("/otlp/v1/metrics"))
+            .header("X-Scope-OrgID", "ha")
+            .header("Content-Type", content_type)
+            .body(body)
+            .send()
+    };
+    let keys = |attributes: &[common::KeyValue]| -> Vec<String> {
+        attributes.iter().map(|kv| kv.key.clone()).collect()
+    };
+    let charged = || weir.metric("weir_distributor_received_samples_total{user=\"ha\"}");
+
+    // Replica a is elected by its first export, which goes on without `__replica__`.
+    let from_a = export(
+        &[("cluster", "c1"), ("__replica__", "a")],
+        &[("__replica__", "a"), ("region", "eu")],
+    );
+    let response = send(from_a.encode_to_vec(), "application/x-protobuf")
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200, "{:?}", response.text().await);
+    let received = receiver.received.lock().unwrap().split_off(0);
+    assert_eq!(received.len(), 1);
+    assert_eq!(received[0].0, "/otlp/v1/metrics");
+    let forwarded = ExportMetricsServiceRequest::decode(received[0].2.clone()).unwrap();
+    let resource = &forwarded.resource_metrics[0];
+    assert_eq!(
+        keys(&resource.resource.as_ref().unwrap().attributes),
+        ["service.name", "region"]
+    );
+    let Some(metrics::metric::Data::Gauge(gauge)) = &resource.scope_metrics[0].metrics[0].data
+    else {
+        panic!("a gauge: {forwarded:?}");
+    };
+    for point in &gauge.data_points {
+        assert_eq!(keys(&point.attributes), ["path", "cluster"]);
+    }
+    let after_a = charged().await.unwrap_or(0.0);
+    assert_eq!(after_a, 3.0, "two points and target_info");
+
+    // Replica b's export, protobuf or JSON, is answered 202 and goes nowhere.
+    let from_b = export(&[("cluster", "c1"), ("__replica__", "b")], &[]);
+    let json = serde_json::json!({"resourceMetrics": [{
+        "resource": {"attributes": [{"key": "service.name", "value": {"stringValue": "api"}}]},
+        "scopeMetrics": [{"metrics": [{"name": "requests", "gauge": {"dataPoints": [{
+            "attributes": [
+                {"key": "cluster", "value": {"stringValue": "c1"}},
+                {"key": "__replica__", "value": {"stringValue": "b"}}
+            ],
+            "timeUnixNano": now_ns.to_string(), "asInt": "1"
+        }]}}]}]
+    }]});
+    for (body, content_type) in [
+        (from_b.encode_to_vec(), "application/x-protobuf"),
+        (json.to_string().into_bytes(), "application/json"),
+    ] {
+        let response = send(body, content_type).await.unwrap();
+        assert_eq!(response.status(), 202, "{content_type}");
+        let message = if content_type == "application/json" {
+            let status: serde_json::Value = response.json().await.unwrap();
+            status["message"].as_str().unwrap().to_string()
+        } else {
+            RpcStatus::decode(response.bytes().await.unwrap())
+                .unwrap()
+                .message
+        };
+        assert_eq!(
+            message,
+            "replicas did not match, rejecting sample: replica=b, elected=a"
+        );
+    }
+    assert!(receiver.received.lock().unwrap().is_empty());
+    assert_eq!(charged().await.unwrap_or(0.0), after_a, "b is not charged");
+    assert_eq!(
+        weir.metric("weir_distributor_deduped_samples_total{cluster=\"c1\",user=\"ha\"}")
+            .await,
+        Some(3.0),
+        "b's two points (no target_info: its resource has only `service.name`), then the JSON export's one"
+    );
+    // Remote write shares the election.
+    let v1 = weir::remote_write::prompb::WriteRequest {
+        timeseries: vec![weir::remote_write::prompb::TimeSeries {
+            labels: [("__name__", "up"), ("__replica__", "b"), ("cluster", "c1")]
+                .iter()
+                .map(|(name, value)| weir::remote_write::prompb::Label {
+                    name: name.to_string(),
+                    value: value.to_string(),
+                })
+                .collect(),
+            samples: vec![weir::remote_write::prompb::Sample {
+                value: 1.0,
+                timestamp: (now_ns / 1_000_000) as i64,
+            }],
+            ..Default::default()
+        }],
+        ..Default::default()
+    };
+    let response = weir.push_body(Some("ha"), v1.encode_snappy()).await;
+    assert_eq!(response.status(), 202);
+
+    // The replica label on the resource alone is not on the first series: not HA, forwarded
+    // as sent.
+    let resource_only = export(&[], &[("cluster", "c1"), ("__replica__", "b")]);
+    let response = send(resource_only.encode_to_vec(), "application/x-protobuf")
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    let received = receiver.received.lock().unwrap().split_off(0);
+    assert_eq!(received[0].2, resource_only.encode_to_vec(), "as sent");
+    assert_eq!(
+        weir.metric("weir_distributor_non_ha_samples_received_total{user=\"ha\"}")
+            .await,
+        Some(3.0)
+    );
+
+    // A second cluster is one more than `ha_max_clusters`: 400.
+    let other = export(&[("cluster", "c2"), ("__replica__", "a")], &[]);
+    let response = send(other.encode_to_vec(), "application/x-protobuf")
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 400);
+    assert!(receiver.received.lock().unwrap().is_empty());
+}

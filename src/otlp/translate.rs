@@ -160,6 +160,16 @@ pub fn translate(
     out
 }
 
+/// The labels of the first series Mimir's translation makes of a request, where its
+/// distributor's HA tracker reads the cluster and replica labels: the first data point it
+/// translates (a resource's `target_info` follows the resource's points), before
+/// `drop_labels`. `None` when the request makes no series.
+pub fn first_series(request: &ExportMetricsServiceRequest) -> Option<Vec<(String, String)>> {
+    let first = std::cell::Cell::new(true);
+    let translated = translate(request, &|_| false, &|_| first.replace(false));
+    translated.into_iter().next()?.series.into_iter().next()
+}
+
 /// An exemplar as Mimir's translation carries it: its place in the request (its point, and
 /// its index among the point's exemplars), the series it lands on (a classic histogram's
 /// bucket, counted from the first bound, the last being `+Inf`; 0 for a sum's or an
@@ -616,6 +626,108 @@ mod tests {
         assert_eq!(metric_name("http.server.duration"), "http_server_duration");
         assert_eq!(metric_name("a..b__c."), "a_b__c");
         assert_eq!(metric_name("2xx.count"), "_2xx_count");
+    }
+
+    /// The HA tracker's series: the first point Mimir translates, across resources, kinds
+    /// and refused metrics; its resource's `job`, not the resource's other attributes.
+    #[test]
+    fn the_first_series_is_the_first_translated_point() {
+        use super::super::proto::metrics::{self, metric::Data};
+        use super::super::proto::resource::Resource;
+        let kv = |key: &str, value: &str| KeyValue {
+            key: key.into(),
+            value: Some(AnyValue {
+                value: Some(Any::StringValue(value.into())),
+            }),
+        };
+        let resource = |attributes: Vec<KeyValue>, metrics: Vec<Metric>| metrics::ResourceMetrics {
+            resource: Some(Resource {
+                attributes,
+                ..Default::default()
+            }),
+            scope_metrics: vec![metrics::ScopeMetrics {
+                metrics,
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        let gauge = |replica: &str| Metric {
+            name: "g".into(),
+            data: Some(Data::Gauge(metrics::Gauge {
+                data_points: vec![metrics::NumberDataPoint {
+                    attributes: vec![kv("__replica__", replica), kv("cluster", "c")],
+                    time_unix_nano: 1,
+                    ..Default::default()
+                }],
+            })),
+            ..Default::default()
+        };
+        let delta = Metric {
+            name: "d".into(),
+            data: Some(Data::Sum(metrics::Sum {
+                data_points: vec![metrics::NumberDataPoint {
+                    attributes: vec![kv("__replica__", "refused")],
+                    ..Default::default()
+                }],
+                aggregation_temporality: metrics::AggregationTemporality::Delta as i32,
+                is_monotonic: true,
+            })),
+            ..Default::default()
+        };
+        let histogram = Metric {
+            name: "h".into(),
+            data: Some(Data::Histogram(metrics::Histogram {
+                data_points: vec![metrics::HistogramDataPoint {
+                    attributes: vec![kv("__replica__", "h")],
+                    explicit_bounds: vec![1.0],
+                    bucket_counts: vec![0, 1],
+                    count: 1,
+                    ..Default::default()
+                }],
+                aggregation_temporality: metrics::AggregationTemporality::Cumulative as i32,
+            })),
+            ..Default::default()
+        };
+        let request = |resource_metrics| ExportMetricsServiceRequest { resource_metrics };
+        let labels = |pairs: &[(&str, &str)]| {
+            pairs
+                .iter()
+                .map(|(name, value)| (name.to_string(), value.to_string()))
+                .collect::<Vec<_>>()
+        };
+        // A resource without points, then a delta sum Mimir refuses, come to nothing: the
+        // first series is the next resource's gauge, with its `job`.
+        let first = first_series(&request(vec![
+            resource(vec![kv("__replica__", "none")], vec![]),
+            resource(
+                vec![kv("service.name", "api"), kv("__replica__", "resource")],
+                vec![delta.clone(), gauge("a"), gauge("b")],
+            ),
+        ]));
+        assert_eq!(
+            first,
+            Some(labels(&[
+                ("__name__", "g"),
+                ("__replica__", "a"),
+                ("cluster", "c"),
+                ("job", "api")
+            ]))
+        );
+        // A histogram's first series carries its point's attributes too.
+        let first = first_series(&request(vec![resource(
+            vec![],
+            vec![histogram, gauge("a")],
+        )]))
+        .unwrap();
+        assert!(
+            first.contains(&("__replica__".to_string(), "h".to_string())),
+            "{first:?}"
+        );
+        // Nothing Mimir translates: no series.
+        assert_eq!(
+            first_series(&request(vec![resource(vec![], vec![delta])])),
+            None
+        );
     }
 
     #[test]
