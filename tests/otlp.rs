@@ -244,6 +244,25 @@ fn gzip(raw: &[u8]) -> Vec<u8> {
     encoder.finish().unwrap()
 }
 
+/// Now, in the Unix nanoseconds of an OTLP point.
+fn now_ns() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos() as u64
+}
+
+/// A string attribute.
+fn kv(key: &str, value: &str) -> weir::otlp::proto::common::KeyValue {
+    use weir::otlp::proto::common;
+    common::KeyValue {
+        key: key.into(),
+        value: Some(common::AnyValue {
+            value: Some(common::any_value::Value::StringValue(value.into())),
+        }),
+    }
+}
+
 fn gunzip(compressed: &[u8]) -> Vec<u8> {
     use std::io::Read;
     let mut raw = Vec::new();
@@ -410,19 +429,10 @@ async fn bad_requests_get_the_right_status_and_an_rpc_status_body() {
 /// with the first failure, as Mimir answers a partly refused push.
 #[tokio::test]
 async fn a_data_point_whose_series_fails_mimir_s_checks_is_cut_and_answered_400() {
-    use weir::otlp::proto::{common, metrics, resource, ExportMetricsServiceRequest};
+    use weir::otlp::proto::{metrics, resource, ExportMetricsServiceRequest};
     let (addr, receiver) = start_receiver().await;
     let weir = forwarding_to(addr, "overrides:\n  v:\n    max_label_value_length: 64\n").await;
-    let now_ns = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_nanos() as u64;
-    let kv = |key: &str, value: &str| common::KeyValue {
-        key: key.into(),
-        value: Some(common::AnyValue {
-            value: Some(common::any_value::Value::StringValue(value.into())),
-        }),
-    };
+    let now_ns = now_ns();
     let point = |path: &str| metrics::NumberDataPoint {
         attributes: vec![kv("url.path", path)],
         time_unix_nano: now_ns,
@@ -650,16 +660,7 @@ async fn an_otlp_ha_pair_is_deduplicated_on_its_first_series() {
          ingestion_rate: 100000\n",
     )
     .await;
-    let now_ns = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_nanos() as u64;
-    let kv = |key: &str, value: &str| common::KeyValue {
-        key: key.into(),
-        value: Some(common::AnyValue {
-            value: Some(common::any_value::Value::StringValue(value.into())),
-        }),
-    };
+    let now_ns = now_ns();
     // Two points labelled `point`, and `resource` on the resource (then `target_info`).
     let export = |point: &[(&str, &str)], resource: &[(&str, &str)]| {
         let point = |path: &str| metrics::NumberDataPoint {
