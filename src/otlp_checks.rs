@@ -47,37 +47,51 @@ pub fn decode_validated(
 ) -> Result<Decoded, DecodeError> {
     let raw = otlp::inflate(body, max_size, format)?;
     let exemplars_off = validation.limits.max_global_exemplars_per_user == 0;
-    let (mut request, counts, json) = if format.json {
+    let invalid = |err: prost::DecodeError| DecodeError::Otlp(format!("invalid protobuf: {err}"));
+    // The HA tracker first, as in Mimir's distributor: a push it does not accept is only
+    // counted; one from the elected replica goes on without the replica label.
+    let (mut request, counts, json, ha, validation) = if format.json {
         // Parsed once: decoded for the count and the checks, and kept to be edited.
         let json = otlp::json::parse(&raw)?;
         let request = otlp::json::decode_value(&json)?;
         let counts = otlp::count(&request)?;
-        (request, counts, Some(json))
+        let (ha, validation) = match ha_first(|| Ok(translate::first_series(&request)), validation)?
+        {
+            HaStep::Done(ha) => {
+                return Ok(Decoded {
+                    ha,
+                    ..decoded(counts, Forward::Nothing, None, validation)
+                })
+            }
+            HaStep::Go(ha, validation) => (ha, validation),
+        };
+        (request, counts, Some(json), ha, validation)
     } else {
         let (counts, bounds) = otlp::scan_bounded(&raw)?;
-        // A tenant that deduplicates HA pairs needs the first series' labels: decoded.
-        if validation.ha.is_none()
-            && !may_fail(&bounds, validation)
-            && !exemplars_may_fail(&bounds, validation)
-        {
+        // The first series read a metric at a time, not the whole export decoded.
+        let first = || {
+            translate::first_series_encoded(&raw)
+                .map_err(|err| DecodeError::Otlp(format!("invalid protobuf: {err}")))
+        };
+        let (ha, validation) = match ha_first(first, validation)? {
+            HaStep::Done(ha) => {
+                return Ok(Decoded {
+                    ha,
+                    ..decoded(counts, Forward::Nothing, None, validation)
+                })
+            }
+            HaStep::Go(ha, validation) => (ha, validation),
+        };
+        if !may_fail(&bounds, &validation) && !exemplars_may_fail(&bounds, &validation) {
             let forward = as_sent(&raw, exemplars_off && bounds.exemplars > 0, format)?;
-            return Ok(decoded(counts, forward, None, validation));
-        }
-        // The scan has counted it (as a decode counts it): decoded only to be checked.
-        let request = ExportMetricsServiceRequest::decode(&raw[..])
-            .map_err(|err| DecodeError::Otlp(format!("invalid protobuf: {err}")))?;
-        (request, counts, None)
-    };
-    // The HA tracker first, as in Mimir's distributor: a push it does not accept is only
-    // counted; one from the elected replica goes on without the replica label.
-    let (ha, validation) = match ha_first(&request, validation) {
-        HaStep::Done(ha) => {
             return Ok(Decoded {
                 ha,
-                ..decoded(counts, Forward::Nothing, None, validation)
-            })
+                ..decoded(counts, forward, None, &validation)
+            });
         }
-        HaStep::Go(ha, validation) => (ha, validation),
+        // The scan has counted it (as a decode counts it): decoded only to be checked.
+        let request = ExportMetricsServiceRequest::decode(&raw[..]).map_err(invalid)?;
+        (request, counts, None, ha, validation)
     };
     let validation = &*validation;
     let (mut edits, refused) = check(&request, validation);
@@ -131,13 +145,17 @@ enum HaStep<'v> {
 /// The HA tracker's word on an export, read as Mimir's distributor reads it after the
 /// translation: from the cluster and replica labels of the first series, which is the
 /// request's first translated data point (a resource's `target_info` comes after its
-/// points), so from its attributes and its resource's `job` and `instance`.
-fn ha_first<'v>(request: &ExportMetricsServiceRequest, validation: &'v Validation) -> HaStep<'v> {
+/// points), so from its attributes and its resource's `job` and `instance`. `first_series`
+/// is read only for a tenant that deduplicates HA pairs.
+fn ha_first<'v>(
+    first_series: impl FnOnce() -> Result<Option<Vec<(String, String)>>, DecodeError>,
+    validation: &'v Validation,
+) -> Result<HaStep<'v>, DecodeError> {
     let Some(check) = &validation.ha else {
-        return HaStep::Go(HaOutcome::Off, Cow::Borrowed(validation));
+        return Ok(HaStep::Go(HaOutcome::Off, Cow::Borrowed(validation)));
     };
     let settings = &check.settings;
-    let labels = translate::first_series(request).unwrap_or_default();
+    let labels = first_series()?.unwrap_or_default();
     let value = |name: &str| {
         labels
             .iter()
@@ -149,14 +167,14 @@ fn ha_first<'v>(request: &ExportMetricsServiceRequest, validation: &'v Validatio
         value(&settings.ha_replica_label),
         validation.now_ms,
     );
-    match &ha {
+    Ok(match &ha {
         HaOutcome::Deduplicated { .. } | HaOutcome::TooManyClusters { .. } => HaStep::Done(ha),
         HaOutcome::Accepted { replica_label, .. } => {
             let validation = Cow::Owned(validation.also_dropping(replica_label));
             HaStep::Go(ha, validation)
         }
         HaOutcome::Off | HaOutcome::NotHa => HaStep::Go(ha, Cow::Borrowed(validation)),
-    }
+    })
 }
 
 /// Whether an exemplar the translation carries could fail Mimir's exemplar checks, for a

@@ -568,6 +568,16 @@ fn a_resource_sent_twice_merges_its_attributes() {
     assert_eq!(counted(scanned(&twice).unwrap()), (2, 0, 0, 2));
     let once = request(Some(&cat(&[&name, &host])), &gauge);
     assert_eq!(scanned(&once), scanned(&twice));
+    // The HA tracker's first series, read a metric at a time, has the merged resource's
+    // `job`, also when a `resource` comes after the metrics.
+    let mut late = message(2, &message(2, &gauge[0]));
+    late.extend(message(1, &name));
+    for body in [twice.clone(), message(1, &late)] {
+        let first = translate::first_series_encoded(&body).unwrap();
+        let decoded = ExportMetricsServiceRequest::decode(&body[..]).unwrap();
+        assert_eq!(first, translate::first_series(&decoded));
+        assert!(first.unwrap().contains(&("job".into(), "s".into())));
+    }
     // A key sent twice in one attribute: the last one counts.
     let renamed = cat(&[&message(1, b"host.name"), &attribute(b"service.name", b"")]);
     let only_identity = request(Some(&cat(&[&name, &message(1, &renamed)])), &gauge);
@@ -980,6 +990,16 @@ proptest! {
             }
         }
         crate::fuzzing::otlp_scan(&body);
+    }
+
+    /// The HA tracker's first series read a metric at a time is the decoded request's.
+    #[test]
+    fn the_first_series_on_the_wire_is_the_decoded_request_s(request in request_strategy()) {
+        let body = request.encode_to_vec();
+        prop_assert_eq!(
+            translate::first_series_encoded(&body).unwrap(),
+            translate::first_series(&request)
+        );
     }
 
     /// Exemplars cut on the wire are what clearing them in the decoded request cuts, and an

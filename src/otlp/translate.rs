@@ -170,6 +170,75 @@ pub fn first_series(request: &ExportMetricsServiceRequest) -> Option<Vec<(String
     translated.into_iter().next()?.series.into_iter().next()
 }
 
+/// [`first_series`] of an encoded request, decoded a metric at a time: the first metric that
+/// translates to a point gives it, and the rest of the request is not decoded. A resource
+/// none of whose metrics does is decoded whole (its `target_info` may be the first series).
+/// A resource's attributes are merged from each of its `resource` fields, as prost merges them.
+pub fn first_series_encoded(raw: &[u8]) -> Result<Option<Vec<(String, String)>>, String> {
+    use super::proto::metrics::{ResourceMetrics, ScopeMetrics};
+    use super::proto::resource::Resource;
+    use prost::Message;
+    for entry in fields(raw, 1)? {
+        let mut resource: Option<Resource> = None;
+        for bytes in fields(entry, 1)? {
+            let resource = resource.get_or_insert_with(Resource::default);
+            resource.merge(bytes).map_err(|err| err.to_string())?;
+        }
+        for scope in fields(entry, 2)? {
+            for metric in fields(scope, 2)? {
+                let one = ExportMetricsServiceRequest {
+                    resource_metrics: vec![ResourceMetrics {
+                        resource: resource.clone(),
+                        scope_metrics: vec![ScopeMetrics {
+                            metrics: vec![Metric::decode(metric).map_err(|err| err.to_string())?],
+                            ..Default::default()
+                        }],
+                        ..Default::default()
+                    }],
+                };
+                let first = translate(&one, &|_| false, &|_| true).into_iter().next();
+                if let Some(Translated {
+                    place: Place::Point { .. },
+                    series,
+                    ..
+                }) = first
+                {
+                    return Ok(series.into_iter().next());
+                }
+            }
+        }
+        let whole = ExportMetricsServiceRequest {
+            resource_metrics: vec![ResourceMetrics::decode(entry).map_err(|err| err.to_string())?],
+        };
+        if let Some(series) = first_series(&whole) {
+            return Ok(Some(series));
+        }
+    }
+    Ok(None)
+}
+
+/// The bodies of the length-delimited fields numbered `tag` in the message `buf`, in order.
+fn fields(mut buf: &[u8], tag: u32) -> Result<Vec<&[u8]>, String> {
+    use prost::encoding::{decode_key, decode_varint, skip_field, DecodeContext, WireType};
+    let mut found = Vec::new();
+    while !buf.is_empty() {
+        let (field, wire_type) = decode_key(&mut buf).map_err(|err| err.to_string())?;
+        if field == tag && wire_type == WireType::LengthDelimited {
+            let length = decode_varint(&mut buf).map_err(|err| err.to_string())? as usize;
+            if length > buf.len() {
+                return Err(format!("field {tag} is longer than its message"));
+            }
+            let (body, rest) = buf.split_at(length);
+            found.push(body);
+            buf = rest;
+        } else {
+            skip_field(wire_type, field, &mut buf, DecodeContext::default())
+                .map_err(|err| err.to_string())?;
+        }
+    }
+    Ok(found)
+}
+
 /// An exemplar as Mimir's translation carries it: its place in the request (its point, and
 /// its index among the point's exemplars), the series it lands on (a classic histogram's
 /// bucket, counted from the first bound, the last being `+Inf`; 0 for a sum's or an
