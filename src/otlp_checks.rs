@@ -167,13 +167,9 @@ fn ha_first<'v>(
         value(&settings.ha_replica_label),
         validation.now_ms,
     );
-    Ok(match &ha {
-        HaOutcome::Deduplicated { .. } | HaOutcome::TooManyClusters { .. } => HaStep::Done(ha),
-        HaOutcome::Accepted { replica_label, .. } => {
-            let validation = Cow::Owned(validation.also_dropping(replica_label));
-            HaStep::Go(ha, validation)
-        }
-        HaOutcome::Off | HaOutcome::NotHa => HaStep::Go(ha, Cow::Borrowed(validation)),
+    Ok(match validation.after_ha(&ha) {
+        Some(validation) => HaStep::Go(ha, validation),
+        None => HaStep::Done(ha),
     })
 }
 

@@ -580,24 +580,18 @@ pub(super) fn ha_first<'v>(
     let settings = &check.settings;
     let (cluster, replica) = labels(raw, &settings.ha_cluster_label, &settings.ha_replica_label)?;
     let ha = check.outcome(cluster, replica, validation.now_ms);
-    let validation = match &ha {
-        HaOutcome::Deduplicated { .. } | HaOutcome::TooManyClusters { .. } => {
-            return Ok(HaStep::Done(Decoded {
-                counts: scan(raw)?,
-                forward: Forward::Nothing,
-                refused: None,
-                dropped_exemplars: DroppedExemplars::default(),
-                repeated_timestamps: 0,
-                unlabelled: WriteCounts::default(),
-                ha,
-            }))
-        }
-        HaOutcome::Accepted { replica_label, .. } => {
-            std::borrow::Cow::Owned(validation.also_dropping(replica_label))
-        }
-        HaOutcome::Off | HaOutcome::NotHa => std::borrow::Cow::Borrowed(validation),
-    };
-    Ok(HaStep::Go(ha, validation))
+    match validation.after_ha(&ha) {
+        Some(validation) => Ok(HaStep::Go(ha, validation)),
+        None => Ok(HaStep::Done(Decoded {
+            counts: scan(raw)?,
+            forward: Forward::Nothing,
+            refused: None,
+            dropped_exemplars: DroppedExemplars::default(),
+            repeated_timestamps: 0,
+            unlabelled: WriteCounts::default(),
+            ha,
+        })),
+    }
 }
 
 /// The values of a request's HA cluster and replica labels in its first series.

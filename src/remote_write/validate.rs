@@ -47,8 +47,25 @@ impl Validation {
         self
     }
 
+    /// What the HA tracker's `outcome` leaves of this validation: `None` when the push goes
+    /// no further (deduplicated, or a cluster too many); else this validation, dropping the
+    /// replica label too when the push is from the elected replica.
+    pub(crate) fn after_ha(
+        &self,
+        outcome: &crate::ha::HaOutcome,
+    ) -> Option<std::borrow::Cow<'_, Validation>> {
+        use crate::ha::HaOutcome;
+        match outcome {
+            HaOutcome::Deduplicated { .. } | HaOutcome::TooManyClusters { .. } => None,
+            HaOutcome::Accepted { replica_label, .. } => {
+                Some(std::borrow::Cow::Owned(self.also_dropping(replica_label)))
+            }
+            HaOutcome::Off | HaOutcome::NotHa => Some(std::borrow::Cow::Borrowed(self)),
+        }
+    }
+
     /// This validation, with `label` dropped from every series too (the HA replica label).
-    pub(crate) fn also_dropping(&self, label: &str) -> Validation {
+    fn also_dropping(&self, label: &str) -> Validation {
         let mut labels: Vec<String> = self.drop_labels.as_deref().unwrap_or_default().to_vec();
         labels.push(label.to_string());
         Validation {
