@@ -31,7 +31,7 @@ use crate::otlp::{self, Bounds, OtlpFormat};
 use crate::remote_write::prompb;
 use crate::remote_write::validate::{
     self, bucket_count, exemplar_content, reduce_to_fit, shortened_value, ExemplarSeen,
-    SeriesCheck, Validation,
+    MetadataVerdict, SeriesCheck, Validation,
 };
 use runtime_config::validation::LabelValueLengthOverLimitStrategy;
 
@@ -82,7 +82,10 @@ pub fn decode_validated(
             }
             HaStep::Go(ha, validation) => (ha, validation),
         };
-        if !may_fail(&bounds, &validation) && !exemplars_may_fail(&bounds, &validation) {
+        if !may_fail(&bounds, &validation)
+            && !exemplars_may_fail(&bounds, &validation)
+            && !metadata_may_fail(&bounds, &validation)
+        {
             let forward = as_sent(&raw, exemplars_off && bounds.exemplars > 0, format)?;
             return Ok(Decoded {
                 ha,
@@ -94,7 +97,7 @@ pub fn decode_validated(
         (request, counts, None, ha, validation)
     };
     let validation = &*validation;
-    let (mut edits, refused) = check(&request, validation);
+    let (mut edits, mut refused) = check(&request, validation);
     let mut dropped = DroppedExemplars::default();
     if exemplars_off {
         edits.exemplars = otlp::edit::clear_exemplars(&mut request);
@@ -106,16 +109,21 @@ pub fn decode_validated(
         ha,
         ..decoded(counts, forward, refused, validation)
     };
-    if edits.is_empty() {
-        return Ok(decoded(counts, Forward::Unchanged, refused));
-    }
-    if json.is_none() && edits.only_exemplars() {
-        return Ok(decoded(counts, as_sent(&raw, true, format)?, refused));
+    if edits.is_empty() || (json.is_none() && edits.only_exemplars()) {
+        let mut counts = counts;
+        refuse_metadata(&request, validation, &mut counts, &mut refused);
+        let forward = if edits.is_empty() {
+            Forward::Unchanged
+        } else {
+            as_sent(&raw, true, format)?
+        };
+        return Ok(decoded(counts, forward, refused));
     }
     let mut kept = request;
     edits.apply(&mut kept);
     // A request of which nothing is left but metrics the translator refuses costs nothing.
-    let counts = otlp::count(&kept).unwrap_or_default();
+    let mut counts = otlp::count(&kept).unwrap_or_default();
+    refuse_metadata(&kept, validation, &mut counts, &mut refused);
     if counts.cost() == 0 {
         return Ok(decoded(counts, Forward::Nothing, refused));
     }
@@ -171,6 +179,55 @@ fn ha_first<'v>(
         Some(validation) => HaStep::Go(ha, validation),
         None => HaStep::Done(ha),
     })
+}
+
+/// Whether a metadata entry the translation makes could fail Mimir's metadata checks, by the
+/// scan's bounds: its family name is the metric name escaped, at most one `_` longer; its
+/// unit at most [`translate::UNIT_GROWTH`] longer than the metric's. (A name that escapes to
+/// nothing is [`Bounds::unusual`], which [`may_fail`] already takes to the checks.)
+fn metadata_may_fail(bounds: &Bounds, validation: &Validation) -> bool {
+    let max = validation.limits.max_metadata_length as usize;
+    bounds.metric_name + 1 > max || bounds.unit + translate::UNIT_GROWTH > max
+}
+
+/// Mimir's metadata checks (its `cleanAndValidateMetadata`) on the entries the translation of
+/// `request` makes ([`otlp::metadata_metrics`]; `target_info`'s always passes): one whose
+/// family name or unit is over `max_metadata_length` is refused: taken
+/// from `counts`, counted by reason in `refused` (whose first message stays a series' if one
+/// was refused), and the push answered 400, while the metric's series go on, as in Mimir.
+/// The forwarded export keeps the metric: the receiver makes its metadata again. A
+/// description over the limit Mimir cuts and keeps, so it changes nothing weir answers or
+/// charges, and the receiver makes its own from the export.
+fn refuse_metadata(
+    request: &ExportMetricsServiceRequest,
+    validation: &Validation,
+    counts: &mut WriteCounts,
+    refused: &mut Option<Refused>,
+) {
+    for metric in otlp::metadata_metrics(request) {
+        let family = translate::metric_name(&metric.name);
+        // A name that escapes to nothing makes no entry: Mimir's translator drops the
+        // metric whole (weir refuses its series, `missing_metric_name`).
+        if family.is_empty() {
+            continue;
+        }
+        let entry = prompb::MetricMetadata {
+            metric_family_name: family,
+            unit: translate::unit_name(&metric.unit),
+            ..Default::default()
+        };
+        if let MetadataVerdict::Refuse(reason, message) =
+            validate::check_metadata(entry, &validation.limits)
+        {
+            counts.metadata = counts.metadata.saturating_sub(1);
+            let refused = refused.get_or_insert_with(|| Refused {
+                first: message,
+                samples: Discarded::default(),
+                series: 0,
+            });
+            refused.samples.metadata[reason as usize] += 1;
+        }
+    }
 }
 
 /// Whether an exemplar the translation carries could fail Mimir's exemplar checks, for a
@@ -293,7 +350,8 @@ fn gzip(bytes: &[u8]) -> Vec<u8> {
 /// can get after translation: a point's labels are its attributes, `job`, `instance`,
 /// `__name__` and `le` or `quantile`; a `target_info`'s (an info series, with a limit of its
 /// own) at most its resource's attributes and `__name__`; an escaped key is at most 4 bytes
-/// longer (`key_`); `job` is two values and a `/`; a `__name__` is the metric name, a `_` and
+/// longer (`key_`); `job` is two values and a `/`, and the values of keys that escape alike are
+/// joined with `;` ([`Bounds::joined`]); a `__name__` is the metric name, a `_` and
 /// `_bucket` at most; a native histogram has at most as many buckets as OTLP bucket counts.
 pub fn may_fail(bounds: &Bounds, validation: &Validation) -> bool {
     validation.drop_labels.is_some() || exceeds(bounds, validation)
@@ -318,6 +376,7 @@ fn exceeds(bounds: &Bounds, validation: &Validation) -> bool {
             .value
             .saturating_mul(2)
             .saturating_add(1)
+            .max(bounds.joined)
             .max(bounds.metric_name + 8)
             > value
         || bounds
@@ -1586,6 +1645,26 @@ mod tests {
             export(vec![], vec![gauge("..", vec![point(vec![], POINT_NS)])]),
             limits,
         );
+        // Keys that escape alike are one label, their values joined with `;`: 3 × 13 + 2
+        // characters on a point (each value a third of the limit), and on a resource's
+        // `target_info` (which a resource with a `job` has).
+        let alike = vec![
+            kv("http.path", &"a".repeat(13)),
+            kv("http_path", &"b".repeat(13)),
+            kv("http-path", &"c".repeat(13)),
+        ];
+        at_the_edge(
+            export(
+                vec![],
+                vec![gauge("g", vec![point(alike.clone(), POINT_NS)])],
+            ),
+            limits,
+        );
+        let resource = [alike, vec![kv("service.name", "api")]].concat();
+        at_the_edge(
+            export(resource, vec![gauge("g", vec![point(vec![], POINT_NS)])]),
+            limits,
+        );
     }
 
     /// Exports near the limits drawn with them: most attributes within every bound, a few
@@ -1855,5 +1934,69 @@ mod tests {
                 prop_assert_eq!(otlp::count(&kept).unwrap(), decoded.counts);
             }
         }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(2048))]
+
+        /// The bounds never pass a metadata entry Mimir's checks refuse: when
+        /// `metadata_may_fail` says no, every entry passes. Whatever they say, each refused
+        /// entry is taken from the charge and counted by reason, and the export, whose
+        /// series all pass, goes on as sent. Names and units around a short limit: units
+        /// the translator names longer (`us`, `/s`), in braces (left out), with spaces,
+        /// `_`, characters it replaces, and a second `/`.
+        #[test]
+        fn the_metadata_bounds_never_pass_an_entry_to_refuse(
+            (request, max) in metadata_strategy()
+        ) {
+            let limits = ValidationLimits { max_metadata_length: max, ..Default::default() };
+            let validation = validation(limits);
+            let raw = request.encode_to_vec();
+            let (counts, bounds) = otlp::scan_bounded(&raw).unwrap();
+            // The checks on every entry, whatever the bounds say.
+            let (mut every, mut every_refused) = (counts, None);
+            refuse_metadata(&request, &validation, &mut every, &mut every_refused);
+            if !metadata_may_fail(&bounds, &validation) {
+                prop_assert!(every_refused.is_none(), "{:?} passed {:?}", bounds, every_refused);
+            }
+            let decoded = decode_validated(&raw, 1 << 20, PROTOBUF, &validation).unwrap();
+            prop_assert_eq!(&decoded.refused, &every_refused);
+            prop_assert_eq!(&decoded.counts, &every);
+            let refused = every_refused.as_ref().map_or(0, |r| r.samples.metadata());
+            prop_assert_eq!(every.metadata + refused, counts.metadata);
+            prop_assert_eq!(every_refused.as_ref().map_or(0, |r| r.series), 0);
+            prop_assert_eq!(&decoded.forward, &Forward::Unchanged);
+        }
+    }
+
+    fn metadata_strategy() -> impl Strategy<Value = (ExportMetricsServiceRequest, u32)> {
+        use proptest::string::string_regex;
+        // Limits over `UNIT_GROWTH`, so a name near the limit is judged by its own bound.
+        (20u32..40).prop_flat_map(|max| {
+            let regex = |pattern: String| string_regex(&pattern).unwrap();
+            let part = prop_oneof![
+                Just("s".to_string()),
+                Just("us".to_string()),
+                Just("1".to_string()),
+                Just("%".to_string()),
+                Just("mo".to_string()),
+                Just(" s ".to_string()),
+                regex(format!("[a-zA-Z_é. ]{{0,{}}}", max + 4)),
+                regex(format!("\\{{[a-z]{{0,{}}}\\}}", max + 4)),
+            ];
+            let unit = prop_oneof![
+                Just(String::new()),
+                part.clone(),
+                (part.clone(), part.clone()).prop_map(|(a, b)| format!("{a}/{b}")),
+                (part.clone(), part.clone(), part).prop_map(|(a, b, c)| format!("{a}/{b}/{c}")),
+            ];
+            let name = regex(format!("[a-z0-9][a-z0-9._]{{0,{}}}", max + 2));
+            let metric = (name, unit).prop_map(|(name, unit)| metrics::Metric {
+                unit,
+                ..gauge(&name, vec![point(Vec::new(), POINT_NS)])
+            });
+            (proptest::collection::vec(metric, 1..4), Just(max))
+                .prop_map(|(metrics, max)| (export(vec![kv("service.name", "a")], metrics), max))
+        })
     }
 }

@@ -503,6 +503,80 @@ async fn a_data_point_whose_series_fails_mimir_s_checks_is_cut_and_answered_400(
     );
 }
 
+/// Mimir's metadata checks on the entries an export's translation makes: a family name or a
+/// unit (as the translator names it) over `max_metadata_length` (1 024 by default) refuses
+/// the entry, which is neither charged nor kept, and the push is answered 400; the series go
+/// on, so the export is forwarded as sent. A unit in braces is left out by the translator, so
+/// however long it is it passes.
+#[tokio::test]
+async fn a_metadata_entry_over_max_metadata_length_is_refused_and_its_series_forwarded() {
+    use weir::otlp::proto::{metrics, resource, ExportMetricsServiceRequest};
+    let (addr, receiver) = start_receiver().await;
+    let weir = forwarding_to(addr, "").await;
+    let now_ns = now_ns();
+    let gauge = |name: String, unit: String| metrics::Metric {
+        name,
+        unit,
+        data: Some(metrics::metric::Data::Gauge(metrics::Gauge {
+            data_points: vec![metrics::NumberDataPoint {
+                time_unix_nano: now_ns,
+                value: Some(metrics::number_data_point::Value::AsInt(1)),
+                ..Default::default()
+            }],
+        })),
+        ..Default::default()
+    };
+    let export = ExportMetricsServiceRequest {
+        resource_metrics: vec![metrics::ResourceMetrics {
+            resource: Some(resource::Resource {
+                attributes: vec![kv("service.name", "api")],
+                ..Default::default()
+            }),
+            scope_metrics: vec![metrics::ScopeMetrics {
+                metrics: vec![
+                    // 1 025 bytes as a unit, and one byte under: the limit's two sides.
+                    gauge("queue.depth".into(), "x".repeat(1025)),
+                    gauge("queue.size".into(), "x".repeat(1024)),
+                    // A family name of 1 030 bytes: a label value under the 2 048 limit.
+                    gauge("n".repeat(1030), "By".into()),
+                    gauge("queue.age".into(), format!("{{{}}}", "x".repeat(1100))),
+                ],
+                ..Default::default()
+            }],
+            ..Default::default()
+        }],
+    };
+    let sent = export.encode_to_vec();
+    let response = reqwest::Client::new()
+        .post(weir.url("/otlp/v1/metrics"))
+        .header("X-Scope-OrgID", "m")
+        .header("Content-Type", "application/x-protobuf")
+        .body(sent.clone())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 400);
+    let status = RpcStatus::decode(response.bytes().await.unwrap()).unwrap();
+    assert!(
+        status
+            .message
+            .contains("metric metadata whose unit name length exceeds the limit")
+            && status.message.contains("metric name: 'queue_depth'"),
+        "{status:?}"
+    );
+    // Forwarded as sent: the series all passed.
+    let received = receiver.received.lock().unwrap().clone();
+    assert_eq!(received.len(), 1);
+    assert_eq!(received[0].2.as_ref(), &sent[..]);
+    // Charged: the four samples and the two entries kept.
+    assert_eq!(admitted(&weir, "m").await, [4, 0, 2]);
+    for reason in ["unit_too_long", "metric_name_too_long"] {
+        let labels = format!(r#"reason="{reason}",user="m""#);
+        let refused = counter(&weir, "weir_discarded_metadata_total", &labels).await;
+        assert_eq!(refused, 1, "{reason}");
+    }
+}
+
 /// The OpenTelemetry Python SDK's exporter, against a tenant whose series may have 3 labels: a
 /// gauge's or a sum's point (`series`, `job`, `__name__`) passes, a histogram's or a summary's
 /// does not (its bucket and quantile series add `le` and `quantile`). Those points are cut

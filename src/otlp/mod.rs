@@ -220,6 +220,29 @@ pub fn inflate(
 
 /// What the request costs, as Mimir's translation and limiter count it.
 pub fn count(request: &proto::ExportMetricsServiceRequest) -> Result<WriteCounts, DecodeError> {
+    let (counts, refused) = walk(request, |_| {});
+    if counts.cost() == 0 && !refused.is_empty() {
+        return Err(nothing_ingested(refused.join("; ")));
+    }
+    Ok(counts)
+}
+
+/// The metrics whose metadata entries Mimir's translation makes, in request order: the first
+/// metric with points the translator takes of each family. (`target_info`'s entry, the other
+/// one it makes, has a fixed name and no unit.)
+pub fn metadata_metrics(request: &proto::ExportMetricsServiceRequest) -> Vec<&Metric> {
+    let mut metrics = Vec::new();
+    walk(request, |metric| metrics.extend(metric));
+    metrics
+}
+
+/// Counts `request` as [`count`] does, calling `family` once for each metric family it
+/// charges a metadata entry for, with the family's first metric (`None` for `target_info`);
+/// returns the counts and each metric the translator refuses, with why.
+fn walk<'r>(
+    request: &'r proto::ExportMetricsServiceRequest,
+    mut family: impl FnMut(Option<&'r Metric>),
+) -> (WriteCounts, Vec<String>) {
     let mut counts = WriteCounts::default();
     let mut families: HashSet<String> = HashSet::new();
     let mut refused: Vec<String> = Vec::new();
@@ -233,7 +256,9 @@ pub fn count(request: &proto::ExportMetricsServiceRequest) -> Result<WriteCounts
             match count_metric(metric, &mut counts, &mut times) {
                 Ok(0) => {}
                 Ok(_) => {
-                    families.insert(family_name(&metric.name));
+                    if families.insert(family_name(&metric.name)) {
+                        family(Some(metric));
+                    }
                 }
                 Err(why) => refused.push(format!("metric {:?}: {why}", metric.name)),
             }
@@ -245,14 +270,13 @@ pub fn count(request: &proto::ExportMetricsServiceRequest) -> Result<WriteCounts
         if let Some(samples) = target_info_samples(&keys, &times) {
             counts.series += 1;
             counts.samples = counts.samples.saturating_add(samples);
-            families.insert(TARGET_INFO.to_string());
+            if families.insert(TARGET_INFO.to_string()) {
+                family(None);
+            }
         }
     }
     counts.metadata = families.len() as u64;
-    if counts.cost() == 0 && !refused.is_empty() {
-        return Err(nothing_ingested(refused.join("; ")));
-    }
-    Ok(counts)
+    (counts, refused)
 }
 
 /// Adds one metric's items to `counts`; returns how many points it had, or why Mimir's

@@ -123,8 +123,14 @@ pub struct Bounds {
     /// bool, 20 for an integer, 29 for a double; [`UNMEASURED`] for a value rendered as a
     /// label value only a translation can measure (a byte string, an array, a key-value list).
     pub value: usize,
+    /// The most a point's or a resource's attribute values come to, with a byte for a
+    /// separator after each: the longest a label value made of several can be (the values
+    /// of keys that escape alike are joined with `;`, and `job` is two values and a `/`).
+    pub joined: usize,
     /// The longest metric name, in bytes.
     pub metric_name: usize,
+    /// The longest metric unit, in bytes.
+    pub unit: usize,
     /// The most bucket counts of one exponential histogram point, positive and negative: at
     /// least as many as the native histogram it becomes has buckets.
     pub buckets: u64,

@@ -183,7 +183,8 @@ impl<'a> Charge<'a> {
                     string(&mut buf, wire_type, "Metric.description")?;
                 }
                 3 => {
-                    string(&mut buf, wire_type, "Metric.unit")?;
+                    let unit = string(&mut buf, wire_type, "Metric.unit")?;
+                    self.bounds.unit = self.bounds.unit.max(unit.len());
                 }
                 5 | 7 | 9 | 10 | 11 => {
                     let kind = Kind::of_tag(tag);
@@ -311,6 +312,7 @@ impl Data {
         let mut labels = Labels {
             bounds,
             count: &mut attributes,
+            joined: 0,
         };
         let (time, exemplars) = match self.kind {
             Kind::Gauge | Kind::Sum => {
@@ -337,6 +339,7 @@ impl Data {
                 (point.time, Exemplars::default())
             }
         };
+        let joined = labels.joined;
         self.exemplars += exemplars.count;
         bounds.exemplars += exemplars.count;
         // Gauge exemplars are never translated, so never checked.
@@ -348,6 +351,7 @@ impl Data {
         self.points += 1;
         self.times.see(time);
         bounds.point_attributes = bounds.point_attributes.max(attributes);
+        bounds.joined = bounds.joined.max(joined);
         Ok(())
     }
 
@@ -624,7 +628,7 @@ fn resource_attributes(
     keys: &mut TargetKeys,
     bounds: &mut Bounds,
 ) -> Scanned<()> {
-    let mut attributes = 0;
+    let (mut attributes, mut joined) = (0, 0usize);
     while !buf.is_empty() {
         let (tag, wire_type) = key(&mut buf)?;
         match tag {
@@ -634,6 +638,7 @@ fn resource_attributes(
                 keys.see(name);
                 bounds.attribute(name, value);
                 attributes += 1;
+                joined = joined.saturating_add(value).saturating_add(1);
             }
             2 => {
                 varint(&mut buf, wire_type, "Resource.dropped_attributes_count")?;
@@ -642,6 +647,7 @@ fn resource_attributes(
         }
     }
     bounds.resource_attributes = bounds.resource_attributes.max(attributes);
+    bounds.joined = bounds.joined.max(joined);
     Ok(())
 }
 
@@ -678,6 +684,8 @@ fn attribute(buf: &mut &[u8], wire_type: WireType, depth: u32, field: &str) -> S
 struct Labels<'b> {
     bounds: &'b mut Bounds,
     count: &'b mut u32,
+    /// The point's values with a separator after each ([`Bounds::joined`]).
+    joined: usize,
 }
 
 impl Labels<'_> {
@@ -694,6 +702,7 @@ impl Labels<'_> {
         let (name, value) = key_value(kv, depth)?;
         self.bounds.attribute(name, value);
         *self.count += 1;
+        self.joined = self.joined.saturating_add(value).saturating_add(1);
         Ok(())
     }
 }

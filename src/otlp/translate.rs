@@ -103,7 +103,9 @@ pub fn translate(
                         bounds.buckets = bucket_counts(point);
                     }
                     for kv in attributes {
-                        bounds.attribute(kv.key.as_bytes(), measured(kv.value.as_ref()));
+                        let size = measured(kv.value.as_ref());
+                        bounds.attribute(kv.key.as_bytes(), size);
+                        bounds.joined = bounds.joined.saturating_add(size).saturating_add(1);
                     }
                     if !wanted(&bounds) {
                         return;
@@ -450,6 +452,109 @@ pub fn metric_name(name: &str) -> String {
     out
 }
 
+/// A metric's unit as the metadata entry Mimir's translation makes carries it (Prometheus'
+/// `otlptranslator.UnitNamer`, UTF-8 not allowed): the unit before a `/` and the one after,
+/// each trimmed, left out if it has a `{` or a `}`, and named (`s` is `seconds`, `/s`
+/// `per_second`; an unknown one stays); in each, every character outside `[A-Za-z0-9:]`
+/// becomes `_`, runs of `_` one, and a leading `_` goes; joined with `_`; then one `_` at
+/// either end goes.
+pub fn unit_name(unit: &str) -> String {
+    let (main, per) = match unit.split_once('/') {
+        Some((main, per)) => (main, Some(per)),
+        None => (unit, None),
+    };
+    let named = |part: &str, names: &[(&str, &'static str)]| -> Option<String> {
+        let part = part.trim();
+        if part.is_empty() || part.contains(['{', '}']) {
+            return None;
+        }
+        let name = names.iter().find(|(from, _)| *from == part);
+        Some(name.map_or(part, |(_, to)| to).to_string())
+    };
+    let main = named(main, UNITS).map_or_else(String::new, |main| clean_unit(&main));
+    let per = per
+        .and_then(|per| named(per, PER_UNITS))
+        .filter(|per| !per.is_empty())
+        .map_or_else(String::new, |per| clean_unit(&format!("per_{per}")));
+    let mut out = match (main.is_empty(), per.is_empty()) {
+        (false, false) => format!("{main}_{per}"),
+        (false, true) => main,
+        _ => per,
+    };
+    if out.starts_with('_') {
+        out.remove(0);
+    }
+    if out.ends_with('_') {
+        out.pop();
+    }
+    out
+}
+
+/// A unit part with every character outside `[A-Za-z0-9:]` made `_`, runs of `_` made one,
+/// and a leading `_` cut (the translator's `cleanUpUnit`).
+fn clean_unit(part: &str) -> String {
+    let mut out = String::with_capacity(part.len());
+    for c in part.chars() {
+        let c = if c.is_ascii_alphanumeric() || c == ':' {
+            c
+        } else {
+            '_'
+        };
+        if !(c == '_' && out.ends_with('_')) {
+            out.push(c);
+        }
+    }
+    match out.strip_prefix('_') {
+        Some(rest) => rest.to_string(),
+        None => out,
+    }
+}
+
+/// The translator's names of units (its `unitMap`): UCUM's as Prometheus names them.
+const UNITS: &[(&str, &str)] = &[
+    ("d", "days"),
+    ("h", "hours"),
+    ("min", "minutes"),
+    ("s", "seconds"),
+    ("ms", "milliseconds"),
+    ("us", "microseconds"),
+    ("ns", "nanoseconds"),
+    ("By", "bytes"),
+    ("KiBy", "kibibytes"),
+    ("MiBy", "mebibytes"),
+    ("GiBy", "gibibytes"),
+    ("TiBy", "tibibytes"),
+    ("KBy", "kilobytes"),
+    ("MBy", "megabytes"),
+    ("GBy", "gigabytes"),
+    ("TBy", "terabytes"),
+    ("m", "meters"),
+    ("V", "volts"),
+    ("A", "amperes"),
+    ("J", "joules"),
+    ("W", "watts"),
+    ("g", "grams"),
+    ("Cel", "celsius"),
+    ("Hz", "hertz"),
+    ("1", ""),
+    ("%", "percent"),
+];
+
+/// The translator's names of the unit after a `/` (its `perUnitMap`).
+const PER_UNITS: &[(&str, &str)] = &[
+    ("s", "second"),
+    ("m", "minute"),
+    ("h", "hour"),
+    ("d", "day"),
+    ("w", "week"),
+    ("mo", "month"),
+    ("y", "year"),
+];
+
+/// How much longer [`unit_name`] can make a unit: `us` is `microseconds` (10 more) and `/s`
+/// `_per_second` (9 more).
+pub const UNIT_GROWTH: usize = 19;
+
 /// How long an attribute value can be as a label value, as the scan measures it: a string's
 /// bytes, the longest a bool, an integer or a double is written; [`UNMEASURED`] for the
 /// others.
@@ -695,6 +800,39 @@ mod tests {
         assert_eq!(metric_name("http.server.duration"), "http_server_duration");
         assert_eq!(metric_name("a..b__c."), "a_b__c");
         assert_eq!(metric_name("2xx.count"), "_2xx_count");
+    }
+
+    /// Units as Prometheus' `UnitNamer` builds them: its documented examples, then its rules
+    /// one at a time (a part with braces left out, trimmed parts, characters outside
+    /// `[A-Za-z0-9:]`, runs of `_`, a `_` at either end).
+    #[test]
+    fn units_are_named_as_the_translator_names_them() {
+        let cases = [
+            ("s", "seconds"),
+            ("By/s", "bytes_per_second"),
+            ("requests/s", "requests_per_second"),
+            ("1", ""),
+            ("%", "percent"),
+            ("us/s", "microseconds_per_second"),
+            ("1/s", "per_second"),
+            ("/mo", "per_month"),
+            ("By/", "bytes"),
+            ("{packets}", ""),
+            ("{packets}/s", "per_second"),
+            ("ms/{request}", "milliseconds"),
+            (" s / m ", "seconds_per_minute"),
+            ("km/h", "km_per_hour"),
+            ("a.b-c", "a_b_c"),
+            ("__a__", "a"),
+            ("é", ""),
+            ("kB/é", "kB_per"),
+            ("a/b/c", "a_per_b_c"),
+            ("", ""),
+        ];
+        for (unit, named) in cases {
+            assert_eq!(unit_name(unit), named, "{unit:?}");
+            assert!(named.len() <= unit.len() + UNIT_GROWTH, "{unit:?}");
+        }
     }
 
     /// The HA tracker's series: the first point Mimir translates, across resources, kinds
