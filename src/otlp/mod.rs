@@ -15,8 +15,8 @@
 //!
 //! Plus one metadata entry per metric family that has points, and per resource the
 //! `target_info` series Mimir adds (see [`target_info_samples`]). Delta or unspecified
-//! temporality, an exponential scale below -4 and a metric with no data are what Mimir's
-//! translator refuses: such a metric costs nothing, and a request where nothing else is left
+//! temporality, an exponential scale below -4, a metric with no data and a name that escapes
+//! to no metric name ([`name_refused`]) are what Mimir's translator refuses: such a metric costs nothing, and a request where nothing else is left
 //! is a 400. The counts include every exemplar the translation would carry;
 //! [`crate::format::decode_validated`] charges none of them for a tenant with exemplars off
 //! (`max_global_exemplars_per_user: 0`, Mimir's default, which drops them before its limiter)
@@ -53,8 +53,8 @@ use prost::Message;
 use crate::counts::{DecodeError, UnsupportedMedia, WriteCounts};
 use proto::metrics::{metric::Data, AggregationTemporality, Metric};
 use rules::{
-    family_name, nothing_ingested, target_info_samples, TargetKeys, NOT_CUMULATIVE, NO_DATA,
-    SCALE_BELOW_MINUS_4, TARGET_INFO,
+    family_name, name_refused, nothing_ingested, target_info_samples, TargetKeys, NOT_CUMULATIVE,
+    NO_DATA, NO_NAME, SCALE_BELOW_MINUS_4, TARGET_INFO,
 };
 
 /// How an OTLP body is encoded, from its headers.
@@ -253,9 +253,19 @@ fn walk<'r>(
             .iter()
             .flat_map(|scope| &scope.metrics)
         {
-            match count_metric(metric, &mut counts, &mut times) {
+            // Charged only once the translator's name rule, which it applies last, passes.
+            let mut own = WriteCounts::default();
+            let counted = count_metric(metric, &mut own, &mut times).and_then(|points| {
+                if name_refused(metric.name.as_bytes()) {
+                    Err(NO_NAME)
+                } else {
+                    Ok(points)
+                }
+            });
+            match counted {
                 Ok(0) => {}
                 Ok(_) => {
+                    counts.add(&own);
                     if families.insert(family_name(&metric.name)) {
                         family(Some(metric));
                     }

@@ -14,6 +14,17 @@ pub(super) const NOT_CUMULATIVE: &str =
     "only cumulative temporality is ingested (delta or unspecified is refused)";
 pub(super) const SCALE_BELOW_MINUS_4: &str = "an exponential histogram's scale is below -4";
 pub(super) const NO_DATA: &str = "the metric has no data";
+pub(super) const NO_NAME: &str =
+    "the metric's name makes no metric name (nothing, or only `_`, is left once escaped)";
+
+/// Whether Mimir's translator refuses a metric for its name (its `MetricNamer`, UTF-8 not
+/// allowed): escaped, nothing is left, or only `_` where the escaping changed the name. So a
+/// name with no character in `[A-Za-z0-9:]` is refused unless it is all `_` already.
+pub(super) fn name_refused(name: &[u8]) -> bool {
+    let kept = name.iter().any(|&b| b.is_ascii_alphanumeric() || b == b':');
+    let underscores = !name.is_empty() && name.iter().all(|&b| b == b'_');
+    !kept && !underscores
+}
 
 /// The series (and metric family) Mimir adds per resource.
 pub(super) const TARGET_INFO: &str = "target_info";

@@ -25,9 +25,9 @@ use std::collections::HashSet;
 use prost::encoding::{decode_key, decode_varint, WireType};
 
 use super::rules::{
-    escape_family_name, escapes_to_nothing, is_family_name, nothing_ingested, target_info_samples,
-    Bounds, TargetKeys, TimeRange, DOUBLE_TEXT, NOT_CUMULATIVE, NO_DATA, SCALE_BELOW_MINUS_4,
-    TARGET_INFO, UNMEASURED,
+    escape_family_name, escapes_to_nothing, is_family_name, name_refused, nothing_ingested,
+    target_info_samples, Bounds, TargetKeys, TimeRange, DOUBLE_TEXT, NOT_CUMULATIVE, NO_DATA,
+    NO_NAME, SCALE_BELOW_MINUS_4, TARGET_INFO, UNMEASURED,
 };
 use crate::counts::{DecodeError, WriteCounts};
 
@@ -212,9 +212,10 @@ impl<'a> Charge<'a> {
         if let Some(data) = &data {
             self.bounds.times.cover(&data.times);
         }
+        let named = !name_refused(name.as_bytes());
         match data
             .ok_or(NO_DATA)
-            .and_then(|data| data.settle(&mut self.counts, times))
+            .and_then(|data| data.settle(&mut self.counts, times, named))
         {
             Ok(0) => {}
             Ok(_) => self.family(name),
@@ -356,8 +357,14 @@ impl Data {
     }
 
     /// Charges the metric to `counts` and returns its points, or why Mimir's translator
-    /// refuses it. Its points' times count for `target_info` either way.
-    fn settle(self, counts: &mut WriteCounts, times: &mut TimeRange) -> Result<u64, &'static str> {
+    /// refuses it (`named`: its name passes [`name_refused`], which the translator applies
+    /// last). Its points' times count for `target_info` either way.
+    fn settle(
+        self,
+        counts: &mut WriteCounts,
+        times: &mut TimeRange,
+        named: bool,
+    ) -> Result<u64, &'static str> {
         times.cover(&self.times);
         let temporal = matches!(self.kind, Kind::Sum | Kind::Histogram | Kind::Exponential);
         if temporal
@@ -368,6 +375,9 @@ impl Data {
         }
         if self.scale_below_minus_4 {
             return Err(SCALE_BELOW_MINUS_4);
+        }
+        if !named {
+            return Err(NO_NAME);
         }
         counts.samples = counts.samples.saturating_add(self.samples);
         counts.histograms = counts.histograms.saturating_add(self.histograms);

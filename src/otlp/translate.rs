@@ -28,8 +28,8 @@ use super::proto::{
     ExportMetricsServiceRequest,
 };
 use super::rules::{
-    escapes_to_nothing, target_info_samples, Bounds, TargetKeys, TimeRange, DOUBLE_TEXT,
-    TARGET_INFO, UNMEASURED,
+    escapes_to_nothing, name_refused, target_info_samples, Bounds, TargetKeys, TimeRange,
+    DOUBLE_TEXT, TARGET_INFO, UNMEASURED,
 };
 
 /// Where in the request a translated item comes from: a data point (by its resource, scope,
@@ -714,6 +714,13 @@ fn metric_points<'p>(
     times: &mut TimeRange,
     mut each: impl FnMut(usize, &'p [KeyValue], u64, PointKind<'p>),
 ) {
+    // A metric whose name the translator refuses has no points; its times still count.
+    let named = !name_refused(metric.name.as_bytes());
+    let mut each = |p, attributes, time, kind| {
+        if named {
+            each(p, attributes, time, kind)
+        }
+    };
     let cumulative = |temporality: i32| temporality == AggregationTemporality::Cumulative as i32;
     match metric.data.as_ref() {
         None => {}
