@@ -237,6 +237,18 @@ async fn forwarding_to(addr: SocketAddr, overrides: &str) -> Weir {
     .await
 }
 
+/// Sends `body`, an OTLP protobuf export, for `tenant`.
+async fn export_protobuf(weir: &Weir, tenant: &str, body: Vec<u8>) -> reqwest::Response {
+    reqwest::Client::new()
+        .post(weir.url("/otlp/v1/metrics"))
+        .header("X-Scope-OrgID", tenant)
+        .header("Content-Type", "application/x-protobuf")
+        .body(body)
+        .send()
+        .await
+        .unwrap()
+}
+
 fn gzip(raw: &[u8]) -> Vec<u8> {
     use std::io::Write;
     let mut encoder = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
@@ -459,14 +471,7 @@ async fn a_data_point_whose_series_fails_mimir_s_checks_is_cut_and_answered_400(
             ..Default::default()
         }],
     };
-    let response = reqwest::Client::new()
-        .post(weir.url("/otlp/v1/metrics"))
-        .header("X-Scope-OrgID", "v")
-        .header("Content-Type", "application/x-protobuf")
-        .body(export.encode_to_vec())
-        .send()
-        .await
-        .unwrap();
+    let response = export_protobuf(&weir, "v", export.encode_to_vec()).await;
     assert_eq!(response.status(), 400);
     let status = RpcStatus::decode(response.bytes().await.unwrap()).unwrap();
     assert_eq!(status.code, 3, "INVALID_ARGUMENT");
@@ -547,14 +552,7 @@ async fn a_metadata_entry_over_max_metadata_length_is_refused_and_its_series_for
         }],
     };
     let sent = export.encode_to_vec();
-    let response = reqwest::Client::new()
-        .post(weir.url("/otlp/v1/metrics"))
-        .header("X-Scope-OrgID", "m")
-        .header("Content-Type", "application/x-protobuf")
-        .body(sent.clone())
-        .send()
-        .await
-        .unwrap();
+    let response = export_protobuf(&weir, "m", sent.clone()).await;
     assert_eq!(response.status(), 400);
     let status = RpcStatus::decode(response.bytes().await.unwrap()).unwrap();
     assert!(

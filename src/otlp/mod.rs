@@ -16,8 +16,8 @@
 //! Plus one metadata entry per metric family that has points, and per resource the
 //! `target_info` series Mimir adds (see [`target_info_samples`]). Delta or unspecified
 //! temporality, an exponential scale below -4, a metric with no data and a name that escapes
-//! to no metric name ([`name_refused`]) are what Mimir's translator refuses: such a metric costs nothing, and a request where nothing else is left
-//! is a 400. The counts include every exemplar the translation would carry;
+//! to no metric name ([`name_refused`]) are what Mimir's translator refuses: such a metric
+//! costs nothing, and a request where nothing else is left is a 400. The counts include every exemplar the translation would carry;
 //! [`crate::format::decode_validated`] charges none of them for a tenant with exemplars off
 //! (`max_global_exemplars_per_user: 0`, Mimir's default, which drops them before its limiter)
 //! and cuts them from the forwarded export ([`edit::without_exemplars`]); for a tenant with
