@@ -13,16 +13,17 @@
 //! | exponential histogram, cumulative | | 1 (a native histogram) | each |
 //! | summary | one per quantile, `_sum`, `_count` | | |
 //!
-//! Plus one metadata entry per metric family that has points, and per resource the
-//! `target_info` series Mimir adds (see [`target_info_samples`]). Delta or unspecified
-//! temporality, an exponential scale below -4, a metric with no data and a name that escapes
-//! to no metric name ([`name_refused`]) are what Mimir's translator refuses: such a metric
-//! costs nothing, and a request where nothing else is left is a 400. The counts include every exemplar the translation would carry;
-//! [`crate::format::decode_validated`] charges none of them for a tenant with exemplars off
-//! (`max_global_exemplars_per_user: 0`, Mimir's default, which drops them before its limiter)
-//! and cuts them from the forwarded export ([`edit::without_exemplars`]); for a tenant with
-//! exemplars on, those Mimir's exemplar checks drop are cut ([`crate::otlp_checks`]) and the
-//! rest charged.
+//! Plus the metadata entries the translation makes ([`translate::MetadataEntries`]: one per metric
+//! family that has points, and another when a later metric of the family brings another type, unit
+//! or help), and per resource the `target_info` series Mimir adds (see [`target_info_samples`]).
+//! Delta or unspecified temporality, an exponential scale below -4, a metric with no data and a
+//! name that escapes to no metric name ([`name_refused`]) are what Mimir's translator refuses: such
+//! a metric costs nothing, and a request where nothing else is left is a 400. The counts include
+//! every exemplar the translation would carry; [`crate::format::decode_validated`] charges none of
+//! them for a tenant with exemplars off (`max_global_exemplars_per_user: 0`, Mimir's default, which
+//! drops them before its limiter) and cuts them from the forwarded export
+//! ([`edit::without_exemplars`]); for a tenant with exemplars on, those Mimir's exemplar checks
+//! drop are cut ([`crate::otlp_checks`]) and the rest charged.
 //!
 //! A protobuf body is counted by [`scan`], a zero-copy walk of the wire format, and never
 //! decoded: the count is all weir needs from it, as the forward sends the client's bytes.
@@ -45,7 +46,6 @@ pub use rules::{Bounds, TimeRange};
 pub use scan::{scan, scan_bounded};
 
 use std::borrow::Cow;
-use std::collections::HashSet;
 use std::io::Read;
 
 use prost::Message;
@@ -53,9 +53,10 @@ use prost::Message;
 use crate::counts::{DecodeError, UnsupportedMedia, WriteCounts};
 use proto::metrics::{metric::Data, AggregationTemporality, Metric};
 use rules::{
-    family_name, name_refused, nothing_ingested, target_info_samples, TargetKeys, NOT_CUMULATIVE,
-    NO_DATA, NO_NAME, SCALE_BELOW_MINUS_4, TARGET_INFO,
+    name_refused, nothing_ingested, target_info_samples, TargetKeys, NOT_CUMULATIVE, NO_DATA,
+    NO_NAME, SCALE_BELOW_MINUS_4, TARGET_INFO,
 };
+use translate::{Meta, MetadataEntries, MetricType};
 
 /// How an OTLP body is encoded, from its headers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -228,23 +229,24 @@ pub fn count(request: &proto::ExportMetricsServiceRequest) -> Result<WriteCounts
 }
 
 /// The metrics whose metadata entries Mimir's translation makes, in request order: the first
-/// metric with points the translator takes of each family. (`target_info`'s entry, the other
-/// one it makes, has a fixed name and no unit.)
+/// metric with points the translator takes of each family, and each later one of the family
+/// with another type, unit or help ([`translate::MetadataEntries`]). (`target_info`'s entries,
+/// the others it makes, have a fixed name and no unit.)
 pub fn metadata_metrics(request: &proto::ExportMetricsServiceRequest) -> Vec<&Metric> {
     let mut metrics = Vec::new();
     walk(request, |metric| metrics.extend(metric));
     metrics
 }
 
-/// Counts `request` as [`count`] does, calling `family` once for each metric family it
-/// charges a metadata entry for, with the family's first metric (`None` for `target_info`);
+/// Counts `request` as [`count`] does, calling `family` for each metadata entry it charges,
+/// with the metric that makes it (`None` for `target_info`);
 /// returns the counts and each metric the translator refuses, with why.
 fn walk<'r>(
     request: &'r proto::ExportMetricsServiceRequest,
     mut family: impl FnMut(Option<&'r Metric>),
 ) -> (WriteCounts, Vec<String>) {
     let mut counts = WriteCounts::default();
-    let mut families: HashSet<String> = HashSet::new();
+    let mut entries = MetadataEntries::default();
     let mut refused: Vec<String> = Vec::new();
     for resource in &request.resource_metrics {
         let mut times = TimeRange::default();
@@ -266,7 +268,15 @@ fn walk<'r>(
                 Ok(0) => {}
                 Ok(_) => {
                     counts.add(&own);
-                    if families.insert(family_name(&metric.name)) {
+                    let meta = Meta {
+                        kind: metric
+                            .data
+                            .as_ref()
+                            .map_or(MetricType::Gauge, MetricType::of),
+                        unit: metric.unit.as_bytes(),
+                        help: metric.description.as_bytes(),
+                    };
+                    if entries.see(&metric.name, meta) {
                         family(Some(metric));
                     }
                 }
@@ -280,12 +290,12 @@ fn walk<'r>(
         if let Some(samples) = target_info_samples(&keys, &times) {
             counts.series += 1;
             counts.samples = counts.samples.saturating_add(samples);
-            if families.insert(TARGET_INFO.to_string()) {
+            if entries.see(TARGET_INFO, Meta::TARGET_INFO) {
                 family(None);
             }
         }
     }
-    counts.metadata = families.len() as u64;
+    counts.metadata = entries.count();
     (counts, refused)
 }
 

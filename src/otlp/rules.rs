@@ -87,39 +87,6 @@ pub(super) fn target_info_samples(keys: &TargetKeys, times: &TimeRange) -> Optio
     Some(span.div_ceil(STEP_NANOS) + 1)
 }
 
-/// The Prometheus name a metric family gets (underscore escaping, no unit or type suffixes,
-/// Mimir's default): metadata is one entry per family, and two OTLP names can share one.
-pub(super) fn family_name(name: &str) -> String {
-    let mut out = String::with_capacity(name.len());
-    escape_family_name(name, &mut out);
-    out
-}
-
-/// Writes `name`'s family name into `out` (cleared first): every character outside
-/// `[A-Za-z0-9_:]` becomes `_`, and runs of `_` collapse into one.
-pub(super) fn escape_family_name(name: &str, out: &mut String) {
-    out.clear();
-    for c in name.chars() {
-        let c = if c.is_ascii_alphanumeric() || c == '_' || c == ':' {
-            c
-        } else {
-            '_'
-        };
-        if !(c == '_' && out.ends_with('_')) {
-            out.push(c);
-        }
-    }
-}
-
-/// Whether `name` is its own family name ([`family_name`] leaves it as it is).
-pub(super) fn is_family_name(name: &str) -> bool {
-    let bytes = name.as_bytes();
-    bytes
-        .iter()
-        .all(|&b| b.is_ascii_alphanumeric() || b == b'_' || b == b':')
-        && !bytes.windows(2).any(|pair| pair == b"__")
-}
-
 /// How long a request's labels can get, from a walk of its attributes: enough to tell, for
 /// nearly every request, that none of the series it becomes can fail a label or time check,
 /// without translating them ([`super::scan_bounded`]).

@@ -19,16 +19,14 @@
 //! the same counts, or the same refusal; for a body prost cannot decode only the error's
 //! wording differs.
 
-use std::borrow::Cow;
-use std::collections::HashSet;
-
 use prost::encoding::{decode_key, decode_varint, WireType};
 
 use super::rules::{
-    escape_family_name, escapes_to_nothing, is_family_name, name_refused, nothing_ingested,
-    target_info_samples, Bounds, TargetKeys, TimeRange, DOUBLE_TEXT, NOT_CUMULATIVE, NO_DATA,
-    NO_NAME, SCALE_BELOW_MINUS_4, TARGET_INFO, UNMEASURED,
+    escapes_to_nothing, name_refused, nothing_ingested, target_info_samples, Bounds, TargetKeys,
+    TimeRange, DOUBLE_TEXT, NOT_CUMULATIVE, NO_DATA, NO_NAME, SCALE_BELOW_MINUS_4, TARGET_INFO,
+    UNMEASURED,
 };
+use super::translate::{Meta, MetadataEntries, MetricType};
 use crate::counts::{DecodeError, WriteCounts};
 
 /// How many messages deep prost decodes before it refuses ("recursion limit reached"): the
@@ -76,31 +74,15 @@ pub fn scan_bounded(body: &[u8]) -> Result<(WriteCounts, Bounds), DecodeError> {
 #[derive(Default)]
 struct Charge<'a> {
     counts: WriteCounts,
-    /// Family names: borrowed from the body when a name is its own family name.
-    families: HashSet<Cow<'a, str>>,
-    /// A reused buffer for escaping a name.
-    escaped: String,
+    metadata: MetadataEntries<'a>,
     /// Each refused metric's name and why, in the request's order.
     refused: Vec<(&'a str, &'static str)>,
     bounds: Bounds,
 }
 
 impl<'a> Charge<'a> {
-    fn family(&mut self, name: &'a str) {
-        if is_family_name(name) {
-            if !self.families.contains(name) {
-                self.families.insert(Cow::Borrowed(name));
-            }
-        } else {
-            escape_family_name(name, &mut self.escaped);
-            if !self.families.contains(self.escaped.as_str()) {
-                self.families.insert(Cow::Owned(self.escaped.clone()));
-            }
-        }
-    }
-
     fn finish(mut self) -> Result<(WriteCounts, Bounds), DecodeError> {
-        self.counts.metadata = self.families.len() as u64;
+        self.counts.metadata = self.metadata.count();
         if self.counts.cost() == 0 && !self.refused.is_empty() {
             let refused: Vec<String> = self
                 .refused
@@ -138,7 +120,7 @@ impl<'a> Charge<'a> {
         if let Some(samples) = target_info_samples(&keys, &times) {
             self.counts.series += 1;
             self.counts.samples = self.counts.samples.saturating_add(samples);
-            self.family(TARGET_INFO);
+            self.metadata.see(TARGET_INFO, Meta::TARGET_INFO);
         }
         Ok(())
     }
@@ -173,17 +155,15 @@ impl<'a> Charge<'a> {
     /// `Metric`: its data's points, charged once the whole metric is read (its name, its
     /// temporality and its oneof's final variant can come in any order).
     fn metric(&mut self, mut buf: &'a [u8], depth: u32, times: &mut TimeRange) -> Scanned<()> {
-        let mut name = "";
+        let (mut name, mut unit, mut help) = ("", &b""[..], &b""[..]);
         let mut data: Option<Data> = None;
         while !buf.is_empty() {
             let (tag, wire_type) = key(&mut buf)?;
             match tag {
                 1 => name = text(&mut buf, wire_type, "Metric.name")?,
-                2 => {
-                    string(&mut buf, wire_type, "Metric.description")?;
-                }
+                2 => help = string(&mut buf, wire_type, "Metric.description")?,
                 3 => {
-                    let unit = string(&mut buf, wire_type, "Metric.unit")?;
+                    unit = string(&mut buf, wire_type, "Metric.unit")?;
                     self.bounds.unit = self.bounds.unit.max(unit.len());
                 }
                 5 | 7 | 9 | 10 | 11 => {
@@ -213,12 +193,15 @@ impl<'a> Charge<'a> {
             self.bounds.times.cover(&data.times);
         }
         let named = !name_refused(name.as_bytes());
+        let kind = data.as_ref().map_or(MetricType::Gauge, Data::metric_type);
         match data
             .ok_or(NO_DATA)
             .and_then(|data| data.settle(&mut self.counts, times, named))
         {
             Ok(0) => {}
-            Ok(_) => self.family(name),
+            Ok(_) => {
+                self.metadata.see(name, Meta { kind, unit, help });
+            }
             Err(why) => self.refused.push((name, why)),
         }
         Ok(())
@@ -268,6 +251,8 @@ struct Data {
     exemplars: u64,
     /// `aggregation_temporality` as prost reads an enum: the varint cut to `i32`.
     temporality: i32,
+    /// A sum's `is_monotonic`, as prost reads a `bool`: the last one sent.
+    monotonic: bool,
     scale_below_minus_4: bool,
 }
 
@@ -281,7 +266,19 @@ impl Data {
             histograms: 0,
             exemplars: 0,
             temporality: 0,
+            monotonic: false,
             scale_below_minus_4: false,
+        }
+    }
+
+    /// The type of the metadata entry the translation makes for this metric.
+    fn metric_type(&self) -> MetricType {
+        match self.kind {
+            Kind::Gauge => MetricType::Gauge,
+            Kind::Sum if self.monotonic => MetricType::Counter,
+            Kind::Sum => MetricType::Gauge,
+            Kind::Histogram | Kind::Exponential => MetricType::Histogram,
+            Kind::Summary => MetricType::Summary,
         }
     }
 
@@ -300,7 +297,7 @@ impl Data {
                         varint(&mut buf, wire_type, "aggregation_temporality")? as i32;
                 }
                 (3, Kind::Sum) => {
-                    varint(&mut buf, wire_type, "Sum.is_monotonic")?;
+                    self.monotonic = varint(&mut buf, wire_type, "Sum.is_monotonic")? != 0;
                 }
                 _ => skip(&mut buf, wire_type, tag, depth)?,
             }

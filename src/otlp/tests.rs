@@ -144,6 +144,85 @@ fn metadata_is_one_per_family_by_prometheus_name() {
 }
 
 #[test]
+fn metadata_entries_are_made_as_mimir_appender_makes_them() {
+    // One entry when a family (the metric's translated name) is first appended, and one more
+    // each time a later metric of it brings another type, unit (as named) or help than its
+    // last entry: Mimir's `MimirAppender.appendMetadata`.
+    let with = |name: &str, unit: &str, help: &str| metrics::Metric {
+        unit: unit.into(),
+        description: help.into(),
+        ..gauge(name, 1, 0)
+    };
+    let sum = |name: &str, is_monotonic: bool| metrics::Metric {
+        name: name.into(),
+        data: Some(metrics::metric::Data::Sum(metrics::Sum {
+            data_points: vec![Default::default()],
+            aggregation_temporality: metrics::AggregationTemporality::Cumulative as i32,
+            is_monotonic,
+        })),
+        ..Default::default()
+    };
+    let cases: Vec<(&str, Vec<metrics::Metric>, u64)> = vec![
+        // `a.b` is `a_b`; a run of `_` as sent is kept (`a__b`, and `a._b` is `a__b` too).
+        (
+            "escaped names",
+            vec![
+                gauge("a.b", 1, 0),
+                gauge("a_b", 1, 0),
+                gauge("a__b", 1, 0),
+                gauge("a._b", 1, 0),
+            ],
+            2,
+        ),
+        // A leading digit gets a `_`: `1x` is `_1x`.
+        (
+            "leading digit",
+            vec![gauge("1x", 1, 0), gauge("_1x", 1, 0)],
+            1,
+        ),
+        (
+            "help changes and changes back",
+            vec![
+                with("x", "", "one"),
+                with("x", "", "two"),
+                with("x", "", "one"),
+            ],
+            3,
+        ),
+        // Units compare as named: `s` and ` s ` are both `seconds`.
+        (
+            "same unit",
+            vec![with("x", "s", ""), with("x", " s ", "")],
+            1,
+        ),
+        (
+            "other unit",
+            vec![with("x", "s", ""), with("x", "ms", "")],
+            2,
+        ),
+        // A non-monotonic sum is a gauge; a monotonic one a counter.
+        (
+            "gauge and updown sum",
+            vec![gauge("y", 1, 0), sum("y", false)],
+            1,
+        ),
+        (
+            "gauge and counter",
+            vec![gauge("y", 1, 0), sum("y", true)],
+            2,
+        ),
+    ];
+    for (case, metrics, entries) in cases {
+        let request = request(&[], metrics);
+        let counted = count(&request).unwrap();
+        let scanned = scan(&request.encode_to_vec()).unwrap();
+        assert_eq!(counted.metadata, entries, "{case}: count");
+        assert_eq!(scanned.metadata, entries, "{case}: scan");
+        assert_eq!(metadata_metrics(&request).len() as u64, entries, "{case}");
+    }
+}
+
+#[test]
 fn refused_metrics_cost_nothing_and_a_request_of_only_them_is_refused() {
     let mixed = count(&request(&[], vec![delta_sum("d"), gauge("g", 4, 0)])).unwrap();
     assert_eq!((mixed.samples, mixed.metadata), (4, 1));
@@ -900,8 +979,8 @@ fn data() -> impl Strategy<Value = MetricData> {
 }
 
 fn metric() -> impl Strategy<Value = metrics::Metric> {
-    // Names that share a family (`a.b`, `a_b`, `a__b`), collide with `target_info`, or
-    // need escaping beyond ASCII.
+    // Names that share a family (`a.b`, `a_b`), do not (`a__b`), collide with `target_info`,
+    // or need escaping beyond ASCII.
     let name = prop::sample::select(vec![
         "a.b",
         "a_b",
@@ -912,15 +991,18 @@ fn metric() -> impl Strategy<Value = metrics::Metric> {
         "x:y",
         "_a_",
     ]);
-    (name, prop::option::of(data()), attributes()).prop_map(|(name, data, metadata)| {
-        metrics::Metric {
+    // Helps and units that make a family's entry again, or not (` s` is named `s` is).
+    let help = prop::sample::select(vec!["d", "e"]);
+    let unit = prop::sample::select(vec!["s", " s", "ms", ""]);
+    (name, help, unit, prop::option::of(data()), attributes()).prop_map(
+        |(name, help, unit, data, metadata)| metrics::Metric {
             name: name.into(),
-            description: "d".into(),
-            unit: "s".into(),
+            description: help.into(),
+            unit: unit.into(),
             data,
             metadata,
-        }
-    })
+        },
+    )
 }
 
 fn request_strategy() -> impl Strategy<Value = ExportMetricsServiceRequest> {

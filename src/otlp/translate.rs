@@ -17,7 +17,8 @@
 //! array or a key-value list is written as JSON with Rust's numbers; `le` and `quantile`
 //! values are not measured (a bucket series is checked once, with `le="+Inf"`).
 
-use std::collections::BTreeMap;
+use std::borrow::Cow;
+use std::collections::{BTreeMap, HashMap};
 
 use super::proto::{
     common::{any_value::Value as Any, AnyValue, KeyValue},
@@ -440,16 +441,130 @@ pub fn label_name(key: &str) -> String {
 /// A metric name as a `__name__`: each run of characters outside `[A-Za-z0-9_:]` becomes one
 /// `_`, and none is kept at either end; `_` before a leading digit.
 pub fn metric_name(name: &str) -> String {
-    let valid = |c: char| c.is_ascii_alphanumeric() || c == '_' || c == ':';
-    let mut out = name
-        .split(|c: char| !valid(c))
-        .filter(|field| !field.is_empty())
-        .collect::<Vec<_>>()
-        .join("_");
+    let mut out = String::with_capacity(name.len() + 1);
+    write_metric_name(name, &mut out);
+    out
+}
+
+/// [`metric_name`] written into `out`, which is cleared first.
+fn write_metric_name(name: &str, out: &mut String) {
+    out.clear();
+    for field in name.split(|c: char| !is_name_char(c)) {
+        if !field.is_empty() {
+            if !out.is_empty() {
+                out.push('_');
+            }
+            out.push_str(field);
+        }
+    }
     if out.starts_with(|c: char| c.is_ascii_digit()) {
         out.insert(0, '_');
     }
-    out
+}
+
+fn is_name_char(c: char) -> bool {
+    c.is_ascii_alphanumeric() || c == '_' || c == ':'
+}
+
+/// Whether `name` is its own [`metric_name`].
+fn is_metric_name(name: &str) -> bool {
+    name.chars().all(is_name_char) && !name.starts_with(|c: char| c.is_ascii_digit())
+}
+
+/// The Prometheus type of a metadata entry, as the translation gives it to a metric it takes
+/// (a cumulative one: it refuses the others).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MetricType {
+    Gauge,
+    /// A monotonic sum.
+    Counter,
+    /// An explicit or exponential histogram.
+    Histogram,
+    Summary,
+}
+
+impl MetricType {
+    /// The type of a decoded metric's `data`.
+    pub fn of(data: &Data) -> MetricType {
+        match data {
+            Data::Gauge(_) => MetricType::Gauge,
+            Data::Sum(sum) if sum.is_monotonic => MetricType::Counter,
+            Data::Sum(_) => MetricType::Gauge,
+            Data::Histogram(_) | Data::ExponentialHistogram(_) => MetricType::Histogram,
+            Data::Summary(_) => MetricType::Summary,
+        }
+    }
+}
+
+/// What a metadata entry carries besides its family's name, as sent (the unit is named
+/// only to compare two that differ).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Meta<'a> {
+    pub kind: MetricType,
+    pub unit: &'a [u8],
+    pub help: &'a [u8],
+}
+
+impl Meta<'_> {
+    /// `target_info`'s entry: a gauge with no unit.
+    pub const TARGET_INFO: Meta<'static> = Meta {
+        kind: MetricType::Gauge,
+        unit: b"",
+        help: b"Target metadata",
+    };
+
+    /// Whether an entry with `self` and one with `other` say the same.
+    fn same(&self, other: &Meta) -> bool {
+        let named = |unit: &[u8]| std::str::from_utf8(unit).map(unit_name).ok();
+        self.kind == other.kind
+            && self.help == other.help
+            && (self.unit == other.unit || named(self.unit) == named(other.unit))
+    }
+}
+
+/// The metadata entries of a request as Mimir's translation makes them (its appender's
+/// `appendMetadata`): one when a family's first metric is appended, and one more each time a
+/// later metric of the family brings another type, unit or help than the family's last entry.
+/// A family is the metric's [`metric_name`].
+#[derive(Default)]
+pub struct MetadataEntries<'a> {
+    /// Each family's last entry; a name that is its own family name is borrowed.
+    last: HashMap<Cow<'a, str>, Meta<'a>>,
+    entries: u64,
+    /// A reused buffer for a name that needs escaping.
+    name: String,
+}
+
+impl<'a> MetadataEntries<'a> {
+    /// Whether a metric named `name` with `meta`, appended now, makes an entry.
+    pub fn see(&mut self, name: &'a str, meta: Meta<'a>) -> bool {
+        let own = is_metric_name(name);
+        let family = if own {
+            name
+        } else {
+            write_metric_name(name, &mut self.name);
+            self.name.as_str()
+        };
+        match self.last.get_mut(family) {
+            Some(last) if last.same(&meta) => return false,
+            Some(last) => *last = meta,
+            None => {
+                let family = if own {
+                    Cow::Borrowed(name)
+                } else {
+                    Cow::Owned(family.to_string())
+                };
+                self.last.insert(family, meta);
+            }
+        }
+        self.entries += 1;
+        true
+    }
+
+    /// How many entries the metrics seen so far make.
+    pub fn count(&self) -> u64 {
+        self.entries
+    }
 }
 
 /// A metric's unit as the metadata entry Mimir's translation makes carries it (Prometheus'

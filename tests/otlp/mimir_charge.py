@@ -79,7 +79,11 @@ def attrs(kvs):
 
 
 def family_name(name):
-    return re.sub(r"[^a-zA-Z0-9_:]", "_", name)
+    # The translator's MetricNamer without suffixes: each run of characters outside
+    # [a-zA-Z0-9_:] becomes one `_` (none at either end), `_` as sent is kept, and a name
+    # that starts with a digit gets a `_`. (Units are compared as sent, not as named.)
+    name = "_".join(field for field in re.split(r"[^a-zA-Z0-9_:]", name) if field)
+    return "_" + name if name[:1].isdigit() else name
 
 
 class Charge:
