@@ -257,22 +257,19 @@ fn walk<'r>(
         {
             // Charged only once the translator's name rule, which it applies last, passes.
             let mut own = WriteCounts::default();
-            let counted = count_metric(metric, &mut own, &mut times).and_then(|points| {
+            let counted = count_metric(metric, &mut own, &mut times).and_then(|counted| {
                 if name_refused(metric.name.as_bytes()) {
                     Err(NO_NAME)
                 } else {
-                    Ok(points)
+                    Ok(counted)
                 }
             });
             match counted {
-                Ok(0) => {}
-                Ok(_) => {
+                Ok((0, _)) => {}
+                Ok((_, kind)) => {
                     counts.add(&own);
                     let meta = Meta {
-                        kind: metric
-                            .data
-                            .as_ref()
-                            .map_or(MetricType::Gauge, MetricType::of),
+                        kind,
                         unit: metric.unit.as_bytes(),
                         help: metric.description.as_bytes(),
                     };
@@ -299,13 +296,13 @@ fn walk<'r>(
     (counts, refused)
 }
 
-/// Adds one metric's items to `counts`; returns how many points it had, or why Mimir's
-/// translator refuses it.
+/// Adds one metric's items to `counts`; returns how many points it had and the type of its
+/// metadata entry, or why Mimir's translator refuses it.
 fn count_metric(
     metric: &Metric,
     counts: &mut WriteCounts,
     times: &mut TimeRange,
-) -> Result<usize, &'static str> {
+) -> Result<(usize, MetricType), &'static str> {
     let cumulative = |temporality: i32| {
         if temporality == AggregationTemporality::Cumulative as i32 {
             Ok(())
@@ -314,7 +311,8 @@ fn count_metric(
         }
     };
     let add = |total: &mut u64, n: usize| *total = total.saturating_add(n as u64);
-    let points = match metric.data.as_ref().ok_or(NO_DATA)? {
+    let data = metric.data.as_ref().ok_or(NO_DATA)?;
+    let points = match data {
         Data::Gauge(gauge) => {
             for point in &gauge.data_points {
                 times.see(point.time_unix_nano);
@@ -372,7 +370,7 @@ fn count_metric(
         }
     };
     counts.series = counts.series.saturating_add(points as u64);
-    Ok(points)
+    Ok((points, MetricType::of(data)))
 }
 
 #[cfg(test)]

@@ -193,13 +193,13 @@ impl<'a> Charge<'a> {
             self.bounds.times.cover(&data.times);
         }
         let named = !name_refused(name.as_bytes());
-        let kind = data.as_ref().map_or(MetricType::Gauge, Data::metric_type);
-        match data
-            .ok_or(NO_DATA)
-            .and_then(|data| data.settle(&mut self.counts, times, named))
-        {
-            Ok(0) => {}
-            Ok(_) => {
+        match data.ok_or(NO_DATA).and_then(|data| {
+            let kind = data.metric_type();
+            let points = data.settle(&mut self.counts, times, named)?;
+            Ok((points, kind))
+        }) {
+            Ok((0, _)) => {}
+            Ok((_, kind)) => {
                 self.metadata.see(name, Meta { kind, unit, help });
             }
             Err(why) => self.refused.push((name, why)),
