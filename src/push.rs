@@ -23,6 +23,7 @@ use crate::ha::{HaCheck, HaOutcome};
 use crate::metrics::InstanceLimit;
 use crate::otlp::OtlpFormat;
 use crate::rejection::PushError;
+use crate::remote_write::relabel::Relabelling;
 use crate::remote_write::validate::Validation;
 use crate::remote_write::Written;
 use crate::state::AppState;
@@ -274,7 +275,15 @@ async fn admit(
         });
     let validation = Validation::new(runtime_config.validation_limits(tenant_name), unix_millis())
         .dropping(runtime_config.drop_labels(tenant_name))
-        .deduplicating(ha);
+        .deduplicating(ha)
+        .relabelling(
+            runtime_config
+                .relabel(tenant_name)
+                .map(|rules| Relabelling {
+                    rules,
+                    tenant: Arc::from(tenant_name),
+                }),
+        );
     drop(runtime_config);
     let Decoded {
         counts,

@@ -11,6 +11,7 @@ use crate::admission::{AdmissionConfig, AdmissionDefaults, LimitSpec, TenantAdmi
 use crate::ha::{HaLimits, HaOverride};
 use crate::limits::{Defaults, InstanceLimits, InstanceOverride, TenantLimits, TenantOverride};
 use crate::mimir_keys;
+use crate::relabel::Relabel;
 use crate::validation::{ValidationLimits, ValidationOverride};
 
 /// Why a file could not become the config in force. The message is for an operator.
@@ -61,6 +62,13 @@ struct TenantEntry {
     /// charged and forwarded.
     #[serde(default)]
     drop_labels: Option<Vec<String>>,
+    /// Mimir's `metric_relabel_configs`: Prometheus' relabelling rules, applied to every
+    /// series before `drop_labels` and the checks.
+    #[serde(default)]
+    metric_relabel_configs: Option<Vec<crate::relabel::RuleConfig>>,
+    /// Mimir's `metric_relabeling_enabled` (default true): false turns the rules off.
+    #[serde(default)]
+    metric_relabeling_enabled: Option<bool>,
     #[serde(flatten)]
     known: TenantOverride,
     #[serde(flatten)]
@@ -86,6 +94,9 @@ pub struct RuntimeConfig {
     pub validation: BTreeMap<String, ValidationLimits>,
     /// Each tenant's `drop_labels`, for the tenants that set any.
     pub drop_labels: BTreeMap<String, Arc<[String]>>,
+    /// Each tenant's relabelling rules, for the tenants that set some and have not turned
+    /// them off.
+    pub relabel: BTreeMap<String, Arc<Relabel>>,
     /// HA-tracker settings of the tenants whose entries set any (the others get Mimir's
     /// defaults, [`HaLimits::default`], which do not deduplicate).
     pub ha: BTreeMap<String, Arc<HaLimits>>,
@@ -158,6 +169,7 @@ impl RuntimeConfig {
             mimir_keys: MimirKeys::default(),
             validation: BTreeMap::new(),
             drop_labels: BTreeMap::new(),
+            relabel: BTreeMap::new(),
             ha: BTreeMap::new(),
             admission: AdmissionConfig::default(),
             envoy_domains: Vec::new(),
@@ -193,6 +205,7 @@ impl RuntimeConfig {
         let mut overrides = BTreeMap::new();
         let mut validation = BTreeMap::new();
         let mut drop_labels = BTreeMap::new();
+        let mut relabel = BTreeMap::new();
         let mut ha = BTreeMap::new();
         let mut admission = AdmissionConfig::default();
         if let Some(defaults) = file.admission {
@@ -251,6 +264,24 @@ impl RuntimeConfig {
                 keys.in_force.insert("overrides.*.drop_labels".to_string());
                 drop_labels.insert(tenant.clone(), Arc::from(labels));
             }
+            if entry.metric_relabeling_enabled.is_some() {
+                keys.in_force
+                    .insert("overrides.*.metric_relabeling_enabled".to_string());
+            }
+            if let Some(configs) = entry
+                .metric_relabel_configs
+                .filter(|rules| !rules.is_empty())
+            {
+                keys.in_force
+                    .insert("overrides.*.metric_relabel_configs".to_string());
+                let rules = Relabel::new(configs).map_err(|message| ConfigError::Invalid {
+                    place: format!("overrides.{tenant}.metric_relabel_configs"),
+                    message,
+                })?;
+                if entry.metric_relabeling_enabled != Some(false) {
+                    relabel.insert(tenant.clone(), Arc::new(rules));
+                }
+            }
             keys.in_force_tenant(&entry.ha);
             if !entry.ha.is_empty() {
                 let settings = entry.ha.apply(&HaLimits::default());
@@ -292,6 +323,7 @@ impl RuntimeConfig {
             mimir_keys: keys.finish(),
             validation,
             drop_labels,
+            relabel,
             ha,
             admission,
             envoy_domains: file.envoy_domains,
@@ -320,6 +352,11 @@ impl RuntimeConfig {
     /// The label names `tenant`'s series lose before anything else (`drop_labels`).
     pub fn drop_labels(&self, tenant: &str) -> Option<Arc<[String]>> {
         self.drop_labels.get(tenant).cloned()
+    }
+
+    /// `tenant`'s relabelling rules (`metric_relabel_configs`), when it has some in force.
+    pub fn relabel(&self, tenant: &str) -> Option<Arc<Relabel>> {
+        self.relabel.get(tenant).cloned()
     }
 
     /// The config as YAML, in the same shape as the file.
@@ -631,6 +668,34 @@ mod tests {
             Some(&["replica".to_string(), "pod".to_string()][..])
         );
         assert_eq!(dropping.drop_labels("b"), None);
+        // metric_relabel_configs: in force for the tenant that sets them, unless it turns
+        // them off; a rule Prometheus would not load keeps the file out, naming the place.
+        let relabelling = parse(
+            "overrides:\n  a:\n    metric_relabel_configs:\n    - source_labels: [__name__]\n      \
+             regex: go_.*\n      action: drop\n  b:\n    metric_relabeling_enabled: false\n    \
+             metric_relabel_configs:\n    - target_label: env\n      replacement: prod\n",
+        )
+        .unwrap();
+        for key in ["metric_relabel_configs", "metric_relabeling_enabled"] {
+            assert!(relabelling
+                .mimir_keys
+                .in_force
+                .contains(&format!("overrides.*.{key}")));
+        }
+        assert!(relabelling.mimir_keys.ignored.is_empty());
+        let mut go = BTreeMap::from([("__name__".to_string(), "go_gc".to_string())]);
+        assert!(!relabelling.relabel("a").unwrap().process(&mut go));
+        assert_eq!(relabelling.relabel("b"), None, "turned off");
+        assert_eq!(relabelling.relabel("c"), None);
+        let bad = parse(
+            "overrides:\n  a:\n    metric_relabel_configs:\n    - action: keep\n      regex: '('\n",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            bad.starts_with("overrides.a.metric_relabel_configs: rule 0: invalid regex"),
+            "{bad}"
+        );
         // Series validation: the tenant's own, else Mimir's defaults.
         assert_eq!(config.validation_limits("a").max_label_names_per_series, 40);
         assert_eq!(config.validation_limits("a").max_label_name_length, 1024);

@@ -9,6 +9,8 @@
 //!   inheritance from defaults, and rendering (`/runtime_config`, `?mode=diff`).
 //! - [`reload`]: the periodic reloader. It re-parses only when the content hash changes,
 //!   keeps the last good config on error, and publishes through a `watch` channel.
+//! - [`relabel`]: Mimir's `metric_relabel_configs`, Prometheus' relabelling rules, checked and
+//!   applied to one series' labels.
 //! - [`tenant`]: Mimir's tenant-ID rule, shared by the overrides file and weir's push path.
 //! - [`ha`]: Mimir's HA-tracker keys per tenant (deduplicating Prometheus HA pairs).
 //! - [`validation`]: Mimir's series validation limits per tenant, with Mimir's defaults.
@@ -23,6 +25,7 @@ pub mod envoy;
 pub mod ha;
 pub mod limits;
 mod mimir_keys;
+pub mod relabel;
 pub mod reload;
 pub mod tenant;
 pub mod validation;
@@ -31,5 +34,6 @@ pub use admission::{AdmissionConfig, Algorithm, LimitSource, LimitSpec, Unresolv
 pub use config::{ConfigError, MimirKeys, RenderMode, RuntimeConfig};
 pub use ha::HaLimits;
 pub use limits::{Defaults, InstanceLimits, RateLimitStrategy, StoreFailurePolicy, TenantLimits};
+pub use relabel::Relabel;
 pub use reload::{ReloadMetrics, Reloader};
 pub use validation::ValidationLimits;

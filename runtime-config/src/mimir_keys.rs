@@ -196,8 +196,6 @@ pub(crate) const SAMPLE_FAILOVER: &str = "not implemented: weir's HA tracker fai
                                           its own clock, after ha_tracker_failover_timeout";
 const SERIES_VALIDATION: &str = "not applied: weir validates label counts and lengths and \
      sample timestamps (remote-write 1.0); such series are charged and forwarded";
-const RELABELLING: &str =
-    "relabelling is not implemented: series are charged and forwarded as received";
 const FORWARDING: &str = "Mimir's per-tenant forwarding is not implemented: every admitted \
                           push goes to --upstream";
 const SHUFFLE_SHARDING: &str = "shuffle sharding does not apply: weir has no ingesters or \
@@ -232,8 +230,6 @@ pub(crate) const IGNORED: &[(&str, &str)] = &[
         "not implemented: weir does not count series (Mimir applies it with ingest storage)",
     ),
     ("max_cost_attribution_cardinality", COST_ATTRIBUTION),
-    ("metric_relabel_configs", RELABELLING),
-    ("metric_relabeling_enabled", RELABELLING),
     ("name_validation_scheme", SERIES_VALIDATION),
     (
         "native_histograms_ingestion_enabled",

@@ -14,6 +14,7 @@
 //! version's fields).
 
 pub mod prompb;
+pub mod relabel;
 pub mod v2;
 pub mod v2_proto;
 pub mod validate;
@@ -486,9 +487,11 @@ pub fn decode_validated(
             HaStep::Go(ha, validation) => (ha, validation),
         };
         let validation = validation.as_ref();
+        let relabelled = relabelled(raw, validation, &ha, relabel::v1);
+        let raw = relabelled.as_deref().unwrap_or(raw);
         let mut found = RefusedSeries::default();
         let counts = scan_validating(raw, Some(validation), &mut found)?;
-        let forward = if found.edits.is_empty() {
+        let forward = if found.edits.is_empty() && relabelled.is_none() {
             Forward::Unchanged
         } else if counts.series + counts.metadata == 0 {
             Forward::Nothing
@@ -592,6 +595,23 @@ pub(super) fn ha_first<'v>(
             ha,
         })),
     }
+}
+
+/// The body the tenant's relabelling rules (`apply`, for 1.0 or 2.0) make of `raw`, when they
+/// change it. For a push the HA tracker accepted, its replica label is gone before the rules
+/// run, as Mimir removes it first.
+pub(super) fn relabelled(
+    raw: &[u8],
+    validation: &Validation,
+    ha: &HaOutcome,
+    apply: relabel::Apply,
+) -> Option<Vec<u8>> {
+    let relabelling = validation.relabel.as_ref()?;
+    let replica = match ha {
+        HaOutcome::Accepted { replica_label, .. } => Some(replica_label.as_str()),
+        _ => None,
+    };
+    apply(raw, relabelling, replica)
 }
 
 /// The values of a request's HA cluster and replica labels in its first series.

@@ -97,9 +97,11 @@ pub fn decode_validated(
             HaStep::Go(ha, validation) => (ha, validation),
         };
         let validation = validation.as_ref();
+        let relabelled = super::relabelled(raw, validation, &ha, super::relabel::v2);
+        let raw = relabelled.as_deref().unwrap_or(raw);
         with_tables(|symbols, families| {
             let (counts, found) = scan_with(raw, symbols, families, Some(validation))?;
-            let forward = if found.edits.is_empty() {
+            let forward = if found.edits.is_empty() && relabelled.is_none() {
                 Forward::Unchanged
             } else if counts.series == 0 {
                 // 2.0's metadata rides on series: with none left, nothing is.

@@ -28,6 +28,9 @@ pub struct Validation {
     pub drop_labels: Option<std::sync::Arc<[String]>>,
     /// The tenant's HA check, when it deduplicates HA pairs (`accept_ha_samples`).
     pub ha: Option<crate::ha::HaCheck>,
+    /// The tenant's `metric_relabel_configs`, run on each series after the HA check and
+    /// before the rest (see [`super::relabel`]).
+    pub relabel: Option<super::relabel::Relabelling>,
     /// The latest and earliest timestamps allowed (Unix milliseconds), from the two above.
     latest_ms: i64,
     earliest_ms: i64,
@@ -44,6 +47,12 @@ impl Validation {
     /// up before anything else (see [`crate::ha`]).
     pub fn deduplicating(mut self, ha: Option<crate::ha::HaCheck>) -> Validation {
         self.ha = ha;
+        self
+    }
+
+    /// With the tenant's relabelling rules.
+    pub fn relabelling(mut self, relabel: Option<super::relabel::Relabelling>) -> Validation {
+        self.relabel = relabel;
         self
     }
 
@@ -96,6 +105,7 @@ impl Validation {
             now_ms,
             drop_labels: None,
             ha: None,
+            relabel: None,
             latest_ms: now_ms.saturating_add(millis(limits.creation_grace_period)),
             earliest_ms: if limits.past_grace_period.is_zero() {
                 i64::MIN

@@ -1,0 +1,554 @@
+//! A tenant's `metric_relabel_configs` on a decompressed remote-write body, 1.0 or 2.0, where
+//! Mimir's distributor applies them: after the HA tracker (whose replica label is gone by
+//! then, for a push it accepted) and before `drop_labels` and the series checks, so a series
+//! a rule drops is neither checked nor charged nor forwarded.
+//!
+//! Each series' labels are read into a label set (a repeated name keeps its last value, an
+//! empty value none, as Prometheus' label builder reads them), `__tenant_id__` is set to the
+//! tenant for the rules to match on, the rules run (`runtime_config::relabel`), and
+//! `__tenant_id__` goes again. A series whose labels come out as they went in is copied as
+//! sent; one a rule changed is written again, its labels sorted first and the rest of its
+//! fields as sent; one a rule drops is cut. Every other field of the request is copied as
+//! sent, unknown ones included. On 2.0 a label text the request has no symbol for is appended
+//! to its symbols, at the end of the body (repeated fields concatenate in stream order).
+//!
+//! The body that comes out is the one the scan then checks, counts and forwards. A body this
+//! walk cannot read is left as it is: the scan refuses it with its own message.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use prost::encoding::{decode_key, decode_varint, encode_key, encode_varint, WireType};
+use runtime_config::relabel::Labels;
+use runtime_config::Relabel;
+
+/// The label Mimir sets to the tenant's ID while the rules run.
+const TENANT_LABEL: &str = "__tenant_id__";
+
+/// A tenant's rules and its ID, for [`super::validate::Validation`].
+#[derive(Debug, Clone)]
+pub struct Relabelling {
+    pub rules: Arc<Relabel>,
+    pub tenant: Arc<str>,
+}
+
+/// [`v1`] or [`v2`]: the body the rules make of a decompressed request, when they change it.
+pub(super) type Apply = fn(&[u8], &Relabelling, Option<&str>) -> Option<Vec<u8>>;
+
+/// What the rules made of one series.
+enum Outcome {
+    /// Its labels as sent: copy it.
+    Same,
+    /// A rule dropped it: cut it.
+    Dropped,
+    /// These labels, sorted: write it again.
+    Changed(Labels),
+}
+
+impl Relabelling {
+    /// The rules on one series' labels, in the order sent. `strip`: the HA replica label,
+    /// removed first.
+    fn outcome(&self, sent: &[(&str, &str)], strip: Option<&str>) -> Outcome {
+        let mut labels = Labels::new();
+        for (name, value) in sent {
+            if value.is_empty() {
+                labels.remove(*name);
+            } else {
+                labels.insert(name.to_string(), value.to_string());
+            }
+        }
+        if let Some(replica) = strip {
+            labels.remove(replica);
+        }
+        labels.insert(TENANT_LABEL.to_string(), self.tenant.to_string());
+        if !self.rules.process(&mut labels) {
+            return Outcome::Dropped;
+        }
+        labels.remove(TENANT_LABEL);
+        let unchanged = labels.len() == sent.len()
+            && labels
+                .iter()
+                .zip(sent)
+                .all(|((name, value), (sent_name, sent_value))| {
+                    name == sent_name && value == sent_value
+                });
+        if unchanged {
+            Outcome::Same
+        } else {
+            Outcome::Changed(labels)
+        }
+    }
+}
+
+/// One field of a message: its number, its wire type, its bytes from the key on, and its
+/// payload (a length-delimited field's contents; else the value's bytes).
+struct Field<'a> {
+    tag: u32,
+    wire_type: WireType,
+    whole: &'a [u8],
+    payload: &'a [u8],
+}
+
+/// The fields of `message`, in order; `None` when it is not well formed (or uses groups).
+fn fields(message: &[u8]) -> Option<Vec<Field<'_>>> {
+    let mut fields = Vec::new();
+    let mut buf = message;
+    while !buf.is_empty() {
+        let start = buf;
+        let (tag, wire_type) = decode_key(&mut buf).ok()?;
+        let length = match wire_type {
+            WireType::Varint => {
+                let before = buf.len();
+                decode_varint(&mut buf).ok()?;
+                before - buf.len()
+            }
+            WireType::SixtyFourBit => 8,
+            WireType::ThirtyTwoBit => 4,
+            WireType::LengthDelimited => usize::try_from(decode_varint(&mut buf).ok()?).ok()?,
+            WireType::StartGroup | WireType::EndGroup => return None,
+        };
+        let payload = match wire_type {
+            // The varint was read already: its bytes end where `buf` now starts.
+            WireType::Varint => &start[start.len() - buf.len() - length..start.len() - buf.len()],
+            _ => {
+                let (payload, rest) = buf.split_at_checked(length)?;
+                buf = rest;
+                payload
+            }
+        };
+        fields.push(Field {
+            tag,
+            wire_type,
+            whole: &start[..start.len() - buf.len()],
+            payload,
+        });
+    }
+    Some(fields)
+}
+
+fn write_field(out: &mut Vec<u8>, tag: u32, payload: &[u8]) {
+    encode_key(tag, WireType::LengthDelimited, out);
+    encode_varint(payload.len() as u64, out);
+    out.extend_from_slice(payload);
+}
+
+/// The rules on a remote-write 1.0 `WriteRequest`: the body to check and forward instead,
+/// or `None` when they change nothing (or the body cannot be read: the scan then says why).
+pub(super) fn v1(raw: &[u8], relabelling: &Relabelling, strip: Option<&str>) -> Option<Vec<u8>> {
+    let mut out = Vec::with_capacity(raw.len());
+    let mut changed = false;
+    for field in fields(raw)? {
+        if field.tag != 1 || field.wire_type != WireType::LengthDelimited {
+            out.extend_from_slice(field.whole);
+            continue;
+        }
+        let series = fields(field.payload)?;
+        let mut sent = Vec::new();
+        for label in series.iter().filter(|field| field.tag == 1) {
+            sent.push(v1_label(label)?);
+        }
+        match relabelling.outcome(&sent, strip) {
+            Outcome::Same => out.extend_from_slice(field.whole),
+            Outcome::Dropped => changed = true,
+            Outcome::Changed(labels) => {
+                changed = true;
+                let mut message = Vec::with_capacity(field.payload.len());
+                let mut label = Vec::new();
+                for (name, value) in &labels {
+                    label.clear();
+                    write_field(&mut label, 1, name.as_bytes());
+                    write_field(&mut label, 2, value.as_bytes());
+                    write_field(&mut message, 1, &label);
+                }
+                for other in series.iter().filter(|field| field.tag != 1) {
+                    message.extend_from_slice(other.whole);
+                }
+                write_field(&mut out, 1, &message);
+            }
+        }
+    }
+    changed.then_some(out)
+}
+
+/// A 1.0 `Label`'s name and value (each field's last value, as a decode keeps it).
+fn v1_label<'a>(field: &Field<'a>) -> Option<(&'a str, &'a str)> {
+    if field.wire_type != WireType::LengthDelimited {
+        return None;
+    }
+    let (mut name, mut value) = ("", "");
+    for part in fields(field.payload)? {
+        match (part.tag, part.wire_type) {
+            (1, WireType::LengthDelimited) => name = std::str::from_utf8(part.payload).ok()?,
+            (2, WireType::LengthDelimited) => value = std::str::from_utf8(part.payload).ok()?,
+            (1 | 2, _) => return None,
+            _ => {}
+        }
+    }
+    Some((name, value))
+}
+
+/// The rules on a remote-write 2.0 `Request`, as [`v1`]: series' `labels_refs` are resolved
+/// through the symbols, and a changed series points at the symbols of its new labels.
+pub(super) fn v2(raw: &[u8], relabelling: &Relabelling, strip: Option<&str>) -> Option<Vec<u8>> {
+    let request = fields(raw)?;
+    let mut symbols = Vec::new();
+    for field in request.iter().filter(|field| field.tag == 4) {
+        if field.wire_type != WireType::LengthDelimited {
+            return None;
+        }
+        symbols.push(std::str::from_utf8(field.payload).ok()?);
+    }
+    let mut out = Vec::with_capacity(raw.len());
+    let mut changed = false;
+    // The symbol of each text, built on the first series that needs one; texts appended.
+    let mut index: Option<HashMap<String, u32>> = None;
+    let mut appended: Vec<String> = Vec::new();
+    for field in &request {
+        if field.tag != 5 || field.wire_type != WireType::LengthDelimited {
+            out.extend_from_slice(field.whole);
+            continue;
+        }
+        let series = fields(field.payload)?;
+        let mut references = Vec::new();
+        for refs in series.iter().filter(|field| field.tag == 1) {
+            match refs.wire_type {
+                WireType::LengthDelimited => {
+                    let mut packed = refs.payload;
+                    while !packed.is_empty() {
+                        references.push(u32::try_from(decode_varint(&mut packed).ok()?).ok()?);
+                    }
+                }
+                WireType::Varint => {
+                    let mut value = refs.payload;
+                    references.push(u32::try_from(decode_varint(&mut value).ok()?).ok()?);
+                }
+                _ => return None,
+            }
+        }
+        if references.len() % 2 != 0 {
+            return None;
+        }
+        let mut sent = Vec::with_capacity(references.len() / 2);
+        for pair in references.chunks_exact(2) {
+            let text = |reference: u32| symbols.get(reference as usize).copied();
+            sent.push((text(pair[0])?, text(pair[1])?));
+        }
+        match relabelling.outcome(&sent, strip) {
+            Outcome::Same => out.extend_from_slice(field.whole),
+            Outcome::Dropped => changed = true,
+            Outcome::Changed(labels) => {
+                changed = true;
+                let index = index.get_or_insert_with(|| {
+                    let mut index = HashMap::with_capacity(symbols.len());
+                    for (at, text) in symbols.iter().enumerate() {
+                        index.entry(text.to_string()).or_insert(at as u32);
+                    }
+                    index
+                });
+                let mut symbol = |text: &str| -> u32 {
+                    if let Some(&at) = index.get(text) {
+                        return at;
+                    }
+                    let at = (symbols.len() + appended.len()) as u32;
+                    index.insert(text.to_string(), at);
+                    appended.push(text.to_string());
+                    at
+                };
+                let mut packed = Vec::new();
+                for (name, value) in &labels {
+                    encode_varint(u64::from(symbol(name)), &mut packed);
+                    encode_varint(u64::from(symbol(value)), &mut packed);
+                }
+                let mut message = Vec::with_capacity(field.payload.len());
+                write_field(&mut message, 1, &packed);
+                for other in series.iter().filter(|field| field.tag != 1) {
+                    message.extend_from_slice(other.whole);
+                }
+                write_field(&mut out, 5, &message);
+            }
+        }
+    }
+    for text in &appended {
+        write_field(&mut out, 4, text.as_bytes());
+    }
+    changed.then_some(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::remote_write::prompb::{Exemplar, Label, Sample, TimeSeries, WriteRequest};
+    use crate::remote_write::v2_proto;
+    use prost::Message;
+    use runtime_config::relabel::RuleConfig;
+
+    fn relabelling(yaml: &str) -> Relabelling {
+        let configs: Vec<RuleConfig> = serde_yaml_ng::from_str(yaml).unwrap();
+        Relabelling {
+            rules: Arc::new(Relabel::new(configs).unwrap()),
+            tenant: Arc::from("t1"),
+        }
+    }
+
+    fn series(labels: &[(&str, &str)], value: f64) -> TimeSeries {
+        TimeSeries {
+            labels: labels
+                .iter()
+                .map(|(name, value)| Label {
+                    name: name.to_string(),
+                    value: value.to_string(),
+                })
+                .collect(),
+            samples: vec![Sample {
+                value,
+                timestamp: 1_000,
+            }],
+            ..TimeSeries::default()
+        }
+    }
+
+    const RULES: &str = "- source_labels: [__name__]\n  regex: go_.*\n  action: drop\n\
+                         - source_labels: [__tenant_id__]\n  target_label: tenant\n\
+                         - regex: pod\n  action: labeldrop\n";
+
+    #[test]
+    fn v1_series_are_dropped_changed_or_copied_as_sent() {
+        let rules = relabelling(RULES);
+        let mut kept = series(&[("__name__", "up"), ("pod", "p1")], 1.0);
+        kept.exemplars.push(Exemplar {
+            labels: vec![Label {
+                name: "trace_id".into(),
+                value: "abc".into(),
+            }],
+            value: 1.0,
+            timestamp: 1_000,
+        });
+        let request = WriteRequest {
+            timeseries: vec![series(&[("__name__", "go_gc")], 2.0), kept.clone()],
+            metadata: vec![],
+        };
+        let mut raw = request.encode_to_vec();
+        // A field a newer sender might add, which must reach the receiver.
+        encode_key(15, WireType::Varint, &mut raw);
+        encode_varint(7, &mut raw);
+        let out = v1(&raw, &rules, None).expect("the rules change this request");
+        let forwarded = WriteRequest::decode(out.as_slice()).unwrap();
+        let mut expected = kept;
+        expected.labels = vec![
+            Label {
+                name: "__name__".into(),
+                value: "up".into(),
+            },
+            Label {
+                name: "tenant".into(),
+                value: "t1".into(),
+            },
+        ];
+        assert_eq!(
+            forwarded.timeseries,
+            vec![expected],
+            "go_gc dropped, pod cut, tenant set"
+        );
+        assert!(out.ends_with(&[15 << 3, 7]), "the unknown field is kept");
+
+        // Nothing to change: `None`, and the client's bytes go on.
+        let quiet = relabelling("- source_labels: [__name__]\n  regex: nothing\n  action: drop\n");
+        assert_eq!(v1(&raw, &quiet, None), None);
+        // Labels sent out of order or with an empty value come out sorted and without it, as
+        // Mimir's builder writes them.
+        let unsorted = WriteRequest {
+            timeseries: vec![series(&[("z", "1"), ("__name__", "m"), ("e", "")], 1.0)],
+            metadata: vec![],
+        };
+        let out = v1(&unsorted.encode_to_vec(), &quiet, None).unwrap();
+        assert_eq!(
+            WriteRequest::decode(out.as_slice()).unwrap().timeseries,
+            vec![series(&[("__name__", "m"), ("z", "1")], 1.0)]
+        );
+        // The HA replica label is gone before the rules run: a rule cannot see it.
+        let replica = relabelling("- source_labels: [__replica__]\n  regex: r1\n  action: drop\n");
+        let ha = WriteRequest {
+            timeseries: vec![series(&[("__name__", "m"), ("__replica__", "r1")], 1.0)],
+            metadata: vec![],
+        };
+        let out = v1(&ha.encode_to_vec(), &replica, Some("__replica__")).unwrap();
+        assert_eq!(
+            WriteRequest::decode(out.as_slice()).unwrap().timeseries,
+            vec![series(&[("__name__", "m")], 1.0)]
+        );
+        assert_eq!(
+            v1(&ha.encode_to_vec(), &replica, None),
+            Some(Vec::new()),
+            "dropped"
+        );
+        // A body the walk cannot read is left to the scan.
+        assert_eq!(v1(&[0x0a, 0x05, 0x01], &rules, None), None);
+    }
+
+    fn v2_request(series: &[&[(&str, &str)]]) -> v2_proto::Request {
+        let mut symbols = vec![String::new()];
+        let mut timeseries = Vec::new();
+        for labels in series {
+            let mut refs = Vec::new();
+            for text in labels.iter().flat_map(|(name, value)| [name, value]) {
+                let at = symbols
+                    .iter()
+                    .position(|symbol| symbol == text)
+                    .unwrap_or_else(|| {
+                        symbols.push(text.to_string());
+                        symbols.len() - 1
+                    });
+                refs.push(at as u32);
+            }
+            timeseries.push(v2_proto::TimeSeries {
+                labels_refs: refs,
+                samples: vec![v2_proto::Sample {
+                    value: 1.0,
+                    timestamp: 1_000,
+                }],
+                ..Default::default()
+            });
+        }
+        v2_proto::Request {
+            symbols,
+            timeseries,
+        }
+    }
+
+    /// Each series' labels, resolved through the symbols.
+    fn v2_labels(request: &v2_proto::Request) -> Vec<Vec<(String, String)>> {
+        request
+            .timeseries
+            .iter()
+            .map(|series| {
+                series
+                    .labels_refs
+                    .chunks_exact(2)
+                    .map(|pair| {
+                        (
+                            request.symbols[pair[0] as usize].clone(),
+                            request.symbols[pair[1] as usize].clone(),
+                        )
+                    })
+                    .collect()
+            })
+            .collect()
+    }
+
+    #[test]
+    fn v2_series_point_at_the_symbols_of_their_new_labels() {
+        let rules = relabelling(RULES);
+        let request = v2_request(&[
+            &[("__name__", "go_gc")],
+            &[("__name__", "up"), ("pod", "p1")],
+            &[("__name__", "kept"), ("tenant", "t1")],
+        ]);
+        let raw = request.encode_to_vec();
+        let out = v2(&raw, &rules, None).unwrap();
+        let forwarded = v2_proto::Request::decode(out.as_slice()).unwrap();
+        let pairs = |pairs: &[(&str, &str)]| -> Vec<(String, String)> {
+            pairs
+                .iter()
+                .map(|(name, value)| (name.to_string(), value.to_string()))
+                .collect()
+        };
+        assert_eq!(
+            v2_labels(&forwarded),
+            vec![
+                pairs(&[("__name__", "up"), ("tenant", "t1")]),
+                pairs(&[("__name__", "kept"), ("tenant", "t1")]),
+            ]
+        );
+        // The request's symbols stay where they were; `tenant` and `t1` were there already,
+        // so nothing is appended.
+        assert_eq!(forwarded.symbols, request.symbols);
+        // A text the request lacks is appended once, after the others.
+        let env = relabelling("- target_label: env\n  replacement: prod\n");
+        let out = v2(&raw, &env, None).unwrap();
+        let forwarded = v2_proto::Request::decode(out.as_slice()).unwrap();
+        assert_eq!(
+            forwarded.symbols[..request.symbols.len()],
+            request.symbols[..]
+        );
+        assert_eq!(
+            forwarded.symbols[request.symbols.len()..],
+            ["env".to_string(), "prod".to_string()]
+        );
+        assert_eq!(
+            v2_labels(&forwarded)[0],
+            pairs(&[("__name__", "go_gc"), ("env", "prod")])
+        );
+        // A reference out of range is left to the scan, which refuses it.
+        let mut broken = v2_request(&[&[("__name__", "m")]]);
+        broken.timeseries[0].labels_refs[1] = 99;
+        assert_eq!(v2(&broken.encode_to_vec(), &env, None), None);
+    }
+
+    proptest::proptest! {
+        /// Any bytes: no panic, and either nothing to change or a body prost can decode.
+        #[test]
+        fn any_bytes_are_read_or_left_to_the_scan(raw in proptest::collection::vec(proptest::num::u8::ANY, 0..256)) {
+            let rules = relabelling(RULES);
+            if let Some(out) = v1(&raw, &rules, Some("__replica__")) {
+                proptest::prop_assert!(WriteRequest::decode(out.as_slice()).is_ok());
+            }
+            if let Some(out) = v2(&raw, &rules, None) {
+                proptest::prop_assert!(v2_proto::Request::decode(out.as_slice()).is_ok());
+            }
+        }
+
+        /// The walk against a full decode: the series it forwards are the decoded request's,
+        /// each with the labels the rules make of it, in order, samples untouched.
+        #[test]
+        fn v1_forwards_what_the_rules_make_of_a_decoded_request(
+            names in proptest::collection::vec(
+                (proptest::sample::select(vec!["go_gc", "up", "kept"]),
+                 proptest::option::of(proptest::sample::select(vec!["p1", "p2"])),
+                 proptest::option::of(proptest::sample::select(vec!["r", "t1"]))),
+                0..8),
+        ) {
+            let rules = relabelling(RULES);
+            let request = WriteRequest {
+                timeseries: names
+                    .iter()
+                    .enumerate()
+                    .map(|(index, (name, pod, tenant))| {
+                        let mut labels = vec![("__name__", *name)];
+                        labels.extend(pod.map(|pod| ("pod", pod)));
+                        labels.extend(tenant.map(|tenant| ("tenant", tenant)));
+                        series(&labels, index as f64)
+                    })
+                    .collect(),
+                metadata: vec![],
+            };
+            let raw = request.encode_to_vec();
+            let expected: Vec<TimeSeries> = request
+                .timeseries
+                .iter()
+                .filter_map(|series| {
+                    let mut labels: Labels = series
+                        .labels
+                        .iter()
+                        .map(|label| (label.name.clone(), label.value.clone()))
+                        .collect();
+                    labels.insert(TENANT_LABEL.into(), "t1".into());
+                    rules.rules.process(&mut labels).then(|| {
+                        labels.remove(TENANT_LABEL);
+                        TimeSeries {
+                            labels: labels
+                                .into_iter()
+                                .map(|(name, value)| Label { name, value })
+                                .collect(),
+                            ..series.clone()
+                        }
+                    })
+                })
+                .collect();
+            let forwarded = match v1(&raw, &rules, None) {
+                Some(out) => WriteRequest::decode(out.as_slice()).unwrap().timeseries,
+                None => request.timeseries.clone(),
+            };
+            proptest::prop_assert_eq!(forwarded, expected);
+        }
+    }
+}
