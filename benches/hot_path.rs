@@ -151,6 +151,39 @@ fn scan(c: &mut Criterion) {
                 },
             );
         }
+        // A tenant with `metric_relabel_configs`: a rule that changes no series here (the
+        // usual drop of a few metrics), and one that adds a label to every series.
+        let rules = |config: runtime_config::relabel::RuleConfig| {
+            validation
+                .clone()
+                .relabelling(Some(remote_write::relabel::Relabelling {
+                    rules: std::sync::Arc::new(runtime_config::Relabel::new(vec![config]).unwrap()),
+                    tenant: std::sync::Arc::from("t"),
+                }))
+        };
+        let drop_none = rules(runtime_config::relabel::RuleConfig {
+            source_labels: Some(vec!["__name__".into()]),
+            regex: Some("go_.*".into()),
+            action: Some("drop".into()),
+            ..Default::default()
+        });
+        let add_label = rules(runtime_config::relabel::RuleConfig {
+            target_label: Some("env".into()),
+            replacement: Some("prod".into()),
+            ..Default::default()
+        });
+        for (name, validation) in [("drop-none", &drop_none), ("add-label", &add_label)] {
+            group.bench_with_input(
+                BenchmarkId::new(format!("snappy+relabel-{name}+scan+validation"), series),
+                &body,
+                |b, body| {
+                    b.iter(|| {
+                        format::decode_validated(black_box(body), 100 << 20, Format::V1, validation)
+                            .unwrap()
+                    })
+                },
+            );
+        }
         group.bench_with_input(BenchmarkId::new("scan_only", series), &raw, |b, raw| {
             b.iter(|| remote_write::scan(black_box(raw)).unwrap())
         });

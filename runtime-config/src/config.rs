@@ -683,7 +683,8 @@ mod tests {
                 .contains(&format!("overrides.*.{key}")));
         }
         assert!(relabelling.mimir_keys.ignored.is_empty());
-        let mut go = BTreeMap::from([("__name__".to_string(), "go_gc".to_string())]);
+        let mut go = crate::relabel::Labels::new();
+        go.set("__name__", "go_gc");
         assert!(!relabelling.relabel("a").unwrap().process(&mut go));
         assert_eq!(relabelling.relabel("b"), None, "turned off");
         assert_eq!(relabelling.relabel("c"), None);

@@ -8,14 +8,84 @@
 //! know ASCII only; `lowercase` and `uppercase` follow Rust's Unicode case mapping. Label names
 //! are checked as Prometheus 3 checks them (UTF-8, not empty).
 
-use std::collections::BTreeMap;
+use std::borrow::Cow;
 
 use regex::Regex;
 use serde::{Deserialize, Deserializer};
 
 /// A series' labels by name: sorted, each name once, as Prometheus' `labels.Builder` holds
-/// them. Setting an empty value removes the label, as the builder does.
-pub type Labels = BTreeMap<String, String>;
+/// them. Setting an empty value removes the label, as the builder does. Names and values
+/// borrow from the request until a rule writes one.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Labels<'a> {
+    pairs: Vec<(Cow<'a, str>, Cow<'a, str>)>,
+}
+
+impl<'a> Labels<'a> {
+    pub fn new() -> Labels<'a> {
+        Labels::default()
+    }
+
+    /// The value of `name`, if the set has it.
+    pub fn get(&self, name: &str) -> Option<&str> {
+        self.find(name).ok().map(|at| self.pairs[at].1.as_ref())
+    }
+
+    /// Sets `name` to `value`; an empty value removes the label.
+    pub fn set(&mut self, name: impl Into<Cow<'a, str>>, value: impl Into<Cow<'a, str>>) {
+        let (name, value) = (name.into(), value.into());
+        if value.is_empty() {
+            self.remove(&name);
+            return;
+        }
+        // Labels mostly come in name order: the end is the first place to look.
+        if self.pairs.last().is_none_or(|(last, _)| **last < *name) {
+            self.pairs.push((name, value));
+            return;
+        }
+        match self.find(&name) {
+            Ok(at) => self.pairs[at].1 = value,
+            Err(at) => self.pairs.insert(at, (name, value)),
+        }
+    }
+
+    /// Empties the set, keeping its room.
+    pub fn clear(&mut self) {
+        self.pairs.clear();
+    }
+
+    /// Removes `name`, if the set has it.
+    pub fn remove(&mut self, name: &str) {
+        if let Ok(at) = self.find(name) {
+            self.pairs.remove(at);
+        }
+    }
+
+    /// Keeps only the labels whose name `keep` says yes to.
+    pub fn retain_names(&mut self, mut keep: impl FnMut(&str) -> bool) {
+        self.pairs.retain(|(name, _)| keep(name));
+    }
+
+    /// The labels in name order.
+    pub fn iter(&self) -> impl Iterator<Item = (&str, &str)> {
+        self.pairs
+            .iter()
+            .map(|(name, value)| (name.as_ref(), value.as_ref()))
+    }
+
+    pub fn len(&self) -> usize {
+        self.pairs.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.pairs.is_empty()
+    }
+
+    fn find(&self, name: &str) -> Result<usize, usize> {
+        self.pairs
+            .binary_search_by(|(other, _)| other.as_ref().cmp(name))
+    }
+}
 
 /// One rule as the file writes it (Prometheus' `relabel_config`); a field left out takes
 /// Prometheus' default.
@@ -186,26 +256,33 @@ impl Rule {
     }
 
     /// The source labels' values joined by the separator (a missing label is empty).
-    fn value(&self, labels: &Labels) -> String {
+    fn value<'l>(&self, labels: &'l Labels) -> Cow<'l, str> {
+        if let [name] = self.source_labels.as_slice() {
+            return Cow::Borrowed(labels.get(name).unwrap_or(""));
+        }
         let mut value = String::new();
         for (index, name) in self.source_labels.iter().enumerate() {
             if index > 0 {
                 value.push_str(&self.separator);
             }
-            value.push_str(labels.get(name).map_or("", String::as_str));
+            value.push_str(labels.get(name).unwrap_or(""));
         }
-        value
+        Cow::Owned(value)
     }
 
     /// Applies the rule; `false` when the series is to be dropped.
     fn apply(&self, labels: &mut Labels) -> bool {
-        let value = self.value(labels);
         match self.action {
-            Action::Drop => return !self.regex.is_match(&value),
-            Action::Keep => return self.regex.is_match(&value),
-            Action::DropEqual => return label(labels, &self.target_label) != value,
-            Action::KeepEqual => return label(labels, &self.target_label) == value,
+            Action::Drop => return !self.regex.is_match(&self.value(labels)),
+            Action::Keep => return self.regex.is_match(&self.value(labels)),
+            Action::DropEqual => {
+                return labels.get(&self.target_label).unwrap_or("") != self.value(labels)
+            }
+            Action::KeepEqual => {
+                return labels.get(&self.target_label).unwrap_or("") == self.value(labels)
+            }
             Action::Replace => {
+                let value = self.value(labels);
                 // No match, no replacement.
                 let Some(captures) = self.regex.captures(&value) else {
                     return true;
@@ -217,23 +294,29 @@ impl Rule {
                 }
                 let mut replaced = String::new();
                 captures.expand(&self.replacement, &mut replaced);
-                set(labels, target, replaced);
+                labels.set(target, replaced);
             }
-            Action::Lowercase => set(labels, self.target_label.clone(), value.to_lowercase()),
-            Action::Uppercase => set(labels, self.target_label.clone(), value.to_uppercase()),
+            Action::Lowercase => {
+                let lower = self.value(labels).to_lowercase();
+                labels.set(self.target_label.clone(), lower);
+            }
+            Action::Uppercase => {
+                let upper = self.value(labels).to_uppercase();
+                labels.set(self.target_label.clone(), upper);
+            }
             Action::HashMod => {
                 use md5::Digest;
-                let hash = md5::Md5::digest(value.as_bytes());
+                let hash = md5::Md5::digest(self.value(labels).as_bytes());
                 // The last 8 bytes, big-endian, as Prometheus reads them.
                 let tail: [u8; 8] = hash[8..].try_into().expect("an MD5 sum is 16 bytes");
                 let bucket = u64::from_be_bytes(tail) % self.modulus;
-                set(labels, self.target_label.clone(), bucket.to_string());
+                labels.set(self.target_label.clone(), bucket.to_string());
             }
             Action::LabelMap => {
                 // Over the labels as they were before the rule, as the builder's `Range`.
                 let before: Vec<(String, String)> = labels
                     .iter()
-                    .map(|(name, value)| (name.clone(), value.clone()))
+                    .map(|(name, value)| (name.to_string(), value.to_string()))
                     .collect();
                 for (name, value) in before {
                     if self.regex.is_match(&name) {
@@ -241,27 +324,14 @@ impl Rule {
                             .regex
                             .replace_all(&name, self.replacement.as_str())
                             .into_owned();
-                        set(labels, mapped, value);
+                        labels.set(mapped, value);
                     }
                 }
             }
-            Action::LabelDrop => labels.retain(|name, _| !self.regex.is_match(name)),
-            Action::LabelKeep => labels.retain(|name, _| self.regex.is_match(name)),
+            Action::LabelDrop => labels.retain_names(|name| !self.regex.is_match(name)),
+            Action::LabelKeep => labels.retain_names(|name| self.regex.is_match(name)),
         }
         true
-    }
-}
-
-fn label<'a>(labels: &'a Labels, name: &str) -> &'a str {
-    labels.get(name).map_or("", String::as_str)
-}
-
-/// The builder's `Set`: an empty value removes the label.
-fn set(labels: &mut Labels, name: String, value: String) {
-    if value.is_empty() {
-        labels.remove(&name);
-    } else {
-        labels.insert(name, value);
     }
 }
 
@@ -316,15 +386,16 @@ mod tests {
         Relabel::new(configs)
     }
 
-    fn labels(pairs: &[(&str, &str)]) -> Labels {
-        pairs
-            .iter()
-            .map(|(name, value)| (name.to_string(), value.to_string()))
-            .collect()
+    fn labels(pairs: &[(&'static str, &'static str)]) -> Labels<'static> {
+        let mut labels = Labels::new();
+        for (name, value) in pairs {
+            labels.set(*name, *value);
+        }
+        labels
     }
 
     /// `rules` applied to `input`: the labels after, or `None` when dropped.
-    fn run(yaml: &str, input: &[(&str, &str)]) -> Option<Labels> {
+    fn run(yaml: &str, input: &[(&'static str, &'static str)]) -> Option<Labels<'static>> {
         let rules = rules(yaml).unwrap();
         let mut labels = labels(input);
         rules.process(&mut labels).then_some(labels)

@@ -22,6 +22,8 @@ use prost::encoding::{decode_key, decode_varint, encode_key, encode_varint, Wire
 use runtime_config::relabel::Labels;
 use runtime_config::Relabel;
 
+use super::wire::plain_label;
+
 /// The label Mimir sets to the tenant's ID while the rules run.
 const TENANT_LABEL: &str = "__tenant_id__";
 
@@ -41,41 +43,37 @@ enum Outcome {
     Same,
     /// A rule dropped it: cut it.
     Dropped,
-    /// These labels, sorted: write it again.
-    Changed(Labels),
+    /// The labels the rules left, sorted: write it again.
+    Changed,
 }
 
 impl Relabelling {
-    /// The rules on one series' labels, in the order sent. `strip`: the HA replica label,
-    /// removed first.
-    fn outcome(&self, sent: &[(&str, &str)], strip: Option<&str>) -> Outcome {
-        let mut labels = Labels::new();
-        for (name, value) in sent {
-            if value.is_empty() {
-                labels.remove(*name);
-            } else {
-                labels.insert(name.to_string(), value.to_string());
-            }
+    /// The rules on one series' labels, in the order sent, into `labels`. `strip`: the HA
+    /// replica label, removed first.
+    fn outcome<'a>(
+        &'a self,
+        sent: &[(&'a str, &'a str)],
+        strip: Option<&str>,
+        labels: &mut Labels<'a>,
+    ) -> Outcome {
+        labels.clear();
+        for &(name, value) in sent {
+            labels.set(name, value);
         }
         if let Some(replica) = strip {
             labels.remove(replica);
         }
-        labels.insert(TENANT_LABEL.to_string(), self.tenant.to_string());
-        if !self.rules.process(&mut labels) {
+        labels.set(TENANT_LABEL, &*self.tenant);
+        if !self.rules.process(labels) {
             return Outcome::Dropped;
         }
         labels.remove(TENANT_LABEL);
         let unchanged = labels.len() == sent.len()
-            && labels
-                .iter()
-                .zip(sent)
-                .all(|((name, value), (sent_name, sent_value))| {
-                    name == sent_name && value == sent_value
-                });
+            && labels.iter().zip(sent).all(|(label, sent)| label == *sent);
         if unchanged {
             Outcome::Same
         } else {
-            Outcome::Changed(labels)
+            Outcome::Changed
         }
     }
 }
@@ -89,41 +87,54 @@ struct Field<'a> {
     payload: &'a [u8],
 }
 
-/// The fields of `message`, in order; `None` when it is not well formed (or uses groups).
-fn fields(message: &[u8]) -> Option<Vec<Field<'_>>> {
-    let mut fields = Vec::new();
-    let mut buf = message;
-    while !buf.is_empty() {
-        let start = buf;
-        let (tag, wire_type) = decode_key(&mut buf).ok()?;
-        let length = match wire_type {
-            WireType::Varint => {
-                let before = buf.len();
-                decode_varint(&mut buf).ok()?;
-                before - buf.len()
-            }
-            WireType::SixtyFourBit => 8,
-            WireType::ThirtyTwoBit => 4,
-            WireType::LengthDelimited => usize::try_from(decode_varint(&mut buf).ok()?).ok()?,
-            WireType::StartGroup | WireType::EndGroup => return None,
-        };
-        let payload = match wire_type {
-            // The varint was read already: its bytes end where `buf` now starts.
-            WireType::Varint => &start[start.len() - buf.len() - length..start.len() - buf.len()],
-            _ => {
-                let (payload, rest) = buf.split_at_checked(length)?;
-                buf = rest;
-                payload
-            }
-        };
-        fields.push(Field {
-            tag,
-            wire_type,
-            whole: &start[..start.len() - buf.len()],
-            payload,
-        });
+/// The fields of a message, in order; an item is `None` where the message stops being well
+/// formed (or uses groups), and is the last.
+struct Fields<'a>(&'a [u8]);
+
+impl<'a> Iterator for Fields<'a> {
+    type Item = Option<Field<'a>>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.0.is_empty() {
+            return None;
+        }
+        let field = read_field(&mut self.0);
+        if field.is_none() {
+            self.0 = &[];
+        }
+        Some(field)
     }
-    Some(fields)
+}
+
+fn read_field<'a>(buf: &mut &'a [u8]) -> Option<Field<'a>> {
+    let start = *buf;
+    let (tag, wire_type) = decode_key(buf).ok()?;
+    let length = match wire_type {
+        WireType::Varint => {
+            let before = buf.len();
+            decode_varint(buf).ok()?;
+            before - buf.len()
+        }
+        WireType::SixtyFourBit => 8,
+        WireType::ThirtyTwoBit => 4,
+        WireType::LengthDelimited => usize::try_from(decode_varint(buf).ok()?).ok()?,
+        WireType::StartGroup | WireType::EndGroup => return None,
+    };
+    let payload = match wire_type {
+        // The varint was read already: its bytes end where `buf` now starts.
+        WireType::Varint => &start[start.len() - buf.len() - length..start.len() - buf.len()],
+        _ => {
+            let (payload, rest) = buf.split_at_checked(length)?;
+            *buf = rest;
+            payload
+        }
+    };
+    Some(Field {
+        tag,
+        wire_type,
+        whole: &start[..start.len() - buf.len()],
+        payload,
+    })
 }
 
 fn write_field(out: &mut Vec<u8>, tag: u32, payload: &[u8]) {
@@ -137,31 +148,38 @@ fn write_field(out: &mut Vec<u8>, tag: u32, payload: &[u8]) {
 pub(super) fn v1(raw: &[u8], relabelling: &Relabelling, strip: Option<&str>) -> Option<Vec<u8>> {
     let mut out = Vec::with_capacity(raw.len());
     let mut changed = false;
-    for field in fields(raw)? {
+    let (mut sent, mut labels) = (Vec::new(), Labels::new());
+    let (mut message, mut label) = (Vec::new(), Vec::new());
+    for field in Fields(raw) {
+        let field = field?;
         if field.tag != 1 || field.wire_type != WireType::LengthDelimited {
             out.extend_from_slice(field.whole);
             continue;
         }
-        let series = fields(field.payload)?;
-        let mut sent = Vec::new();
-        for label in series.iter().filter(|field| field.tag == 1) {
-            sent.push(v1_label(label)?);
+        sent.clear();
+        for part in Fields(field.payload) {
+            let part = part?;
+            if part.tag == 1 {
+                sent.push(v1_label(&part)?);
+            }
         }
-        match relabelling.outcome(&sent, strip) {
+        match relabelling.outcome(&sent, strip, &mut labels) {
             Outcome::Same => out.extend_from_slice(field.whole),
             Outcome::Dropped => changed = true,
-            Outcome::Changed(labels) => {
+            Outcome::Changed => {
                 changed = true;
-                let mut message = Vec::with_capacity(field.payload.len());
-                let mut label = Vec::new();
-                for (name, value) in &labels {
+                message.clear();
+                for (name, value) in labels.iter() {
                     label.clear();
                     write_field(&mut label, 1, name.as_bytes());
                     write_field(&mut label, 2, value.as_bytes());
                     write_field(&mut message, 1, &label);
                 }
-                for other in series.iter().filter(|field| field.tag != 1) {
-                    message.extend_from_slice(other.whole);
+                for other in Fields(field.payload) {
+                    let other = other?;
+                    if other.tag != 1 {
+                        message.extend_from_slice(other.whole);
+                    }
                 }
                 write_field(&mut out, 1, &message);
             }
@@ -175,8 +193,14 @@ fn v1_label<'a>(field: &Field<'a>) -> Option<(&'a str, &'a str)> {
     if field.wire_type != WireType::LengthDelimited {
         return None;
     }
+    let text = |bytes| std::str::from_utf8(bytes).ok();
+    // As senders write it, mostly: the scan's own fast reader.
+    if let Some((name, value)) = plain_label(field.payload) {
+        return Some((text(name)?, text(value)?));
+    }
     let (mut name, mut value) = ("", "");
-    for part in fields(field.payload)? {
+    for part in Fields(field.payload) {
+        let part = part?;
         match (part.tag, part.wire_type) {
             (1, WireType::LengthDelimited) => name = std::str::from_utf8(part.payload).ok()?,
             (2, WireType::LengthDelimited) => value = std::str::from_utf8(part.payload).ok()?,
@@ -190,27 +214,35 @@ fn v1_label<'a>(field: &Field<'a>) -> Option<(&'a str, &'a str)> {
 /// The rules on a remote-write 2.0 `Request`, as [`v1`]: series' `labels_refs` are resolved
 /// through the symbols, and a changed series points at the symbols of its new labels.
 pub(super) fn v2(raw: &[u8], relabelling: &Relabelling, strip: Option<&str>) -> Option<Vec<u8>> {
-    let request = fields(raw)?;
     let mut symbols = Vec::new();
-    for field in request.iter().filter(|field| field.tag == 4) {
-        if field.wire_type != WireType::LengthDelimited {
-            return None;
+    for field in Fields(raw) {
+        let field = field?;
+        if field.tag == 4 {
+            if field.wire_type != WireType::LengthDelimited {
+                return None;
+            }
+            symbols.push(std::str::from_utf8(field.payload).ok()?);
         }
-        symbols.push(std::str::from_utf8(field.payload).ok()?);
     }
     let mut out = Vec::with_capacity(raw.len());
     let mut changed = false;
     // The symbol of each text, built on the first series that needs one; texts appended.
     let mut index: Option<HashMap<String, u32>> = None;
     let mut appended: Vec<String> = Vec::new();
-    for field in &request {
+    let (mut references, mut sent, mut labels) = (Vec::new(), Vec::new(), Labels::new());
+    let (mut packed, mut message) = (Vec::new(), Vec::new());
+    for field in Fields(raw) {
+        let field = field?;
         if field.tag != 5 || field.wire_type != WireType::LengthDelimited {
             out.extend_from_slice(field.whole);
             continue;
         }
-        let series = fields(field.payload)?;
-        let mut references = Vec::new();
-        for refs in series.iter().filter(|field| field.tag == 1) {
+        references.clear();
+        for refs in Fields(field.payload) {
+            let refs = refs?;
+            if refs.tag != 1 {
+                continue;
+            }
             match refs.wire_type {
                 WireType::LengthDelimited => {
                     let mut packed = refs.payload;
@@ -228,15 +260,15 @@ pub(super) fn v2(raw: &[u8], relabelling: &Relabelling, strip: Option<&str>) -> 
         if references.len() % 2 != 0 {
             return None;
         }
-        let mut sent = Vec::with_capacity(references.len() / 2);
+        sent.clear();
         for pair in references.chunks_exact(2) {
             let text = |reference: u32| symbols.get(reference as usize).copied();
             sent.push((text(pair[0])?, text(pair[1])?));
         }
-        match relabelling.outcome(&sent, strip) {
+        match relabelling.outcome(&sent, strip, &mut labels) {
             Outcome::Same => out.extend_from_slice(field.whole),
             Outcome::Dropped => changed = true,
-            Outcome::Changed(labels) => {
+            Outcome::Changed => {
                 changed = true;
                 let index = index.get_or_insert_with(|| {
                     let mut index = HashMap::with_capacity(symbols.len());
@@ -254,15 +286,18 @@ pub(super) fn v2(raw: &[u8], relabelling: &Relabelling, strip: Option<&str>) -> 
                     appended.push(text.to_string());
                     at
                 };
-                let mut packed = Vec::new();
-                for (name, value) in &labels {
+                packed.clear();
+                for (name, value) in labels.iter() {
                     encode_varint(u64::from(symbol(name)), &mut packed);
                     encode_varint(u64::from(symbol(value)), &mut packed);
                 }
-                let mut message = Vec::with_capacity(field.payload.len());
+                message.clear();
                 write_field(&mut message, 1, &packed);
-                for other in series.iter().filter(|field| field.tag != 1) {
-                    message.extend_from_slice(other.whole);
+                for other in Fields(field.payload) {
+                    let other = other?;
+                    if other.tag != 1 {
+                        message.extend_from_slice(other.whole);
+                    }
                 }
                 write_field(&mut out, 5, &message);
             }
@@ -526,18 +561,17 @@ mod tests {
                 .timeseries
                 .iter()
                 .filter_map(|series| {
-                    let mut labels: Labels = series
-                        .labels
-                        .iter()
-                        .map(|label| (label.name.clone(), label.value.clone()))
-                        .collect();
-                    labels.insert(TENANT_LABEL.into(), "t1".into());
+                    let mut labels = Labels::new();
+                    for label in &series.labels {
+                        labels.set(label.name.as_str(), label.value.as_str());
+                    }
+                    labels.set(TENANT_LABEL, "t1");
                     rules.rules.process(&mut labels).then(|| {
                         labels.remove(TENANT_LABEL);
                         TimeSeries {
                             labels: labels
-                                .into_iter()
-                                .map(|(name, value)| Label { name, value })
+                                .iter()
+                                .map(|(name, value)| Label { name: name.into(), value: value.into() })
                                 .collect(),
                             ..series.clone()
                         }
