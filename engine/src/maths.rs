@@ -95,10 +95,16 @@ pub fn local_limits(limits: &TenantLimits, healthy_replicas: usize) -> LocalLimi
         } else {
             shape(limits.request_rate, limits.request_burst_size)
         },
-        ingestion: if limits.ingestion_rate == 0.0 {
-            LocalLimit::Deny
-        } else {
-            shape(limits.ingestion_rate, limits.ingestion_burst_size)
+        ingestion: match shape(limits.ingestion_rate, limits.ingestion_burst_size) {
+            _ if limits.ingestion_rate == 0.0 => LocalLimit::Deny,
+            // Mimir's distributor with a burst factor: the factor times its share of the rate.
+            LocalLimit::Divided(rate) if limits.ingestion_burst_factor > 0.0 => {
+                LocalLimit::Divided(Rate {
+                    burst: (limits.ingestion_burst_factor * rate.per_second).ceil() as u64,
+                    ..rate
+                })
+            }
+            local => local,
         },
     }
 }
@@ -220,6 +226,42 @@ mod tests {
         assert_eq!(settling(4, 250), 81.25);
         // A healthy count of 0 (cannot happen) counts as 1.
         assert_eq!(settling(0, 1000), 400.0);
+    }
+
+    #[test]
+    fn divided_burst_with_a_factor_is_the_factor_times_the_share_as_in_mimir() {
+        // Mimir's own case (`TestGlobalRateStrategyWithBurstFactor`): a rate of 1000, a factor
+        // of 3 and two distributors give each a rate of 500 and a burst of 1500.
+        let factored = TenantLimits {
+            ingestion_burst_factor: 3.0,
+            ..limits(1000.0, 0.0, RateLimitStrategy::Divided)
+        };
+        assert_eq!(
+            local_limits(&factored, 2).ingestion,
+            LocalLimit::Divided(Rate {
+                per_second: 500.0,
+                burst: 1500
+            })
+        );
+        // Without the factor the burst stays whole; under `weighted` it is the fleet's own.
+        assert_eq!(
+            local_limits(&limits(1000.0, 0.0, RateLimitStrategy::Divided), 2).ingestion,
+            LocalLimit::Divided(Rate {
+                per_second: 500.0,
+                burst: 1000
+            })
+        );
+        let weighted = TenantLimits {
+            rate_limit_strategy: RateLimitStrategy::Weighted,
+            ..factored
+        };
+        assert_eq!(
+            local_limits(&weighted, 2).ingestion,
+            LocalLimit::Fleet(Rate {
+                per_second: 1000.0,
+                burst: 1000
+            })
+        );
     }
 
     proptest! {

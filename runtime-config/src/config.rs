@@ -763,6 +763,38 @@ mod tests {
     }
 
     #[test]
+    fn ingestion_burst_factor_sets_the_burst_as_mimir_does() {
+        // Mimir: a factor above 0 makes the burst ceil(factor × rate), whatever
+        // ingestion_burst_size says; 0 leaves the burst size in force.
+        let config = parse(
+            "overrides:\n  a:\n    ingestion_rate: 1000.5\n    ingestion_burst_size: 7\n    \
+             ingestion_burst_factor: 3\n  b:\n    ingestion_rate: 1000\n    \
+             ingestion_burst_size: 7\n    ingestion_burst_factor: 0\n",
+        )
+        .unwrap();
+        assert_eq!(config.tenant_limits("a").ingestion_burst_size, 3002);
+        assert_eq!(config.tenant_limits("b").ingestion_burst_size, 7);
+        assert!(config
+            .mimir_keys
+            .in_force
+            .contains(&"overrides.*.ingestion_burst_factor".to_string()));
+        assert!(config.mimir_keys.ignored.is_empty());
+        // A factor on a tenant that inherits the default rate reads that rate.
+        let inherited = parse("overrides:\n  a:\n    ingestion_burst_factor: 2\n").unwrap();
+        assert_eq!(
+            inherited.tenant_limits("a").ingestion_burst_size,
+            (2.0 * inherited.defaults.tenant.ingestion_rate).ceil() as u64
+        );
+        let err = parse("overrides:\n  a:\n    ingestion_burst_factor: -1\n")
+            .unwrap_err()
+            .to_string();
+        assert_eq!(
+            err,
+            "overrides.a: ingestion_burst_factor must be 0 (off) or more, got -1"
+        );
+    }
+
+    #[test]
     fn bad_values_are_errors() {
         for (content, expected) in [
             (

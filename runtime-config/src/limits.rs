@@ -63,6 +63,10 @@ pub struct TenantLimits {
     /// Largest number of samples (etc.) the bucket holds. Must be ≥ 1 unless the rate is 0.
     /// A single request larger than this can never pass.
     pub ingestion_burst_size: u64,
+    /// Mimir's `ingestion_burst_factor`; 0 is off. Above 0 the burst is ⌈factor × rate⌉
+    /// (already in `ingestion_burst_size`), and under `divided` each replica's is ⌈factor ×
+    /// its share of the rate⌉, as each Mimir distributor's is.
+    pub ingestion_burst_factor: f64,
     /// Push requests per second, fleet-wide. `0` means unlimited (Mimir's meaning).
     pub request_rate: f64,
     /// Largest number of requests the request bucket holds. Must be ≥ 1 when
@@ -86,6 +90,7 @@ impl Default for TenantLimits {
         TenantLimits {
             ingestion_rate: 10_000.0,
             ingestion_burst_size: 200_000,
+            ingestion_burst_factor: 0.0,
             request_rate: 0.0,
             request_burst_size: 0,
             rate_limit_strategy: RateLimitStrategy::Weighted,
@@ -102,6 +107,9 @@ impl Default for TenantLimits {
 pub(crate) struct TenantOverride {
     pub ingestion_rate: Option<f64>,
     pub ingestion_burst_size: Option<u64>,
+    /// Mimir's `ingestion_burst_factor`: when above 0, the burst is the rate times this,
+    /// whatever `ingestion_burst_size` says.
+    pub ingestion_burst_factor: Option<f64>,
     pub request_rate: Option<f64>,
     pub request_burst_size: Option<u64>,
     pub rate_limit_strategy: Option<RateLimitStrategy>,
@@ -112,11 +120,21 @@ pub(crate) struct TenantOverride {
 
 impl TenantOverride {
     pub(crate) fn apply(&self, defaults: &TenantLimits) -> TenantLimits {
+        let ingestion_rate = self.ingestion_rate.unwrap_or(defaults.ingestion_rate);
+        let ingestion_burst_factor = self
+            .ingestion_burst_factor
+            .unwrap_or(defaults.ingestion_burst_factor);
+        let ingestion_burst_size = if ingestion_burst_factor > 0.0 {
+            // Mimir's `ceil(factor × rate)`; a product past u64 saturates.
+            (ingestion_burst_factor * ingestion_rate).ceil() as u64
+        } else {
+            self.ingestion_burst_size
+                .unwrap_or(defaults.ingestion_burst_size)
+        };
         TenantLimits {
-            ingestion_rate: self.ingestion_rate.unwrap_or(defaults.ingestion_rate),
-            ingestion_burst_size: self
-                .ingestion_burst_size
-                .unwrap_or(defaults.ingestion_burst_size),
+            ingestion_rate,
+            ingestion_burst_size,
+            ingestion_burst_factor,
             request_rate: self.request_rate.unwrap_or(defaults.request_rate),
             request_burst_size: self
                 .request_burst_size
@@ -137,6 +155,12 @@ impl TenantLimits {
     /// Checks the rules a resolved set of limits must meet; the message names the key.
     pub fn validate(&self) -> Result<(), String> {
         check_rate("ingestion_rate", self.ingestion_rate)?;
+        if !(self.ingestion_burst_factor >= 0.0 && self.ingestion_burst_factor.is_finite()) {
+            return Err(format!(
+                "ingestion_burst_factor must be 0 (off) or more, got {}",
+                self.ingestion_burst_factor
+            ));
+        }
         check_rate("request_rate", self.request_rate)?;
         check_refill(
             "ingestion_rate",

@@ -218,11 +218,6 @@ pub(crate) const IGNORED: &[(&str, &str)] = &[
         "ingestion_artificial_delay",
         "not implemented: weir adds no delay to pushes",
     ),
-    (
-        "ingestion_burst_factor",
-        "not implemented: the ingestion bucket holds ingestion_burst_size; set that to \
-         ingestion_rate × the factor",
-    ),
     ("ingestion_partitions_tenant_shard_size", SHUFFLE_SHARDING),
     ("ingestion_tenant_shard_size", SHUFFLE_SHARDING),
     (

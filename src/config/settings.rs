@@ -29,6 +29,7 @@ impl Config {
             tenant: TenantLimits {
                 ingestion_rate: self.ingestion_rate,
                 ingestion_burst_size: self.ingestion_burst_size,
+                ingestion_burst_factor: 0.0,
                 request_rate: self.request_rate,
                 request_burst_size: self.request_burst_size,
                 rate_limit_strategy: self.rate_limit_strategy,
