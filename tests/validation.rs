@@ -685,3 +685,33 @@ async fn exemplars_are_dropped_uncharged_and_counted_as_mimir_does() {
         "{dropped:?}"
     );
 }
+
+/// `name_validation_scheme: utf8` takes dotted metric and label names that Mimir's default,
+/// `legacy`, refuses: the same push is forwarded for one tenant and refused for the other.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn utf8_names_pass_under_the_utf8_scheme_and_are_refused_under_legacy() {
+    let receiver = Receiver::default();
+    let upstream = receiver.serve().await;
+    let overrides = "overrides:\n  u:\n    name_validation_scheme: utf8\n";
+    let (replica, _dir) = forwarding_to(upstream, overrides, 59, "validation-utf8", &[]).await;
+    let base = format!("http://{}", replica.http);
+    let client = reqwest::Client::new();
+    let dotted = WriteRequest {
+        timeseries: vec![series(
+            &[
+                ("__name__", "http.server.duration"),
+                ("service.name", "api"),
+            ],
+            &[now_ms()],
+        )],
+        metadata: vec![],
+    };
+    let body = dotted.encode_snappy();
+    let (status, text) = push_as(&client, &base, "u", body.clone()).await;
+    assert_eq!(status, 200, "{text}");
+    assert_eq!(receiver.take_bodies(), vec![Bytes::from(body.clone())]);
+    let (status, text) = push_as(&client, &base, "legacy", body).await;
+    assert_eq!(status, 400, "{text}");
+    assert!(text.contains("metric-name-invalid"), "{text}");
+    assert!(receiver.take_bodies().is_empty());
+}

@@ -623,14 +623,13 @@ mod tests {
     fn each_key_lands_in_its_list_with_its_reason() {
         let config = parse(
             "overrides:\n  a:\n    ha_cluster_label: cluster\n    max_label_names_per_series: 40\n    \
-             name_validation_scheme: legacy\n    max_global_series_per_user: 150000\n    rate_limit_strategy: divided\n    \
+             name_validation_scheme: utf8\n    ingestion_artificial_delay: 1s\n    max_global_series_per_user: 150000\n    rate_limit_strategy: divided\n    \
              ingestion_burst_size: null\n  b:\n    accept_ha_samples: true\n    \
              ingestion_rate: 5\n    ruler_tenant_shard_size: 2\n\
              distributor_limits:\n  max_ingestion_rate: 100\n",
         )
         .unwrap();
-        let validation = "not applied: weir validates label counts and lengths and sample \
-                          timestamps (remote-write 1.0); such series are charged and forwarded";
+        let delay = "not implemented: weir adds no delay to pushes";
         assert_eq!(
             config.mimir_keys.in_force,
             vec![
@@ -639,6 +638,7 @@ mod tests {
                 "overrides.*.ha_cluster_label",
                 "overrides.*.ingestion_rate",
                 "overrides.*.max_label_names_per_series",
+                "overrides.*.name_validation_scheme",
                 "overrides.*.rate_limit_strategy",
             ],
             "a key set to null inherits the default: not listed"
@@ -655,7 +655,7 @@ mod tests {
         );
         assert_eq!(
             config.mimir_keys.ignored,
-            vec![("overrides.*.name_validation_scheme".to_string(), validation),]
+            vec![("overrides.*.ingestion_artificial_delay".to_string(), delay)]
         );
         // drop_labels is in force for the tenant that sets it.
         let dropping = parse("overrides:\n  a:\n    drop_labels: [replica, pod]\n").unwrap();
@@ -698,6 +698,14 @@ mod tests {
             "{bad}"
         );
         // Series validation: the tenant's own, else Mimir's defaults.
+        assert_eq!(
+            config.validation_limits("a").name_validation_scheme,
+            crate::validation::NameValidationScheme::Utf8
+        );
+        assert_eq!(
+            config.validation_limits("b").name_validation_scheme,
+            crate::validation::NameValidationScheme::Legacy
+        );
         assert_eq!(config.validation_limits("a").max_label_names_per_series, 40);
         assert_eq!(config.validation_limits("a").max_label_name_length, 1024);
         assert_eq!(config.validation_limits("b").max_label_names_per_series, 30);

@@ -194,8 +194,6 @@ pub(crate) const NOT_FOR_A_DISTRIBUTOR: &[(&str, &str)] = &[
 
 pub(crate) const SAMPLE_FAILOVER: &str = "not implemented: weir's HA tracker fails over on \
                                           its own clock, after ha_tracker_failover_timeout";
-const SERIES_VALIDATION: &str = "not applied: weir validates label counts and lengths and \
-     sample timestamps (remote-write 1.0); such series are charged and forwarded";
 const FORWARDING: &str = "Mimir's per-tenant forwarding is not implemented: every admitted \
                           push goes to --upstream";
 const SHUFFLE_SHARDING: &str = "shuffle sharding does not apply: weir has no ingesters or \
@@ -225,7 +223,6 @@ pub(crate) const IGNORED: &[(&str, &str)] = &[
         "not implemented: weir does not count series (Mimir applies it with ingest storage)",
     ),
     ("max_cost_attribution_cardinality", COST_ATTRIBUTION),
-    ("name_validation_scheme", SERIES_VALIDATION),
     (
         "native_histograms_ingestion_enabled",
         "not implemented: native histograms are charged and forwarded whatever its value",

@@ -8,7 +8,8 @@
 //! `enforce_metadata_metric_name: true`, `max_native_histogram_buckets: 0`, which is off,
 //! `reduce_native_histogram_over_max_buckets: true`, and for exemplars
 //! `max_global_exemplars_per_user: 0`, which takes them all out, and
-//! `max_exemplars_per_series_per_request: 0`, which is off). weir's remote-write 1.0 and 2.0
+//! `max_exemplars_per_series_per_request: 0`, which is off, and `name_validation_scheme: legacy`).
+//! weir's remote-write 1.0 and 2.0
 //! scans apply them (`src/remote_write/validate.rs`, shared by both).
 
 use std::time::Duration;
@@ -45,6 +46,31 @@ impl<'de> Deserialize<'de> for LabelValueLengthOverLimitStrategy {
             other => Err(serde::de::Error::custom(format!(
                 "unrecognized label_value_length_over_limit_strategy {other:?}: expected \
                  error, truncate or drop"
+            ))),
+        }
+    }
+}
+
+/// Which metric and label names are valid (Mimir's `name_validation_scheme`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum NameValidationScheme {
+    /// Prometheus' legacy names: a metric `[a-zA-Z_:][a-zA-Z0-9_:]*`, a label
+    /// `[a-zA-Z_][a-zA-Z0-9_]*`. Mimir's default.
+    #[default]
+    Legacy,
+    /// Any name that is not empty (and UTF-8, which every string of a push is).
+    Utf8,
+}
+
+impl<'de> Deserialize<'de> for NameValidationScheme {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let text = String::deserialize(deserializer)?;
+        match text.as_str() {
+            "legacy" => Ok(Self::Legacy),
+            "utf8" => Ok(Self::Utf8),
+            other => Err(serde::de::Error::custom(format!(
+                "unrecognized name_validation_scheme {other:?}: expected legacy or utf8"
             ))),
         }
     }
@@ -89,6 +115,8 @@ pub struct ValidationLimits {
     /// Exemplars a series may carry in one request; the rest are dropped
     /// (`too_many_exemplars_per_series_per_request`). Zero: no limit.
     pub max_exemplars_per_series_per_request: u32,
+    /// Which metric and label names are valid.
+    pub name_validation_scheme: NameValidationScheme,
 }
 
 impl Default for ValidationLimits {
@@ -107,6 +135,7 @@ impl Default for ValidationLimits {
             reduce_native_histogram_over_max_buckets: true,
             max_global_exemplars_per_user: 0,
             max_exemplars_per_series_per_request: 0,
+            name_validation_scheme: NameValidationScheme::Legacy,
         }
     }
 }
@@ -134,6 +163,7 @@ pub(crate) struct ValidationKeys {
     pub reduce_native_histogram_over_max_buckets: Option<bool>,
     pub max_global_exemplars_per_user: Option<u64>,
     pub max_exemplars_per_series_per_request: Option<u32>,
+    pub name_validation_scheme: Option<NameValidationScheme>,
 }
 
 impl<'de> Deserialize<'de> for ValidationOverride {
@@ -187,6 +217,7 @@ impl ValidationOverride {
             reduce_native_histogram_over_max_buckets,
             max_global_exemplars_per_user,
             max_exemplars_per_series_per_request,
+            name_validation_scheme,
         } = &self.0;
         max_label_names_per_series.is_none()
             && max_label_names_per_info_series.is_none()
@@ -201,6 +232,7 @@ impl ValidationOverride {
             && reduce_native_histogram_over_max_buckets.is_none()
             && max_global_exemplars_per_user.is_none()
             && max_exemplars_per_series_per_request.is_none()
+            && name_validation_scheme.is_none()
     }
 
     pub(crate) fn apply(&self, defaults: &ValidationLimits) -> ValidationLimits {
@@ -243,6 +275,9 @@ impl ValidationOverride {
             max_exemplars_per_series_per_request: keys
                 .max_exemplars_per_series_per_request
                 .unwrap_or(defaults.max_exemplars_per_series_per_request),
+            name_validation_scheme: keys
+                .name_validation_scheme
+                .unwrap_or(defaults.name_validation_scheme),
         }
     }
 }

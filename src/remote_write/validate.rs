@@ -13,7 +13,9 @@
 //! two lengths and a byte loop over each name. Messages and rewrites are built only for the
 //! series that need them.
 
-use runtime_config::validation::{LabelValueLengthOverLimitStrategy, LABEL_VALUE_HASH_LENGTH};
+use runtime_config::validation::{
+    LabelValueLengthOverLimitStrategy, NameValidationScheme, LABEL_VALUE_HASH_LENGTH,
+};
 use runtime_config::ValidationLimits;
 
 use super::prompb::{BucketSpan, Histogram, MetricMetadata};
@@ -518,29 +520,33 @@ impl<'a> SeriesCheck<'a> {
         exemplars.clear();
     }
 
-    /// Whether `name` is a legacy label name, from the name at its position in an earlier
-    /// series when it is the same (a valid name is never empty, the slots' start).
+    /// Whether `name` is a valid label name under `scheme`, from the name at its position in
+    /// an earlier series when it is the same (a valid name is never empty, the slots' start).
     #[inline(always)]
-    fn is_label_name_at(&mut self, name: &'a [u8]) -> bool {
+    fn is_label_name_at(&mut self, name: &'a [u8], scheme: NameValidationScheme) -> bool {
         let slot = self.labels as usize;
         match self.known_names.get_mut(slot) {
             Some(known) if !known.is_empty() && same_name(known, name) => true,
-            Some(known) if is_label_name(name) => {
+            Some(known) if is_label_name_in(name, scheme) => {
                 *known = name;
                 true
             }
             Some(_) => false,
-            None => is_label_name(name),
+            None => is_label_name_in(name, scheme),
         }
     }
 
-    /// Whether `name` is a legacy metric name, from the earlier series' when it is the same.
+    /// Whether `name` is a valid metric name under `scheme`, from the earlier series' when it
+    /// is the same.
     #[inline(always)]
-    fn is_metric_name_known(&mut self, name: &'a [u8]) -> bool {
+    fn is_metric_name_known(&mut self, name: &'a [u8], scheme: NameValidationScheme) -> bool {
         if !self.known_metric.is_empty() && same_name(self.known_metric, name) {
             return true;
         }
-        let valid = is_metric_name(name);
+        let valid = match scheme {
+            NameValidationScheme::Legacy => is_metric_name(name),
+            NameValidationScheme::Utf8 => !name.is_empty(),
+        };
         if valid {
             self.known_metric = name;
         }
@@ -590,7 +596,8 @@ impl<'a> SeriesCheck<'a> {
         value_length: bool,
     ) {
         if same_name(name, b"__name__") {
-            self.metric_name = Some(self.is_metric_name_known(value));
+            self.metric_name =
+                Some(self.is_metric_name_known(value, limits.name_validation_scheme));
             self.info = value.ends_with(b"_info");
         }
         let order = name_order(name, self.previous_name);
@@ -599,7 +606,7 @@ impl<'a> SeriesCheck<'a> {
             *slot = name;
         }
         if self.label_error.is_none() {
-            let reason = if !self.is_label_name_at(name) {
+            let reason = if !self.is_label_name_at(name, limits.name_validation_scheme) {
                 Some(SeriesReason::LabelInvalid)
             } else if name.len() > limits.max_label_name_length as usize {
                 Some(SeriesReason::LabelNameTooLong)
@@ -957,7 +964,7 @@ fn sorted_label_error(validation: &Validation, series: &[u8]) -> Option<(SeriesR
     let labels = kept_labels(validation, series, true);
     let mut previous = "";
     for (index, (name, value)) in labels.iter().enumerate() {
-        let reason = if !is_label_name(name.as_bytes()) {
+        let reason = if !is_label_name_in(name.as_bytes(), limits.name_validation_scheme) {
             Some(SeriesReason::LabelInvalid)
         } else if name.len() > limits.max_label_name_length as usize {
             Some(SeriesReason::LabelNameTooLong)
@@ -1226,6 +1233,16 @@ pub(crate) fn check_metadata(
     MetadataVerdict::Keep
 }
 
+/// Whether `name` is a valid label name under `scheme`: legacy, or any name not empty (the
+/// scan has checked it is UTF-8).
+#[inline(always)]
+fn is_label_name_in(name: &[u8], scheme: NameValidationScheme) -> bool {
+    match scheme {
+        NameValidationScheme::Legacy => is_label_name(name),
+        NameValidationScheme::Utf8 => !name.is_empty(),
+    }
+}
+
 /// Prometheus' legacy label name: `[a-zA-Z_][a-zA-Z0-9_]*` (Mimir's default scheme). Every
 /// label of every series comes here.
 #[inline]
@@ -1413,6 +1430,42 @@ mod tests {
             proptest::prop_assert_eq!(same_name(&a, &b), a == b);
             proptest::prop_assert!(!same_name(&a, &b[..b.len().saturating_sub(1)]) || a.is_empty());
         }
+    }
+
+    /// `name_validation_scheme: utf8`: any name that is not empty is valid, the metric's too;
+    /// under `legacy` (the default) the same series are refused.
+    #[test]
+    fn utf8_scheme_takes_any_name_that_is_not_empty() {
+        let judge = |scheme: NameValidationScheme, labels: &[(&'static str, &'static str)]| {
+            let limits = ValidationLimits {
+                name_validation_scheme: scheme,
+                ..ValidationLimits::default()
+            };
+            let validation = Validation::new(limits, 0);
+            let mut seen = SeriesCheck::new();
+            seen.next();
+            for (name, value) in labels {
+                seen.label(name.as_bytes(), value.as_bytes(), &limits);
+            }
+            seen.verdict(&validation, b"").map(|(reason, _)| reason)
+        };
+        let dotted = [("__name__", "http.server.duration"), ("service.name", "é")];
+        assert_eq!(judge(NameValidationScheme::Utf8, &dotted), None);
+        assert_eq!(
+            judge(NameValidationScheme::Legacy, &dotted),
+            Some(SeriesReason::MetricNameInvalid)
+        );
+        let label = [("__name__", "up"), ("k8s.pod-name", "p")];
+        assert_eq!(judge(NameValidationScheme::Utf8, &label), None);
+        assert_eq!(
+            judge(NameValidationScheme::Legacy, &label),
+            Some(SeriesReason::LabelInvalid)
+        );
+        assert_eq!(
+            judge(NameValidationScheme::Utf8, &[("", "v"), ("__name__", "up")]),
+            Some(SeriesReason::LabelInvalid),
+            "an empty name is not one"
+        );
     }
 
     /// A name that passed in an earlier series of the request is taken as known only when it
