@@ -18,6 +18,7 @@ mod common;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use axum::body::Bytes;
+use common::decoded;
 use common::fleet::{forwarding_to, free_gossip_addr, spawn, until_healthy, Replica};
 use common::receiver::Receiver;
 use weir::remote_write::prompb::{Label, Sample, TimeSeries, WriteRequest};
@@ -72,11 +73,6 @@ fn label(name: &str, value: &str) -> Label {
         name: name.into(),
         value: value.into(),
     }
-}
-
-fn decoded(body: &[u8]) -> WriteRequest {
-    let raw = snap::raw::Decoder::new().decompress_vec(body).unwrap();
-    <WriteRequest as prost::Message>::decode(raw.as_slice()).unwrap()
 }
 
 async fn push(client: &reqwest::Client, replica: &Replica, body: &WriteRequest) -> (u16, String) {

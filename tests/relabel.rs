@@ -17,7 +17,8 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use axum::body::Bytes;
 use common::fleet::forwarding_to;
 use common::receiver::Receiver;
-use weir::remote_write::prompb::{Label, Sample, TimeSeries, WriteRequest};
+use common::{decoded, series};
+use weir::remote_write::prompb::{TimeSeries, WriteRequest};
 use weir::remote_write::v2_proto;
 
 const OVERRIDES: &str = "\
@@ -53,28 +54,6 @@ fn now_ms() -> i64 {
         .as_millis() as i64
 }
 
-fn series(labels: &[(&str, &str)], timestamp: i64) -> TimeSeries {
-    TimeSeries {
-        labels: labels
-            .iter()
-            .map(|(name, value)| Label {
-                name: name.to_string(),
-                value: value.to_string(),
-            })
-            .collect(),
-        samples: vec![Sample {
-            value: 1.0,
-            timestamp,
-        }],
-        ..TimeSeries::default()
-    }
-}
-
-fn decoded(body: &[u8]) -> WriteRequest {
-    let raw = snap::raw::Decoder::new().decompress_vec(body).unwrap();
-    <WriteRequest as prost::Message>::decode(raw.as_slice()).unwrap()
-}
-
 async fn push(client: &reqwest::Client, base: &str, tenant: &str, body: Vec<u8>) -> (u16, String) {
     let response = common::push_request(client, base, Some(tenant), body)
         .send()
@@ -95,11 +74,11 @@ async fn rules_drop_and_change_series_before_they_are_checked_charged_and_forwar
 
     // 20 series a rule drops and 3 it keeps, against a burst of 5: only the 3 are charged.
     let mut timeseries: Vec<TimeSeries> = (0..20)
-        .map(|index| series(&[("__name__", "go_gc"), ("i", &index.to_string())], now))
+        .map(|index| series(&[("__name__", "go_gc"), ("i", &index.to_string())], &[now]))
         .collect();
-    timeseries.push(series(&[("__name__", "up"), ("pod", "p1")], now));
-    timeseries.push(series(&[("__name__", "up"), ("job", "a")], now));
-    timeseries.push(series(&[("__name__", "kept"), ("tenant", "r")], now));
+    timeseries.push(series(&[("__name__", "up"), ("pod", "p1")], &[now]));
+    timeseries.push(series(&[("__name__", "up"), ("job", "a")], &[now]));
+    timeseries.push(series(&[("__name__", "kept"), ("tenant", "r")], &[now]));
     let request = WriteRequest {
         timeseries,
         metadata: vec![],
@@ -111,9 +90,9 @@ async fn rules_drop_and_change_series_before_they_are_checked_charged_and_forwar
     assert_eq!(
         decoded(&forwarded[0]).timeseries,
         vec![
-            series(&[("__name__", "up"), ("tenant", "r")], now),
-            series(&[("__name__", "up"), ("job", "a"), ("tenant", "r")], now),
-            series(&[("__name__", "kept"), ("tenant", "r")], now),
+            series(&[("__name__", "up"), ("tenant", "r")], &[now]),
+            series(&[("__name__", "up"), ("job", "a"), ("tenant", "r")], &[now]),
+            series(&[("__name__", "kept"), ("tenant", "r")], &[now]),
         ],
         "go_gc dropped, pod cut, the tenant's ID written by the rule"
     );
@@ -129,8 +108,8 @@ async fn rules_drop_and_change_series_before_they_are_checked_charged_and_forwar
     tokio::time::sleep(std::time::Duration::from_millis(1_200)).await;
     let over = WriteRequest {
         timeseries: vec![
-            series(&[("__name__", "m"), ("a", "1"), ("b", "1")], now),
-            series(&[("__name__", "ok")], now),
+            series(&[("__name__", "m"), ("a", "1"), ("b", "1")], &[now]),
+            series(&[("__name__", "ok")], &[now]),
         ],
         metadata: vec![],
     };
@@ -139,13 +118,13 @@ async fn rules_drop_and_change_series_before_they_are_checked_charged_and_forwar
     assert!(text.contains("max-label-names-per-series"), "{text}");
     assert_eq!(
         decoded(&receiver.take_bodies()[0]).timeseries,
-        vec![series(&[("__name__", "ok"), ("tenant", "r")], now)],
+        vec![series(&[("__name__", "ok"), ("tenant", "r")], &[now])],
         "the good series goes on"
     );
 
     // Every series dropped: 200, nothing forwarded.
     let all_dropped = WriteRequest {
-        timeseries: vec![series(&[("__name__", "go_threads")], now)],
+        timeseries: vec![series(&[("__name__", "go_threads")], &[now])],
         metadata: vec![],
     };
     let (status, text) = push(&client, &base, "r", all_dropped.encode_snappy()).await;
@@ -154,7 +133,7 @@ async fn rules_drop_and_change_series_before_they_are_checked_charged_and_forwar
 
     // A tenant with no rules: the client's bytes.
     let plain = WriteRequest {
-        timeseries: vec![series(&[("__name__", "go_gc"), ("pod", "p")], now)],
+        timeseries: vec![series(&[("__name__", "go_gc"), ("pod", "p")], &[now])],
         metadata: vec![],
     };
     let body = plain.encode_snappy();

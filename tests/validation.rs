@@ -30,9 +30,9 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use axum::body::Bytes;
 use common::fleet::forwarding_to;
 use common::receiver::Receiver;
+use common::{decoded, series};
 use weir::remote_write::prompb::{
-    histogram, BucketSpan, Exemplar, Histogram, Label, MetricMetadata, Sample, TimeSeries,
-    WriteRequest,
+    histogram, BucketSpan, Exemplar, Histogram, Label, MetricMetadata, TimeSeries, WriteRequest,
 };
 
 const OVERRIDES: &str = "overrides:\n  v:\n    ingestion_rate: 1000000\n    \
@@ -46,26 +46,6 @@ fn now_ms() -> i64 {
         .duration_since(UNIX_EPOCH)
         .unwrap()
         .as_millis() as i64
-}
-
-fn series(labels: &[(&str, &str)], timestamps: &[i64]) -> TimeSeries {
-    TimeSeries {
-        labels: labels
-            .iter()
-            .map(|(name, value)| Label {
-                name: name.to_string(),
-                value: value.to_string(),
-            })
-            .collect(),
-        samples: timestamps
-            .iter()
-            .map(|timestamp| Sample {
-                value: 1.0,
-                timestamp: *timestamp,
-            })
-            .collect(),
-        ..TimeSeries::default()
-    }
 }
 
 /// `target_info` with `count` labels in all.
@@ -130,11 +110,6 @@ fn bad_series(now: i64) -> Vec<(&'static str, TimeSeries)> {
             series(&[("__name__", "m")], &[now - 7_200_000, now]),
         ),
     ]
-}
-
-fn decoded(body: &[u8]) -> WriteRequest {
-    let raw = snap::raw::Decoder::new().decompress_vec(body).unwrap();
-    <WriteRequest as prost::Message>::decode(raw.as_slice()).unwrap()
 }
 
 async fn push(client: &reqwest::Client, base: &str, body: Vec<u8>) -> (u16, String) {

@@ -15,7 +15,7 @@ use governor::clock::FakeRelativeClock;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 use weir::config::Config;
-use weir::remote_write::prompb::WriteRequest;
+use weir::remote_write::prompb::{Label, Sample, TimeSeries, WriteRequest};
 
 pub struct Weir {
     pub addr: SocketAddr,
@@ -348,4 +348,31 @@ pub fn push_request(
         Some(tenant) => request.header("X-Scope-OrgID", tenant),
         None => request,
     }
+}
+
+/// A 1.0 series with these labels, in the order given, and a sample of 1.0 at each timestamp.
+pub fn series(labels: &[(&str, &str)], timestamps: &[i64]) -> TimeSeries {
+    TimeSeries {
+        labels: labels
+            .iter()
+            .map(|(name, value)| Label {
+                name: name.to_string(),
+                value: value.to_string(),
+            })
+            .collect(),
+        samples: timestamps
+            .iter()
+            .map(|timestamp| Sample {
+                value: 1.0,
+                timestamp: *timestamp,
+            })
+            .collect(),
+        ..TimeSeries::default()
+    }
+}
+
+/// A forwarded 1.0 body, decompressed and decoded.
+pub fn decoded(body: &[u8]) -> WriteRequest {
+    let raw = snap::raw::Decoder::new().decompress_vec(body).unwrap();
+    <WriteRequest as prost::Message>::decode(raw.as_slice()).unwrap()
 }
