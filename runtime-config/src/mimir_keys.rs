@@ -225,7 +225,9 @@ pub(crate) const IGNORED: &[(&str, &str)] = &[
     ("max_cost_attribution_cardinality", COST_ATTRIBUTION),
     (
         "native_histograms_ingestion_enabled",
-        "not implemented: native histograms are charged and forwarded whatever its value",
+        "as Mimir's distributor: native histograms are charged and forwarded whatever its \
+         value; Mimir's ingesters drop them when it is false (its distributor only counts them \
+         in cortex_distributor_dropped_native_histograms_total, which weir does not export)",
     ),
     ("otel_convert_histograms_to_nhcb", OTLP_TRANSLATION),
     (
