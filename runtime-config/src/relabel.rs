@@ -365,16 +365,6 @@ impl Relabel {
     pub fn process(&self, labels: &mut Labels) -> bool {
         self.rules.iter().all(|rule| rule.apply(labels))
     }
-
-    /// How many rules there are.
-    pub fn len(&self) -> usize {
-        self.rules.len()
-    }
-
-    /// Whether there is no rule.
-    pub fn is_empty(&self) -> bool {
-        self.rules.is_empty()
-    }
 }
 
 #[cfg(test)]
