@@ -18,7 +18,9 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use prost::encoding::{decode_key, decode_varint, encode_key, encode_varint, WireType};
+use prost::encoding::{
+    decode_key, decode_varint, encode_key, encode_varint, skip_field, DecodeContext, WireType,
+};
 use runtime_config::relabel::Labels;
 use runtime_config::Relabel;
 
@@ -118,11 +120,20 @@ fn read_field<'a>(buf: &mut &'a [u8]) -> Option<Field<'a>> {
         WireType::SixtyFourBit => 8,
         WireType::ThirtyTwoBit => 4,
         WireType::LengthDelimited => usize::try_from(decode_varint(buf).ok()?).ok()?,
-        WireType::StartGroup | WireType::EndGroup => return None,
+        // A group (proto2, never written by a remote-write sender), skipped to its end as
+        // prost and the scan skip it, so a body with one is still relabelled.
+        WireType::StartGroup => {
+            let before = buf.len();
+            skip_field(wire_type, tag, buf, DecodeContext::default()).ok()?;
+            before - buf.len()
+        }
+        WireType::EndGroup => return None,
     };
     let payload = match wire_type {
-        // The varint was read already: its bytes end where `buf` now starts.
-        WireType::Varint => &start[start.len() - buf.len() - length..start.len() - buf.len()],
+        // Read already: its bytes end where `buf` now starts.
+        WireType::Varint | WireType::StartGroup => {
+            &start[start.len() - buf.len() - length..start.len() - buf.len()]
+        }
         _ => {
             let (payload, rest) = buf.split_at_checked(length)?;
             *buf = rest;
@@ -366,6 +377,9 @@ mod tests {
         // A field a newer sender might add, which must reach the receiver.
         encode_key(15, WireType::Varint, &mut raw);
         encode_varint(7, &mut raw);
+        // And a group, which prost and the scan skip: the rules still run.
+        let group = [14 << 3 | 3, 1 << 3, 1, 14 << 3 | 4];
+        raw.extend_from_slice(&group);
         let out = v1(&raw, &rules, None).expect("the rules change this request");
         let forwarded = WriteRequest::decode(out.as_slice()).unwrap();
         let mut expected = kept;
@@ -384,7 +398,10 @@ mod tests {
             vec![expected],
             "go_gc dropped, pod cut, tenant set"
         );
-        assert!(out.ends_with(&[15 << 3, 7]), "the unknown field is kept");
+        assert!(
+            out.ends_with(&[&[15 << 3, 7][..], &group].concat()),
+            "the unknown fields are kept"
+        );
 
         // Nothing to change: `None`, and the client's bytes go on.
         let quiet = relabelling("- source_labels: [__name__]\n  regex: nothing\n  action: drop\n");
