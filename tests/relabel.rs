@@ -3,7 +3,7 @@
 //!
 //! - a series a rule drops is not forwarded and not charged: a push of 3 kept series and 20
 //!   dropped ones passes an ingestion burst of 5;
-//! - a series a rule changes reaches the receiver with its new labels (`__tenant_id__` readable
+//! - a series a rule changes reaches the receiver with its new labels (`__meta_tenant_id` readable
 //!   by the rules, never forwarded), the others as sent;
 //! - the series checks see the labels the rules made: a rule that adds a label past
 //!   `max_label_names_per_series` gets the series refused with Mimir's reason;
@@ -31,7 +31,7 @@ overrides:
     - source_labels: [__name__]
       regex: go_.*
       action: drop
-    - source_labels: [__tenant_id__]
+    - source_labels: [__meta_tenant_id]
       target_label: tenant
     - regex: pod
       action: labeldrop

@@ -4,9 +4,9 @@
 //! a rule drops is neither checked nor charged nor forwarded.
 //!
 //! Each series' labels are read into a label set (a repeated name keeps its last value, an
-//! empty value none, as Prometheus' label builder reads them), `__tenant_id__` is set to the
+//! empty value none, as Prometheus' label builder reads them), `__meta_tenant_id` is set to the
 //! tenant for the rules to match on, the rules run (`runtime_config::relabel`), and
-//! `__tenant_id__` goes again. A series whose labels come out as they went in is copied as
+//! `__meta_tenant_id` goes again. A series whose labels come out as they went in is copied as
 //! sent; one a rule changed is written again, its labels sorted first and the rest of its
 //! fields as sent; one a rule drops is cut. Every other field of the request is copied as
 //! sent, unknown ones included. On 2.0 a label text the request has no symbol for is appended
@@ -27,7 +27,7 @@ use runtime_config::Relabel;
 use super::wire::plain_label;
 
 /// The label Mimir sets to the tenant's ID while the rules run.
-const TENANT_LABEL: &str = "__tenant_id__";
+const TENANT_LABEL: &str = "__meta_tenant_id";
 
 /// A tenant's rules and its ID, for [`super::validate::Validation`].
 #[derive(Debug, Clone)]
@@ -354,7 +354,7 @@ mod tests {
     }
 
     const RULES: &str = "- source_labels: [__name__]\n  regex: go_.*\n  action: drop\n\
-                         - source_labels: [__tenant_id__]\n  target_label: tenant\n\
+                         - source_labels: [__meta_tenant_id]\n  target_label: tenant\n\
                          - regex: pod\n  action: labeldrop\n";
 
     #[test]
