@@ -7,7 +7,7 @@
 //! can be charged to the ingestion rate.
 
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use axum::body::Body;
 use axum::extract::{Request, State};
@@ -73,6 +73,8 @@ async fn handle(
     let mut body = Some(body);
     // What a refusal reports written: nothing, but for validation's partial answer.
     let mut refused_written = Written::default();
+    // The tenant's `ingestion_artificial_delay`, once the tenant is known.
+    let mut delay = None;
     let door = if otlp.is_some() {
         Door::Otlp
     } else {
@@ -85,8 +87,10 @@ async fn handle(
         &mut body,
         &format,
         &mut refused_written,
+        &mut delay,
     )
     .await;
+    let succeeded = admitted.is_ok();
     let (mut response, written) = match admitted {
         Ok(written) => match otlp {
             Some(otlp) => (
@@ -154,6 +158,21 @@ async fn handle(
     if v2 {
         written.insert_into(response.headers_mut());
     }
+    // Mimir's `ingestion_artificial_delay`: the answer, whatever it is, waits until the push
+    // has taken the tenant's delay, give or take a tenth. The push's in-flight slots are
+    // free by now: a delayed tenant holds a connection, not the replica's capacity. A
+    // success says how long it waited, as Mimir's does.
+    if let Some(target) = delay {
+        let wait = delay_left(target, started.elapsed(), &mut rand::rng());
+        if !wait.is_zero() {
+            tokio::time::sleep(wait).await;
+        }
+        if succeeded {
+            response
+                .headers_mut()
+                .insert("server-timing", server_timing(wait));
+        }
+    }
     state
         .metrics
         .push_duration
@@ -181,6 +200,7 @@ async fn admit(
     body: &mut Option<Body>,
     format: &Result<Format, UnsupportedMedia>,
     refused_written: &mut Written,
+    delay: &mut Option<Duration>,
 ) -> Result<Written, PushError> {
     let content_length = parts
         .headers
@@ -216,6 +236,8 @@ async fn admit(
         Allowed::Tenant(only) => std::borrow::Cow::Owned(only),
     };
     let tenant_name: &str = &tenant_name;
+    let runtime_config = state.limiter.runtime_config();
+    *delay = runtime_config.artificial_delay(tenant_name);
     let tenant = state.limiter.tenant(tenant_name).map_err(|too_many| {
         let limit = too_many.max_tenants as f64;
         state.instance.reject(InstanceLimit::MaxTenants, limit)
@@ -265,7 +287,6 @@ async fn admit(
     // `Bytes` clones share the buffer: the scan and the forward see the same bytes. Series
     // validation (remote-write 1.0) runs in the same scan: a refused series is not charged,
     // and the rest goes on, in a body without it (see step 8).
-    let runtime_config = state.limiter.runtime_config();
     let ha = runtime_config
         .ha_limits(tenant_name)
         .map(|settings| HaCheck {
@@ -395,6 +416,27 @@ async fn admit(
     Ok(written)
 }
 
+/// What is left of a tenant's artificial delay `target` after the push took `elapsed`, give
+/// or take a tenth at random (Mimir's `DurationWithJitter(left, 0.10)`); zero once the push
+/// took the whole delay.
+fn delay_left(target: Duration, elapsed: Duration, rng: &mut impl rand::Rng) -> Duration {
+    let left = target.saturating_sub(elapsed);
+    let variance = left.as_nanos() as u64 / 10;
+    if variance == 0 {
+        return left;
+    }
+    let nanos = left.as_nanos() as u64 - variance + rng.random_range(0..2 * variance);
+    Duration::from_nanos(nanos)
+}
+
+/// Mimir's `Server-Timing` on a delayed success: `artificial_delay;dur=` the wait in
+/// milliseconds (0 when the push took the whole delay by itself).
+fn server_timing(wait: Duration) -> axum::http::HeaderValue {
+    let millis = wait.as_nanos() as f64 / 1e6;
+    axum::http::HeaderValue::try_from(format!("artificial_delay;dur={millis}"))
+        .expect("a number is a valid header value")
+}
+
 /// The wall clock in Unix milliseconds, which sample timestamps are checked against.
 pub(crate) fn unix_millis() -> i64 {
     std::time::SystemTime::now()
@@ -464,7 +506,7 @@ async fn admit_held(
 }
 
 /// The shortest sleep of a held push before its next check.
-const MIN_RECHECK: std::time::Duration = std::time::Duration::from_millis(1);
+const MIN_RECHECK: Duration = Duration::from_millis(1);
 
 /// One of a tenant's pushes in flight; given back when dropped, however the push ends.
 struct PushSlot {
@@ -522,13 +564,13 @@ impl Drop for PushSlot {
 }
 
 /// How long a push slot's lease outlives the upstream timeout.
-const PUSH_SLOT_MARGIN: std::time::Duration = std::time::Duration::from_secs(30);
+const PUSH_SLOT_MARGIN: Duration = Duration::from_secs(30);
 
 async fn read_body(
     body: Body,
     content_length: Option<u64>,
     max_size: usize,
-    timeout: std::time::Duration,
+    timeout: Duration,
 ) -> Result<Bytes, PushError> {
     if content_length.is_some_and(|length| length > max_size as u64) {
         return Err(PushError::BodyTooLarge { limit: max_size });
@@ -547,7 +589,7 @@ async fn read_body(
 /// Reads and discards a refused push's body, up to `limit` bytes and `timeout`. A body that
 /// ends in time leaves the connection fit for the next request; otherwise dropping it closes
 /// the connection.
-async fn drain(mut body: Body, limit: usize, timeout: std::time::Duration) {
+async fn drain(mut body: Body, limit: usize, timeout: Duration) {
     let read = async {
         let mut seen = 0usize;
         while let Some(Ok(frame)) = body.frame().await {
@@ -578,4 +620,47 @@ async fn decode(
             "decoding failed: {join_error}"
         )))
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_delay_is_what_the_push_left_of_it_give_or_take_a_tenth() {
+        let mut rng = rand::rng();
+        let second = Duration::from_secs(1);
+        let mut seen = (Duration::MAX, Duration::ZERO);
+        for _ in 0..1000 {
+            let wait = delay_left(second, Duration::from_millis(200), &mut rng);
+            assert!(
+                (Duration::from_millis(720)..Duration::from_millis(880)).contains(&wait),
+                "{wait:?}"
+            );
+            seen = (seen.0.min(wait), seen.1.max(wait));
+        }
+        // The jitter spreads both ways, not only one.
+        assert!(seen.0 < Duration::from_millis(780) && seen.1 > Duration::from_millis(820));
+        // A push that took the whole delay, or longer, waits no more.
+        assert_eq!(delay_left(second, second, &mut rng), Duration::ZERO);
+        assert_eq!(delay_left(second, 2 * second, &mut rng), Duration::ZERO);
+        // Too short to spread: as it is.
+        assert_eq!(
+            delay_left(Duration::from_nanos(9), Duration::ZERO, &mut rng),
+            Duration::from_nanos(9)
+        );
+    }
+
+    #[test]
+    fn server_timing_reads_as_mimirs() {
+        assert_eq!(server_timing(Duration::ZERO), "artificial_delay;dur=0");
+        assert_eq!(
+            server_timing(Duration::from_micros(1500)),
+            "artificial_delay;dur=1.5"
+        );
+        assert_eq!(
+            server_timing(Duration::from_millis(250)),
+            "artificial_delay;dur=250"
+        );
+    }
 }

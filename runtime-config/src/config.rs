@@ -2,6 +2,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
+use std::time::Duration;
 
 use serde::Deserialize;
 use serde_yaml_ng::{Mapping, Value};
@@ -69,6 +70,10 @@ struct TenantEntry {
     /// Mimir's `metric_relabeling_enabled` (default true): false turns the rules off.
     #[serde(default)]
     metric_relabeling_enabled: Option<bool>,
+    /// Mimir's `ingestion_artificial_delay`: how long a push to this tenant takes at least
+    /// before it is answered (0, the default, is off).
+    #[serde(default, deserialize_with = "crate::validation::optional_duration")]
+    ingestion_artificial_delay: Option<Duration>,
     #[serde(flatten)]
     known: TenantOverride,
     #[serde(flatten)]
@@ -97,6 +102,8 @@ pub struct RuntimeConfig {
     /// Each tenant's relabelling rules, for the tenants that set some and have not turned
     /// them off.
     pub relabel: BTreeMap<String, Arc<Relabel>>,
+    /// Each tenant's `ingestion_artificial_delay`, for the tenants that set one above 0.
+    pub artificial_delay: BTreeMap<String, Duration>,
     /// HA-tracker settings of the tenants whose entries set any (the others get Mimir's
     /// defaults, [`HaLimits::default`], which do not deduplicate).
     pub ha: BTreeMap<String, Arc<HaLimits>>,
@@ -170,6 +177,7 @@ impl RuntimeConfig {
             validation: BTreeMap::new(),
             drop_labels: BTreeMap::new(),
             relabel: BTreeMap::new(),
+            artificial_delay: BTreeMap::new(),
             ha: BTreeMap::new(),
             admission: AdmissionConfig::default(),
             envoy_domains: Vec::new(),
@@ -206,6 +214,7 @@ impl RuntimeConfig {
         let mut validation = BTreeMap::new();
         let mut drop_labels = BTreeMap::new();
         let mut relabel = BTreeMap::new();
+        let mut artificial_delay = BTreeMap::new();
         let mut ha = BTreeMap::new();
         let mut admission = AdmissionConfig::default();
         if let Some(defaults) = file.admission {
@@ -282,6 +291,13 @@ impl RuntimeConfig {
                     relabel.insert(tenant.clone(), Arc::new(rules));
                 }
             }
+            if let Some(delay) = entry.ingestion_artificial_delay {
+                keys.in_force
+                    .insert("overrides.*.ingestion_artificial_delay".to_string());
+                if !delay.is_zero() {
+                    artificial_delay.insert(tenant.clone(), delay);
+                }
+            }
             keys.in_force_tenant(&entry.ha);
             if !entry.ha.is_empty() {
                 let settings = entry.ha.apply(&HaLimits::default());
@@ -324,6 +340,7 @@ impl RuntimeConfig {
             validation,
             drop_labels,
             relabel,
+            artificial_delay,
             ha,
             admission,
             envoy_domains: file.envoy_domains,
@@ -357,6 +374,12 @@ impl RuntimeConfig {
     /// `tenant`'s relabelling rules (`metric_relabel_configs`), when it has some in force.
     pub fn relabel(&self, tenant: &str) -> Option<Arc<Relabel>> {
         self.relabel.get(tenant).cloned()
+    }
+
+    /// How long a push to `tenant` takes at least (`ingestion_artificial_delay`), when it
+    /// has a delay above 0.
+    pub fn artificial_delay(&self, tenant: &str) -> Option<Duration> {
+        self.artificial_delay.get(tenant).copied()
     }
 
     /// The config as YAML, in the same shape as the file.
@@ -623,13 +646,13 @@ mod tests {
     fn each_key_lands_in_its_list_with_its_reason() {
         let config = parse(
             "overrides:\n  a:\n    ha_cluster_label: cluster\n    max_label_names_per_series: 40\n    \
-             name_validation_scheme: utf8\n    ingestion_artificial_delay: 1s\n    max_global_series_per_user: 150000\n    rate_limit_strategy: divided\n    \
+             name_validation_scheme: utf8\n    separate_metrics_group_label: group\n    max_global_series_per_user: 150000\n    rate_limit_strategy: divided\n    \
              ingestion_burst_size: null\n  b:\n    accept_ha_samples: true\n    \
              ingestion_rate: 5\n    ruler_tenant_shard_size: 2\n\
              distributor_limits:\n  max_ingestion_rate: 100\n",
         )
         .unwrap();
-        let delay = "not implemented: weir adds no delay to pushes";
+        let group = "not implemented: weir's discarded-sample metrics have no group label";
         assert_eq!(
             config.mimir_keys.in_force,
             vec![
@@ -655,8 +678,35 @@ mod tests {
         );
         assert_eq!(
             config.mimir_keys.ignored,
-            vec![("overrides.*.ingestion_artificial_delay".to_string(), delay)]
+            vec![(
+                "overrides.*.separate_metrics_group_label".to_string(),
+                group
+            )]
         );
+        // ingestion_artificial_delay is in force; 0 is off, as in Mimir; a negative or
+        // unreadable duration keeps the file out.
+        let delayed = parse(
+            "overrides:\n  a:\n    ingestion_artificial_delay: 1500ms\n  b:\n    \
+             ingestion_artificial_delay: 0s\n",
+        )
+        .unwrap();
+        assert!(delayed
+            .mimir_keys
+            .in_force
+            .contains(&"overrides.*.ingestion_artificial_delay".to_string()));
+        assert_eq!(
+            delayed.artificial_delay("a"),
+            Some(Duration::from_millis(1500))
+        );
+        assert_eq!(delayed.artificial_delay("b"), None);
+        assert_eq!(delayed.artificial_delay("c"), None);
+        for bad in ["-1s", "soon"] {
+            let err = parse(&format!(
+                "overrides:\n  a:\n    ingestion_artificial_delay: {bad}\n"
+            ))
+            .unwrap_err();
+            assert!(matches!(err, ConfigError::Yaml(_)), "{bad}: {err}");
+        }
         // drop_labels is in force for the tenant that sets it.
         let dropping = parse("overrides:\n  a:\n    drop_labels: [replica, pod]\n").unwrap();
         assert!(dropping

@@ -212,10 +212,6 @@ pub(crate) const IGNORED: &[(&str, &str)] = &[
     ("forwarding_endpoint", FORWARDING),
     ("forwarding_rules", FORWARDING),
     ("ha_tracker_sample_failover_timeout", SAMPLE_FAILOVER),
-    (
-        "ingestion_artificial_delay",
-        "not implemented: weir adds no delay to pushes",
-    ),
     ("ingestion_partitions_tenant_shard_size", SHUFFLE_SHARDING),
     ("ingestion_tenant_shard_size", SHUFFLE_SHARDING),
     (
@@ -254,7 +250,7 @@ pub(crate) const IGNORED: &[(&str, &str)] = &[
     ),
     (
         "service_overload_status_code_on_rate_limit_enabled",
-        "not implemented: a rate-limited push always gets 429, never 529",
+        "removed in Mimir 3.0, which answers a rate-limited push 429, as weir always does",
     ),
 ];
 

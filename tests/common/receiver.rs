@@ -22,10 +22,12 @@ async fn receive(State(receiver): State<Receiver>, headers: HeaderMap, body: Byt
 }
 
 impl Receiver {
-    /// Serves `POST /api/v1/write` on a free loopback port; returns the address.
+    /// Serves `POST /api/v1/write` (and `/api/v1/otlp/v1/metrics`, where weir forwards OTLP)
+    /// on a free loopback port; returns the address.
     pub async fn serve(&self) -> SocketAddr {
         let app = Router::new()
             .route("/api/v1/write", post(receive))
+            .route("/api/v1/otlp/v1/metrics", post(receive))
             .with_state(self.clone());
         super::serve_on_loopback(app).await
     }

@@ -1,0 +1,135 @@
+//! Mimir's `ingestion_artificial_delay` on a real weir process forwarding to a receiver served
+//! by this test, over real HTTP:
+//!
+//! - a push to a delayed tenant is answered no sooner than its delay, less a tenth (Mimir's
+//!   jitter), and a success says how long it waited in `Server-Timing: artificial_delay;dur=`;
+//! - a refused push to it waits too, without the header, as Mimir's does;
+//! - a tenant without a delay, or with 0, is answered at once, without the header;
+//! - OTLP exports wait as remote-write pushes do;
+//! - a waiting push holds no in-flight slot: with the replica's in-flight cap at 1, pushes
+//!   started while the others wait are all admitted.
+
+mod common;
+
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use common::fleet::forwarding_to;
+use common::receiver::Receiver;
+use common::series;
+use weir::remote_write::prompb::WriteRequest;
+
+const DELAY: Duration = Duration::from_millis(400);
+
+const OVERRIDES: &str = "\
+distributor_limits:
+  max_inflight_push_requests: 1
+overrides:
+  slow:
+    ingestion_artificial_delay: 400ms
+  zero:
+    ingestion_artificial_delay: 0s
+";
+
+fn body() -> Vec<u8> {
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64;
+    WriteRequest {
+        timeseries: vec![series(&[("__name__", "up"), ("job", "a")], &[now])],
+        metadata: vec![],
+    }
+    .encode_snappy()
+}
+
+/// The answer's status, its `Server-Timing` header, and how long it took.
+async fn timed(request: reqwest::RequestBuilder) -> (u16, Option<String>, Duration) {
+    let started = Instant::now();
+    let response = request.send().await.unwrap();
+    let status = response.status().as_u16();
+    let timing = response
+        .headers()
+        .get("server-timing")
+        .map(|value| value.to_str().unwrap().to_string());
+    response.bytes().await.unwrap();
+    (status, timing, started.elapsed())
+}
+
+/// The milliseconds a `Server-Timing: artificial_delay;dur=…` header says were waited.
+fn waited(timing: &str) -> f64 {
+    timing
+        .strip_prefix("artificial_delay;dur=")
+        .unwrap_or_else(|| panic!("{timing}"))
+        .parse()
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_delayed_tenant_is_answered_after_its_delay_without_holding_capacity() {
+    let receiver = Receiver::default();
+    let upstream = receiver.serve().await;
+    let (replica, _dir) = forwarding_to(upstream, OVERRIDES, 62, "delay", &[]).await;
+    let base = format!("http://{}", replica.http);
+    let client = reqwest::Client::new();
+    let push =
+        |tenant: &str, body: Vec<u8>| common::push_request(&client, &base, Some(tenant), body);
+    let floor = DELAY.mul_f64(0.9);
+
+    // A success: no sooner than the delay less a tenth, and it says what it waited.
+    let (status, timing, took) = timed(push("slow", body())).await;
+    assert_eq!(status, 200);
+    assert!(took >= floor, "answered after {took:?}");
+    let timing = timing.expect("a delayed success says what it waited");
+    let ms = waited(&timing);
+    assert!(
+        ms > 0.0 && ms <= DELAY.as_secs_f64() * 1100.0 && ms <= took.as_secs_f64() * 1000.0,
+        "{timing} in {took:?}"
+    );
+    assert_eq!(receiver.take_bodies().len(), 1, "forwarded");
+
+    // A refusal (a body that is not snappy) waits as long, and says nothing of it.
+    let (status, timing, took) = timed(push("slow", b"not snappy".to_vec())).await;
+    assert_eq!(status, 400);
+    assert!(took >= floor, "refused after {took:?}");
+    assert_eq!(timing, None);
+
+    // No delay, or 0: no header (and no wait to speak of).
+    for tenant in ["fast", "zero"] {
+        let (status, timing, _) = timed(push(tenant, body())).await;
+        assert_eq!(status, 200, "{tenant}");
+        assert_eq!(timing, None, "{tenant}");
+    }
+    receiver.take_bodies();
+
+    // OTLP: an empty export, answered 200 after the delay.
+    let otlp = client
+        .post(format!("{base}/otlp/v1/metrics"))
+        .header("Content-Type", "application/x-protobuf")
+        .header("X-Scope-OrgID", "slow")
+        .body(Vec::new());
+    let (status, timing, took) = timed(otlp).await;
+    assert_eq!(status, 200);
+    assert!(took >= floor, "OTLP answered after {took:?}");
+    assert!(timing.is_some_and(|timing| waited(&timing) > 0.0));
+    receiver.take_bodies();
+
+    // In-flight cap 1: four pushes started 60 ms apart, each while the ones before it
+    // wait out their delay. Holding the slot while waiting would refuse the later three.
+    let started = Instant::now();
+    let mut pushes = Vec::new();
+    for _ in 0..4 {
+        pushes.push(tokio::spawn(timed(push("slow", body()))));
+        tokio::time::sleep(Duration::from_millis(60)).await;
+    }
+    for handle in pushes {
+        let (status, _, took) = handle.await.unwrap();
+        assert_eq!(status, 200, "a waiting push held the in-flight slot");
+        assert!(took >= floor);
+    }
+    assert!(
+        started.elapsed() < DELAY * 3,
+        "the four waited together, not one after another: {:?}",
+        started.elapsed()
+    );
+    assert_eq!(receiver.take_bodies().len(), 4);
+}
