@@ -3,7 +3,8 @@
 //! same `cluster` label and their own `__replica__`; the tracker accepts the elected replica's
 //! pushes and answers the other's with 202, uncharged and unforwarded. When the elected
 //! replica has been silent for `ha_tracker_failover_timeout`, the next push of another
-//! replica of the cluster elects it.
+//! replica of the cluster elects it (and, with `ha_tracker_sample_failover_timeout`, only a
+//! push whose samples are that much later than the elected replica's last push).
 //!
 //! The elections are shared through the ring's gossip, as Mimir's memberlist KV shares them
 //! ([`ring::ha`]). Each replica publishes the elections it has seen traffic for, with when it
@@ -79,23 +80,31 @@ pub struct HaCheck {
 
 impl HaCheck {
     /// The outcome for a push whose first series carries these values of the cluster and
-    /// replica labels (Mimir looks at the first series only).
-    pub fn outcome(&self, cluster: Option<&str>, replica: Option<&str>, now_ms: i64) -> HaOutcome {
+    /// replica labels (Mimir looks at the first series only). `earliest`: the push's earliest
+    /// sample ([`HaTracker::check`]'s `sample_ms`, which is `now_ms` at the latest), read only
+    /// when a failover waits on `ha_tracker_sample_failover_timeout`.
+    pub fn outcome(
+        &self,
+        cluster: Option<&str>,
+        replica: Option<&str>,
+        now_ms: i64,
+        earliest: impl Fn() -> Option<i64>,
+    ) -> HaOutcome {
         let (Some(cluster), Some(replica)) = (
             cluster.filter(|value| !value.is_empty()),
             replica.filter(|value| !value.is_empty()),
         ) else {
             return HaOutcome::NotHa;
         };
-        let mut changed = None;
-        match self.tracker.check(
+        let (verdict, changed) = self.tracker.check(
             &self.tenant,
             &self.settings,
             cluster,
             replica,
             now_ms,
-            |change| changed = Some(change),
-        ) {
+            || earliest().map_or(now_ms, |earliest| earliest.min(now_ms)),
+        );
+        match verdict {
             HaVerdict::Accept => HaOutcome::Accepted {
                 cluster: cluster.to_string(),
                 replica_label: self.settings.ha_replica_label.clone(),
@@ -187,8 +196,10 @@ pub struct Change {
 }
 
 impl HaTracker {
-    /// Checks one push of `replica` in `cluster` for `tenant`, at `now_ms`. `change` hears of
-    /// an election this push made.
+    /// Checks one push of `replica` in `cluster` for `tenant`, at `now_ms`. `sample_ms`: the
+    /// push's sample time (its earliest sample, `now_ms` at the latest), read only when a
+    /// failover waits on `ha_tracker_sample_failover_timeout`. With the verdict, the election
+    /// this push made, if it made one.
     pub fn check(
         &self,
         tenant: &str,
@@ -196,24 +207,36 @@ impl HaTracker {
         cluster: &str,
         replica: &str,
         now_ms: i64,
-        change: impl FnOnce(Change),
-    ) -> HaVerdict {
-        let failover_ms = settings
-            .ha_tracker_failover_timeout
-            .as_millis()
-            .min(i64::MAX as u128) as i64;
+        sample_ms: impl Fn() -> i64,
+    ) -> (HaVerdict, Option<Change>) {
+        let millis =
+            |timeout: std::time::Duration| timeout.as_millis().min(i64::MAX as u128) as i64;
+        let failover_ms = millis(settings.ha_tracker_failover_timeout);
+        let sample_failover_ms = millis(settings.ha_tracker_sample_failover_timeout);
+        // Mimir's rule: the elected replica silent for the failover timeout, and, with a
+        // sample failover timeout, the push's samples that much later than its last push (so
+        // a replica sending old samples, a backlog, does not take over with them).
+        let mut sample_time = None;
+        let mut may_fail_over = |elected: &Cluster| {
+            let heard = elected.last_heard_ms();
+            now_ms.saturating_sub(heard) >= failover_ms
+                && (sample_failover_ms == 0
+                    || sample_time
+                        .get_or_insert_with(&sample_ms)
+                        .saturating_sub(heard)
+                        >= sample_failover_ms)
+        };
         {
             let tenants = self.tenants.read().unwrap_or_else(|e| e.into_inner());
             let clusters = tenants.get(tenant);
             match clusters.and_then(|clusters| clusters.get(cluster)) {
                 Some(elected) if elected.replica == replica => {
                     elected.seen_ms.fetch_max(now_ms, Ordering::Relaxed);
-                    return HaVerdict::Accept;
+                    return (HaVerdict::Accept, None);
                 }
-                Some(elected) if now_ms.saturating_sub(elected.last_heard_ms()) < failover_ms => {
-                    return HaVerdict::Deduplicate {
-                        elected: elected.replica.clone(),
-                    };
+                Some(elected) if !may_fail_over(elected) => {
+                    let elected = elected.replica.clone();
+                    return (HaVerdict::Deduplicate { elected }, None);
                 }
                 // Elected but silent past the failover timeout: elect this one, below.
                 Some(_) => {}
@@ -221,7 +244,7 @@ impl HaTracker {
                     let count = clusters.map_or(0, HashMap::len);
                     let limit = settings.ha_max_clusters;
                     if limit > 0 && count >= limit as usize {
-                        return HaVerdict::TooManyClusters { limit };
+                        return (HaVerdict::TooManyClusters { limit }, None);
                     }
                 }
             }
@@ -233,38 +256,37 @@ impl HaTracker {
         match clusters.get_mut(cluster) {
             Some(elected) if elected.replica == replica => {
                 elected.seen_ms.fetch_max(now_ms, Ordering::Relaxed);
-                HaVerdict::Accept
+                (HaVerdict::Accept, None)
             }
-            Some(elected) if now_ms.saturating_sub(elected.last_heard_ms()) < failover_ms => {
-                HaVerdict::Deduplicate {
-                    elected: elected.replica.clone(),
-                }
+            Some(elected) if !may_fail_over(elected) => {
+                let elected = elected.replica.clone();
+                (HaVerdict::Deduplicate { elected }, None)
             }
             Some(elected) => {
                 let from =
                     std::mem::replace(elected, Cluster::elect(replica, elected.term + 1, now_ms));
-                change(Change {
+                let change = Change {
                     tenant: tenant.to_string(),
                     cluster: cluster.to_string(),
                     from: Some(from.replica),
                     to: replica.to_string(),
-                });
-                HaVerdict::Accept
+                };
+                (HaVerdict::Accept, Some(change))
             }
             None => {
                 let limit = settings.ha_max_clusters;
                 if limit > 0 && clusters.len() >= limit as usize {
-                    return HaVerdict::TooManyClusters { limit };
+                    return (HaVerdict::TooManyClusters { limit }, None);
                 }
                 clusters.insert(cluster.to_string(), Cluster::elect(replica, 1, now_ms));
                 self.elected.notify_one();
-                change(Change {
+                let change = Change {
                     tenant: tenant.to_string(),
                     cluster: cluster.to_string(),
                     from: None,
                     to: replica.to_string(),
-                });
-                HaVerdict::Accept
+                };
+                (HaVerdict::Accept, Some(change))
             }
         }
     }
@@ -441,6 +463,7 @@ impl HaTracker {
 mod tests {
     use super::*;
     use std::sync::Arc;
+    use std::time::Duration;
 
     fn settings() -> HaLimits {
         HaLimits {
@@ -451,7 +474,9 @@ mod tests {
     }
 
     fn check(tracker: &HaTracker, cluster: &str, replica: &str, now: i64) -> HaVerdict {
-        tracker.check("t", &settings(), cluster, replica, now, |_| {})
+        tracker
+            .check("t", &settings(), cluster, replica, now, || now)
+            .0
     }
 
     const S: i64 = 1000;
@@ -476,9 +501,9 @@ mod tests {
         // a stops at t0 + 99 s; b takes over once a has been silent for 30 s, not before.
         assert_eq!(check(&tracker, "c", "b", t0 + 128 * S), dedup);
         let mut changes = Vec::new();
-        let verdict = tracker.check("t", &settings(), "c", "b", t0 + 129 * S, |c| {
-            changes.push(c)
-        });
+        let at = t0 + 129 * S;
+        let (verdict, change) = tracker.check("t", &settings(), "c", "b", at, || at);
+        changes.extend(change);
         assert_eq!(verdict, HaVerdict::Accept);
         assert_eq!(changes[0].from.as_deref(), Some("a"));
         assert_eq!(
@@ -487,6 +512,49 @@ mod tests {
                 elected: "b".into()
             }
         );
+    }
+
+    #[test]
+    fn with_a_sample_failover_timeout_old_samples_do_not_take_over() {
+        let sampled = HaLimits {
+            ha_tracker_sample_failover_timeout: Duration::from_secs(60),
+            ..settings()
+        };
+        let tracker = HaTracker::default();
+        let t0 = 1_000_000 * S;
+        let read = std::cell::Cell::new(0);
+        let push = |replica: &str, now: i64, earliest: i64| {
+            let sample = || {
+                read.set(read.get() + 1);
+                earliest
+            };
+            tracker.check("t", &sampled, "c", replica, now, sample).0
+        };
+        let dedup = HaVerdict::Deduplicate {
+            elected: "a".into(),
+        };
+        assert_eq!(push("a", t0, t0), HaVerdict::Accept);
+        // Within the failover timeout, the sample time is not even read.
+        assert_eq!(push("b", t0 + 10 * S, t0), dedup);
+        assert_eq!(read.get(), 0);
+        // a silent for 40 s (past the 30 s failover timeout), but b's samples are its
+        // backlog from 5 s after a's last push: under the 60 s sample timeout, no failover.
+        assert_eq!(push("b", t0 + 40 * S, t0 + 5 * S), dedup);
+        assert_eq!(push("b", t0 + 90 * S, t0 + 59 * S), dedup);
+        assert_eq!(read.get(), 2);
+        // Samples 60 s after a's last push: b takes over.
+        assert_eq!(push("b", t0 + 95 * S, t0 + 60 * S), HaVerdict::Accept);
+        assert_eq!(
+            read.get(),
+            3,
+            "once a push, though checked again under the write lock"
+        );
+        assert_eq!(tracker.elected("t", "c").as_deref(), Some("b"));
+        // Without the setting, the same backlog takes over after the failover timeout.
+        let tracker = HaTracker::default();
+        assert_eq!(check(&tracker, "c", "a", t0), HaVerdict::Accept);
+        let (verdict, _) = tracker.check("t", &settings(), "c", "b", t0 + 40 * S, || t0);
+        assert_eq!(verdict, HaVerdict::Accept);
     }
 
     #[test]

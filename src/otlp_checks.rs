@@ -55,8 +55,9 @@ pub fn decode_validated(
         let json = otlp::json::parse(&raw)?;
         let request = otlp::json::decode_value(&json)?;
         let counts = otlp::count(&request)?;
-        let (ha, validation) = match ha_first(|| Ok(translate::first_series(&request)), validation)?
-        {
+        let first = || Ok(translate::first_series(&request));
+        let earliest = || otlp::earliest_point_ms(&request);
+        let (ha, validation) = match ha_first(first, earliest, validation)? {
             HaStep::Done(ha) => {
                 return Ok(Decoded {
                     ha,
@@ -73,7 +74,8 @@ pub fn decode_validated(
             translate::first_series_encoded(&raw)
                 .map_err(|err| DecodeError::Otlp(format!("invalid protobuf: {err}")))
         };
-        let (ha, validation) = match ha_first(first, validation)? {
+        let earliest = || bounds.times.earliest.map(otlp::nanos_to_ms);
+        let (ha, validation) = match ha_first(first, earliest, validation)? {
             HaStep::Done(ha) => {
                 return Ok(Decoded {
                     ha,
@@ -154,9 +156,11 @@ enum HaStep<'v> {
 /// translation: from the cluster and replica labels of the first series, which is the
 /// request's first translated data point (a resource's `target_info` comes after its
 /// points), so from its attributes and its resource's `job` and `instance`. `first_series`
-/// is read only for a tenant that deduplicates HA pairs.
+/// is read only for a tenant that deduplicates HA pairs; `earliest` (the export's earliest
+/// point) only when a failover waits on `ha_tracker_sample_failover_timeout`.
 fn ha_first<'v>(
     first_series: impl FnOnce() -> Result<Option<Vec<(String, String)>>, DecodeError>,
+    earliest: impl Fn() -> Option<i64>,
     validation: &'v Validation,
 ) -> Result<HaStep<'v>, DecodeError> {
     let Some(check) = &validation.ha else {
@@ -174,6 +178,7 @@ fn ha_first<'v>(
         value(&settings.ha_cluster_label),
         value(&settings.ha_replica_label),
         validation.now_ms,
+        earliest,
     );
     Ok(match validation.after_ha(&ha) {
         Some(validation) => HaStep::Go(ha, validation),

@@ -9,6 +9,7 @@
 //!   replica is silent for the failover timeout, the other is elected, and not before;
 //! - remote-write 2.0 alike: the labels are read through the symbols, the non-elected
 //!   replica's push is 202, the elected one's reaches the receiver without `__replica__`;
+//! - `ha_tracker_sample_failover_timeout`: a backlog of old samples does not take over;
 //! - three replicas gossiping: a replica that never saw the elected replica's push still
 //!   deduplicates its pair, keeps doing so while the elected replica pushes only elsewhere
 //!   (its last push travels in gossip), fails over when it stops, and the others follow.
@@ -487,5 +488,49 @@ async fn the_fleet_agrees_on_one_replica_and_fails_over_together() {
     }
     println!(
         "ha-fleet: b elected {switched:?} after a's last push (failover timeout {FAILOVER:?})"
+    );
+}
+
+/// `ha_tracker_sample_failover_timeout`, as Mimir applies it: once the elected replica is
+/// silent past the failover timeout, the other replica takes over only with a push whose
+/// earliest sample is that much later than the elected replica's last push; its backlog of
+/// older samples is still deduplicated.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backlog_does_not_take_over_before_the_sample_failover_timeout() {
+    let receiver = Receiver::default();
+    let upstream = receiver.serve().await;
+    let overrides = format!(
+        "overrides:\n  ha:\n    ingestion_rate: 100000\n    {TIMINGS}    \
+         ha_tracker_sample_failover_timeout: 3s\n"
+    );
+    let (weir, _dir) = forwarding_to(upstream, &overrides, 63, "ha-sample", &[]).await;
+    let client = reqwest::Client::new();
+
+    let last_of_a = now_ms();
+    let (status, text) = push(&client, &weir, &pair_push(Some("c1"), Some("a"), 1)).await;
+    assert_eq!(status, 200, "{text}");
+    tokio::time::sleep(FAILOVER + Duration::from_millis(500)).await;
+
+    // a has been silent past the failover timeout, but b's samples are from 1 s after a's
+    // last push: its backlog, under the sample failover timeout of 3 s.
+    let mut backlog = pair_push(Some("c1"), Some("b"), 2);
+    backlog.timeseries[1].samples[0].timestamp = last_of_a + 1_000;
+    let (status, text) = push(&client, &weir, &backlog).await;
+    assert_eq!(
+        (status, text.trim()),
+        (
+            202,
+            "replicas did not match, rejecting sample: replica=b, elected=a"
+        )
+    );
+    // Its current samples (3.5 s after a's last push) take over.
+    let (status, text) = push(&client, &weir, &pair_push(Some("c1"), Some("b"), 2)).await;
+    assert_eq!(status, 200, "{text}");
+    let (status, _) = push(&client, &weir, &pair_push(Some("c1"), Some("a"), 1)).await;
+    assert_eq!(status, 202, "b is elected now");
+    assert_eq!(
+        receiver.take_bodies().len(),
+        2,
+        "a's first push and b's last"
     );
 }

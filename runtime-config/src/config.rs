@@ -772,7 +772,7 @@ mod tests {
     fn render_full_shows_where_the_keys_stand_and_diff_does_not() {
         let config = parse(
             "overrides:\n  a:\n    ingestion_rate: 7\n    \
-             ha_tracker_sample_failover_timeout: 1m\n    max_global_series_per_user: 5\n",
+             forwarding_drop_older_than: 1h\n    max_global_series_per_user: 5\n",
         )
         .unwrap();
         let full = config.render(RenderMode::Full);
@@ -780,16 +780,15 @@ mod tests {
             full.ends_with(
                 "mimir_keys:\n  in_force:\n  - overrides.*.ingestion_rate\n  \
                  not_for_a_distributor:\n    overrides.*.max_global_series_per_user: ingester\n  \
-                 ignored:\n    overrides.*.ha_tracker_sample_failover_timeout: 'not implemented: \
-                 weir''s HA tracker fails over on its own clock, after \
-                 ha_tracker_failover_timeout'\n"
+                 ignored:\n    overrides.*.forwarding_drop_older_than: 'Mimir''s per-tenant \
+                 forwarding is not implemented: every admitted push goes to --upstream'\n"
             ),
             "{full}"
         );
         let back: Value = serde_yaml_ng::from_str(&full).expect("valid YAML");
         assert_eq!(
-            back["mimir_keys"]["ignored"]["overrides.*.ha_tracker_sample_failover_timeout"],
-            Value::from(mimir_keys::SAMPLE_FAILOVER)
+            back["mimir_keys"]["ignored"]["overrides.*.forwarding_drop_older_than"],
+            Value::from(mimir_keys::FORWARDING)
         );
         let diff = config.render(RenderMode::Diff);
         assert!(!diff.contains("mimir_keys"), "{diff}");

@@ -32,6 +32,10 @@ pub struct HaLimits {
     /// elected.
     #[serde(serialize_with = "serialize_duration")]
     pub ha_tracker_failover_timeout: Duration,
+    /// Above 0, a failover also waits until the earliest sample of the other replica's push
+    /// is at least this much later than the elected replica's last push (0: off).
+    #[serde(serialize_with = "serialize_duration")]
+    pub ha_tracker_sample_failover_timeout: Duration,
 }
 
 impl Default for HaLimits {
@@ -44,6 +48,7 @@ impl Default for HaLimits {
             ha_tracker_update_timeout: Duration::from_secs(15),
             ha_tracker_update_timeout_jitter_max: Duration::from_secs(5),
             ha_tracker_failover_timeout: Duration::from_secs(30),
+            ha_tracker_sample_failover_timeout: Duration::ZERO,
         }
     }
 }
@@ -89,6 +94,8 @@ pub(crate) struct HaOverride {
     pub ha_tracker_update_timeout_jitter_max: Option<Duration>,
     #[serde(default, deserialize_with = "optional_duration")]
     pub ha_tracker_failover_timeout: Option<Duration>,
+    #[serde(default, deserialize_with = "optional_duration")]
+    pub ha_tracker_sample_failover_timeout: Option<Duration>,
 }
 
 impl HaOverride {
@@ -101,6 +108,7 @@ impl HaOverride {
             ha_tracker_update_timeout,
             ha_tracker_update_timeout_jitter_max,
             ha_tracker_failover_timeout,
+            ha_tracker_sample_failover_timeout,
         } = self;
         accept_ha_samples.is_none()
             && ha_cluster_label.is_none()
@@ -109,6 +117,7 @@ impl HaOverride {
             && ha_tracker_update_timeout.is_none()
             && ha_tracker_update_timeout_jitter_max.is_none()
             && ha_tracker_failover_timeout.is_none()
+            && ha_tracker_sample_failover_timeout.is_none()
     }
 
     pub(crate) fn apply(&self, defaults: &HaLimits) -> HaLimits {
@@ -132,6 +141,9 @@ impl HaOverride {
             ha_tracker_failover_timeout: self
                 .ha_tracker_failover_timeout
                 .unwrap_or(defaults.ha_tracker_failover_timeout),
+            ha_tracker_sample_failover_timeout: self
+                .ha_tracker_sample_failover_timeout
+                .unwrap_or(defaults.ha_tracker_sample_failover_timeout),
         }
     }
 }

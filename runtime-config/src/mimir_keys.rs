@@ -192,9 +192,8 @@ pub(crate) const NOT_FOR_A_DISTRIBUTOR: &[(&str, &str)] = &[
     ("subquery_spin_off_enabled", QUERY_FRONTEND),
 ];
 
-pub(crate) const SAMPLE_FAILOVER: &str = "not implemented: weir's HA tracker fails over on \
-                                          its own clock, after ha_tracker_failover_timeout";
-const FORWARDING: &str = "Mimir's per-tenant forwarding is not implemented: every admitted \
+pub(crate) const FORWARDING: &str =
+    "Mimir's per-tenant forwarding is not implemented: every admitted \
                           push goes to --upstream";
 const SHUFFLE_SHARDING: &str = "shuffle sharding does not apply: weir has no ingesters or \
                                 partitions, every admitted push goes to --upstream";
@@ -211,7 +210,6 @@ pub(crate) const IGNORED: &[(&str, &str)] = &[
     ("forwarding_drop_older_than", FORWARDING),
     ("forwarding_endpoint", FORWARDING),
     ("forwarding_rules", FORWARDING),
-    ("ha_tracker_sample_failover_timeout", SAMPLE_FAILOVER),
     ("ingestion_partitions_tenant_shard_size", SHUFFLE_SHARDING),
     ("ingestion_tenant_shard_size", SHUFFLE_SHARDING),
     (
@@ -292,9 +290,10 @@ mod tests {
     fn lookups() {
         // weir's own keys (HA, validation, ...) are not in the tables at all.
         assert_eq!(limit("accept_ha_samples"), None);
+        assert_eq!(limit("ha_tracker_sample_failover_timeout"), None);
         assert_eq!(
-            limit("ha_tracker_sample_failover_timeout"),
-            Some(Standing::Ignored(SAMPLE_FAILOVER))
+            limit("forwarding_endpoint"),
+            Some(Standing::Ignored(FORWARDING))
         );
         assert_eq!(
             limit("max_global_series_per_user"),

@@ -296,6 +296,28 @@ fn walk<'r>(
     (counts, refused)
 }
 
+/// The earliest data point of `request`, in Unix milliseconds (`None`: it has none): the
+/// sample time Mimir's HA tracker reads of the series an export becomes (of each series its
+/// first sample; here the earliest point of all, which is no later).
+pub fn earliest_point_ms(request: &proto::ExportMetricsServiceRequest) -> Option<i64> {
+    let mut times = TimeRange::default();
+    for metric in request
+        .resource_metrics
+        .iter()
+        .flat_map(|resource| &resource.scope_metrics)
+        .flat_map(|scope| &scope.metrics)
+    {
+        // Only the times are wanted; a metric the translator refuses has them too.
+        let _ = count_metric(metric, &mut WriteCounts::default(), &mut times);
+    }
+    times.earliest.map(nanos_to_ms)
+}
+
+/// Unix nanoseconds as Unix milliseconds.
+pub fn nanos_to_ms(nanos: u64) -> i64 {
+    (nanos / 1_000_000) as i64
+}
+
 /// Adds one metric's items to `counts`; returns how many points it had and the type of its
 /// metadata entry, or why Mimir's translator refuses it.
 fn count_metric(

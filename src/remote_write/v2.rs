@@ -92,7 +92,9 @@ pub fn decode_validated(
 ) -> Result<Decoded, DecodeError> {
     super::decompressed(body, max_size, |raw| {
         // The HA tracker first, as for 1.0.
-        let (ha, validation) = match ha_first(raw, validation, first_series_labels, scan)? {
+        let earliest = |raw: &[u8]| super::earliest_sample_ms(raw, 5, 3);
+        let (ha, validation) = match ha_first(raw, validation, first_series_labels, scan, earliest)?
+        {
             HaStep::Done(decoded) => return Ok(decoded),
             HaStep::Go(ha, validation) => (ha, validation),
         };
