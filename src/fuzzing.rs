@@ -508,3 +508,45 @@ pub fn auth(data: &[u8]) {
         assert_eq!(credentials.len(), listed);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    /// A YAML double-quoted scalar of `text`: any character, escaped.
+    fn quoted(text: &str) -> String {
+        serde_yaml_ng::to_string(text)
+            .unwrap()
+            .trim_end()
+            .to_string()
+    }
+
+    proptest! {
+        /// What `/runtime_config?mode=diff` renders of a tenant's relabelling rules, dropped
+        /// labels and delay loads again as the same config, whatever characters they hold.
+        #[test]
+        fn rendered_tenant_keys_load_again(
+            target in "\\PC{1,8}",
+            replacement in "\\PC{0,8}",
+            separator in "\\PC{0,3}",
+            dropped in prop::collection::vec("[a-z_:.\"' ]{1,6}", 0..3),
+            delay_ms in 0u64..5_000,
+            enabled in any::<bool>(),
+        ) {
+            let file = format!(
+                "overrides:\n  a:\n    drop_labels: [{}]\n    ingestion_artificial_delay: {delay_ms}ms\n    \
+                 metric_relabeling_enabled: {enabled}\n    metric_relabel_configs:\n    \
+                 - target_label: {}\n      replacement: {}\n      separator: {}\n",
+                dropped.iter().map(|name| quoted(name)).collect::<Vec<_>>().join(", "),
+                quoted(&target),
+                quoted(&replacement),
+                quoted(&separator),
+            );
+            let parsed = runtime_config::RuntimeConfig::parse(&file, runtime_config::Defaults::default());
+            // A rule Prometheus would refuse (a target label that is not a label name) is not
+            // what this property is about.
+            prop_assume!(parsed.is_ok());
+            super::overrides(file.as_bytes());
+        }
+    }
+}

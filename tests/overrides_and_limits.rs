@@ -166,8 +166,11 @@ async fn a_mimir_runtime_config_loads_unchanged() {
     let diff = runtime_config_diff(&weir).await;
     assert_eq!(
         diff,
-        "overrides:\n  tenant-a:\n    ingestion_rate: 350000.0\n    ingestion_burst_size: 3500000\n\
-         distributor_limits:\n  max_inflight_push_requests: 5000\n  max_ingestion_rate: 1000000.0\n"
+        "overrides:\n  tenant-a:\n    ingestion_rate: 350000.0\n    ingestion_burst_size: 3500000\n    \
+         max_label_names_per_series: 40\n    accept_ha_samples: true\n\
+         distributor_limits:\n  max_inflight_push_requests: 5000\n  max_ingestion_rate: 1000000.0\n",
+        "every key in force for the tenant (its series checks and HA tracker too), none of \
+         another component's"
     );
     assert_eq!(
         weir.metric("weir_distributor_instance_limits{limit=\"max_inflight_push_requests\"}")

@@ -12,7 +12,7 @@ use crate::admission::{AdmissionConfig, AdmissionDefaults, LimitSpec, TenantAdmi
 use crate::ha::{HaLimits, HaOverride};
 use crate::limits::{Defaults, InstanceLimits, InstanceOverride, TenantLimits, TenantOverride};
 use crate::mimir_keys;
-use crate::relabel::Relabel;
+use crate::relabel::{Relabel, RuleConfig};
 use crate::validation::{ValidationLimits, ValidationOverride};
 
 /// Why a file could not become the config in force. The message is for an operator.
@@ -102,6 +102,10 @@ pub struct RuntimeConfig {
     /// Each tenant's relabelling rules, for the tenants that set some and have not turned
     /// them off.
     pub relabel: BTreeMap<String, Arc<Relabel>>,
+    /// Each tenant's `metric_relabel_configs` and `metric_relabeling_enabled` as its entry
+    /// writes them (whether in force or turned off), for the tenants that set either; shown by
+    /// [`RuntimeConfig::render`].
+    pub relabel_configs: BTreeMap<String, (bool, Vec<RuleConfig>)>,
     /// Each tenant's `ingestion_artificial_delay`, for the tenants that set one above 0.
     pub artificial_delay: BTreeMap<String, Duration>,
     /// HA-tracker settings of the tenants whose entries set any (the others get Mimir's
@@ -177,6 +181,7 @@ impl RuntimeConfig {
             validation: BTreeMap::new(),
             drop_labels: BTreeMap::new(),
             relabel: BTreeMap::new(),
+            relabel_configs: BTreeMap::new(),
             artificial_delay: BTreeMap::new(),
             ha: BTreeMap::new(),
             admission: AdmissionConfig::default(),
@@ -214,6 +219,7 @@ impl RuntimeConfig {
         let mut validation = BTreeMap::new();
         let mut drop_labels = BTreeMap::new();
         let mut relabel = BTreeMap::new();
+        let mut relabel_configs = BTreeMap::new();
         let mut artificial_delay = BTreeMap::new();
         let mut ha = BTreeMap::new();
         let mut admission = AdmissionConfig::default();
@@ -277,19 +283,22 @@ impl RuntimeConfig {
                 keys.in_force
                     .insert("overrides.*.metric_relabeling_enabled".to_string());
             }
-            if let Some(configs) = entry
-                .metric_relabel_configs
-                .filter(|rules| !rules.is_empty())
-            {
+            let enabled = entry.metric_relabeling_enabled != Some(false);
+            let configs = entry.metric_relabel_configs.unwrap_or_default();
+            if !configs.is_empty() {
                 keys.in_force
                     .insert("overrides.*.metric_relabel_configs".to_string());
-                let rules = Relabel::new(configs).map_err(|message| ConfigError::Invalid {
-                    place: format!("overrides.{tenant}.metric_relabel_configs"),
-                    message,
-                })?;
-                if entry.metric_relabeling_enabled != Some(false) {
+                let rules =
+                    Relabel::new(configs.clone()).map_err(|message| ConfigError::Invalid {
+                        place: format!("overrides.{tenant}.metric_relabel_configs"),
+                        message,
+                    })?;
+                if enabled {
                     relabel.insert(tenant.clone(), Arc::new(rules));
                 }
+            }
+            if !configs.is_empty() || !enabled {
+                relabel_configs.insert(tenant.clone(), (enabled, configs));
             }
             if let Some(delay) = entry.ingestion_artificial_delay {
                 keys.in_force
@@ -340,6 +349,7 @@ impl RuntimeConfig {
             validation,
             drop_labels,
             relabel,
+            relabel_configs,
             artificial_delay,
             ha,
             admission,
@@ -382,13 +392,43 @@ impl RuntimeConfig {
         self.artificial_delay.get(tenant).copied()
     }
 
-    /// The config as YAML, in the same shape as the file.
+    /// Every per-tenant key in force for `tenant` (`None`: the defaults, which a tenant
+    /// without an entry gets), by its name in the file: the limits, the series checks, the
+    /// HA tracker's settings, `drop_labels`, the relabelling rules and the artificial delay.
+    fn tenant_view(&self, tenant: Option<&str>) -> Mapping {
+        let limits = tenant.map_or(&self.defaults.tenant, |tenant| self.tenant_limits(tenant));
+        let mut view = to_mapping(limits);
+        let validation = tenant.map(|tenant| self.validation_limits(tenant));
+        view.extend(to_mapping(&validation.unwrap_or_default()));
+        let ha = tenant.and_then(|tenant| self.ha.get(tenant).cloned());
+        view.extend(to_mapping(&*ha.unwrap_or_default()));
+        let dropped = tenant.and_then(|tenant| self.drop_labels(tenant));
+        view.insert(
+            "drop_labels".into(),
+            serde_yaml_ng::to_value(dropped.as_deref().unwrap_or_default())
+                .expect("label names serialize"),
+        );
+        let (enabled, rules) = tenant
+            .and_then(|tenant| self.relabel_configs.get(tenant))
+            .map_or((true, &[][..]), |(enabled, rules)| (*enabled, &rules[..]));
+        view.insert("metric_relabel_configs".into(), to_value(rules));
+        view.insert("metric_relabeling_enabled".into(), Value::Bool(enabled));
+        let delay = tenant.and_then(|tenant| self.artificial_delay(tenant));
+        view.insert(
+            "ingestion_artificial_delay".into(),
+            Value::String(humantime::format_duration(delay.unwrap_or_default()).to_string()),
+        );
+        view
+    }
+
+    /// The config as YAML, in the same shape as the file: each tenant with every per-tenant
+    /// key in force for it, or (`RenderMode::Diff`) only those that differ from the defaults.
     pub fn render(&self, mode: RenderMode) -> String {
-        let default_tenant = to_mapping(&self.defaults.tenant);
+        let default_tenant = self.tenant_view(None);
         let default_instance = to_mapping(&self.defaults.instance);
         let mut overrides = Mapping::new();
-        for (tenant, limits) in &self.overrides {
-            let mut limits = to_mapping(limits);
+        for tenant in self.overrides.keys() {
+            let mut limits = self.tenant_view(Some(tenant));
             if mode == RenderMode::Diff {
                 limits.retain(|key, value| default_tenant.get(key) != Some(value));
                 if limits.is_empty() {
@@ -527,6 +567,10 @@ fn decode_single_document(content: &str) -> Result<FileContent, ConfigError> {
         path if path == "." => ConfigError::Yaml(e.inner().to_string()),
         path => ConfigError::Yaml(format!("{path}: {}", e.inner())),
     })
+}
+
+fn to_value<T: serde::Serialize + ?Sized>(value: &T) -> Value {
+    serde_yaml_ng::to_value(value).expect("limit structs serialize")
 }
 
 fn to_mapping<T: serde::Serialize>(value: &T) -> Mapping {
@@ -973,6 +1017,50 @@ mod tests {
             "{full}"
         );
         assert!(full.contains("  a:\n    ingestion_rate: 10000.0"), "{full}");
+    }
+
+    #[test]
+    fn render_shows_every_per_tenant_key_and_the_diff_loads_as_it_was() {
+        let file = "overrides:\n  a:\n    max_label_names_per_series: 40\n    \
+                    accept_ha_samples: true\n    ha_tracker_sample_failover_timeout: 1m\n    \
+                    drop_labels: [pod]\n    ingestion_artificial_delay: 250ms\n    \
+                    metric_relabel_configs:\n    - source_labels: [__name__]\n      \
+                    regex: go_.*\n      action: drop\n  \
+                    b:\n    metric_relabeling_enabled: false\n";
+        let config = parse(file).unwrap();
+        let diff = config.render(RenderMode::Diff);
+        assert_eq!(
+            diff,
+            "overrides:\n  a:\n    max_label_names_per_series: 40\n    \
+             accept_ha_samples: true\n    ha_tracker_sample_failover_timeout: 1m\n    \
+             drop_labels:\n    - pod\n    metric_relabel_configs:\n    - source_labels:\n      \
+             - __name__\n      regex: go_.*\n      action: drop\n    \
+             ingestion_artificial_delay: 250ms\n  \
+             b:\n    metric_relabeling_enabled: false\n\
+             distributor_limits: {}\n"
+        );
+        let again = parse(&diff).unwrap();
+        assert_eq!(again.render(RenderMode::Diff), diff);
+        assert_eq!(again.validation_limits("a"), config.validation_limits("a"));
+        assert_eq!(again.ha_limits("a"), config.ha_limits("a"));
+        assert_eq!(again.relabel_configs, config.relabel_configs);
+        assert_eq!(
+            again.artificial_delay("a"),
+            Some(Duration::from_millis(250))
+        );
+        // The full view: the defaults of every key, and a tenant's whole set.
+        let full = config.render(RenderMode::Full);
+        for line in [
+            "\n  max_label_names_per_series: 30\n",
+            "\n  ha_tracker_failover_timeout: 30s\n",
+            "\n  drop_labels: []\n",
+            "\n  metric_relabeling_enabled: true\n",
+            "\n  ingestion_artificial_delay: 0s\n",
+            "\n    max_label_names_per_series: 40\n",
+            "\n    max_label_value_length: 2048\n",
+        ] {
+            assert!(full.contains(line), "{line:?} in {full}");
+        }
     }
 
     #[test]

@@ -11,7 +11,7 @@
 use std::borrow::Cow;
 
 use regex::Regex;
-use serde::{Deserialize, Deserializer};
+use serde::{Deserialize, Deserializer, Serialize};
 
 /// A series' labels by name: sorted, each name once, as Prometheus' `labels.Builder` holds
 /// them. Setting an empty value removes the label, as the builder does. Names and values
@@ -89,22 +89,38 @@ impl<'a> Labels<'a> {
 
 /// One rule as the file writes it (Prometheus' `relabel_config`); a field left out takes
 /// Prometheus' default.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct RuleConfig {
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub source_labels: Option<Vec<String>>,
-    #[serde(default, deserialize_with = "scalar")]
+    #[serde(
+        default,
+        deserialize_with = "scalar",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub separator: Option<String>,
-    #[serde(default, deserialize_with = "scalar")]
+    #[serde(
+        default,
+        deserialize_with = "scalar",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub regex: Option<String>,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub modulus: Option<u64>,
-    #[serde(default, deserialize_with = "scalar")]
+    #[serde(
+        default,
+        deserialize_with = "scalar",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub target_label: Option<String>,
-    #[serde(default, deserialize_with = "scalar")]
+    #[serde(
+        default,
+        deserialize_with = "scalar",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub replacement: Option<String>,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub action: Option<String>,
 }
 
