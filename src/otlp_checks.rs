@@ -55,7 +55,7 @@ pub fn decode_validated(
         let json = otlp::json::parse(&raw)?;
         let request = otlp::json::decode_value(&json)?;
         let counts = otlp::count(&request)?;
-        let first = || Ok(translate::first_series(&request));
+        let first = || Ok(translate::first_series(&request, validation.translation()));
         let earliest = || otlp::earliest_point_ms(&request);
         let (ha, validation) = match ha_first(first, earliest, validation)? {
             HaStep::Done(ha) => {
@@ -71,10 +71,10 @@ pub fn decode_validated(
         let (counts, bounds) = otlp::scan_bounded(&raw)?;
         // The first series read a metric at a time, not the whole export decoded.
         let first = || {
-            translate::first_series_encoded(&raw)
+            translate::first_series_encoded(&raw, validation.translation())
                 .map_err(|err| DecodeError::Otlp(format!("invalid protobuf: {err}")))
         };
-        let earliest = || bounds.times.earliest.map(otlp::nanos_to_ms);
+        let earliest = || bounds.times.earliest.map(translate::nanos_to_millis);
         let (ha, validation) = match ha_first(first, earliest, validation)? {
             HaStep::Done(ha) => {
                 return Ok(Decoded {
@@ -352,6 +352,8 @@ fn gzip(bytes: &[u8]) -> Vec<u8> {
 /// longer (`key_`); `job` is two values and a `/`, and the values of keys that escape alike are
 /// joined with `;` ([`Bounds::joined`]); a `__name__` is the metric name, a `_` and
 /// `_bucket` at most; a native histogram has at most as many buckets as OTLP bucket counts.
+/// A promoted resource attribute is one more label of a point's series, its key and value
+/// within the resource's, which the bounds measure too.
 pub fn may_fail(bounds: &Bounds, validation: &Validation) -> bool {
     validation.drop_labels.is_some() || exceeds(bounds, validation)
 }
@@ -365,10 +367,20 @@ fn exceeds(bounds: &Bounds, validation: &Validation) -> bool {
     let window = validation.window();
     let millis = |nanos: u64| (nanos / 1_000_000) as i64;
     let buckets = u64::from(limits.max_native_histogram_buckets);
+    // The tenant's promoted resource attributes can add as many labels to a point's series;
+    // kept identifying attributes, two more to a `target_info` (`job` and `instance` beside
+    // the attributes they come from).
+    let settings = validation.translation();
+    let promoted = settings.promote_otel_resource_attributes.len() as u64;
+    let identifying = if settings.otel_keep_identifying_resource_attributes {
+        2
+    } else {
+        0
+    };
     bounds.unusual
         || (buckets != 0 && bounds.buckets > buckets)
-        || u64::from(bounds.point_attributes) + 4 > labels
-        || u64::from(bounds.resource_attributes) + 1
+        || u64::from(bounds.point_attributes) + 4 + promoted > labels
+        || u64::from(bounds.resource_attributes) + 1 + identifying
             > labels.max(u64::from(limits.max_label_names_per_info_series))
         || (bounds.key + 4).max("__name__".len()) > name
         || bounds
@@ -437,7 +449,8 @@ fn check_points(
     };
     let drops = |name: &str| validation.drops(name.as_bytes());
     let mut refused: Option<Refused> = None;
-    for translated in translate::translate(&relabelled, &drops, wanted) {
+    let settings = validation.translation();
+    for translated in translate::translate(&relabelled, settings, &drops, wanted) {
         let Some(reason_and_message) = translated
             .series
             .iter()
@@ -1940,9 +1953,26 @@ mod tests {
         /// nothing left to cut.
         #[test]
         fn the_bounds_never_hide_a_failure_and_the_cut_is_complete(
-            (request, limits) in strategy()
+            (request, limits) in strategy(),
+            promote in prop_oneof![Just(0u64), any::<u64>()],
+            keep in any::<bool>(),
         ) {
-            let validation = validation(limits);
+            // The tenant promotes some of the resources' attributes (`promote` picks them),
+            // and keeps the identifying ones or not.
+            let promoted = request
+                .resource_metrics
+                .iter()
+                .flat_map(|resource| resource.resource.iter().flat_map(|r| &r.attributes))
+                .enumerate()
+                .filter(|(index, _)| promote >> (index % 64) & 1 == 1)
+                .map(|(_, kv)| kv.key.clone())
+                .collect();
+            let validation = validation(limits).translating(Some(std::sync::Arc::new(
+                runtime_config::OtlpTranslation {
+                    promote_otel_resource_attributes: promoted,
+                    otel_keep_identifying_resource_attributes: keep,
+                },
+            )));
             let raw = request.encode_to_vec();
             let (_, bounds) = otlp::scan_bounded(&raw).unwrap();
             let (every_edit, every_refusal) = check_points(&request, &validation, &|_| true);

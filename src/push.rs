@@ -297,6 +297,11 @@ async fn admit(
     let validation = Validation::new(runtime_config.validation_limits(tenant_name), unix_millis())
         .dropping(runtime_config.drop_labels(tenant_name))
         .deduplicating(ha)
+        .translating(
+            matches!(format, Format::Otlp(_))
+                .then(|| runtime_config.otlp_translation(tenant_name))
+                .flatten(),
+        )
         .relabelling(
             runtime_config
                 .relabel(tenant_name)

@@ -894,3 +894,85 @@ async fn an_otlp_ha_pair_is_deduplicated_on_its_first_series() {
     assert_eq!(response.status(), 400);
     assert!(receiver.received.lock().unwrap().is_empty());
 }
+
+/// `promote_otel_resource_attributes`, a comma-separated string as in Mimir: the promoted
+/// resource attributes are labels of every series the export becomes, for Mimir's checks (a
+/// point whose series now has too many labels is cut, answered 400, where the same export to
+/// a tenant that promotes nothing passes) and for the HA tracker (cluster and replica carried
+/// on the resource, as an OpenTelemetry Collector pair sets them).
+#[tokio::test]
+async fn promoted_resource_attributes_are_labels_for_the_checks_and_the_ha_tracker() {
+    use weir::otlp::proto::{metrics, resource, ExportMetricsServiceRequest};
+    let (addr, receiver) = start_receiver().await;
+    let weir = forwarding_to(
+        addr,
+        "overrides:\n  p:\n    max_label_names_per_series: 4\n    \
+         promote_otel_resource_attributes: k8s.namespace.name,k8s.pod.name,k8s.node.name\n  \
+         q:\n    max_label_names_per_series: 4\n  \
+         h:\n    accept_ha_samples: true\n    promote_otel_resource_attributes: cluster,__replica__\n",
+    )
+    .await;
+    let now_ns = now_ns();
+    let export = |resource: &[(&str, &str)]| {
+        ExportMetricsServiceRequest {
+            resource_metrics: vec![metrics::ResourceMetrics {
+                resource: Some(resource::Resource {
+                    attributes: resource.iter().map(|(key, value)| kv(key, value)).collect(),
+                    ..Default::default()
+                }),
+                scope_metrics: vec![metrics::ScopeMetrics {
+                    metrics: vec![metrics::Metric {
+                        name: "up".into(),
+                        data: Some(metrics::metric::Data::Gauge(metrics::Gauge {
+                            data_points: vec![metrics::NumberDataPoint {
+                                time_unix_nano: now_ns,
+                                value: Some(metrics::number_data_point::Value::AsInt(1)),
+                                ..Default::default()
+                            }],
+                        })),
+                        ..Default::default()
+                    }],
+                    ..Default::default()
+                }],
+                ..Default::default()
+            }],
+        }
+        .encode_to_vec()
+    };
+    let pod = export(&[
+        ("service.name", "api"),
+        ("k8s.namespace.name", "ns"),
+        ("k8s.pod.name", "pod-1"),
+        ("k8s.node.name", "node-1"),
+    ]);
+
+    // `up{job, k8s_namespace_name, k8s_node_name, k8s_pod_name}`: five labels, over 4 (the
+    // export's attributes alone, 3 resource ones and none on the point, could not be).
+    let response = export_protobuf(&weir, "p", pod.clone()).await;
+    assert_eq!(response.status(), 400);
+    let status = RpcStatus::decode(response.bytes().await.unwrap()).unwrap();
+    assert!(
+        status.message.contains("max-label-names-per-series"),
+        "{}",
+        status.message
+    );
+    // `up{job}` for a tenant that promotes nothing.
+    receiver.received.lock().unwrap().clear();
+    let response = export_protobuf(&weir, "q", pod).await;
+    assert_eq!(response.status(), 200, "{:?}", response.text().await);
+    assert_eq!(receiver.received.lock().unwrap().len(), 1, "forwarded");
+
+    // The HA pair names itself on the resource only: promoted, it is a pair.
+    let replica = |name: &str| {
+        export(&[
+            ("service.name", "collector"),
+            ("cluster", "c1"),
+            ("__replica__", name),
+        ])
+    };
+    let response = export_protobuf(&weir, "h", replica("a")).await;
+    assert_eq!(response.status(), 200, "{:?}", response.text().await);
+    let response = export_protobuf(&weir, "h", replica("b")).await;
+    assert_eq!(response.status(), 202, "{:?}", response.text().await);
+    weir.stop().await.unwrap();
+}

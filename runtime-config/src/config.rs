@@ -12,6 +12,7 @@ use crate::admission::{AdmissionConfig, AdmissionDefaults, LimitSpec, TenantAdmi
 use crate::ha::{HaLimits, HaOverride};
 use crate::limits::{Defaults, InstanceLimits, InstanceOverride, TenantLimits, TenantOverride};
 use crate::mimir_keys;
+use crate::otlp::{OtlpOverride, OtlpTranslation};
 use crate::relabel::{Relabel, RuleConfig};
 use crate::validation::{ValidationLimits, ValidationOverride};
 
@@ -81,6 +82,8 @@ struct TenantEntry {
     #[serde(flatten)]
     ha: HaOverride,
     #[serde(flatten)]
+    otlp: OtlpOverride,
+    #[serde(flatten)]
     other: BTreeMap<String, Value>,
 }
 
@@ -106,6 +109,9 @@ pub struct RuntimeConfig {
     /// writes them (whether in force or turned off), for the tenants that set either; shown by
     /// [`RuntimeConfig::render`].
     pub relabel_configs: BTreeMap<String, (bool, Vec<RuleConfig>)>,
+    /// OTLP translation settings of the tenants whose entries set any (the others get
+    /// Mimir's defaults, [`OtlpTranslation::default`]).
+    pub otlp: BTreeMap<String, Arc<OtlpTranslation>>,
     /// Each tenant's `ingestion_artificial_delay`, for the tenants that set one above 0.
     pub artificial_delay: BTreeMap<String, Duration>,
     /// HA-tracker settings of the tenants whose entries set any (the others get Mimir's
@@ -182,6 +188,7 @@ impl RuntimeConfig {
             drop_labels: BTreeMap::new(),
             relabel: BTreeMap::new(),
             relabel_configs: BTreeMap::new(),
+            otlp: BTreeMap::new(),
             artificial_delay: BTreeMap::new(),
             ha: BTreeMap::new(),
             admission: AdmissionConfig::default(),
@@ -220,6 +227,7 @@ impl RuntimeConfig {
         let mut drop_labels = BTreeMap::new();
         let mut relabel = BTreeMap::new();
         let mut relabel_configs = BTreeMap::new();
+        let mut otlp = BTreeMap::new();
         let mut artificial_delay = BTreeMap::new();
         let mut ha = BTreeMap::new();
         let mut admission = AdmissionConfig::default();
@@ -307,6 +315,10 @@ impl RuntimeConfig {
                     artificial_delay.insert(tenant.clone(), delay);
                 }
             }
+            keys.in_force_tenant(&entry.otlp);
+            if !entry.otlp.is_empty() {
+                otlp.insert(tenant.clone(), Arc::new(entry.otlp.apply()));
+            }
             keys.in_force_tenant(&entry.ha);
             if !entry.ha.is_empty() {
                 let settings = entry.ha.apply(&HaLimits::default());
@@ -350,6 +362,7 @@ impl RuntimeConfig {
             drop_labels,
             relabel,
             relabel_configs,
+            otlp,
             artificial_delay,
             ha,
             admission,
@@ -386,6 +399,11 @@ impl RuntimeConfig {
         self.relabel.get(tenant).cloned()
     }
 
+    /// `tenant`'s OTLP translation settings, when its entry sets any.
+    pub fn otlp_translation(&self, tenant: &str) -> Option<Arc<OtlpTranslation>> {
+        self.otlp.get(tenant).cloned()
+    }
+
     /// How long a push to `tenant` takes at least (`ingestion_artificial_delay`), when it
     /// has a delay above 0.
     pub fn artificial_delay(&self, tenant: &str) -> Option<Duration> {
@@ -402,6 +420,8 @@ impl RuntimeConfig {
         view.extend(to_mapping(&validation.unwrap_or_default()));
         let ha = tenant.and_then(|tenant| self.ha.get(tenant).cloned());
         view.extend(to_mapping(&*ha.unwrap_or_default()));
+        let otlp = tenant.and_then(|tenant| self.otlp_translation(tenant));
+        view.extend(to_mapping(&*otlp.unwrap_or_default()));
         let dropped = tenant.and_then(|tenant| self.drop_labels(tenant));
         view.insert(
             "drop_labels".into(),

@@ -13,6 +13,8 @@
 //!   applied to one series' labels.
 //! - [`tenant`]: Mimir's tenant-ID rule, shared by the overrides file and weir's push path.
 //! - [`ha`]: Mimir's HA-tracker keys per tenant (deduplicating Prometheus HA pairs).
+//! - [`otlp`]: Mimir's OTLP translation keys per tenant that change the labels of the series
+//!   an export becomes (promoted resource attributes, identifying attributes kept).
 //! - [`validation`]: Mimir's series validation limits per tenant, with Mimir's defaults.
 //! - `mimir_keys`: Mimir's keys weir accepts without enforcing them, each with the component
 //!   it belongs to or why weir does not enforce it yet ([`MimirKeys`] lists a file's).
@@ -25,6 +27,7 @@ pub mod envoy;
 pub mod ha;
 pub mod limits;
 mod mimir_keys;
+pub mod otlp;
 pub mod relabel;
 pub mod reload;
 pub mod tenant;
@@ -34,6 +37,7 @@ pub use admission::{AdmissionConfig, Algorithm, LimitSource, LimitSpec, Unresolv
 pub use config::{ConfigError, MimirKeys, RenderMode, RuntimeConfig};
 pub use ha::HaLimits;
 pub use limits::{Defaults, InstanceLimits, RateLimitStrategy, StoreFailurePolicy, TenantLimits};
+pub use otlp::OtlpTranslation;
 pub use relabel::Relabel;
 pub use reload::{ReloadMetrics, Reloader};
 pub use validation::ValidationLimits;

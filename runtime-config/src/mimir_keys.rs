@@ -229,10 +229,6 @@ pub(crate) const IGNORED: &[(&str, &str)] = &[
         OTLP_TRANSLATION,
     ),
     (
-        "otel_keep_identifying_resource_attributes",
-        OTLP_TRANSLATION,
-    ),
-    (
         "otel_label_name_preserve_multiple_underscores",
         OTLP_TRANSLATION,
     ),
@@ -241,7 +237,6 @@ pub(crate) const IGNORED: &[(&str, &str)] = &[
     ("otel_native_delta_ingestion", OTLP_TRANSLATION),
     ("otel_promote_scope_metadata", OTLP_TRANSLATION),
     ("otel_translation_strategy", OTLP_TRANSLATION),
-    ("promote_otel_resource_attributes", OTLP_TRANSLATION),
     (
         "separate_metrics_group_label",
         "not implemented: weir's discarded-sample metrics have no group label",

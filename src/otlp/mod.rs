@@ -310,12 +310,7 @@ pub fn earliest_point_ms(request: &proto::ExportMetricsServiceRequest) -> Option
         // Only the times are wanted; a metric the translator refuses has them too.
         let _ = count_metric(metric, &mut WriteCounts::default(), &mut times);
     }
-    times.earliest.map(nanos_to_ms)
-}
-
-/// Unix nanoseconds as Unix milliseconds.
-pub fn nanos_to_ms(nanos: u64) -> i64 {
-    (nanos / 1_000_000) as i64
+    times.earliest.map(translate::nanos_to_millis)
 }
 
 /// Adds one metric's items to `counts`; returns how many points it had and the type of its

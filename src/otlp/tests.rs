@@ -652,9 +652,12 @@ fn a_resource_sent_twice_merges_its_attributes() {
     let mut late = message(2, &message(2, &gauge[0]));
     late.extend(message(1, &name));
     for body in [twice.clone(), message(1, &late)] {
-        let first = translate::first_series_encoded(&body).unwrap();
+        let first = translate::first_series_encoded(&body, &Default::default()).unwrap();
         let decoded = ExportMetricsServiceRequest::decode(&body[..]).unwrap();
-        assert_eq!(first, translate::first_series(&decoded));
+        assert_eq!(
+            first,
+            translate::first_series(&decoded, &Default::default())
+        );
         assert!(first.unwrap().contains(&("job".into(), "s".into())));
     }
     // A key sent twice in one attribute: the last one counts.
@@ -1079,8 +1082,8 @@ proptest! {
     fn the_first_series_on_the_wire_is_the_decoded_request_s(request in request_strategy()) {
         let body = request.encode_to_vec();
         prop_assert_eq!(
-            translate::first_series_encoded(&body).unwrap(),
-            translate::first_series(&request)
+            translate::first_series_encoded(&body, &Default::default()).unwrap(),
+            translate::first_series(&request, &Default::default())
         );
     }
 

@@ -1,15 +1,19 @@
 //! The series an OTLP export becomes, with their labels, as Mimir's translator builds them
 //! (Prometheus' `otlptranslator`, with Mimir's defaults: underscore escaping, no unit or type
-//! suffixes, no resource attribute promoted, no scope labels): what Mimir's series checks
-//! see. Only the labels and the times are built; the values are not.
+//! suffixes, no scope labels; the tenant's promoted resource attributes and
+//! `otel_keep_identifying_resource_attributes`, [`OtlpTranslation`]): what Mimir's series
+//! checks see. Only the labels and the times are built; the values are not.
 //!
 //! Per data point: its attributes, each key escaped to a label name (a character outside
 //! `[A-Za-z0-9_]` becomes `_`; `key_` before a leading digit, `key` before a single leading
-//! `_`), values of keys that escape alike joined with `;` in key order; then `job` (the
+//! `_`), values of keys that escape alike joined with `;` in key order; then the promoted
+//! resource attributes, in key order, each escaped as a point's and set where the point's
+//! attributes left no value of that name; then `job` (the
 //! resource's `service.namespace/service.name`, or `service.name`) and `instance`
 //! (`service.instance.id`); then `__name__` (the metric name escaped as
 //! [`metric_name`] says) and, for a bucket or a quantile, `le` or `quantile`. Per resource,
-//! `target_info` under [`super::rules`]' rule: its attributes other than the three above, with
+//! `target_info` under [`super::rules`]' rule: its attributes other than the three above (all
+//! of them with `otel_keep_identifying_resource_attributes`; none promoted), with
 //! `job` and `instance`. A label with an empty value is left out, as Mimir's distributor
 //! removes it before its checks.
 //!
@@ -28,6 +32,8 @@ use super::proto::{
     },
     ExportMetricsServiceRequest,
 };
+use runtime_config::OtlpTranslation;
+
 use super::rules::{
     escapes_to_nothing, name_refused, target_info_samples, Bounds, TargetKeys, TimeRange,
     DOUBLE_TEXT, TARGET_INFO, UNMEASURED,
@@ -72,6 +78,7 @@ pub struct Translated {
 /// a point not wanted is left out.
 pub fn translate(
     request: &ExportMetricsServiceRequest,
+    settings: &OtlpTranslation,
     drops: &dyn Fn(&str) -> bool,
     wanted: &dyn Fn(&Bounds) -> bool,
 ) -> Vec<Translated> {
@@ -82,6 +89,13 @@ pub fn translate(
             .as_ref()
             .map_or(&[], |resource| &resource.attributes);
         let identity = identity_labels(attributes);
+        // The resource attributes the tenant promotes: labels of each point's series, and
+        // measured with its attributes.
+        let promoted_attributes: Vec<&KeyValue> = attributes
+            .iter()
+            .filter(|kv| settings.promote_otel_resource_attributes.contains(&kv.key))
+            .collect();
+        let promoted = promoted_labels(&promoted_attributes);
         let identity_size = attributes
             .iter()
             .filter(|kv| is_identity(&kv.key))
@@ -108,10 +122,19 @@ pub fn translate(
                         bounds.attribute(kv.key.as_bytes(), size);
                         bounds.joined = bounds.joined.saturating_add(size).saturating_add(1);
                     }
+                    for kv in &promoted_attributes {
+                        bounds.attribute(kv.key.as_bytes(), measured(kv.value.as_ref()));
+                    }
                     if !wanted(&bounds) {
                         return;
                     }
                     let mut base = labels_of(attributes);
+                    for (name, value) in &promoted {
+                        let unset = base.get(name).is_none_or(|set| set.is_empty());
+                        if unset {
+                            base.insert(name.clone(), value.clone());
+                        }
+                    }
                     for (name, value) in &identity {
                         base.insert(name.to_string(), value.clone());
                     }
@@ -145,7 +168,9 @@ pub fn translate(
             keys.see(kv.key.as_bytes());
         }
         if let Some(samples) = target_info_samples(&keys, &times) {
-            let mut labels = labels_of(attributes.iter().filter(|kv| !is_identity(&kv.key)));
+            let keep = settings.otel_keep_identifying_resource_attributes;
+            let mut labels =
+                labels_of(attributes.iter().filter(|kv| keep || !is_identity(&kv.key)));
             for (name, value) in &identity {
                 labels.insert(name.to_string(), value.clone());
             }
@@ -167,9 +192,12 @@ pub fn translate(
 /// distributor's HA tracker reads the cluster and replica labels: the first data point it
 /// translates (a resource's `target_info` follows the resource's points), before
 /// `drop_labels`. `None` when the request makes no series.
-pub fn first_series(request: &ExportMetricsServiceRequest) -> Option<Vec<(String, String)>> {
+pub fn first_series(
+    request: &ExportMetricsServiceRequest,
+    settings: &OtlpTranslation,
+) -> Option<Vec<(String, String)>> {
     let first = std::cell::Cell::new(true);
-    let translated = translate(request, &|_| false, &|_| first.replace(false));
+    let translated = translate(request, settings, &|_| false, &|_| first.replace(false));
     translated.into_iter().next()?.series.into_iter().next()
 }
 
@@ -177,7 +205,10 @@ pub fn first_series(request: &ExportMetricsServiceRequest) -> Option<Vec<(String
 /// translates to a point gives it, and the rest of the request is not decoded. A resource
 /// none of whose metrics does is decoded whole (its `target_info` may be the first series).
 /// A resource's attributes are merged from each of its `resource` fields, as prost merges them.
-pub fn first_series_encoded(raw: &[u8]) -> Result<Option<Vec<(String, String)>>, String> {
+pub fn first_series_encoded(
+    raw: &[u8],
+    settings: &OtlpTranslation,
+) -> Result<Option<Vec<(String, String)>>, String> {
     use super::proto::metrics::{ResourceMetrics, ScopeMetrics};
     use super::proto::resource::Resource;
     use prost::Message;
@@ -199,7 +230,9 @@ pub fn first_series_encoded(raw: &[u8]) -> Result<Option<Vec<(String, String)>>,
                         ..Default::default()
                     }],
                 };
-                let first = translate(&one, &|_| false, &|_| true).into_iter().next();
+                let first = translate(&one, settings, &|_| false, &|_| true)
+                    .into_iter()
+                    .next();
                 if let Some(Translated {
                     place: Place::Point { .. },
                     series,
@@ -213,7 +246,7 @@ pub fn first_series_encoded(raw: &[u8]) -> Result<Option<Vec<(String, String)>>,
         let whole = ExportMetricsServiceRequest {
             resource_metrics: vec![ResourceMetrics::decode(entry).map_err(|err| err.to_string())?],
         };
-        if let Some(series) = first_series(&whole) {
+        if let Some(series) = first_series(&whole, settings) {
             return Ok(Some(series));
         }
     }
@@ -260,7 +293,7 @@ pub struct TranslatedExemplar {
 /// and its `target_info`s' (Unix milliseconds; `i64::MAX` when it has none), from which
 /// Mimir's distributor judges an exemplar's age.
 pub fn exemplars(request: &ExportMetricsServiceRequest) -> (Vec<TranslatedExemplar>, i64) {
-    let target_infos = translate(request, &|_| false, &|_| false);
+    let target_infos = translate(request, &OtlpTranslation::default(), &|_| false, &|_| false);
     let mut earliest = target_infos
         .iter()
         .map(|info| info.earliest_ms)
@@ -361,8 +394,28 @@ pub fn is_identity(key: &str) -> bool {
     )
 }
 
-fn nanos_to_millis(nanos: u64) -> i64 {
+/// Unix nanoseconds as Unix milliseconds.
+pub fn nanos_to_millis(nanos: u64) -> i64 {
     (nanos / 1_000_000) as i64
+}
+
+/// Promoted resource attributes as labels: in key order, each key escaped as a point
+/// attribute's; of two that escape alike, the first (as the translator sets one only where no
+/// value is set yet).
+fn promoted_labels(promoted: &[&KeyValue]) -> Vec<(String, String)> {
+    let mut chosen = promoted.to_vec();
+    chosen.sort_by(|a, b| a.key.cmp(&b.key));
+    let mut labels: Vec<(String, String)> = Vec::with_capacity(chosen.len());
+    for kv in chosen {
+        let name = label_name(&kv.key);
+        let value = value_string(kv.value.as_ref());
+        match labels.iter_mut().find(|(set, _)| *set == name) {
+            Some((_, set)) if set.is_empty() => *set = value,
+            Some(_) => {}
+            None => labels.push((name, value)),
+        }
+    }
+    labels
 }
 
 /// `job` and `instance` from a resource's attributes.
@@ -1026,13 +1079,17 @@ mod tests {
         };
         // A resource without points, then a delta sum Mimir refuses, come to nothing: the
         // first series is the next resource's gauge, with its `job`.
-        let first = first_series(&request(vec![
-            resource(vec![kv("__replica__", "none")], vec![]),
-            resource(
-                vec![kv("service.name", "api"), kv("__replica__", "resource")],
-                vec![delta.clone(), gauge("a"), gauge("b")],
-            ),
-        ]));
+        let mimir = OtlpTranslation::default();
+        let first = first_series(
+            &request(vec![
+                resource(vec![kv("__replica__", "none")], vec![]),
+                resource(
+                    vec![kv("service.name", "api"), kv("__replica__", "resource")],
+                    vec![delta.clone(), gauge("a"), gauge("b")],
+                ),
+            ]),
+            &mimir,
+        );
         assert_eq!(
             first,
             Some(labels(&[
@@ -1043,10 +1100,10 @@ mod tests {
             ]))
         );
         // A histogram's first series carries its point's attributes too.
-        let first = first_series(&request(vec![resource(
-            vec![],
-            vec![histogram, gauge("a")],
-        )]))
+        let first = first_series(
+            &request(vec![resource(vec![], vec![histogram, gauge("a")])]),
+            &mimir,
+        )
         .unwrap();
         assert!(
             first.contains(&("__replica__".to_string(), "h".to_string())),
@@ -1054,8 +1111,119 @@ mod tests {
         );
         // Nothing Mimir translates: no series.
         assert_eq!(
-            first_series(&request(vec![resource(vec![], vec![delta])])),
+            first_series(&request(vec![resource(vec![], vec![delta])]), &mimir),
             None
+        );
+    }
+
+    /// `promote_otel_resource_attributes` and `otel_keep_identifying_resource_attributes`, as
+    /// the translator's `createAttributes` applies them: a promoted attribute is a label of
+    /// every point's series unless the point set that name; `job` and `instance` still win;
+    /// `target_info` gets none promoted, and the identifying attributes only when kept.
+    #[test]
+    fn promoted_and_identifying_attributes_are_labels_as_mimir_makes_them() {
+        use super::super::proto::metrics::{self, metric::Data};
+        use super::super::proto::resource::Resource;
+        let kv = |key: &str, value: &str| KeyValue {
+            key: key.into(),
+            value: Some(AnyValue {
+                value: Some(Any::StringValue(value.into())),
+            }),
+        };
+        let request = ExportMetricsServiceRequest {
+            resource_metrics: vec![metrics::ResourceMetrics {
+                resource: Some(Resource {
+                    attributes: vec![
+                        kv("service.name", "api"),
+                        kv("k8s.namespace.name", "ns"),
+                        kv("cluster", "from-resource"),
+                        kv("a.b", "first"),
+                        kv("a_b", "second"),
+                        kv("host.name", "h1"),
+                    ],
+                    ..Default::default()
+                }),
+                scope_metrics: vec![metrics::ScopeMetrics {
+                    metrics: vec![Metric {
+                        name: "g".into(),
+                        data: Some(Data::Gauge(metrics::Gauge {
+                            data_points: vec![metrics::NumberDataPoint {
+                                attributes: vec![kv("cluster", "from-point"), kv("job", "mine")],
+                                time_unix_nano: 1_000_000,
+                                ..Default::default()
+                            }],
+                        })),
+                        ..Default::default()
+                    }],
+                    ..Default::default()
+                }],
+                ..Default::default()
+            }],
+        };
+        let labels = |pairs: &[(&str, &str)]| {
+            pairs
+                .iter()
+                .map(|(name, value)| (name.to_string(), value.to_string()))
+                .collect::<Vec<_>>()
+        };
+        let settings = OtlpTranslation {
+            promote_otel_resource_attributes: [
+                "k8s.namespace.name",
+                "cluster",
+                "a_b",
+                "a.b",
+                "service.name",
+                "absent",
+            ]
+            .map(String::from)
+            .to_vec(),
+            otel_keep_identifying_resource_attributes: false,
+        };
+        let translated = translate(&request, &settings, &|_| false, &|_| true);
+        assert_eq!(
+            translated[0].series,
+            vec![labels(&[
+                ("__name__", "g"),
+                ("a_b", "first"),
+                ("cluster", "from-point"),
+                ("job", "api"),
+                ("k8s_namespace_name", "ns"),
+                ("service_name", "api"),
+            ])],
+            "the point's cluster stays, a.b (first in key order) wins a_b, job is the resource's"
+        );
+        let target_info = |settings: &OtlpTranslation| {
+            translate(&request, settings, &|_| false, &|_| true)
+                .into_iter()
+                .find(|translated| matches!(translated.place, Place::TargetInfo { .. }))
+                .unwrap()
+                .series
+        };
+        let info = labels(&[
+            ("__name__", "target_info"),
+            ("a_b", "first;second"),
+            ("cluster", "from-resource"),
+            ("host_name", "h1"),
+            ("job", "api"),
+            ("k8s_namespace_name", "ns"),
+        ]);
+        assert_eq!(target_info(&settings), vec![info.clone()], "none promoted");
+        let keep = OtlpTranslation {
+            otel_keep_identifying_resource_attributes: true,
+            ..OtlpTranslation::default()
+        };
+        let mut kept = info;
+        kept.push(("service_name".to_string(), "api".to_string()));
+        kept.sort();
+        assert_eq!(target_info(&keep), vec![kept]);
+        // Mimir's defaults: the point's series as before, nothing promoted.
+        assert_eq!(
+            translate(&request, &OtlpTranslation::default(), &|_| false, &|_| true)[0].series,
+            vec![labels(&[
+                ("__name__", "g"),
+                ("cluster", "from-point"),
+                ("job", "api")
+            ])]
         );
     }
 

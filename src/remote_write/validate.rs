@@ -33,6 +33,9 @@ pub struct Validation {
     /// The tenant's `metric_relabel_configs`, run on each series after the HA check and
     /// before the rest (see [`super::relabel`]).
     pub relabel: Option<super::relabel::Relabelling>,
+    /// The tenant's OTLP translation settings (promoted resource attributes, identifying
+    /// attributes kept), which shape the series an OTLP export is checked as.
+    pub otlp: Option<std::sync::Arc<runtime_config::OtlpTranslation>>,
     /// The latest and earliest timestamps allowed (Unix milliseconds), from the two above.
     latest_ms: i64,
     earliest_ms: i64,
@@ -50,6 +53,24 @@ impl Validation {
     pub fn deduplicating(mut self, ha: Option<crate::ha::HaCheck>) -> Validation {
         self.ha = ha;
         self
+    }
+
+    /// With the tenant's OTLP translation settings.
+    pub fn translating(
+        mut self,
+        otlp: Option<std::sync::Arc<runtime_config::OtlpTranslation>>,
+    ) -> Validation {
+        self.otlp = otlp;
+        self
+    }
+
+    /// The OTLP translation settings in force: the tenant's, or Mimir's defaults.
+    pub(crate) fn translation(&self) -> &runtime_config::OtlpTranslation {
+        static DEFAULT: runtime_config::OtlpTranslation = runtime_config::OtlpTranslation {
+            promote_otel_resource_attributes: Vec::new(),
+            otel_keep_identifying_resource_attributes: false,
+        };
+        self.otlp.as_deref().unwrap_or(&DEFAULT)
     }
 
     /// With the tenant's relabelling rules.
@@ -108,6 +129,7 @@ impl Validation {
             drop_labels: None,
             ha: None,
             relabel: None,
+            otlp: None,
             latest_ms: now_ms.saturating_add(millis(limits.creation_grace_period)),
             earliest_ms: if limits.past_grace_period.is_zero() {
                 i64::MIN

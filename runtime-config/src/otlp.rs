@@ -1,0 +1,111 @@
+//! Mimir's OTLP translation keys that change the series an export becomes, per tenant:
+//! `promote_otel_resource_attributes` (resource attributes that become labels of every series
+//! of their resource) and `otel_keep_identifying_resource_attributes` (`service.name`,
+//! `service.namespace` and `service.instance.id` kept as labels of `target_info`). weir
+//! forwards OTLP unchanged; these decide the labels its series checks and HA tracker see, as
+//! Mimir's translation would make them.
+
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+/// One tenant's OTLP translation settings (Mimir's defaults: nothing promoted, identifying
+/// attributes not kept).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize, Serialize)]
+pub struct OtlpTranslation {
+    /// The resource attributes promoted to labels, as Mimir's comma-separated string.
+    #[serde(
+        default,
+        deserialize_with = "comma_separated",
+        serialize_with = "joined"
+    )]
+    pub promote_otel_resource_attributes: Vec<String>,
+    #[serde(default)]
+    pub otel_keep_identifying_resource_attributes: bool,
+}
+
+/// The keys of a tenant's entry; what is missing is the default.
+#[derive(Debug, Default, Deserialize, Serialize)]
+pub(crate) struct OtlpOverride {
+    #[serde(default, deserialize_with = "optional_comma_separated")]
+    pub promote_otel_resource_attributes: Option<Vec<String>>,
+    pub otel_keep_identifying_resource_attributes: Option<bool>,
+}
+
+impl OtlpOverride {
+    pub(crate) fn is_empty(&self) -> bool {
+        self.promote_otel_resource_attributes.is_none()
+            && self.otel_keep_identifying_resource_attributes.is_none()
+    }
+
+    pub(crate) fn apply(&self) -> OtlpTranslation {
+        OtlpTranslation {
+            promote_otel_resource_attributes: self
+                .promote_otel_resource_attributes
+                .clone()
+                .unwrap_or_default(),
+            otel_keep_identifying_resource_attributes: self
+                .otel_keep_identifying_resource_attributes
+                .unwrap_or_default(),
+        }
+    }
+}
+
+/// Mimir's `StringSliceCSV`: a string split at every comma, as it is (no trimming); the empty
+/// string is no attribute. A YAML list is refused, as Mimir refuses it.
+fn split(text: &str) -> Vec<String> {
+    if text.is_empty() {
+        Vec::new()
+    } else {
+        text.split(',').map(String::from).collect()
+    }
+}
+
+fn comma_separated<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Vec<String>, D::Error> {
+    Ok(split(&String::deserialize(deserializer)?))
+}
+
+fn optional_comma_separated<'de, D: Deserializer<'de>>(
+    deserializer: D,
+) -> Result<Option<Vec<String>>, D::Error> {
+    Ok(Option::<String>::deserialize(deserializer)?.map(|text| split(&text)))
+}
+
+fn joined<S: Serializer>(names: &[String], serializer: S) -> Result<S::Ok, S::Error> {
+    serializer.serialize_str(&names.join(","))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(yaml: &str) -> Result<OtlpOverride, serde_yaml_ng::Error> {
+        serde_yaml_ng::from_str(yaml)
+    }
+
+    #[test]
+    fn promoted_attributes_are_mimirs_comma_separated_string() {
+        let set = parse("promote_otel_resource_attributes: k8s.namespace.name,service.version\n")
+            .unwrap()
+            .apply();
+        assert_eq!(
+            set.promote_otel_resource_attributes,
+            ["k8s.namespace.name", "service.version"]
+        );
+        // As Mimir splits it: spaces stay, the empty string is none.
+        let spaced = parse("promote_otel_resource_attributes: 'a, b'\n")
+            .unwrap()
+            .apply();
+        assert_eq!(spaced.promote_otel_resource_attributes, ["a", " b"]);
+        let empty = parse("promote_otel_resource_attributes: ''\n")
+            .unwrap()
+            .apply();
+        assert!(empty.promote_otel_resource_attributes.is_empty());
+        // A list is not Mimir's form.
+        assert!(parse("promote_otel_resource_attributes: [a, b]\n").is_err());
+        // Rendered as it was written.
+        assert_eq!(
+            serde_yaml_ng::to_string(&set).unwrap(),
+            "promote_otel_resource_attributes: k8s.namespace.name,service.version\n\
+             otel_keep_identifying_resource_attributes: false\n"
+        );
+    }
+}
