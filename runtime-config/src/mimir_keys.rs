@@ -193,23 +193,42 @@ pub(crate) const NOT_FOR_A_DISTRIBUTOR: &[(&str, &str)] = &[
 ];
 
 pub(crate) const FORWARDING: &str =
-    "Mimir's per-tenant forwarding is not implemented: every admitted \
-                          push goes to --upstream";
+    "Mimir's per-tenant forwarding is not implemented: every admitted push goes to --upstream";
 const SHUFFLE_SHARDING: &str = "shuffle sharding does not apply: weir has no ingesters or \
                                 partitions, every admitted push goes to --upstream";
 const OTLP_TRANSLATION: &str = "OTLP translation option: weir forwards OTLP pushes unchanged \
                                 and charges them as Mimir's default translation counts";
 const COST_ATTRIBUTION: &str =
     "cost attribution is not implemented: weir's metrics have no cost-attribution labels";
+const DELAY_CONDITIONS: &str = "not implemented: weir applies ingestion_artificial_delay to \
+                                every push of the tenant (Mimir 3.0.0's conditional delays, \
+                                removed in 3.0.1)";
 
 /// Per-tenant keys a Mimir distributor reads that weir does not enforce, with why and what
 /// happens to the pushes instead.
 pub(crate) const IGNORED: &[(&str, &str)] = &[
     ("cost_attribution_cooldown", COST_ATTRIBUTION),
+    ("cost_attribution_labels", COST_ATTRIBUTION),
     ("cost_attribution_labels_structured", COST_ATTRIBUTION),
     ("forwarding_drop_older_than", FORWARDING),
     ("forwarding_endpoint", FORWARDING),
     ("forwarding_rules", FORWARDING),
+    (
+        "ingestion_artificial_delay_condition_for_tenants_with_id_greater_than",
+        DELAY_CONDITIONS,
+    ),
+    (
+        "ingestion_artificial_delay_condition_for_tenants_with_less_than_max_series",
+        DELAY_CONDITIONS,
+    ),
+    (
+        "ingestion_artificial_delay_duration_for_tenants_with_id_greater_than",
+        DELAY_CONDITIONS,
+    ),
+    (
+        "ingestion_artificial_delay_duration_for_tenants_with_less_than_max_series",
+        DELAY_CONDITIONS,
+    ),
     ("ingestion_partitions_tenant_shard_size", SHUFFLE_SHARDING),
     ("ingestion_tenant_shard_size", SHUFFLE_SHARDING),
     (
@@ -217,6 +236,11 @@ pub(crate) const IGNORED: &[(&str, &str)] = &[
         "not implemented: weir does not count series (Mimir applies it with ingest storage)",
     ),
     ("max_cost_attribution_cardinality", COST_ATTRIBUTION),
+    (
+        "max_cost_attribution_cardinality_per_user",
+        COST_ATTRIBUTION,
+    ),
+    ("max_cost_attribution_labels_per_user", COST_ATTRIBUTION),
     (
         "native_histograms_ingestion_enabled",
         "as Mimir's distributor: native histograms are charged and forwarded whatever its \
