@@ -527,7 +527,7 @@ mod tests {
         #[test]
         fn rendered_tenant_keys_load_again(
             target in "\\PC{1,8}",
-            replacement in "\\PC{0,8}",
+            replacement in "(\\PC|\n| ){0,8}",
             separator in "\\PC{0,3}",
             dropped in prop::collection::vec("[a-z_:.\"' ]{1,6}", 0..3),
             delay_ms in 0u64..5_000,

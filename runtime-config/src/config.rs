@@ -444,9 +444,22 @@ impl RuntimeConfig {
     /// The config as YAML, in the same shape as the file: each tenant with every per-tenant
     /// key in force for it, or (`RenderMode::Diff`) only those that differ from the defaults.
     pub fn render(&self, mode: RenderMode) -> String {
+        let yaml = |value: &Mapping| {
+            serde_yaml_ng::to_string(value).expect("a mapping of plain values always serializes")
+        };
+        let section = |name: &str, value: Mapping| {
+            let mut one = Mapping::new();
+            one.insert(name.into(), Value::Mapping(value));
+            yaml(&one)
+        };
         let default_tenant = self.tenant_view(None);
-        let default_instance = to_mapping(&self.defaults.instance);
-        let mut overrides = Mapping::new();
+        let mut out = String::new();
+        if mode == RenderMode::Full {
+            out.push_str(&section("defaults", default_tenant.clone()));
+        }
+        // A tenant at a time, written as its own YAML and indented under `overrides:`, so
+        // rendering many tenants holds one tenant's values at once, not every tenant's.
+        let mut any = false;
         for tenant in self.overrides.keys() {
             let mut limits = self.tenant_view(Some(tenant));
             if mode == RenderMode::Diff {
@@ -455,27 +468,30 @@ impl RuntimeConfig {
                     continue;
                 }
             }
-            overrides.insert(tenant.as_str().into(), Value::Mapping(limits));
+            if !any {
+                out.push_str("overrides:\n");
+                any = true;
+            }
+            for line in section(tenant, limits).lines() {
+                out.push_str("  ");
+                out.push_str(line);
+                out.push('\n');
+            }
+        }
+        if !any {
+            out.push_str("overrides: {}\n");
         }
         let mut instance = to_mapping(&self.instance);
         if mode == RenderMode::Diff {
+            let default_instance = to_mapping(&self.defaults.instance);
             instance.retain(|key, value| default_instance.get(key) != Some(value));
         }
-
-        let mut root = Mapping::new();
-        if mode == RenderMode::Full {
-            root.insert("defaults".into(), Value::Mapping(default_tenant));
-        }
-        root.insert("overrides".into(), Value::Mapping(overrides));
-        root.insert("distributor_limits".into(), Value::Mapping(instance));
+        out.push_str(&section("distributor_limits", instance));
         // Not in the diff: that is the file's shape, and loads again as it is.
         if mode == RenderMode::Full {
-            root.insert(
-                "mimir_keys".into(),
-                Value::Mapping(self.mimir_keys.render()),
-            );
+            out.push_str(&section("mimir_keys", self.mimir_keys.render()));
         }
-        serde_yaml_ng::to_string(&root).expect("a mapping of plain values always serializes")
+        out
     }
 }
 
