@@ -632,10 +632,36 @@ async fn runtime_config(
                 .into_response()
         }
     };
-    let rendered = state.runtime_config.borrow().render(mode);
+    // As a scrape of `/metrics`: with many tenants the page is large (100 000 overridden
+    // tenants: 128 MB, seconds to write), so it is written off the async workers and sent in
+    // chunks as it is written; the config in force is taken first, so a reload is not held up.
+    let config = Arc::clone(&state.runtime_config.borrow());
+    let (mut sender, body) = http_body_util::channel::Channel::<bytes::Bytes>::new(2);
+    let runtime = tokio::runtime::Handle::current();
+    tokio::task::spawn_blocking(move || {
+        let mut send = |chunk: String| {
+            let send = sender.send_data(bytes::Bytes::from(chunk));
+            matches!(
+                runtime.block_on(tokio::time::timeout(SCRAPE_STALL, send)),
+                Ok(Ok(()))
+            )
+        };
+        let mut chunk = String::new();
+        let mut open = true;
+        config.render_pieces(mode, &mut |piece| {
+            chunk.push_str(piece);
+            if chunk.len() >= crate::metrics::SCRAPE_CHUNK_BYTES {
+                open = send(std::mem::take(&mut chunk));
+            }
+            open
+        });
+        if open && !chunk.is_empty() {
+            send(chunk);
+        }
+    });
     (
         [(header::CONTENT_TYPE, "text/yaml; charset=utf-8")],
-        rendered,
+        axum::body::Body::new(body),
     )
         .into_response()
 }

@@ -521,3 +521,45 @@ async fn metrics_are_gzipped_when_the_scraper_accepts_it() {
     let refused = fetch(Some("gzip;q=0")).await.unwrap();
     assert!(refused.headers().get("content-encoding").is_none());
 }
+
+/// A large `/runtime_config` is written off the async workers and sent in chunks: what
+/// arrives is the whole page, every tenant once with its value, whatever the chunk bounds.
+#[tokio::test]
+async fn a_large_runtime_config_page_arrives_whole() {
+    let tenants = 3_000;
+    let mut file = String::from("overrides:\n");
+    for i in 0..tenants {
+        file.push_str(&format!("  t{i}:\n    ingestion_rate: {}\n", 1_000 + i));
+    }
+    let weir = Weir::with_overrides(&file).await;
+    for path in ["/runtime_config?mode=diff", "/runtime_config"] {
+        let page = weir
+            .client
+            .get(weir.url(path))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        assert!(
+            page.len() > 3 * weir::metrics::SCRAPE_CHUNK_BYTES,
+            "{path}: several chunks"
+        );
+        let yaml: serde_yaml_ng::Value = serde_yaml_ng::from_str(&page).unwrap();
+        let overrides = yaml["overrides"].as_mapping().unwrap();
+        assert_eq!(overrides.len(), tenants, "{path}");
+        for i in 0..tenants {
+            assert_eq!(
+                overrides[format!("t{i}").as_str()]["ingestion_rate"].as_f64(),
+                Some((1_000 + i) as f64),
+                "{path}: t{i}"
+            );
+        }
+        assert!(
+            yaml["distributor_limits"].is_mapping(),
+            "{path}: the page ends"
+        );
+    }
+    weir.stop().await.unwrap();
+}

@@ -444,6 +444,18 @@ impl RuntimeConfig {
     /// The config as YAML, in the same shape as the file: each tenant with every per-tenant
     /// key in force for it, or (`RenderMode::Diff`) only those that differ from the defaults.
     pub fn render(&self, mode: RenderMode) -> String {
+        let mut out = String::new();
+        self.render_pieces(mode, &mut |piece| {
+            out.push_str(piece);
+            true
+        });
+        out
+    }
+
+    /// [`RuntimeConfig::render`] a piece at a time (a section, or one tenant), handed to
+    /// `write` in order; stops early when `write` returns false. Rendering many tenants
+    /// holds one tenant's values at once, not every tenant's.
+    pub fn render_pieces(&self, mode: RenderMode, write: &mut dyn FnMut(&str) -> bool) {
         let yaml = |value: &Mapping| {
             serde_yaml_ng::to_string(value).expect("a mapping of plain values always serializes")
         };
@@ -453,13 +465,12 @@ impl RuntimeConfig {
             yaml(&one)
         };
         let default_tenant = self.tenant_view(None);
-        let mut out = String::new();
-        if mode == RenderMode::Full {
-            out.push_str(&section("defaults", default_tenant.clone()));
+        if mode == RenderMode::Full && !write(&section("defaults", default_tenant.clone())) {
+            return;
         }
-        // A tenant at a time, written as its own YAML and indented under `overrides:`, so
-        // rendering many tenants holds one tenant's values at once, not every tenant's.
+        // Each tenant written as its own YAML, indented under `overrides:`.
         let mut any = false;
+        let mut piece = String::new();
         for tenant in self.overrides.keys() {
             let mut limits = self.tenant_view(Some(tenant));
             if mode == RenderMode::Diff {
@@ -468,30 +479,35 @@ impl RuntimeConfig {
                     continue;
                 }
             }
+            piece.clear();
             if !any {
-                out.push_str("overrides:\n");
+                piece.push_str("overrides:\n");
                 any = true;
             }
             for line in section(tenant, limits).lines() {
-                out.push_str("  ");
-                out.push_str(line);
-                out.push('\n');
+                piece.push_str("  ");
+                piece.push_str(line);
+                piece.push('\n');
+            }
+            if !write(&piece) {
+                return;
             }
         }
-        if !any {
-            out.push_str("overrides: {}\n");
+        if !any && !write("overrides: {}\n") {
+            return;
         }
         let mut instance = to_mapping(&self.instance);
         if mode == RenderMode::Diff {
             let default_instance = to_mapping(&self.defaults.instance);
             instance.retain(|key, value| default_instance.get(key) != Some(value));
         }
-        out.push_str(&section("distributor_limits", instance));
+        if !write(&section("distributor_limits", instance)) {
+            return;
+        }
         // Not in the diff: that is the file's shape, and loads again as it is.
         if mode == RenderMode::Full {
-            out.push_str(&section("mimir_keys", self.mimir_keys.render()));
+            write(&section("mimir_keys", self.mimir_keys.render()));
         }
-        out
     }
 }
 
