@@ -531,17 +531,7 @@ async fn metrics(State(state): State<Arc<AppState>>, headers: HeaderMap) -> Resp
             });
             name.eq_ignore_ascii_case("gzip") && !refused
         });
-    let (mut sender, body) = http_body_util::channel::Channel::<bytes::Bytes>::new(2);
-    let runtime = tokio::runtime::Handle::current();
-    tokio::task::spawn_blocking(move || {
-        let mut send = |bytes: Vec<u8>| {
-            if bytes.is_empty() {
-                return true;
-            }
-            let send =
-                tokio::time::timeout(SCRAPE_STALL, sender.send_data(bytes::Bytes::from(bytes)));
-            matches!(runtime.block_on(send), Ok(Ok(())))
-        };
+    let body = written_off_workers(move |send| {
         if !gzip {
             state
                 .metrics
@@ -567,7 +557,7 @@ async fn metrics(State(state): State<Arc<AppState>>, headers: HeaderMap) -> Resp
             header::CONTENT_TYPE,
             "text/plain; version=0.0.4; charset=utf-8",
         )],
-        axum::body::Body::new(body),
+        body,
     )
         .into_response();
     let headers = response.headers_mut();
@@ -586,6 +576,28 @@ async fn metrics(State(state): State<Arc<AppState>>, headers: HeaderMap) -> Resp
 
 /// How long a scrape waits for its reader to take the next chunk.
 const SCRAPE_STALL: Duration = Duration::from_secs(30);
+
+/// A response body that `write` writes on the blocking pool, off the async workers, handing
+/// each chunk to `send` as it is written: a large page never sits in memory whole and never
+/// stalls the pushes behind it. `send` answers false once the reader is gone or has not
+/// taken a chunk for [`SCRAPE_STALL`]; `write` then stops.
+fn written_off_workers(
+    write: impl FnOnce(&mut dyn FnMut(Vec<u8>) -> bool) + Send + 'static,
+) -> axum::body::Body {
+    let (mut sender, body) = http_body_util::channel::Channel::<bytes::Bytes>::new(2);
+    let runtime = tokio::runtime::Handle::current();
+    tokio::task::spawn_blocking(move || {
+        write(&mut |bytes: Vec<u8>| {
+            if bytes.is_empty() {
+                return true;
+            }
+            let send =
+                tokio::time::timeout(SCRAPE_STALL, sender.send_data(bytes::Bytes::from(bytes)));
+            matches!(runtime.block_on(send), Ok(Ok(())))
+        });
+    });
+    axum::body::Body::new(body)
+}
 
 async fn ready(State(state): State<Arc<AppState>>) -> Response {
     // The runtime config was loaded before the server started; what remains is the ring. The
@@ -636,34 +648,21 @@ async fn runtime_config(
     // tenants: 128 MB, seconds to write), so it is written off the async workers and sent in
     // chunks as it is written; the config in force is taken first, so a reload is not held up.
     let config = Arc::clone(&state.runtime_config.borrow());
-    let (mut sender, body) = http_body_util::channel::Channel::<bytes::Bytes>::new(2);
-    let runtime = tokio::runtime::Handle::current();
-    tokio::task::spawn_blocking(move || {
-        let mut send = |chunk: String| {
-            let send = sender.send_data(bytes::Bytes::from(chunk));
-            matches!(
-                runtime.block_on(tokio::time::timeout(SCRAPE_STALL, send)),
-                Ok(Ok(()))
-            )
-        };
+    let body = written_off_workers(move |send| {
         let mut chunk = String::new();
         let mut open = true;
         config.render_pieces(mode, &mut |piece| {
             chunk.push_str(piece);
             if chunk.len() >= crate::metrics::SCRAPE_CHUNK_BYTES {
-                open = send(std::mem::take(&mut chunk));
+                open = send(std::mem::take(&mut chunk).into_bytes());
             }
             open
         });
-        if open && !chunk.is_empty() {
-            send(chunk);
+        if open {
+            send(chunk.into_bytes());
         }
     });
-    (
-        [(header::CONTENT_TYPE, "text/yaml; charset=utf-8")],
-        axum::body::Body::new(body),
-    )
-        .into_response()
+    ([(header::CONTENT_TYPE, "text/yaml; charset=utf-8")], body).into_response()
 }
 
 /// Puts each newly loaded runtime config in force.
