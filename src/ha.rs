@@ -216,16 +216,12 @@ impl HaTracker {
         // Mimir's rule: the elected replica silent for the failover timeout, and, with a
         // sample failover timeout, the push's samples that much later than its last push (so
         // a replica sending old samples, a backlog, does not take over with them).
-        let mut sample_time = None;
-        let mut may_fail_over = |elected: &Cluster| {
-            let heard = elected.last_heard_ms();
-            now_ms.saturating_sub(heard) >= failover_ms
-                && (sample_failover_ms == 0
-                    || sample_time
-                        .get_or_insert_with(&sample_ms)
-                        .saturating_sub(heard)
-                        >= sample_failover_ms)
+        let silent =
+            |elected: &Cluster| now_ms.saturating_sub(elected.last_heard_ms()) >= failover_ms;
+        let late_enough = |elected: &Cluster, sample: i64| {
+            sample.saturating_sub(elected.last_heard_ms()) >= sample_failover_ms
         };
+        let mut failover_due = false;
         {
             let tenants = self.tenants.read().unwrap_or_else(|e| e.into_inner());
             let clusters = tenants.get(tenant);
@@ -234,12 +230,12 @@ impl HaTracker {
                     elected.seen_ms.fetch_max(now_ms, Ordering::Relaxed);
                     return (HaVerdict::Accept, None);
                 }
-                Some(elected) if !may_fail_over(elected) => {
+                Some(elected) if !silent(elected) => {
                     let elected = elected.replica.clone();
                     return (HaVerdict::Deduplicate { elected }, None);
                 }
                 // Elected but silent past the failover timeout: elect this one, below.
-                Some(_) => {}
+                Some(_) => failover_due = true,
                 None => {
                     let count = clusters.map_or(0, HashMap::len);
                     let limit = settings.ha_max_clusters;
@@ -249,6 +245,14 @@ impl HaTracker {
                 }
             }
         }
+        // The push's sample time, read from its body outside the locks, once, and only when a
+        // failover waits on it.
+        let sample = (failover_due && sample_failover_ms > 0).then(&sample_ms);
+        let may_fail_over = |elected: &Cluster| {
+            silent(elected)
+                && (sample_failover_ms == 0
+                    || late_enough(elected, sample.unwrap_or_else(&sample_ms)))
+        };
         // A new cluster, or a failover: under the write lock, checked again (another push
         // may have elected in between).
         let mut tenants = self.tenants.write().unwrap_or_else(|e| e.into_inner());
