@@ -624,56 +624,35 @@ pub(super) fn relabelled(
 /// histogram's 15, in both. A body that stops being well formed is read up to there: the scan
 /// refuses it afterwards.
 pub(super) fn earliest_sample_ms(raw: &[u8], series: u32, histograms: u32) -> Option<i64> {
-    /// The `tag` field of a message, as an int64 (0 when absent, proto3's default).
-    fn timestamp(mut message: &[u8], tag: u32) -> Option<i64> {
+    use wire::Fields;
+    // The `tag` field of a message, as an int64 (0 when absent, proto3's default).
+    let timestamp = |message: &[u8], tag: u32| {
         let mut at = 0;
-        while !message.is_empty() {
-            let (number, wire_type) = decode_key(&mut message).ok()?;
-            if number == tag && wire_type == WireType::Varint {
-                at = prost::encoding::decode_varint(&mut message).ok()? as i64;
-            } else {
-                skip_field(wire_type, number, &mut message, DecodeContext::default()).ok()?;
+        for field in Fields(message) {
+            let field = field?;
+            if field.tag == tag && field.wire_type == WireType::Varint {
+                at = prost::encoding::decode_varint(&mut &field.payload[..]).ok()? as i64;
             }
         }
         Some(at)
-    }
+    };
+    let messages = |body| {
+        Fields(body)
+            .map_while(|field| field)
+            .filter(|field| field.wire_type == WireType::LengthDelimited)
+    };
     let mut earliest: Option<i64> = None;
-    let mut see = |ms: i64| earliest = Some(earliest.map_or(ms, |e| e.min(ms)));
-    let mut buf = raw;
-    while !buf.is_empty() {
-        let Ok((tag, wire_type)) = decode_key(&mut buf) else {
-            break;
-        };
-        if tag != series {
-            if skip_field(wire_type, tag, &mut buf, DecodeContext::default()).is_err() {
-                break;
-            }
-            continue;
-        }
-        let Ok(mut one) = field(&mut buf, wire_type, "timeseries") else {
-            break;
-        };
+    for one in messages(raw).filter(|field| field.tag == series) {
         let (mut sample, mut histogram) = (false, false);
-        while !(one.is_empty() || sample && histogram) {
-            let Ok((tag, wire_type)) = decode_key(&mut one) else {
-                break;
-            };
-            let first = match tag {
-                2 if !sample => &mut sample,
-                tag if tag == histograms && !histogram => &mut histogram,
-                _ => {
-                    if skip_field(wire_type, tag, &mut one, DecodeContext::default()).is_err() {
-                        break;
-                    }
-                    continue;
-                }
-            };
-            let Ok(message) = field(&mut one, wire_type, "sample") else {
-                break;
+        for field in messages(one.payload) {
+            let (first, tag) = match field.tag {
+                2 if !sample => (&mut sample, 2),
+                tag if tag == histograms && !histogram => (&mut histogram, 15),
+                _ => continue,
             };
             *first = true;
-            if let Some(ms) = timestamp(message, if tag == 2 { 2 } else { 15 }) {
-                see(ms);
+            if let Some(ms) = timestamp(field.payload, tag) {
+                earliest = Some(earliest.map_or(ms, |e| e.min(ms)));
             }
         }
     }

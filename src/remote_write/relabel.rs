@@ -18,13 +18,11 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use prost::encoding::{
-    decode_key, decode_varint, encode_key, encode_varint, skip_field, DecodeContext, WireType,
-};
+use prost::encoding::{decode_varint, encode_key, encode_varint, WireType};
 use runtime_config::relabel::Labels;
 use runtime_config::Relabel;
 
-use super::wire::plain_label;
+use super::wire::{plain_label, Field, Fields};
 
 /// The label Mimir sets to the tenant's ID while the rules run.
 const TENANT_LABEL: &str = "__meta_tenant_id";
@@ -78,74 +76,6 @@ impl Relabelling {
             Outcome::Changed
         }
     }
-}
-
-/// One field of a message: its number, its wire type, its bytes from the key on, and its
-/// payload (a length-delimited field's contents; else the value's bytes).
-struct Field<'a> {
-    tag: u32,
-    wire_type: WireType,
-    whole: &'a [u8],
-    payload: &'a [u8],
-}
-
-/// The fields of a message, in order; an item is `None` where the message stops being well
-/// formed (or uses groups), and is the last.
-struct Fields<'a>(&'a [u8]);
-
-impl<'a> Iterator for Fields<'a> {
-    type Item = Option<Field<'a>>;
-
-    fn next(&mut self) -> Option<Self::Item> {
-        if self.0.is_empty() {
-            return None;
-        }
-        let field = read_field(&mut self.0);
-        if field.is_none() {
-            self.0 = &[];
-        }
-        Some(field)
-    }
-}
-
-fn read_field<'a>(buf: &mut &'a [u8]) -> Option<Field<'a>> {
-    let start = *buf;
-    let (tag, wire_type) = decode_key(buf).ok()?;
-    let length = match wire_type {
-        WireType::Varint => {
-            let before = buf.len();
-            decode_varint(buf).ok()?;
-            before - buf.len()
-        }
-        WireType::SixtyFourBit => 8,
-        WireType::ThirtyTwoBit => 4,
-        WireType::LengthDelimited => usize::try_from(decode_varint(buf).ok()?).ok()?,
-        // A group (proto2, never written by a remote-write sender), skipped to its end as
-        // prost and the scan skip it, so a body with one is still relabelled.
-        WireType::StartGroup => {
-            let before = buf.len();
-            skip_field(wire_type, tag, buf, DecodeContext::default()).ok()?;
-            before - buf.len()
-        }
-        WireType::EndGroup => return None,
-    };
-    let payload = match wire_type {
-        // Read already: its bytes end where `buf` now starts.
-        WireType::Varint | WireType::StartGroup => {
-            &start[start.len() - buf.len() - length..start.len() - buf.len()]
-        }
-        _ => {
-            let (payload, rest) = buf.split_at_checked(length)?;
-            *buf = rest;
-            payload
-        }
-    };
-    Some(Field {
-        tag,
-        wire_type,
-        whole: &start[..start.len() - buf.len()],
-        payload,
-    })
 }
 
 fn write_field(out: &mut Vec<u8>, tag: u32, payload: &[u8]) {

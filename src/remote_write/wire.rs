@@ -190,6 +190,75 @@ fn too_short(name: &str, len: u64, remaining: usize) -> String {
     format!("field `{name}` claims {len} bytes but only {remaining} remain")
 }
 
+/// One field of a message: its number, its wire type, its bytes from the key on, and its
+/// payload (a length-delimited field's contents; else the value's bytes).
+pub(super) struct Field<'a> {
+    pub tag: u32,
+    pub wire_type: WireType,
+    pub whole: &'a [u8],
+    pub payload: &'a [u8],
+}
+
+/// The fields of a message, in order, for walks that read on where they can (the relabelling
+/// walk, the HA tracker's sample time); an item is `None` where the message stops being well
+/// formed (a group is skipped whole, as prost skips it), and is the last.
+pub(super) struct Fields<'a>(pub &'a [u8]);
+
+impl<'a> Iterator for Fields<'a> {
+    type Item = Option<Field<'a>>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.0.is_empty() {
+            return None;
+        }
+        let field = read_field(&mut self.0);
+        if field.is_none() {
+            self.0 = &[];
+        }
+        Some(field)
+    }
+}
+
+fn read_field<'a>(buf: &mut &'a [u8]) -> Option<Field<'a>> {
+    let start = *buf;
+    let (tag, wire_type) = decode_key(buf).ok()?;
+    let length = match wire_type {
+        WireType::Varint => {
+            let before = buf.len();
+            decode_varint(buf).ok()?;
+            before - buf.len()
+        }
+        WireType::SixtyFourBit => 8,
+        WireType::ThirtyTwoBit => 4,
+        WireType::LengthDelimited => usize::try_from(decode_varint(buf).ok()?).ok()?,
+        // A group (proto2, never written by a remote-write sender), skipped to its end as
+        // prost and the scan skip it, so a walk reads on past it.
+        WireType::StartGroup => {
+            let before = buf.len();
+            skip_field(wire_type, tag, buf, DecodeContext::default()).ok()?;
+            before - buf.len()
+        }
+        WireType::EndGroup => return None,
+    };
+    let payload = match wire_type {
+        // Read already: its bytes end where `buf` now starts.
+        WireType::Varint | WireType::StartGroup => {
+            &start[start.len() - buf.len() - length..start.len() - buf.len()]
+        }
+        _ => {
+            let (payload, rest) = buf.split_at_checked(length)?;
+            *buf = rest;
+            payload
+        }
+    };
+    Some(Field {
+        tag,
+        wire_type,
+        whole: &start[..start.len() - buf.len()],
+        payload,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use proptest::prelude::*;
