@@ -90,21 +90,66 @@ async fn handle(
         &mut delay,
     )
     .await;
-    let succeeded = admitted.is_ok();
+    // Refused before its body was read. The body is still read to its end (up to the size
+    // limit and the timeout) and thrown away, so a client still sending sees the answer
+    // instead of a reset connection, and the connection carries its next request. A body
+    // that could never fit is not waited for: the connection closes after the answer.
+    let close = admitted.is_err()
+        && body.take().is_some_and(|unread| {
+            let limit = state.config.max_request_body_size;
+            let too_long = parts
+                .headers
+                .get(header::CONTENT_LENGTH)
+                .and_then(|value| value.to_str().ok()?.parse::<u64>().ok())
+                .is_some_and(|length| length > limit);
+            if !too_long {
+                tokio::spawn(drain(
+                    unread,
+                    limit as usize,
+                    state.config.body_read_timeout,
+                ));
+            }
+            too_long
+        });
+    // Mimir's `ingestion_artificial_delay`: the answer, whatever it is, waits until the push
+    // has taken the tenant's delay, give or take a tenth. The push's in-flight slots are
+    // free by now: a delayed tenant holds a connection, not the replica's capacity. The
+    // answer is written after the wait, so a refusal's `Retry-After` counts from when it is
+    // sent.
+    let waited = match delay {
+        Some(target) => {
+            let wait = delay_left(target, started.elapsed(), &mut rand::rng());
+            if !wait.is_zero() {
+                tokio::time::sleep(wait).await;
+            }
+            Some(wait)
+        }
+        None => None,
+    };
     let (mut response, written) = match admitted {
-        Ok(written) => match otlp {
-            Some(otlp) => (
-                (
+        Ok(written) => {
+            let mut response = match otlp {
+                Some(otlp) => (
                     StatusCode::OK,
                     [(header::CONTENT_TYPE, otlp.content_type())],
                     otlp.success_body(),
                 )
                     .into_response(),
-                written,
-            ),
-            None => (StatusCode::OK.into_response(), written),
-        },
+                None => StatusCode::OK.into_response(),
+            };
+            // A delayed success says how long it waited, as Mimir's does.
+            if let Some(wait) = waited {
+                response
+                    .headers_mut()
+                    .insert("server-timing", server_timing(wait));
+            }
+            (response, written)
+        }
         Err(err) => {
+            let err = match waited {
+                Some(wait) => err.waited(wait),
+                None => err,
+            };
             if err.status().is_server_error() || err.status() == StatusCode::BAD_REQUEST {
                 tracing::debug!(%err, "push refused");
             }
@@ -114,30 +159,11 @@ async fn handle(
             if let Some((otlp, message)) = otlp_message {
                 otlp_error(&mut response, otlp, &message);
             }
-            // Refused before its body was read. The answer goes out at once; the body is
-            // still read to its end (up to the size limit and the timeout) and thrown away,
-            // so a client still sending sees the answer instead of a reset connection, and
-            // the connection carries its next request. A body that could never fit is not
-            // waited for: the connection closes after the answer.
-            if let Some(unread) = body.take() {
-                let limit = state.config.max_request_body_size;
-                let too_long = parts
-                    .headers
-                    .get(header::CONTENT_LENGTH)
-                    .and_then(|value| value.to_str().ok()?.parse::<u64>().ok())
-                    .is_some_and(|length| length > limit);
-                if too_long {
-                    response.headers_mut().insert(
-                        header::CONNECTION,
-                        axum::http::HeaderValue::from_static("close"),
-                    );
-                } else {
-                    tokio::spawn(drain(
-                        unread,
-                        limit as usize,
-                        state.config.body_read_timeout,
-                    ));
-                }
+            if close {
+                response.headers_mut().insert(
+                    header::CONNECTION,
+                    axum::http::HeaderValue::from_static("close"),
+                );
             }
             (response, refused_written)
         }
@@ -157,21 +183,6 @@ async fn handle(
             ) == Ok(Format::V2));
     if v2 {
         written.insert_into(response.headers_mut());
-    }
-    // Mimir's `ingestion_artificial_delay`: the answer, whatever it is, waits until the push
-    // has taken the tenant's delay, give or take a tenth. The push's in-flight slots are
-    // free by now: a delayed tenant holds a connection, not the replica's capacity. A
-    // success says how long it waited, as Mimir's does.
-    if let Some(target) = delay {
-        let wait = delay_left(target, started.elapsed(), &mut rand::rng());
-        if !wait.is_zero() {
-            tokio::time::sleep(wait).await;
-        }
-        if succeeded {
-            response
-                .headers_mut()
-                .insert("server-timing", server_timing(wait));
-        }
     }
     state
         .metrics

@@ -141,6 +141,20 @@ impl PushError {
         }
     }
 
+    /// This refusal as it stands `waited` after it was decided (a tenant's artificial delay
+    /// held its answer): the time until the request would pass is that much shorter.
+    pub fn waited(self, waited: Duration) -> PushError {
+        match self {
+            PushError::RateLimited(mut rejection) => {
+                if let RejectionCause::RateLimited { wait } = &mut rejection.cause {
+                    *wait = wait.saturating_sub(waited);
+                }
+                PushError::RateLimited(rejection)
+            }
+            other => other,
+        }
+    }
+
     /// `Retry-After` in whole seconds for this refusal, or `None` for no header.
     /// `request_headers` supplies `Retry-Attempt` for Mimir's backoff.
     pub fn retry_after(

@@ -137,3 +137,36 @@ async fn a_delayed_tenant_is_answered_after_its_delay_without_holding_capacity()
     assert!(took >= Duration::from_millis(1_800));
     assert_eq!(receiver.take_bodies().len(), 1, "the second push forwarded");
 }
+
+/// A refusal's `Retry-After` counts from when the answer is sent, after the delay: a push
+/// refused for a request rate of one per 10 s, 3 s after the one that passed, would pass in
+/// about 7 s when refused, and in about 4 s when its answer leaves 3 s later.
+#[tokio::test]
+async fn a_delayed_refusal_tells_the_truth_about_when_to_come_back() {
+    let weir = common::Weir::with_overrides(
+        "overrides:\n  slow:\n    request_rate: 0.1\n    request_burst_size: 1\n    \
+         ingestion_artificial_delay: 3s\n",
+    )
+    .await;
+    let base = weir.url("");
+    let push = || common::push_request(&weir.client, &base, Some("slow"), body());
+    let (status, _, _) = timed(push()).await;
+    assert_eq!(status, 200);
+    let started = Instant::now();
+    let response = push().send().await.unwrap();
+    assert_eq!(response.status(), 429);
+    assert!(
+        started.elapsed() >= Duration::from_millis(2_700),
+        "the refusal waited too"
+    );
+    let retry_after: u64 = response.headers()["retry-after"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(
+        (3..=5).contains(&retry_after),
+        "Retry-After {retry_after}: about 4 s were left when the answer was sent"
+    );
+    weir.stop().await.unwrap();
+}
