@@ -275,6 +275,27 @@ fn kv(key: &str, value: &str) -> weir::otlp::proto::common::KeyValue {
     }
 }
 
+/// A gauge with one point of value 1 at `time_unix_nano`.
+fn gauge_of_one(
+    name: String,
+    unit: String,
+    time_unix_nano: u64,
+) -> weir::otlp::proto::metrics::Metric {
+    use weir::otlp::proto::metrics;
+    metrics::Metric {
+        name,
+        unit,
+        data: Some(metrics::metric::Data::Gauge(metrics::Gauge {
+            data_points: vec![metrics::NumberDataPoint {
+                time_unix_nano,
+                value: Some(metrics::number_data_point::Value::AsInt(1)),
+                ..Default::default()
+            }],
+        })),
+        ..Default::default()
+    }
+}
+
 fn gunzip(compressed: &[u8]) -> Vec<u8> {
     use std::io::Read;
     let mut raw = Vec::new();
@@ -519,18 +540,7 @@ async fn a_metadata_entry_over_max_metadata_length_is_refused_and_its_series_for
     let (addr, receiver) = start_receiver().await;
     let weir = forwarding_to(addr, "").await;
     let now_ns = now_ns();
-    let gauge = |name: String, unit: String| metrics::Metric {
-        name,
-        unit,
-        data: Some(metrics::metric::Data::Gauge(metrics::Gauge {
-            data_points: vec![metrics::NumberDataPoint {
-                time_unix_nano: now_ns,
-                value: Some(metrics::number_data_point::Value::AsInt(1)),
-                ..Default::default()
-            }],
-        })),
-        ..Default::default()
-    };
+    let gauge = |name: String, unit: String| gauge_of_one(name, unit, now_ns);
     let export = ExportMetricsServiceRequest {
         resource_metrics: vec![metrics::ResourceMetrics {
             resource: Some(resource::Resource {
@@ -921,17 +931,7 @@ async fn promoted_resource_attributes_are_labels_for_the_checks_and_the_ha_track
                     ..Default::default()
                 }),
                 scope_metrics: vec![metrics::ScopeMetrics {
-                    metrics: vec![metrics::Metric {
-                        name: "up".into(),
-                        data: Some(metrics::metric::Data::Gauge(metrics::Gauge {
-                            data_points: vec![metrics::NumberDataPoint {
-                                time_unix_nano: now_ns,
-                                value: Some(metrics::number_data_point::Value::AsInt(1)),
-                                ..Default::default()
-                            }],
-                        })),
-                        ..Default::default()
-                    }],
+                    metrics: vec![gauge_of_one("up".into(), String::new(), now_ns)],
                     ..Default::default()
                 }],
                 ..Default::default()

@@ -965,6 +965,16 @@ fn metric_points<'p>(
 mod tests {
     use super::*;
 
+    /// A string attribute.
+    fn kv(key: &str, value: &str) -> KeyValue {
+        KeyValue {
+            key: key.into(),
+            value: Some(AnyValue {
+                value: Some(Any::StringValue(value.into())),
+            }),
+        }
+    }
+
     #[test]
     fn names_are_escaped_as_the_translator_escapes_them() {
         assert_eq!(label_name("http.method"), "http_method");
@@ -1016,12 +1026,6 @@ mod tests {
     fn the_first_series_is_the_first_translated_point() {
         use super::super::proto::metrics::{self, metric::Data};
         use super::super::proto::resource::Resource;
-        let kv = |key: &str, value: &str| KeyValue {
-            key: key.into(),
-            value: Some(AnyValue {
-                value: Some(Any::StringValue(value.into())),
-            }),
-        };
         let resource = |attributes: Vec<KeyValue>, metrics: Vec<Metric>| metrics::ResourceMetrics {
             resource: Some(Resource {
                 attributes,
@@ -1124,12 +1128,6 @@ mod tests {
     fn promoted_and_identifying_attributes_are_labels_as_mimir_makes_them() {
         use super::super::proto::metrics::{self, metric::Data};
         use super::super::proto::resource::Resource;
-        let kv = |key: &str, value: &str| KeyValue {
-            key: key.into(),
-            value: Some(AnyValue {
-                value: Some(Any::StringValue(value.into())),
-            }),
-        };
         let request = ExportMetricsServiceRequest {
             resource_metrics: vec![metrics::ResourceMetrics {
                 resource: Some(Resource {
