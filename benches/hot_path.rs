@@ -464,9 +464,27 @@ fn otlp(c: &mut Criterion) {
             b.iter(|| weir::otlp::decode_full(black_box(body), 100 << 20, format).unwrap())
         });
     }
-    for (name, body) in [
-        ("scan+checks+refusal", &refused),
-        ("scan+checks+exemplars_cut", &traced),
+    // A tenant with `metric_relabel_configs`: one drop rule that drops nothing here (the
+    // usual rule), so every point is translated for it and the export forwarded as sent.
+    let relabelling =
+        validation
+            .clone()
+            .relabelling(Some(weir::remote_write::relabel::Relabelling {
+                rules: std::sync::Arc::new(
+                    runtime_config::Relabel::new(vec![runtime_config::relabel::RuleConfig {
+                        source_labels: Some(vec!["__name__".into()]),
+                        regex: Some("go_.*".into()),
+                        action: Some("drop".into()),
+                        ..Default::default()
+                    }])
+                    .unwrap(),
+                ),
+                tenant: std::sync::Arc::from("t"),
+            }));
+    for (name, body, validation) in [
+        ("scan+checks+refusal", &refused, &validation),
+        ("scan+checks+exemplars_cut", &traced, &validation),
+        ("scan+relabel-drop-none+checks", &raw, &relabelling),
     ] {
         group.bench_with_input(BenchmarkId::new(name, "protobuf"), body, |b, body| {
             b.iter(|| {
@@ -474,7 +492,7 @@ fn otlp(c: &mut Criterion) {
                     black_box(body),
                     100 << 20,
                     weir::otlp::OtlpFormat::PROTOBUF,
-                    &validation,
+                    validation,
                 )
                 .unwrap()
             })

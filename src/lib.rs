@@ -65,6 +65,7 @@ pub mod instance;
 pub mod metrics;
 pub mod otlp;
 pub mod otlp_checks;
+pub mod otlp_relabel;
 pub mod push;
 pub mod rejection;
 pub mod remote_write;

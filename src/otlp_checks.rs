@@ -28,6 +28,7 @@ use crate::otlp::proto::metrics::{
 use crate::otlp::proto::{common::KeyValue, ExportMetricsServiceRequest};
 use crate::otlp::translate::{self, Place};
 use crate::otlp::{self, Bounds, OtlpFormat};
+use crate::otlp_relabel;
 use crate::remote_write::prompb;
 use crate::remote_write::validate::{
     self, bucket_count, exemplar_content, reduce_to_fit, shortened_value, ExemplarSeen,
@@ -99,7 +100,11 @@ pub fn decode_validated(
         (request, counts, None, ha, validation)
     };
     let validation = &*validation;
-    let (mut edits, mut refused) = check(&request, validation);
+    let replica = match &ha {
+        HaOutcome::Accepted { replica_label, .. } => Some(replica_label.as_str()),
+        _ => None,
+    };
+    let (mut edits, mut refused, relabelled) = check(&request, validation, replica);
     let mut dropped = DroppedExemplars::default();
     if exemplars_off {
         edits.exemplars = otlp::edit::clear_exemplars(&mut request);
@@ -113,6 +118,9 @@ pub fn decode_validated(
     };
     if edits.is_empty() || (json.is_none() && edits.only_exemplars()) {
         let mut counts = counts;
+        if let Some(relabelled) = &relabelled {
+            uncharge(&mut counts, relabelled, &edits, &request);
+        }
         refuse_metadata(&request, validation, &mut counts, &mut refused);
         let forward = if edits.is_empty() {
             Forward::Unchanged
@@ -125,6 +133,9 @@ pub fn decode_validated(
     edits.apply(&mut kept);
     // A request of which nothing is left but metrics the translator refuses costs nothing.
     let mut counts = otlp::count(&kept).unwrap_or_default();
+    if let Some(relabelled) = &relabelled {
+        uncharge(&mut counts, relabelled, &edits, &kept);
+    }
     refuse_metadata(&kept, validation, &mut counts, &mut refused);
     if counts.cost() == 0 {
         return Ok(decoded(counts, Forward::Nothing, refused));
@@ -353,9 +364,35 @@ fn gzip(bytes: &[u8]) -> Vec<u8> {
 /// joined with `;` ([`Bounds::joined`]); a `__name__` is the metric name, a `_` and
 /// `_bucket` at most; a native histogram has at most as many buckets as OTLP bucket counts.
 /// A promoted resource attribute is one more label of a point's series, its key and value
-/// within the resource's, which the bounds measure too.
+/// within the resource's, which the bounds measure too. A tenant with relabelling rules has
+/// every export translated, for the rules.
 pub fn may_fail(bounds: &Bounds, validation: &Validation) -> bool {
-    validation.drop_labels.is_some() || exceeds(bounds, validation)
+    validation.drop_labels.is_some() || validation.relabel.is_some() || exceeds(bounds, validation)
+}
+
+/// Takes from `counts` (of `kept`, the export as forwarded) what the rules dropped but the
+/// export still carries: the series dropped from points that stay, and the `target_info`s
+/// dropped.
+fn uncharge(
+    counts: &mut WriteCounts,
+    relabelled: &otlp_relabel::Relabelled,
+    edits: &Edits,
+    kept: &ExportMetricsServiceRequest,
+) {
+    for (place, (_, dropped)) in &relabelled.changed {
+        if matches!(place, Place::Point { .. }) && !edits.points.contains(place) {
+            counts.samples = counts.samples.saturating_sub(*dropped);
+        }
+    }
+    for place in &relabelled.dropped {
+        if let Place::TargetInfo { resource } = *place {
+            let charged = otlp::target_info_samples_of(&kept.resource_metrics[resource]);
+            if let Some(samples) = charged {
+                counts.samples = counts.samples.saturating_sub(samples);
+                counts.series = counts.series.saturating_sub(1);
+            }
+        }
+    }
 }
 
 /// [`may_fail`], but for `drop_labels`: whether a label can get past a limit.
@@ -400,20 +437,29 @@ fn exceeds(bounds: &Bounds, validation: &Validation) -> bool {
 /// The changes a request needs (values shortened, labels dropped, refused points cut) and
 /// what was refused. Only the points that could fail are translated: each is measured as the
 /// scan measures a request. (With `__name__` dropped, every series fails.)
+/// With the tenant's relabelling rules (`replica`: the HA replica label, gone before them),
+/// what they made of the export's series: a point they drop is cut, one they change is checked
+/// as they left it ([`otlp_relabel`]).
 fn check(
     request: &ExportMetricsServiceRequest,
     validation: &Validation,
-) -> (Edits, Option<Refused>) {
+    replica: Option<&str>,
+) -> (Edits, Option<Refused>, Option<otlp_relabel::Relabelled>) {
     let every = validation.drops(b"__name__");
-    check_points(request, validation, &|bounds| {
+    let relabelled = validation.relabel.as_ref().map(|relabelling| {
+        otlp_relabel::relabel(request, relabelling, validation.translation(), replica)
+    });
+    let (edits, refused) = check_points(request, validation, relabelled.as_ref(), &|bounds| {
         every || exceeds(bounds, validation)
-    })
+    });
+    (edits, refused, relabelled)
 }
 
-/// [`check`], translating the points `wanted` says.
+/// [`check`], translating the points `wanted` says, and those the rules changed.
 fn check_points(
     request: &ExportMetricsServiceRequest,
     validation: &Validation,
+    relabelled: Option<&otlp_relabel::Relabelled>,
     wanted: &dyn Fn(&Bounds) -> bool,
 ) -> (Edits, Option<Refused>) {
     let limits = &validation.limits;
@@ -439,18 +485,36 @@ fn check_points(
             }
         }
     });
-    // The series are translated from the attributes as they will be forwarded.
-    let relabelled = if edits.is_empty() {
+    // The series are translated from the attributes as they will be forwarded; those the
+    // rules touched, as the rules left them.
+    let edited = if edits.is_empty() {
         std::borrow::Cow::Borrowed(request)
     } else {
-        let mut relabelled = request.clone();
-        edits.apply(&mut relabelled);
-        std::borrow::Cow::Owned(relabelled)
+        let mut edited = request.clone();
+        edits.apply(&mut edited);
+        std::borrow::Cow::Owned(edited)
     };
+    // A point the rules drop is cut (after the attributes' edits, which keep every point
+    // where it is).
+    if let Some(relabelled) = relabelled {
+        edits.points.extend(
+            relabelled
+                .dropped
+                .iter()
+                .filter(|place| matches!(place, Place::Point { .. })),
+        );
+    }
     let drops = |name: &str| validation.drops(name.as_bytes());
     let mut refused: Option<Refused> = None;
     let settings = validation.translation();
-    for translated in translate::translate(&relabelled, settings, &drops, wanted) {
+    let translated = translate::translate(&edited, settings, &drops, wanted)
+        .into_iter()
+        .filter(|translated| relabelled.is_none_or(|rules| !rules.touches(&translated.place)));
+    let changed = relabelled
+        .into_iter()
+        .flat_map(|rules| rules.changed.values())
+        .map(|(translated, _)| as_checked(translated, validation));
+    for translated in translated.chain(changed) {
         let Some(reason_and_message) = translated
             .series
             .iter()
@@ -497,6 +561,42 @@ fn check_points(
         }
     }
     (edits, refused)
+}
+
+/// A point or a `target_info` as the rules left it, as Mimir's checks then see it: without
+/// the labels `drop_labels` names, and under `truncate` or `drop` each value over
+/// `max_label_value_length` shortened as the scan shortens it.
+fn as_checked(
+    translated: &translate::Translated,
+    validation: &Validation,
+) -> translate::Translated {
+    let limits = &validation.limits;
+    let shortens =
+        limits.label_value_length_over_limit_strategy != LabelValueLengthOverLimitStrategy::Error;
+    let series = translated
+        .series
+        .iter()
+        .map(|labels| {
+            labels
+                .iter()
+                .filter(|(name, _)| !validation.drops(name.as_bytes()))
+                .map(|(name, value)| {
+                    let value = if shortens && value.len() > limits.max_label_value_length as usize
+                    {
+                        let short = shortened_value(value.as_bytes(), limits);
+                        String::from_utf8_lossy(&short).into_owned()
+                    } else {
+                        value.clone()
+                    };
+                    (name.clone(), value)
+                })
+                .collect()
+        })
+        .collect();
+    translate::Translated {
+        series,
+        ..translated.clone()
+    }
 }
 
 /// Mimir's checks on one translated series, as on a remote-write series: the first that fails,
@@ -796,7 +896,7 @@ fn each_attribute(
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use std::time::Duration;
 
     use proptest::prelude::*;
@@ -807,10 +907,10 @@ mod tests {
     use crate::otlp::proto::{common, metrics, resource};
 
     /// Now, for the checks (Unix milliseconds), and a point's time a second before it.
-    const NOW_MS: i64 = 1_750_000_000_000;
-    const POINT_NS: u64 = (NOW_MS as u64 - 1_000) * 1_000_000;
+    pub(crate) const NOW_MS: i64 = 1_750_000_000_000;
+    pub(crate) const POINT_NS: u64 = (NOW_MS as u64 - 1_000) * 1_000_000;
 
-    fn kv(key: &str, value: &str) -> common::KeyValue {
+    pub(crate) fn kv(key: &str, value: &str) -> common::KeyValue {
         common::KeyValue {
             key: key.into(),
             value: Some(common::AnyValue {
@@ -1486,7 +1586,7 @@ mod tests {
     /// must see it (the property below draws such edges only now and then).
     fn at_the_edge(request: ExportMetricsServiceRequest, limits: ValidationLimits) {
         let validation = validation(limits);
-        let (_, refused) = check(&request, &validation);
+        let (_, refused, _) = check(&request, &validation, None);
         assert!(refused.is_some(), "the export at the edge must fail");
         let (_, bounds) = otlp::scan_bounded(&request.encode_to_vec()).unwrap();
         assert!(may_fail(&bounds, &validation), "{bounds:?}");
@@ -1929,7 +2029,7 @@ mod tests {
             }
             prop_assert_eq!(cuts.len() as u64, dropped.iter().sum::<u64>());
             // The push path judges no exemplar of a point whose series is refused.
-            let (edits, _) = check(&request, &validation);
+            let (edits, _, _) = check(&request, &validation, None);
             let mut dropped = DroppedExemplars::default();
             exemplar_cuts(&request, &validation, &edits.points, &mut dropped);
             let decoded = decode_validated(&raw, 1 << 20, PROTOBUF, &validation).unwrap();
@@ -1975,8 +2075,8 @@ mod tests {
             )));
             let raw = request.encode_to_vec();
             let (_, bounds) = otlp::scan_bounded(&raw).unwrap();
-            let (every_edit, every_refusal) = check_points(&request, &validation, &|_| true);
-            let (edits, refused) = check(&request, &validation);
+            let (every_edit, every_refusal) = check_points(&request, &validation, None, &|_| true);
+            let (edits, refused, _) = check(&request, &validation, None);
             prop_assert_eq!(&edits.points, &every_edit.points);
             prop_assert_eq!(&edits.removed, &every_edit.removed);
             prop_assert_eq!(&refused, &every_refusal);
@@ -1987,7 +2087,7 @@ mod tests {
             prop_assert_eq!(decoded.refused.is_some(), refused.is_some());
             if let Forward::Rewritten(bytes) = &decoded.forward {
                 let kept = ExportMetricsServiceRequest::decode(&bytes[..]).unwrap();
-                let (edits, refused) = check(&kept, &validation);
+                let (edits, refused, _) = check(&kept, &validation, None);
                 prop_assert!(edits.is_empty() && refused.is_none(), "{refused:?}");
                 prop_assert_eq!(otlp::count(&kept).unwrap(), decoded.counts);
             }

@@ -976,3 +976,90 @@ async fn promoted_resource_attributes_are_labels_for_the_checks_and_the_ha_track
     assert_eq!(response.status(), 202, "{:?}", response.text().await);
     weir.stop().await.unwrap();
 }
+
+/// A tenant's `metric_relabel_configs` on an export, as Mimir runs them on the series it
+/// becomes: a point a rule drops is neither charged nor forwarded (20 dropped and 3 kept pass
+/// a burst of 5), a point a rule changes is checked as the rule left it (a label dropped
+/// cannot fail it), and a tenant whose rules are off is charged all of it.
+#[tokio::test]
+async fn relabelling_rules_drop_points_before_they_are_charged_and_forwarded() {
+    use weir::otlp::proto::{metrics, resource, ExportMetricsServiceRequest};
+    let (addr, receiver) = start_receiver().await;
+    let rules = "    metric_relabel_configs:\n    - source_labels: [__name__]\n      \
+                 regex: go_.*\n      action: drop\n    - regex: blob\n      action: labeldrop\n";
+    let overrides = format!(
+        "overrides:\n  r:\n    ingestion_rate: 5\n    ingestion_burst_size: 5\n{rules}  \
+         off:\n    ingestion_rate: 5\n    ingestion_burst_size: 5\n    \
+         metric_relabeling_enabled: false\n{rules}"
+    );
+    let weir = forwarding_to(addr, &overrides).await;
+    let now_ns = now_ns();
+    let points = |name: &str, n: usize, key: &str| metrics::Metric {
+        name: name.into(),
+        data: Some(metrics::metric::Data::Gauge(metrics::Gauge {
+            data_points: (0..n)
+                .map(|i| metrics::NumberDataPoint {
+                    attributes: vec![kv(key, &i.to_string())],
+                    time_unix_nano: now_ns,
+                    value: Some(metrics::number_data_point::Value::AsInt(1)),
+                    ..Default::default()
+                })
+                .collect(),
+        })),
+        ..Default::default()
+    };
+    let export = |metrics| ExportMetricsServiceRequest {
+        resource_metrics: vec![metrics::ResourceMetrics {
+            resource: Some(resource::Resource {
+                attributes: vec![kv("service.name", "api")],
+                ..Default::default()
+            }),
+            scope_metrics: vec![metrics::ScopeMetrics {
+                metrics,
+                ..Default::default()
+            }],
+            ..Default::default()
+        }],
+    };
+    let sent = export(vec![points("go_gc", 20, "i"), points("up", 3, "pod")]);
+
+    // 3 samples and the family's metadata: 4 of the burst of 5.
+    let response = export_protobuf(&weir, "r", sent.encode_to_vec()).await;
+    assert_eq!(response.status(), 200, "{}", response.text().await.unwrap());
+    assert_eq!(admitted(&weir, "r").await, [3, 0, 1]);
+    let received = std::mem::take(&mut *receiver.received.lock().unwrap());
+    assert_eq!(received.len(), 1);
+    let forwarded = ExportMetricsServiceRequest::decode(received[0].2.as_ref()).unwrap();
+    let kept: Vec<(&str, usize)> = forwarded.resource_metrics[0].scope_metrics[0]
+        .metrics
+        .iter()
+        .map(|metric| match &metric.data {
+            Some(metrics::metric::Data::Gauge(gauge)) => {
+                (metric.name.as_str(), gauge.data_points.len())
+            }
+            other => panic!("{other:?}"),
+        })
+        .collect();
+    assert_eq!(kept, [("go_gc", 0), ("up", 3)], "go_gc's points cut");
+
+    // Rules off: 23 samples and 2 entries, over the burst; nothing forwarded.
+    let response = export_protobuf(&weir, "off", sent.encode_to_vec()).await;
+    assert_eq!(response.status(), 429);
+    assert!(receiver.received.lock().unwrap().is_empty());
+
+    // A label over max_label_value_length (2 048) that a rule drops: checked without it,
+    // so charged and forwarded as sent. (The bucket has 1 token left and refills 5 a second.)
+    tokio::time::sleep(std::time::Duration::from_millis(1_200)).await;
+    let long = export(vec![points("blob_carrier", 1, "blob")]);
+    let mut long = long;
+    if let Some(metrics::metric::Data::Gauge(gauge)) =
+        &mut long.resource_metrics[0].scope_metrics[0].metrics[0].data
+    {
+        gauge.data_points[0].attributes = vec![kv("blob", &"x".repeat(3_000))];
+    }
+    let response = export_protobuf(&weir, "r", long.encode_to_vec()).await;
+    assert_eq!(response.status(), 200, "{}", response.text().await.unwrap());
+    assert_eq!(admitted(&weir, "r").await, [4, 0, 2]);
+    let received = std::mem::take(&mut *receiver.received.lock().unwrap());
+    assert_eq!(received[0].2.as_ref(), long.encode_to_vec(), "as sent");
+}

@@ -51,7 +51,7 @@ use std::io::Read;
 use prost::Message;
 
 use crate::counts::{DecodeError, UnsupportedMedia, WriteCounts};
-use proto::metrics::{metric::Data, AggregationTemporality, Metric};
+use proto::metrics::{metric::Data, AggregationTemporality, Metric, ResourceMetrics};
 use rules::{
     name_refused, nothing_ingested, target_info_samples, TargetKeys, NOT_CUMULATIVE, NO_DATA,
     NO_NAME, SCALE_BELOW_MINUS_4, TARGET_INFO,
@@ -280,11 +280,7 @@ fn walk<'r>(
                 Err(why) => refused.push(format!("metric {:?}: {why}", metric.name)),
             }
         }
-        let mut keys = TargetKeys::default();
-        for kv in resource.resource.iter().flat_map(|r| &r.attributes) {
-            keys.see(kv.key.as_bytes());
-        }
-        if let Some(samples) = target_info_samples(&keys, &times) {
+        if let Some(samples) = target_info_of(resource, &times) {
             counts.series += 1;
             counts.samples = counts.samples.saturating_add(samples);
             if entries.see(TARGET_INFO, Meta::TARGET_INFO) {
@@ -294,6 +290,29 @@ fn walk<'r>(
     }
     counts.metadata = entries.count();
     (counts, refused)
+}
+
+/// The samples of `resource`'s `target_info` as [`count`] charges them; `None`: it makes none.
+pub fn target_info_samples_of(resource: &ResourceMetrics) -> Option<u64> {
+    let mut times = TimeRange::default();
+    for metric in resource
+        .scope_metrics
+        .iter()
+        .flat_map(|scope| &scope.metrics)
+    {
+        // Only the times are wanted, as in `earliest_point_ms`.
+        let _ = count_metric(metric, &mut WriteCounts::default(), &mut times);
+    }
+    target_info_of(resource, &times)
+}
+
+/// The samples of `resource`'s `target_info`, its points' times being `times`.
+fn target_info_of(resource: &ResourceMetrics, times: &TimeRange) -> Option<u64> {
+    let mut keys = TargetKeys::default();
+    for kv in resource.resource.iter().flat_map(|r| &r.attributes) {
+        keys.see(kv.key.as_bytes());
+    }
+    target_info_samples(&keys, times)
 }
 
 /// The earliest data point of `request`, in Unix milliseconds (`None`: it has none): the

@@ -27,8 +27,8 @@ use std::collections::{BTreeMap, HashMap};
 use super::proto::{
     common::{any_value::Value as Any, AnyValue, KeyValue},
     metrics::{
-        exemplar::Value as ExemplarValue, metric::Data, AggregationTemporality, Exemplar,
-        ExponentialHistogramDataPoint, Metric,
+        exemplar::Value as ExemplarValue, metric::Data, summary_data_point::ValueAtQuantile,
+        AggregationTemporality, Exemplar, ExponentialHistogramDataPoint, Metric,
     },
     ExportMetricsServiceRequest,
 };
@@ -61,6 +61,9 @@ pub struct Translated {
     /// Each series' labels, sorted by name; the `_bucket` series of a histogram once (with
     /// `le="+Inf"`: they differ only in `le`, whose values are short).
     pub series: Vec<Vec<(String, String)>>,
+    /// The samples and histograms each of those series carries, in their order (the
+    /// `_bucket` series once: all its buckets).
+    pub series_items: Vec<u64>,
     /// The earliest and the latest sample of those series (Unix milliseconds).
     pub earliest_ms: i64,
     pub latest_ms: i64,
@@ -81,6 +84,35 @@ pub fn translate(
     settings: &OtlpTranslation,
     drops: &dyn Fn(&str) -> bool,
     wanted: &dyn Fn(&Bounds) -> bool,
+) -> Vec<Translated> {
+    translate_as(request, settings, drops, wanted, Buckets::Once)
+}
+
+/// [`translate`], every bucket and quantile its own series (each carrying one sample), every
+/// point translated: the series a tenant's relabelling rules see. `drops`: as there.
+pub fn translate_every_series(
+    request: &ExportMetricsServiceRequest,
+    settings: &OtlpTranslation,
+    drops: &dyn Fn(&str) -> bool,
+) -> Vec<Translated> {
+    translate_as(request, settings, drops, &|_| true, Buckets::Each)
+}
+
+/// How a classic histogram's buckets and a summary's quantiles become series.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Buckets {
+    /// One series for all of them (`le="+Inf"`, `quantile="0"`): what the checks measure.
+    Once,
+    /// One series each, `le` and `quantile` written as the translator writes them.
+    Each,
+}
+
+fn translate_as(
+    request: &ExportMetricsServiceRequest,
+    settings: &OtlpTranslation,
+    drops: &dyn Fn(&str) -> bool,
+    wanted: &dyn Fn(&Bounds) -> bool,
+    buckets: Buckets,
 ) -> Vec<Translated> {
     let mut out = Vec::new();
     for (r, resource) in request.resource_metrics.iter().enumerate() {
@@ -139,7 +171,8 @@ pub fn translate(
                         base.insert(name.to_string(), value.clone());
                     }
                     let name = metric_name(&metric.name);
-                    let (series, items) = kind.series(&name, &base);
+                    let (series, series_items): (Vec<_>, Vec<u64>) =
+                        kind.series(&name, &base, buckets).into_iter().unzip();
                     let time = nanos_to_millis(time);
                     out.push(Translated {
                         place: Place::Point {
@@ -152,9 +185,10 @@ pub fn translate(
                             .into_iter()
                             .map(|labels| kept(labels, drops))
                             .collect(),
+                        items: series_items.iter().sum(),
+                        series_items,
                         earliest_ms: time,
                         latest_ms: time,
-                        items,
                         exponential: match kind {
                             PointKind::Exponential(point) => Some(point.clone()),
                             _ => None,
@@ -178,6 +212,7 @@ pub fn translate(
             out.push(Translated {
                 place: Place::TargetInfo { resource: r },
                 series: vec![kept(labels, drops)],
+                series_items: vec![samples],
                 earliest_ms: nanos_to_millis(times.earliest.unwrap_or_default()),
                 latest_ms: nanos_to_millis(times.latest),
                 items: samples,
@@ -307,12 +342,8 @@ pub fn exemplars(request: &ExportMetricsServiceRequest) -> (Vec<TranslatedExempl
                     earliest = earliest.min(nanos_to_millis(time));
                     let (exemplars, bounds): (&[Exemplar], &[f64]) = match (&metric.data, kind) {
                         (Some(Data::Sum(sum)), _) => (&sum.data_points[p].exemplars, &[]),
-                        (
-                            Some(Data::Histogram(histogram)),
-                            PointKind::Histogram { buckets, .. },
-                        ) => {
-                            let point = &histogram.data_points[p];
-                            (&point.exemplars, &point.explicit_bounds[..buckets])
+                        (Some(Data::Histogram(histogram)), PointKind::Histogram { bounds, .. }) => {
+                            (&histogram.data_points[p].exemplars, bounds)
                         }
                         (Some(Data::ExponentialHistogram(histogram)), _) => {
                             (&histogram.data_points[p].exemplars, &[])
@@ -827,22 +858,24 @@ fn bucket_counts(point: &ExponentialHistogramDataPoint) -> u64 {
 enum PointKind<'p> {
     /// A gauge's or a sum's: one sample.
     Number,
-    /// A classic histogram's: `_sum` (when `sum`), `_count`, the `_bucket` series.
-    Histogram { buckets: usize, sum: bool },
+    /// A classic histogram's: `_sum` (when `sum`), `_count`, the `_bucket` series, one a
+    /// bound of `bounds` and `+Inf`.
+    Histogram { bounds: &'p [f64], sum: bool },
     /// A native histogram.
     Exponential(&'p ExponentialHistogramDataPoint),
     /// A summary's: `_sum`, `_count`, one series a quantile.
-    Summary { quantiles: usize },
+    Summary { quantiles: &'p [ValueAtQuantile] },
 }
 
 impl PointKind<'_> {
-    /// The series (labels) of a point with base labels `base` and `__name__` `name`, and the
-    /// samples and histograms they carry.
+    /// The series (labels) of a point with base labels `base` and `__name__` `name`, each
+    /// with the samples and histograms it carries.
     fn series(
         self,
         name: &str,
         base: &BTreeMap<String, String>,
-    ) -> (Vec<BTreeMap<String, String>>, u64) {
+        buckets: Buckets,
+    ) -> Vec<(BTreeMap<String, String>, u64)> {
         let with = |suffix: &str, extra: Option<(&str, &str)>| {
             let mut labels = base.clone();
             labels.insert("__name__".to_string(), format!("{name}{suffix}"));
@@ -851,25 +884,68 @@ impl PointKind<'_> {
             }
             labels
         };
+        // Each of `values` (a bucket's bound, a quantile) under `label`, or all of them once
+        // under `once`, with `last` (`+Inf`) after them.
+        let each = |suffix: &str,
+                    label: &str,
+                    values: &mut dyn ExactSizeIterator<Item = f64>,
+                    once: &str,
+                    last: Option<&str>| {
+            let mut series = Vec::new();
+            match buckets {
+                Buckets::Once => {
+                    let n = values.len() + usize::from(last.is_some());
+                    if n > 0 {
+                        series.push((with(suffix, Some((label, once))), n as u64));
+                    }
+                }
+                Buckets::Each => {
+                    for value in values {
+                        series.push((with(suffix, Some((label, &go_float(value)))), 1));
+                    }
+                    if let Some(last) = last {
+                        series.push((with(suffix, Some((label, last))), 1));
+                    }
+                }
+            }
+            series
+        };
         match self {
-            PointKind::Number | PointKind::Exponential(_) => (vec![with("", None)], 1),
-            PointKind::Histogram { buckets, sum } => {
+            PointKind::Number | PointKind::Exponential(_) => vec![(with("", None), 1)],
+            PointKind::Histogram { bounds, sum } => {
                 let mut series = Vec::new();
                 if sum {
-                    series.push(with("_sum", None));
+                    series.push((with("_sum", None), 1));
                 }
-                series.push(with("_count", None));
-                series.push(with("_bucket", Some(("le", "+Inf"))));
-                (series, buckets as u64 + 2 + u64::from(sum))
+                series.push((with("_count", None), 1));
+                series.extend(each(
+                    "_bucket",
+                    "le",
+                    &mut bounds.iter().copied(),
+                    "+Inf",
+                    Some("+Inf"),
+                ));
+                series
             }
             PointKind::Summary { quantiles } => {
-                let mut series = vec![with("_sum", None), with("_count", None)];
-                if quantiles > 0 {
-                    series.push(with("", Some(("quantile", "0"))));
-                }
-                (series, quantiles as u64 + 2)
+                let mut series = vec![(with("_sum", None), 1), (with("_count", None), 1)];
+                let mut values = quantiles.iter().map(|quantile| quantile.quantile);
+                series.extend(each("", "quantile", &mut values, "0", None));
+                series
             }
         }
+    }
+}
+
+/// A float as Go's `strconv.FormatFloat(value, 'f', -1, 64)` writes it, as the translator
+/// writes `le` and `quantile`: the shortest decimal that reads back the same, no exponent.
+fn go_float(value: f64) -> String {
+    if value.is_nan() {
+        "NaN".to_string()
+    } else if value.is_infinite() {
+        if value > 0.0 { "+Inf" } else { "-Inf" }.to_string()
+    } else {
+        format!("{value}")
     }
 }
 
@@ -924,8 +1000,9 @@ fn metric_points<'p>(
             }
             if cumulative(histogram.aggregation_temporality) {
                 for (p, point) in histogram.data_points.iter().enumerate() {
+                    let buckets = point.explicit_bounds.len().min(point.bucket_counts.len());
                     let kind = PointKind::Histogram {
-                        buckets: point.explicit_bounds.len().min(point.bucket_counts.len()),
+                        bounds: &point.explicit_bounds[..buckets],
                         sum: point.sum.is_some(),
                     };
                     each(p, &point.attributes, point.time_unix_nano, kind);
@@ -953,7 +1030,7 @@ fn metric_points<'p>(
             for (p, point) in summary.data_points.iter().enumerate() {
                 times.see(point.time_unix_nano);
                 let kind = PointKind::Summary {
-                    quantiles: point.quantile_values.len(),
+                    quantiles: &point.quantile_values,
                 };
                 each(p, &point.attributes, point.time_unix_nano, kind);
             }

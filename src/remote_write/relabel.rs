@@ -38,7 +38,8 @@ pub struct Relabelling {
 pub(super) type Apply = fn(&[u8], &Relabelling, Option<&str>) -> Option<Vec<u8>>;
 
 /// What the rules made of one series.
-enum Outcome {
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Outcome {
     /// Its labels as sent: copy it.
     Same,
     /// A rule dropped it: cut it.
@@ -50,7 +51,7 @@ enum Outcome {
 impl Relabelling {
     /// The rules on one series' labels, in the order sent, into `labels`. `strip`: the HA
     /// replica label, removed first.
-    fn outcome<'a>(
+    pub(crate) fn outcome<'a>(
         &'a self,
         sent: &[(&'a str, &'a str)],
         strip: Option<&str>,

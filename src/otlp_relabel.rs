@@ -1,0 +1,306 @@
+//! A tenant's `metric_relabel_configs` on an OTLP export. Mimir's distributor runs them on the
+//! series its translator makes of the export, after the HA tracker and before `drop_labels`
+//! and the series checks. weir forwards OTLP, so it runs them on the series the export would
+//! become ([`translate::translate_every_series`]: every bucket and quantile its own series,
+//! the HA replica label gone for a push from the elected replica), and then:
+//! - a data point every series of which the rules drop is cut from the forwarded export, and
+//!   neither checked nor charged nor counted anywhere, as in Mimir;
+//! - the series the rules drop from a point that keeps others (some of a histogram's
+//!   buckets, say), and a resource's `target_info` the rules drop, are not charged but stay
+//!   in the export: OTLP cannot carry a part of a point, nor a resource without the attributes
+//!   its points' `job` and `instance` come from;
+//! - a point the rules change is checked as they left it (then `drop_labels`), and forwarded
+//!   as sent.
+//!
+//! A receiver that runs the same rules, as a Mimir behind weir does with the same overrides,
+//! stores what Mimir would have.
+//!
+//! Above `otlp` and `remote_write`, which do not import each other.
+
+use std::collections::{HashMap, HashSet};
+
+use runtime_config::relabel::Labels;
+
+use crate::otlp::proto::ExportMetricsServiceRequest;
+use crate::otlp::translate::{self, Place, Translated};
+use crate::remote_write::relabel::{Outcome, Relabelling};
+
+/// What a tenant's rules make of an export's series.
+#[derive(Debug, Default)]
+pub struct Relabelled {
+    /// Data points every series of which the rules drop, and resources whose `target_info`
+    /// they drop.
+    pub dropped: HashSet<Place>,
+    /// Points and `target_info`s the rules changed, or dropped some of the series of: the
+    /// series they left (their labels sorted, each with what it carries; `items` their sum),
+    /// and what the dropped ones carried.
+    pub changed: HashMap<Place, (Translated, u64)>,
+}
+
+impl Relabelled {
+    /// Whether the rules touched the series of `place`.
+    pub fn touches(&self, place: &Place) -> bool {
+        self.dropped.contains(place) || self.changed.contains_key(place)
+    }
+}
+
+/// The rules on every series `request` becomes. `replica`: the HA replica label, gone before
+/// the rules run (the push is from the elected replica).
+pub fn relabel(
+    request: &ExportMetricsServiceRequest,
+    relabelling: &Relabelling,
+    settings: &runtime_config::OtlpTranslation,
+    replica: Option<&str>,
+) -> Relabelled {
+    let drops = |name: &str| replica == Some(name);
+    let mut out = Relabelled::default();
+    for mut translated in translate::translate_every_series(request, settings, &drops) {
+        let mut left = Vec::new();
+        let mut left_items = Vec::new();
+        let mut dropped_items = 0;
+        let mut touched = false;
+        let series_items = std::mem::take(&mut translated.series_items);
+        for (series, items) in std::mem::take(&mut translated.series)
+            .into_iter()
+            .zip(series_items)
+        {
+            let sent: Vec<(&str, &str)> = series
+                .iter()
+                .map(|(name, value)| (&**name, &**value))
+                .collect();
+            let mut labels = Labels::new();
+            let changed: Option<Vec<(String, String)>> =
+                match relabelling.outcome(&sent, None, &mut labels) {
+                    Outcome::Same => None,
+                    Outcome::Changed => Some(
+                        labels
+                            .iter()
+                            .map(|(name, value)| (name.to_string(), value.to_string()))
+                            .collect(),
+                    ),
+                    Outcome::Dropped => {
+                        touched = true;
+                        dropped_items += items;
+                        continue;
+                    }
+                };
+            touched |= changed.is_some();
+            left.push(changed.unwrap_or(series));
+            left_items.push(items);
+        }
+        if left.is_empty() {
+            out.dropped.insert(translated.place);
+        } else if touched {
+            let place = translated.place;
+            let kept = Translated {
+                items: left_items.iter().sum(),
+                series: left,
+                series_items: left_items,
+                ..translated
+            };
+            out.changed.insert(place, (kept, dropped_items));
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use prost::Message;
+    use runtime_config::relabel::RuleConfig;
+    use runtime_config::{Relabel, ValidationLimits};
+
+    use super::*;
+    use crate::counts::{Decoded, Forward};
+    use crate::otlp::proto::{common, metrics, metrics::metric::Data, resource};
+    use crate::otlp::OtlpFormat;
+    use crate::otlp_checks::decode_validated;
+    use crate::otlp_checks::tests::{kv, NOW_MS, POINT_NS};
+    use crate::remote_write::validate::Validation;
+
+    fn gauge(name: &str, attributes: Vec<common::KeyValue>) -> metrics::Metric {
+        metrics::Metric {
+            name: name.into(),
+            data: Some(Data::Gauge(metrics::Gauge {
+                data_points: vec![metrics::NumberDataPoint {
+                    attributes,
+                    time_unix_nano: POINT_NS,
+                    value: Some(metrics::number_data_point::Value::AsDouble(1.0)),
+                    ..Default::default()
+                }],
+            })),
+            ..Default::default()
+        }
+    }
+
+    /// A cumulative histogram of one point: bounds 0.005, 0.1 and 1, and a sum: six samples.
+    fn latency() -> metrics::Metric {
+        metrics::Metric {
+            name: "latency".into(),
+            data: Some(Data::Histogram(metrics::Histogram {
+                data_points: vec![metrics::HistogramDataPoint {
+                    time_unix_nano: POINT_NS,
+                    count: 4,
+                    sum: Some(1.5),
+                    explicit_bounds: vec![0.005, 0.1, 1.0],
+                    bucket_counts: vec![1, 1, 1, 1],
+                    ..Default::default()
+                }],
+                aggregation_temporality: metrics::AggregationTemporality::Cumulative as i32,
+            })),
+            ..Default::default()
+        }
+    }
+
+    /// One resource (`service.name` and a `host.name`, so it has a `target_info`).
+    fn export(metrics: Vec<metrics::Metric>) -> ExportMetricsServiceRequest {
+        ExportMetricsServiceRequest {
+            resource_metrics: vec![metrics::ResourceMetrics {
+                resource: Some(resource::Resource {
+                    attributes: vec![kv("service.name", "api"), kv("host.name", "h1")],
+                    ..Default::default()
+                }),
+                scope_metrics: vec![metrics::ScopeMetrics {
+                    metrics,
+                    ..Default::default()
+                }],
+                ..Default::default()
+            }],
+        }
+    }
+
+    /// `request` checked for a tenant with the rules `yaml` (none: `None`).
+    fn checked(request: &ExportMetricsServiceRequest, yaml: Option<&str>) -> Decoded {
+        let relabelling = yaml.map(|yaml| {
+            let configs: Vec<RuleConfig> = serde_yaml_ng::from_str(yaml).unwrap();
+            Relabelling {
+                rules: Arc::new(Relabel::new(configs).unwrap()),
+                tenant: Arc::from("t1"),
+            }
+        });
+        let validation =
+            Validation::new(ValidationLimits::default(), NOW_MS).relabelling(relabelling);
+        let body = request.encode_to_vec();
+        decode_validated(&body, 1 << 20, OtlpFormat::PROTOBUF, &validation).unwrap()
+    }
+
+    fn metric_names(decoded: &Decoded) -> Vec<String> {
+        let Forward::Rewritten(bytes) = &decoded.forward else {
+            panic!("not rewritten: {:?}", decoded.forward);
+        };
+        let request = ExportMetricsServiceRequest::decode(&bytes[..]).unwrap();
+        request.resource_metrics[0].scope_metrics[0]
+            .metrics
+            .iter()
+            .filter(|metric| match &metric.data {
+                Some(Data::Gauge(gauge)) => !gauge.data_points.is_empty(),
+                Some(Data::Histogram(histogram)) => !histogram.data_points.is_empty(),
+                _ => true,
+            })
+            .map(|metric| metric.name.clone())
+            .collect()
+    }
+
+    /// A point the rules drop is cut and not charged; a bucket they drop from a histogram
+    /// that stays, and a `target_info` they drop, are not charged; the rest is as without
+    /// rules.
+    #[test]
+    fn dropped_series_are_not_charged_and_dropped_points_not_forwarded() {
+        let request = export(vec![
+            gauge("go_goroutines", vec![]),
+            gauge("up", vec![]),
+            latency(),
+        ]);
+        let plain = checked(&request, None);
+        // go_goroutines 1, up 1, latency 6, target_info 1; three points and the target_info.
+        assert_eq!((plain.counts.samples, plain.counts.series), (9, 4));
+        assert_eq!(plain.forward, Forward::Unchanged);
+
+        let rules = "- source_labels: [__name__]\n  regex: go_.*|target_info\n  action: drop\n\
+                     - source_labels: [__name__, le]\n  regex: latency_bucket;0\\.005\n  action: drop\n";
+        let relabelled = checked(&request, Some(rules));
+        assert_eq!(
+            (relabelled.counts.samples, relabelled.counts.series),
+            (6, 2)
+        );
+        // go_goroutines, with no point left, makes no metadata entry in the export forwarded
+        // (as when its point is refused).
+        assert_eq!(relabelled.counts.metadata, plain.counts.metadata - 1);
+        assert!(relabelled.refused.is_none());
+        assert_eq!(metric_names(&relabelled), ["up", "latency"]);
+
+        // A bucket only: charged one sample less, forwarded as sent.
+        let buckets = checked(
+            &request,
+            Some("- source_labels: [le]\n  regex: 0\\.1\n  action: drop\n"),
+        );
+        assert_eq!((buckets.counts.samples, buckets.counts.series), (8, 4));
+        assert_eq!(buckets.forward, Forward::Unchanged);
+
+        // Everything: nothing charged, nothing forwarded, nothing refused.
+        let all = checked(
+            &request,
+            Some("- regex: .*\n  source_labels: [__name__]\n  action: drop\n"),
+        );
+        assert_eq!(all.counts.samples + all.counts.series, 0);
+        assert_eq!(all.forward, Forward::Nothing);
+        assert!(all.refused.is_none());
+    }
+
+    /// Mimir checks a series as the rules left it: a label they drop cannot fail it, one
+    /// they add can.
+    #[test]
+    fn a_changed_point_is_checked_as_the_rules_left_it() {
+        let long = "x".repeat(3_000);
+        let request = export(vec![
+            gauge("up", vec![kv("blob", &long)]),
+            gauge("ok", vec![]),
+        ]);
+        let plain = checked(&request, None);
+        assert!(plain.refused.is_some(), "over max_label_value_length");
+        assert_eq!(plain.counts.samples, 2, "ok and target_info");
+
+        let dropped = checked(&request, Some("- regex: blob\n  action: labeldrop\n"));
+        assert!(dropped.refused.is_none());
+        assert_eq!(dropped.counts.samples, 3);
+        assert_eq!(dropped.forward, Forward::Unchanged, "forwarded as sent");
+
+        let added = format!(
+            "- source_labels: [__name__]\n  regex: ok\n  target_label: blob2\n  replacement: {long}\n"
+        );
+        let request = export(vec![gauge("ok", vec![]), gauge("fine", vec![])]);
+        let refused = checked(&request, Some(&added));
+        let refused_samples: u64 = refused
+            .refused
+            .as_ref()
+            .expect("refused")
+            .samples
+            .samples
+            .iter()
+            .sum();
+        assert_eq!(refused_samples, 1);
+        assert_eq!(refused.counts.samples, 2, "fine and target_info");
+        assert_eq!(metric_names(&refused), ["fine"]);
+    }
+
+    /// Each bucket and quantile is a series of one sample, `le` and `quantile` written as
+    /// the translator writes them; together they carry what the point is charged.
+    #[test]
+    fn every_bucket_is_its_own_series() {
+        let request = export(vec![latency()]);
+        let settings = runtime_config::OtlpTranslation::default();
+        let every = translate::translate_every_series(&request, &settings, &|_| false);
+        let once = translate::translate(&request, &settings, &|_| false, &|_| true);
+        assert_eq!(every[0].items, once[0].items);
+        assert_eq!(every[0].series_items.iter().sum::<u64>(), 6);
+        let le: Vec<&str> = every[0]
+            .series
+            .iter()
+            .filter_map(|labels| labels.iter().find(|(name, _)| name == "le"))
+            .map(|(_, value)| value.as_str())
+            .collect();
+        assert_eq!(le, ["0.005", "0.1", "1", "+Inf"]);
+    }
+}
