@@ -464,27 +464,32 @@ fn otlp(c: &mut Criterion) {
             b.iter(|| weir::otlp::decode_full(black_box(body), 100 << 20, format).unwrap())
         });
     }
-    // A tenant with `metric_relabel_configs`: one drop rule that drops nothing here (the
-    // usual rule), so every point is translated for it and the export forwarded as sent.
-    let relabelling =
+    // A tenant with `metric_relabel_configs` of one drop rule that drops nothing here: by the
+    // metric's name (the usual rule: each name judged once), or by a point's label (every
+    // point's series built for it). The export is forwarded as sent.
+    let drop_by = |label: &str, regex: &str| {
         validation
             .clone()
             .relabelling(Some(weir::remote_write::relabel::Relabelling {
                 rules: std::sync::Arc::new(
                     runtime_config::Relabel::new(vec![runtime_config::relabel::RuleConfig {
-                        source_labels: Some(vec!["__name__".into()]),
-                        regex: Some("go_.*".into()),
+                        source_labels: Some(vec![label.into()]),
+                        regex: Some(regex.into()),
                         action: Some("drop".into()),
                         ..Default::default()
                     }])
                     .unwrap(),
                 ),
                 tenant: std::sync::Arc::from("t"),
-            }));
+            }))
+    };
+    let by_name = drop_by("__name__", "go_.*");
+    let by_label = drop_by("code", "500");
     for (name, body, validation) in [
         ("scan+checks+refusal", &refused, &validation),
         ("scan+checks+exemplars_cut", &traced, &validation),
-        ("scan+relabel-drop-none+checks", &raw, &relabelling),
+        ("scan+relabel-drop-by-name+checks", &raw, &by_name),
+        ("scan+relabel-drop-by-label+checks", &raw, &by_label),
     ] {
         group.bench_with_input(BenchmarkId::new(name, "protobuf"), body, |b, body| {
             b.iter(|| {

@@ -52,6 +52,24 @@ pub fn relabel(
     settings: &runtime_config::OtlpTranslation,
     replica: Option<&str>,
 ) -> Relabelled {
+    if relabelling
+        .rules
+        .only_drops_by(&["__name__", crate::remote_write::relabel::TENANT_LABEL])
+    {
+        if let Some(out) = by_name(request, relabelling) {
+            return out;
+        }
+    }
+    every_series(request, relabelling, settings, replica)
+}
+
+/// [`relabel`], every series built with its labels and put through the rules.
+fn every_series(
+    request: &ExportMetricsServiceRequest,
+    relabelling: &Relabelling,
+    settings: &runtime_config::OtlpTranslation,
+    replica: Option<&str>,
+) -> Relabelled {
     let drops = |name: &str| replica == Some(name);
     let mut out = Relabelled::default();
     for mut translated in translate::translate_every_series(request, settings, &drops) {
@@ -102,6 +120,43 @@ pub fn relabel(
         }
     }
     out
+}
+
+/// [`relabel`] for rules that only keep or drop a series by its name (the usual rules: drop
+/// these metrics): each name judged once, no point's labels built. `None` when the rules drop
+/// some of a point's series and keep others (some histogram's `_bucket`, say): those points
+/// need their series built, to be checked without the dropped ones.
+fn by_name(request: &ExportMetricsServiceRequest, relabelling: &Relabelling) -> Option<Relabelled> {
+    let mut judged: HashMap<String, bool> = HashMap::new();
+    let mut dropped = |name: &str| -> bool {
+        if let Some(&dropped) = judged.get(name) {
+            return dropped;
+        }
+        let outcome = relabelling.outcome(&[("__name__", name)], None, &mut Labels::new());
+        let dropped = outcome == Outcome::Dropped;
+        judged.insert(name.to_string(), dropped);
+        dropped
+    };
+    let mut out = Relabelled::default();
+    let mut partly = false;
+    let mut full = String::new();
+    translate::each_point_by_name(request, |place, name, parts| {
+        let gone = parts
+            .iter()
+            .filter(|(suffix, _)| {
+                full.clear();
+                full.push_str(name);
+                full.push_str(suffix);
+                dropped(&full)
+            })
+            .count();
+        if gone == parts.len() {
+            out.dropped.insert(place);
+        } else if gone > 0 {
+            partly = true;
+        }
+    });
+    (!partly).then_some(out)
 }
 
 #[cfg(test)]
@@ -283,6 +338,77 @@ mod tests {
         assert_eq!(refused_samples, 1);
         assert_eq!(refused.counts.samples, 2, "fine and target_info");
         assert_eq!(metric_names(&refused), ["fine"]);
+    }
+
+    /// Rules that keep or drop by name alone are judged a name at a time, with the same
+    /// outcome as when every series is built: a metric, a histogram's or a summary's every
+    /// series, `target_info`; a rule that drops a part of a point is left to the full walk.
+    #[test]
+    fn rules_by_name_alone_are_judged_as_every_series_is() {
+        let summary = metrics::Metric {
+            name: "rpc.duration".into(),
+            data: Some(Data::Summary(metrics::Summary {
+                data_points: vec![metrics::SummaryDataPoint {
+                    time_unix_nano: POINT_NS,
+                    quantile_values: vec![metrics::summary_data_point::ValueAtQuantile {
+                        quantile: 0.5,
+                        value: 1.0,
+                    }],
+                    ..Default::default()
+                }],
+            })),
+            ..Default::default()
+        };
+        let delta = metrics::Metric {
+            name: "go_delta".into(),
+            data: Some(Data::Sum(metrics::Sum {
+                data_points: vec![metrics::NumberDataPoint {
+                    time_unix_nano: POINT_NS,
+                    ..Default::default()
+                }],
+                aggregation_temporality: metrics::AggregationTemporality::Delta as i32,
+                is_monotonic: true,
+            })),
+            ..Default::default()
+        };
+        let request = export(vec![
+            gauge("go.goroutines", vec![kv("a", "1")]),
+            gauge("up", vec![]),
+            latency(),
+            summary,
+            delta,
+        ]);
+        let settings = runtime_config::OtlpTranslation::default();
+        let rules = |yaml: &str| {
+            let configs: Vec<RuleConfig> = serde_yaml_ng::from_str(yaml).unwrap();
+            Relabelling {
+                rules: Arc::new(Relabel::new(configs).unwrap()),
+                tenant: Arc::from("t1"),
+            }
+        };
+        let whole = [
+            "- source_labels: [__name__]\n  regex: go_.*|target_info\n  action: drop\n",
+            "- source_labels: [__name__]\n  regex: latency_.*|rpc_duration.*\n  action: drop\n",
+            "- source_labels: [__meta_tenant_id, __name__]\n  regex: t1;up\n  action: keep\n",
+            "- source_labels: [__name__]\n  regex: nothing\n  action: drop\n",
+        ];
+        for yaml in whole {
+            let rules = rules(yaml);
+            assert!(rules.rules.only_drops_by(&["__name__", "__meta_tenant_id"]));
+            let fast = by_name(&request, &rules).expect("no point partly dropped");
+            let slow = every_series(&request, &rules, &settings, None);
+            assert!(slow.changed.is_empty(), "{yaml}");
+            assert_eq!(fast.dropped, slow.dropped, "{yaml}");
+        }
+        // The keep of `up` alone drops all but one point and the target_info.
+        let kept = by_name(&request, &rules(whole[2])).unwrap();
+        assert_eq!(kept.dropped.len(), 4);
+        for part in ["latency_bucket", "rpc_duration", "latency_sum"] {
+            let yaml = format!("- source_labels: [__name__]\n  regex: {part}\n  action: drop\n");
+            assert!(by_name(&request, &rules(&yaml)).is_none(), "{part}");
+            let slow = every_series(&request, &rules(&yaml), &settings, None);
+            assert_eq!(slow.changed.len(), 1, "{part}");
+        }
     }
 
     /// Each bucket and quantile is a series of one sample, `le` and `quantile` written as

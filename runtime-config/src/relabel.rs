@@ -381,6 +381,19 @@ impl Relabel {
     pub fn process(&self, labels: &mut Labels) -> bool {
         self.rules.iter().all(|rule| rule.apply(labels))
     }
+
+    /// Whether every rule only keeps or drops a series by the labels `names`: a `keep` or a
+    /// `drop` whose source labels are all among them. Such rules change no label, and what
+    /// they make of a series hangs on those labels' values alone.
+    pub fn only_drops_by(&self, names: &[&str]) -> bool {
+        self.rules.iter().all(|rule| {
+            matches!(rule.action, Action::Keep | Action::Drop)
+                && rule
+                    .source_labels
+                    .iter()
+                    .all(|label| names.contains(&label.as_str()))
+        })
+    }
 }
 
 #[cfg(test)]
@@ -410,6 +423,27 @@ mod tests {
     // Where a case says it is Prometheus', its input, rules and expected output are those of
     // `model/relabel/relabel_test.go` (`TestRelabel`), written again here; the others follow
     // what `relabel.go` does.
+
+    #[test]
+    fn only_drops_by_is_keep_and_drop_on_those_labels_only() {
+        let name = ["__name__", "__meta_tenant_id"];
+        let by_name = "- source_labels: [__name__]\n  regex: go_.*\n  action: drop\n\
+                       - source_labels: [__meta_tenant_id, __name__]\n  regex: t;.*\n  action: keep\n";
+        assert!(rules(by_name).unwrap().only_drops_by(&name));
+        assert!(rules("[]").unwrap().only_drops_by(&name));
+        for other in [
+            "- source_labels: [job]\n  regex: a\n  action: drop\n",
+            "- source_labels: [__name__]\n  target_label: n\n",
+            "- regex: pod\n  action: labeldrop\n",
+            "- source_labels: [__name__]\n  target_label: job\n  action: dropequal\n",
+        ] {
+            let rules = format!("{by_name}{other}");
+            assert!(
+                !self::rules(&rules).unwrap().only_drops_by(&name),
+                "{other}"
+            );
+        }
+    }
 
     #[test]
     fn replace_writes_the_expanded_replacement_into_the_target() {

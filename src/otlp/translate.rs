@@ -98,6 +98,75 @@ pub fn translate_every_series(
     translate_as(request, settings, drops, &|_| true, Buckets::Each)
 }
 
+/// Every data point the translator takes, and every `target_info`, in request order, by the
+/// `__name__`s of the series it becomes: `each(place, name, parts)` with the metric's name
+/// escaped (`target_info`'s own) and each series' suffix with what it carries (a classic
+/// histogram's `_bucket` once, with all its buckets; a summary's quantiles once). No label is
+/// built: what rules that read only `__name__` need.
+pub fn each_point_by_name(
+    request: &ExportMetricsServiceRequest,
+    mut each: impl FnMut(Place, &str, &[(&'static str, u64)]),
+) {
+    for (r, resource) in request.resource_metrics.iter().enumerate() {
+        let mut times = TimeRange::default();
+        for (s, scope) in resource.scope_metrics.iter().enumerate() {
+            for (m, metric) in scope.metrics.iter().enumerate() {
+                let name = metric_name(&metric.name);
+                metric_points(metric, &mut times, |point, _, _, kind| {
+                    let place = Place::Point {
+                        resource: r,
+                        scope: s,
+                        metric: m,
+                        point,
+                    };
+                    match kind {
+                        PointKind::Number | PointKind::Exponential(_) => {
+                            each(place, &name, &[("", 1)])
+                        }
+                        PointKind::Histogram { bounds, sum: true } => each(
+                            place,
+                            &name,
+                            &[
+                                ("_sum", 1),
+                                ("_count", 1),
+                                ("_bucket", bounds.len() as u64 + 1),
+                            ],
+                        ),
+                        PointKind::Histogram { bounds, sum: false } => each(
+                            place,
+                            &name,
+                            &[("_count", 1), ("_bucket", bounds.len() as u64 + 1)],
+                        ),
+                        PointKind::Summary { quantiles: [] } => {
+                            each(place, &name, &[("_sum", 1), ("_count", 1)])
+                        }
+                        PointKind::Summary { quantiles } => each(
+                            place,
+                            &name,
+                            &[("_sum", 1), ("_count", 1), ("", quantiles.len() as u64)],
+                        ),
+                    }
+                });
+            }
+        }
+        let mut keys = TargetKeys::default();
+        for kv in resource
+            .resource
+            .iter()
+            .flat_map(|resource| &resource.attributes)
+        {
+            keys.see(kv.key.as_bytes());
+        }
+        if let Some(samples) = target_info_samples(&keys, &times) {
+            each(
+                Place::TargetInfo { resource: r },
+                TARGET_INFO,
+                &[("", samples)],
+            );
+        }
+    }
+}
+
 /// How a classic histogram's buckets and a summary's quantiles become series.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Buckets {

@@ -25,7 +25,7 @@ use runtime_config::Relabel;
 use super::wire::{plain_label, Field, Fields};
 
 /// The label Mimir sets to the tenant's ID while the rules run.
-const TENANT_LABEL: &str = "__meta_tenant_id";
+pub(crate) const TENANT_LABEL: &str = "__meta_tenant_id";
 
 /// A tenant's rules and its ID, for [`super::validate::Validation`].
 #[derive(Debug, Clone)]
