@@ -1,7 +1,7 @@
 //! A tenant's `metric_relabel_configs` on an OTLP export. Mimir's distributor runs them on the
 //! series its translator makes of the export, after the HA tracker and before `drop_labels`
 //! and the series checks. weir forwards OTLP, so it runs them on the series the export would
-//! become ([`translate::translate_every_series`]: every bucket and quantile its own series,
+//! become ([`translate::each_point_every_series`]: every bucket and quantile its own series,
 //! the HA replica label gone for a push from the elected replica), and then:
 //! - a data point every series of which the rules drop is cut from the forwarded export, and
 //!   neither checked nor charged nor counted anywhere, as in Mimir;
@@ -71,54 +71,70 @@ fn every_series(
     replica: Option<&str>,
 ) -> Relabelled {
     let drops = |name: &str| replica == Some(name);
+    let rules = &relabelling.rules;
+    let each_bucket = rules.reads_value_of("le") || rules.reads_value_of("quantile");
     let mut out = Relabelled::default();
-    for mut translated in translate::translate_every_series(request, settings, &drops) {
-        let mut left = Vec::new();
-        let mut left_items = Vec::new();
-        let mut dropped_items = 0;
-        let mut touched = false;
-        let series_items = std::mem::take(&mut translated.series_items);
-        for (series, items) in std::mem::take(&mut translated.series)
-            .into_iter()
-            .zip(series_items)
-        {
-            let sent: Vec<(&str, &str)> = series
-                .iter()
-                .map(|(name, value)| (&**name, &**value))
-                .collect();
-            let mut labels = Labels::new();
-            let changed: Option<Vec<(String, String)>> =
-                match relabelling.outcome(&sent, None, &mut labels) {
-                    Outcome::Same => None,
-                    Outcome::Changed => Some(
-                        labels
-                            .iter()
-                            .map(|(name, value)| (name.to_string(), value.to_string()))
-                            .collect(),
-                    ),
-                    Outcome::Dropped => {
-                        touched = true;
-                        dropped_items += items;
-                        continue;
-                    }
+    let walk = translate::each_point_every_series;
+    walk(
+        request,
+        settings,
+        &drops,
+        each_bucket,
+        &mut |head, series| {
+            // What the rules left, a series a part (the first left of its part, carrying what
+            // all those left of the part carry): the series of a part differ only in `le` or
+            // `quantile`, which the checks do not measure, so a point of many buckets is checked
+            // by at most three series, and never holds more.
+            let mut left: Vec<translate::OneSeries> = Vec::new();
+            let mut dropped_items = 0;
+            let mut touched = false;
+            for (series, items, part) in series {
+                let sent: Vec<(&str, &str)> = series
+                    .iter()
+                    .map(|(name, value)| (&**name, &**value))
+                    .collect();
+                let mut labels = Labels::new();
+                let changed: Option<Vec<(String, String)>> =
+                    match relabelling.outcome(&sent, None, &mut labels) {
+                        Outcome::Same => None,
+                        Outcome::Changed => Some(
+                            labels
+                                .iter()
+                                .map(|(name, value)| (name.to_string(), value.to_string()))
+                                .collect(),
+                        ),
+                        Outcome::Dropped => {
+                            touched = true;
+                            dropped_items += items;
+                            continue;
+                        }
+                    };
+                touched |= changed.is_some();
+                match left.last_mut() {
+                    Some(last) if last.2 == part => last.1 += items,
+                    _ => left.push((changed.unwrap_or(series), items, part)),
+                }
+            }
+            if left.is_empty() {
+                out.dropped.insert(head.place);
+            } else if touched {
+                let (series, series_items): (Vec<_>, Vec<u64>) = left
+                    .into_iter()
+                    .map(|(labels, items, _)| (labels, items))
+                    .unzip();
+                let kept = Translated {
+                    place: head.place,
+                    items: series_items.iter().sum(),
+                    series,
+                    series_items,
+                    earliest_ms: head.earliest_ms,
+                    latest_ms: head.latest_ms,
+                    exponential: head.exponential.cloned(),
                 };
-            touched |= changed.is_some();
-            left.push(changed.unwrap_or(series));
-            left_items.push(items);
-        }
-        if left.is_empty() {
-            out.dropped.insert(translated.place);
-        } else if touched {
-            let place = translated.place;
-            let kept = Translated {
-                items: left_items.iter().sum(),
-                series: left,
-                series_items: left_items,
-                ..translated
-            };
-            out.changed.insert(place, (kept, dropped_items));
-        }
-    }
+                out.changed.insert(head.place, (kept, dropped_items));
+            }
+        },
+    );
     out
 }
 
@@ -411,22 +427,106 @@ mod tests {
         }
     }
 
+    /// A point the rules change is kept for its checks as one series a part, carrying all
+    /// the part's samples, however many buckets it has: whether its buckets were judged one
+    /// by one (the rules read `le`) or once (they do not, and judge them alike).
+    #[test]
+    fn a_changed_point_keeps_a_series_a_part() {
+        let mut wide = latency();
+        if let Some(Data::Histogram(histogram)) = &mut wide.data {
+            let point = &mut histogram.data_points[0];
+            point.explicit_bounds = (0..100_000).map(f64::from).collect();
+            point.bucket_counts = vec![0; 100_001];
+        }
+        let request = export(vec![wide]);
+        let point = Place::Point {
+            resource: 0,
+            scope: 0,
+            metric: 0,
+            point: 0,
+        };
+        let settings = runtime_config::OtlpTranslation::default();
+        let add = "- target_label: env\n  replacement: prod\n";
+        let by_le = "- source_labels: [le]\n  regex: none\n  action: drop\n";
+        for (yaml, each_bucket) in [(add.to_string(), false), (format!("{add}{by_le}"), true)] {
+            let configs: Vec<RuleConfig> = serde_yaml_ng::from_str(&yaml).unwrap();
+            let rules = Relabelling {
+                rules: Arc::new(Relabel::new(configs).unwrap()),
+                tenant: Arc::from("t1"),
+            };
+            assert_eq!(rules.rules.reads_value_of("le"), each_bucket);
+            let out = every_series(&request, &rules, &settings, None);
+            assert!(out.dropped.is_empty());
+            let (kept, dropped) = &out.changed[&point];
+            assert_eq!(*dropped, 0);
+            assert_eq!(
+                kept.series_items,
+                [1, 1, 100_001],
+                "_sum, _count, the buckets"
+            );
+            let env = ("env".to_string(), "prod".to_string());
+            assert!(kept.series.iter().all(|labels| labels.contains(&env)));
+        }
+    }
+
     /// Each bucket and quantile is a series of one sample, `le` and `quantile` written as
-    /// the translator writes them; together they carry what the point is charged.
+    /// the translator writes them, in its part; together they carry what the point is
+    /// charged. A summary's quantiles likewise.
     #[test]
     fn every_bucket_is_its_own_series() {
-        let request = export(vec![latency()]);
+        let summary = metrics::Metric {
+            name: "rpc".into(),
+            data: Some(Data::Summary(metrics::Summary {
+                data_points: vec![metrics::SummaryDataPoint {
+                    time_unix_nano: POINT_NS,
+                    quantile_values: [0.5, 0.99]
+                        .map(|quantile| metrics::summary_data_point::ValueAtQuantile {
+                            quantile,
+                            value: 1.0,
+                        })
+                        .to_vec(),
+                    ..Default::default()
+                }],
+            })),
+            ..Default::default()
+        };
+        let request = export(vec![latency(), summary]);
         let settings = runtime_config::OtlpTranslation::default();
-        let every = translate::translate_every_series(&request, &settings, &|_| false);
         let once = translate::translate(&request, &settings, &|_| false, &|_| true);
-        assert_eq!(every[0].items, once[0].items);
-        assert_eq!(every[0].series_items.iter().sum::<u64>(), 6);
-        let le: Vec<&str> = every[0]
-            .series
-            .iter()
-            .filter_map(|labels| labels.iter().find(|(name, _)| name == "le"))
-            .map(|(_, value)| value.as_str())
-            .collect();
-        assert_eq!(le, ["0.005", "0.1", "1", "+Inf"]);
+        let mut points = Vec::new();
+        translate::each_point_every_series(
+            &request,
+            &settings,
+            &|_| false,
+            true,
+            &mut |head, series| {
+                let series: Vec<_> = series.collect();
+                points.push((head.place, series));
+            },
+        );
+        assert_eq!(points.len(), once.len(), "both points and the target_info");
+        for ((place, series), once) in points.iter().zip(&once) {
+            assert_eq!(*place, once.place);
+            let items: u64 = series.iter().map(|(_, items, _)| items).sum();
+            assert_eq!(items, once.items, "{place:?}");
+        }
+        let values = |label: &str, at: usize| -> Vec<(String, usize)> {
+            points[at]
+                .1
+                .iter()
+                .filter_map(|(labels, _, part)| {
+                    let (_, value) = labels.iter().find(|(name, _)| name == label)?;
+                    Some((value.clone(), *part))
+                })
+                .collect()
+        };
+        let part = |values: &[&str], part: usize| -> Vec<(String, usize)> {
+            values
+                .iter()
+                .map(|value| (value.to_string(), part))
+                .collect()
+        };
+        assert_eq!(values("le", 0), part(&["0.005", "0.1", "1", "+Inf"], 2));
+        assert_eq!(values("quantile", 1), part(&["0.5", "0.99"], 2));
     }
 }

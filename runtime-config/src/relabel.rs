@@ -382,6 +382,18 @@ impl Relabel {
         self.rules.iter().all(|rule| rule.apply(labels))
     }
 
+    /// Whether a rule reads the value of the label `name`: names it among its source labels,
+    /// or compares its source labels with it (`keepequal`, `dropequal`). Rules that do not
+    /// treat series that differ only in that label's value alike (`labelmap` may copy the
+    /// value, but does so for each of them).
+    pub fn reads_value_of(&self, name: &str) -> bool {
+        self.rules.iter().any(|rule| {
+            rule.source_labels.iter().any(|label| label == name)
+                || (matches!(rule.action, Action::KeepEqual | Action::DropEqual)
+                    && rule.target_label == name)
+        })
+    }
+
     /// Whether every rule only keeps or drops a series by the labels `names`: a `keep` or a
     /// `drop` whose source labels are all among them. Such rules change no label, and what
     /// they make of a series hangs on those labels' values alone.
@@ -423,6 +435,22 @@ mod tests {
     // Where a case says it is Prometheus', its input, rules and expected output are those of
     // `model/relabel/relabel_test.go` (`TestRelabel`), written again here; the others follow
     // what `relabel.go` does.
+
+    #[test]
+    fn reads_value_of_is_a_source_label_or_an_equal_target() {
+        let reads = |yaml: &str| rules(yaml).unwrap().reads_value_of("le");
+        assert!(reads(
+            "- source_labels: [__name__, le]\n  regex: x\n  action: drop\n"
+        ));
+        assert!(reads(
+            "- source_labels: [a]\n  target_label: le\n  action: keepequal\n"
+        ));
+        assert!(!reads("- source_labels: [a]\n  target_label: le\n"));
+        assert!(!reads(
+            "- regex: (l)e\n  action: labelmap\n  replacement: x$1\n"
+        ));
+        assert!(!reads("- regex: le\n  action: labeldrop\n"));
+    }
 
     #[test]
     fn only_drops_by_is_keep_and_drop_on_those_labels_only() {

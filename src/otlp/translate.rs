@@ -85,17 +85,85 @@ pub fn translate(
     drops: &dyn Fn(&str) -> bool,
     wanted: &dyn Fn(&Bounds) -> bool,
 ) -> Vec<Translated> {
-    translate_as(request, settings, drops, wanted, Buckets::Once)
+    let mut out = Vec::new();
+    walk(request, settings, wanted, &mut |head, item| {
+        let (series, series_items): (Vec<_>, Vec<u64>) = match item {
+            Item::Point { base, name, kind } => kind.series(&name, &base).into_iter().unzip(),
+            Item::TargetInfo { labels, samples } => (vec![labels], vec![samples]),
+        };
+        out.push(Translated {
+            place: head.place,
+            series: series
+                .into_iter()
+                .map(|labels| kept(labels, drops))
+                .collect(),
+            items: series_items.iter().sum(),
+            series_items,
+            earliest_ms: head.earliest_ms,
+            latest_ms: head.latest_ms,
+            exponential: head.exponential.cloned(),
+        });
+    });
+    out
 }
 
-/// [`translate`], every bucket and quantile its own series (each carrying one sample), every
-/// point translated: the series a tenant's relabelling rules see. `drops`: as there.
-pub fn translate_every_series(
-    request: &ExportMetricsServiceRequest,
+/// Where a data point or a `target_info` is, and when: a [`Translated`] but its series.
+#[derive(Debug, Clone, Copy)]
+pub struct Head<'r> {
+    pub place: Place,
+    pub earliest_ms: i64,
+    pub latest_ms: i64,
+    /// An exponential histogram's point.
+    pub exponential: Option<&'r ExponentialHistogramDataPoint>,
+}
+
+/// One series of [`each_point_every_series`]: its labels (sorted), what it carries, and its
+/// part of the point (a classic histogram's `_sum`, `_count`, buckets; a summary's `_sum`,
+/// `_count`, quantiles): the series of one part differ only in `le` or `quantile`.
+pub type OneSeries = (Vec<(String, String)>, u64, usize);
+
+/// Every data point the translator takes, and every `target_info`, in request order, with
+/// every series it becomes, each bucket and quantile its own (`le` and `quantile` written as
+/// the translator writes them), made one at a time as `series` is read, so that a point of a
+/// million buckets never has them all at once: the series a tenant's relabelling rules see.
+/// `drops`: as [`translate`]'s. Without `each_bucket`, a part's buckets or quantiles are one
+/// series carrying them all (`le="+Inf"`, `quantile="0"`), as [`translate`] has them: for
+/// rules that read neither label, which judge every series of a part alike.
+pub fn each_point_every_series<'r>(
+    request: &'r ExportMetricsServiceRequest,
     settings: &OtlpTranslation,
     drops: &dyn Fn(&str) -> bool,
-) -> Vec<Translated> {
-    translate_as(request, settings, drops, &|_| true, Buckets::Each)
+    each_bucket: bool,
+    each: &mut dyn FnMut(Head<'r>, &mut dyn Iterator<Item = OneSeries>),
+) {
+    walk(request, settings, &|_| true, &mut |head, item| match item {
+        Item::Point { base, name, kind } => each(
+            head,
+            &mut kind
+                .every_series(&name, &base, each_bucket)
+                .map(|(labels, items, part)| (kept(labels, drops), items, part)),
+        ),
+        Item::TargetInfo { labels, samples } => each(
+            head,
+            &mut std::iter::once((kept(labels, drops), samples, 0)),
+        ),
+    });
+}
+
+/// A data point or a `target_info` as [`walk`] hands it over.
+enum Item<'r> {
+    /// A point: its labels but `__name__` (its attributes, the promoted resource attributes,
+    /// `job` and `instance`), its metric's name escaped, its kind.
+    Point {
+        base: BTreeMap<String, String>,
+        name: String,
+        kind: PointKind<'r>,
+    },
+    /// A resource's `target_info`: its labels and its samples.
+    TargetInfo {
+        labels: BTreeMap<String, String>,
+        samples: u64,
+    },
 }
 
 /// Every data point the translator takes, and every `target_info`, in request order, by the
@@ -105,7 +173,7 @@ pub fn translate_every_series(
 /// built: what rules that read only `__name__` need.
 pub fn each_point_by_name(
     request: &ExportMetricsServiceRequest,
-    mut each: impl FnMut(Place, &str, &[(&'static str, u64)]),
+    mut each: impl FnMut(Place, &str, &[(&str, u64)]),
 ) {
     for (r, resource) in request.resource_metrics.iter().enumerate() {
         let mut times = TimeRange::default();
@@ -119,33 +187,13 @@ pub fn each_point_by_name(
                         metric: m,
                         point,
                     };
-                    match kind {
-                        PointKind::Number | PointKind::Exponential(_) => {
-                            each(place, &name, &[("", 1)])
-                        }
-                        PointKind::Histogram { bounds, sum: true } => each(
-                            place,
-                            &name,
-                            &[
-                                ("_sum", 1),
-                                ("_count", 1),
-                                ("_bucket", bounds.len() as u64 + 1),
-                            ],
-                        ),
-                        PointKind::Histogram { bounds, sum: false } => each(
-                            place,
-                            &name,
-                            &[("_count", 1), ("_bucket", bounds.len() as u64 + 1)],
-                        ),
-                        PointKind::Summary { quantiles: [] } => {
-                            each(place, &name, &[("_sum", 1), ("_count", 1)])
-                        }
-                        PointKind::Summary { quantiles } => each(
-                            place,
-                            &name,
-                            &[("_sum", 1), ("_count", 1), ("", quantiles.len() as u64)],
-                        ),
+                    let mut parts = [("", 0); 3];
+                    let mut n = 0;
+                    for (suffix, _, items) in kind.parts() {
+                        parts[n] = (suffix, items);
+                        n += 1;
                     }
+                    each(place, &name, &parts[..n]);
                 });
             }
         }
@@ -167,23 +215,14 @@ pub fn each_point_by_name(
     }
 }
 
-/// How a classic histogram's buckets and a summary's quantiles become series.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Buckets {
-    /// One series for all of them (`le="+Inf"`, `quantile="0"`): what the checks measure.
-    Once,
-    /// One series each, `le` and `quantile` written as the translator writes them.
-    Each,
-}
-
-fn translate_as(
-    request: &ExportMetricsServiceRequest,
+/// The walk [`translate`] and [`each_point_every_series`] share: every data point the
+/// translator takes that `wanted` wants, and every `target_info`, in request order.
+fn walk<'r>(
+    request: &'r ExportMetricsServiceRequest,
     settings: &OtlpTranslation,
-    drops: &dyn Fn(&str) -> bool,
     wanted: &dyn Fn(&Bounds) -> bool,
-    buckets: Buckets,
-) -> Vec<Translated> {
-    let mut out = Vec::new();
+    each: &mut dyn FnMut(Head<'r>, Item<'r>),
+) {
     for (r, resource) in request.resource_metrics.iter().enumerate() {
         let attributes: &[KeyValue] = resource
             .resource
@@ -239,30 +278,23 @@ fn translate_as(
                     for (name, value) in &identity {
                         base.insert(name.to_string(), value.clone());
                     }
-                    let name = metric_name(&metric.name);
-                    let (series, series_items): (Vec<_>, Vec<u64>) =
-                        kind.series(&name, &base, buckets).into_iter().unzip();
                     let time = nanos_to_millis(time);
-                    out.push(Translated {
+                    let head = Head {
                         place: Place::Point {
                             resource: r,
                             scope: s,
                             metric: m,
                             point,
                         },
-                        series: series
-                            .into_iter()
-                            .map(|labels| kept(labels, drops))
-                            .collect(),
-                        items: series_items.iter().sum(),
-                        series_items,
                         earliest_ms: time,
                         latest_ms: time,
                         exponential: match kind {
-                            PointKind::Exponential(point) => Some(point.clone()),
+                            PointKind::Exponential(point) => Some(point),
                             _ => None,
                         },
-                    });
+                    };
+                    let name = metric_name(&metric.name);
+                    each(head, Item::Point { base, name, kind });
                 });
             }
         }
@@ -278,18 +310,15 @@ fn translate_as(
                 labels.insert(name.to_string(), value.clone());
             }
             labels.insert("__name__".to_string(), TARGET_INFO.to_string());
-            out.push(Translated {
+            let head = Head {
                 place: Place::TargetInfo { resource: r },
-                series: vec![kept(labels, drops)],
-                series_items: vec![samples],
                 earliest_ms: nanos_to_millis(times.earliest.unwrap_or_default()),
                 latest_ms: nanos_to_millis(times.latest),
-                items: samples,
                 exponential: None,
-            });
+            };
+            each(head, Item::TargetInfo { labels, samples });
         }
     }
-    out
 }
 
 /// The labels of the first series Mimir's translation makes of a request, where its
@@ -936,73 +965,108 @@ enum PointKind<'p> {
     Summary { quantiles: &'p [ValueAtQuantile] },
 }
 
-impl PointKind<'_> {
+/// A point's series labels: `base` with `__name__` `name` + `suffix` and, for a bucket or a
+/// quantile, its `le` or `quantile`.
+fn labelled(
+    name: &str,
+    base: &BTreeMap<String, String>,
+    suffix: &str,
+    extra: Option<(&str, &str)>,
+) -> BTreeMap<String, String> {
+    let mut labels = base.clone();
+    labels.insert("__name__".to_string(), format!("{name}{suffix}"));
+    if let Some((label, value)) = extra {
+        labels.insert(label.to_string(), value.to_string());
+    }
+    labels
+}
+
+/// One part of a point's series: its name's suffix, for buckets and quantiles the label that
+/// tells them apart (with the value the checks measure them by), and what the part carries.
+type Part = (&'static str, Option<(&'static str, &'static str)>, u64);
+
+impl<'p> PointKind<'p> {
+    /// The parts of the point's series, in the translator's order (at most three).
+    fn parts(self) -> impl Iterator<Item = Part> {
+        let none = ("", None, 0);
+        let (parts, n) = match self {
+            PointKind::Number | PointKind::Exponential(_) => ([("", None, 1), none, none], 1),
+            PointKind::Histogram { bounds, sum } => {
+                let buckets = ("_bucket", Some(("le", "+Inf")), bounds.len() as u64 + 1);
+                if sum {
+                    ([("_sum", None, 1), ("_count", None, 1), buckets], 3)
+                } else {
+                    ([("_count", None, 1), buckets, none], 2)
+                }
+            }
+            PointKind::Summary { quantiles } => {
+                let values = ("", Some(("quantile", "0")), quantiles.len() as u64);
+                let n = if quantiles.is_empty() { 2 } else { 3 };
+                ([("_sum", None, 1), ("_count", None, 1), values], n)
+            }
+        };
+        parts.into_iter().take(n)
+    }
+
     /// The series (labels) of a point with base labels `base` and `__name__` `name`, each
-    /// with the samples and histograms it carries.
+    /// with the samples and histograms it carries; a histogram's buckets and a summary's
+    /// quantiles one series (`le="+Inf"`, `quantile="0"`) carrying them all.
     fn series(
         self,
         name: &str,
         base: &BTreeMap<String, String>,
-        buckets: Buckets,
     ) -> Vec<(BTreeMap<String, String>, u64)> {
-        let with = |suffix: &str, extra: Option<(&str, &str)>| {
-            let mut labels = base.clone();
-            labels.insert("__name__".to_string(), format!("{name}{suffix}"));
-            if let Some((label, value)) = extra {
-                labels.insert(label.to_string(), value.to_string());
+        self.parts()
+            .map(|(suffix, extra, items)| (labelled(name, base, suffix, extra), items))
+            .collect()
+    }
+
+    /// [`series`](Self::series), each bucket and quantile its own series of one sample (`le`
+    /// and `quantile` as the translator writes them) when `each_bucket`, with its part's
+    /// index; made as read.
+    fn every_series<'s>(
+        self,
+        name: &'s str,
+        base: &'s BTreeMap<String, String>,
+        each_bucket: bool,
+    ) -> impl Iterator<Item = (BTreeMap<String, String>, u64, usize)> + 's
+    where
+        'p: 's,
+    {
+        // The values of the one part a point has with many series.
+        let values = move || -> Box<dyn Iterator<Item = String> + 's> {
+            match self {
+                PointKind::Histogram { bounds, .. } => Box::new(
+                    bounds
+                        .iter()
+                        .map(|bound| go_float(*bound))
+                        .chain(std::iter::once("+Inf".to_string())),
+                ),
+                PointKind::Summary { quantiles } => {
+                    Box::new(quantiles.iter().map(|quantile| go_float(quantile.quantile)))
+                }
+                PointKind::Number | PointKind::Exponential(_) => Box::new(std::iter::empty()),
             }
-            labels
         };
-        // Each of `values` (a bucket's bound, a quantile) under `label`, or all of them once
-        // under `once`, with `last` (`+Inf`) after them.
-        let each = |suffix: &str,
-                    label: &str,
-                    values: &mut dyn ExactSizeIterator<Item = f64>,
-                    once: &str,
-                    last: Option<&str>| {
-            let mut series = Vec::new();
-            match buckets {
-                Buckets::Once => {
-                    let n = values.len() + usize::from(last.is_some());
-                    if n > 0 {
-                        series.push((with(suffix, Some((label, once))), n as u64));
-                    }
+        self.parts().enumerate().flat_map(
+            move |(part, (suffix, extra, items))| -> Box<dyn Iterator<Item = _> + 's> {
+                match extra {
+                    None => Box::new(std::iter::once((
+                        labelled(name, base, suffix, None),
+                        items,
+                        part,
+                    ))),
+                    Some(extra) if !each_bucket => Box::new(std::iter::once((
+                        labelled(name, base, suffix, Some(extra)),
+                        items,
+                        part,
+                    ))),
+                    Some((label, _)) => Box::new(values().map(move |value| {
+                        (labelled(name, base, suffix, Some((label, &value))), 1, part)
+                    })),
                 }
-                Buckets::Each => {
-                    for value in values {
-                        series.push((with(suffix, Some((label, &go_float(value)))), 1));
-                    }
-                    if let Some(last) = last {
-                        series.push((with(suffix, Some((label, last))), 1));
-                    }
-                }
-            }
-            series
-        };
-        match self {
-            PointKind::Number | PointKind::Exponential(_) => vec![(with("", None), 1)],
-            PointKind::Histogram { bounds, sum } => {
-                let mut series = Vec::new();
-                if sum {
-                    series.push((with("_sum", None), 1));
-                }
-                series.push((with("_count", None), 1));
-                series.extend(each(
-                    "_bucket",
-                    "le",
-                    &mut bounds.iter().copied(),
-                    "+Inf",
-                    Some("+Inf"),
-                ));
-                series
-            }
-            PointKind::Summary { quantiles } => {
-                let mut series = vec![(with("_sum", None), 1), (with("_count", None), 1)];
-                let mut values = quantiles.iter().map(|quantile| quantile.quantile);
-                series.extend(each("", "quantile", &mut values, "0", None));
-                series
-            }
-        }
+            },
+        )
     }
 }
 
