@@ -264,6 +264,7 @@ pub fn otlp_scan(data: &[u8]) {
         Ok(request) => {
             assert_eq!(scanned, otlp::count(&request));
             otlp_checks(data);
+            otlp_relabelling(data, &request);
             // Exemplars cut on the wire are those a decode clears.
             let mut cleared = request.clone();
             let had = otlp::edit::clear_exemplars(&mut cleared);
@@ -339,6 +340,83 @@ fn otlp_checks_under(data: &[u8], limits: runtime_config::ValidationLimits) {
         let items = |counts: &crate::counts::WriteCounts| counts.samples + counts.histograms;
         let before = otlp::scan(data).expect("it decoded");
         assert!(items(&decoded.counts) <= items(&before));
+    }
+}
+
+/// A tenant's relabelling rules on an export ([`crate::otlp_relabel`]): rules that keep or drop
+/// by name alone judge each point a name at a time as they do series by series; and rules
+/// that only drop, by name or by `le` and `quantile`, never charge more than no rules, and
+/// what they forward decodes.
+fn otlp_relabelling(data: &[u8], request: &otlp::proto::ExportMetricsServiceRequest) {
+    use crate::otlp_relabel;
+    use crate::remote_write::relabel::Relabelling;
+    let rules = |yaml: &str| {
+        let configs: Vec<runtime_config::relabel::RuleConfig> =
+            serde_yaml_ng::from_str(yaml).expect("the rules parse");
+        Relabelling {
+            rules: std::sync::Arc::new(runtime_config::Relabel::new(configs).expect("they load")),
+            tenant: std::sync::Arc::from("t"),
+        }
+    };
+    let settings = runtime_config::OtlpTranslation::default();
+    let by_name = rules(
+        "- source_labels: [__name__]\n  regex: '[a-m].*|.*_sum|target_info'\n  action: drop\n",
+    );
+    let slow = otlp_relabel::every_series(request, &by_name, &settings, None);
+    match otlp_relabel::by_name(request, &by_name) {
+        Some(fast) => {
+            assert_eq!(
+                fast.dropped, slow.dropped,
+                "judged by name as series by series"
+            );
+            assert!(
+                slow.changed.is_empty(),
+                "a point partly dropped, judged whole by name"
+            );
+        }
+        None => assert!(
+            slow.changed.values().any(|(_, dropped)| *dropped > 0),
+            "judged partly dropped by name, whole series by series"
+        ),
+    }
+    let by_bucket = rules(
+        "- source_labels: [le, quantile]\n  regex: '0\\.5;|;0\\.5|\\+Inf;'\n  action: drop\n",
+    );
+    let validation = crate::remote_write::validate::Validation::new(
+        runtime_config::ValidationLimits::default(),
+        1_720_000_000_000,
+    );
+    let check = |validation: &crate::remote_write::validate::Validation, body: &[u8]| {
+        crate::otlp_checks::decode_validated(body, 1 << 24, otlp::OtlpFormat::PROTOBUF, validation)
+    };
+    let Ok(plain) = check(&validation, data) else {
+        return;
+    };
+    let items = |counts: &crate::counts::WriteCounts| counts.samples + counts.histograms;
+    let refused = plain
+        .refused
+        .as_ref()
+        .map_or(0, |refused| refused.samples.samples());
+    // Rules that drop whole points leave the others checked as they were, so charge no more
+    // of them; rules that drop some of a point's series leave the rest to be checked alone,
+    // which may pass a point the checks refused whole: no more than the export carried.
+    // (Metadata is left out: a point refused whole takes its metric's entry with it, one its
+    // rules dropped does not, as Mimir keeps the entries of series its rules drop.)
+    for (relabelling, most) in [
+        (by_name, items(&plain.counts)),
+        (by_bucket, items(&plain.counts) + refused),
+    ] {
+        let relabelled = validation.clone().relabelling(Some(relabelling));
+        let decoded = check(&relabelled, data).expect("what passes without rules passes with");
+        assert!(
+            items(&decoded.counts) <= most,
+            "dropping charged more: {:?} against {:?}",
+            decoded.counts,
+            plain.counts
+        );
+        if let crate::counts::Forward::Rewritten(bytes) = &decoded.forward {
+            check(&relabelled, bytes).expect("a rewritten export decodes");
+        }
     }
 }
 

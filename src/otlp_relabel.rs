@@ -64,7 +64,7 @@ pub fn relabel(
 }
 
 /// [`relabel`], every series built with its labels and put through the rules.
-fn every_series(
+pub(crate) fn every_series(
     request: &ExportMetricsServiceRequest,
     relabelling: &Relabelling,
     settings: &runtime_config::OtlpTranslation,
@@ -142,7 +142,10 @@ fn every_series(
 /// these metrics): each name judged once, no point's labels built. `None` when the rules drop
 /// some of a point's series and keep others (some histogram's `_bucket`, say): those points
 /// need their series built, to be checked without the dropped ones.
-fn by_name(request: &ExportMetricsServiceRequest, relabelling: &Relabelling) -> Option<Relabelled> {
+pub(crate) fn by_name(
+    request: &ExportMetricsServiceRequest,
+    relabelling: &Relabelling,
+) -> Option<Relabelled> {
     let mut judged: HashMap<String, bool> = HashMap::new();
     let mut dropped = |name: &str| -> bool {
         if let Some(&dropped) = judged.get(name) {
