@@ -31,9 +31,9 @@ pub struct Relabelled {
     /// Data points every series of which the rules drop, and resources whose `target_info`
     /// they drop.
     pub dropped: HashSet<Place>,
-    /// Points and `target_info`s the rules changed, or dropped some of the series of: the
-    /// series they left (their labels sorted, each with what it carries; `items` their sum),
-    /// and what the dropped ones carried.
+    /// Points and `target_info`s the rules changed, or dropped some of the series of: what
+    /// they left, one series a part (its labels sorted, carrying what the part's series left
+    /// carry; `items` their sum), and what the dropped series carried.
     pub changed: HashMap<Place, (Translated, u64)>,
 }
 
