@@ -245,15 +245,39 @@ mod tests {
         }
     }
 
+    /// Tenant `t1`'s rules, written as the overrides file writes them.
+    fn rules(yaml: &str) -> Relabelling {
+        let configs: Vec<RuleConfig> = serde_yaml_ng::from_str(yaml).unwrap();
+        Relabelling {
+            rules: Arc::new(Relabel::new(configs).unwrap()),
+            tenant: Arc::from("t1"),
+        }
+    }
+
+    /// A summary of one point with these quantiles.
+    fn summary(name: &str, quantiles: &[f64]) -> metrics::Metric {
+        metrics::Metric {
+            name: name.into(),
+            data: Some(Data::Summary(metrics::Summary {
+                data_points: vec![metrics::SummaryDataPoint {
+                    time_unix_nano: POINT_NS,
+                    quantile_values: quantiles
+                        .iter()
+                        .map(|&quantile| metrics::summary_data_point::ValueAtQuantile {
+                            quantile,
+                            value: 1.0,
+                        })
+                        .collect(),
+                    ..Default::default()
+                }],
+            })),
+            ..Default::default()
+        }
+    }
+
     /// `request` checked for a tenant with the rules `yaml` (none: `None`).
     fn checked(request: &ExportMetricsServiceRequest, yaml: Option<&str>) -> Decoded {
-        let relabelling = yaml.map(|yaml| {
-            let configs: Vec<RuleConfig> = serde_yaml_ng::from_str(yaml).unwrap();
-            Relabelling {
-                rules: Arc::new(Relabel::new(configs).unwrap()),
-                tenant: Arc::from("t1"),
-            }
-        });
+        let relabelling = yaml.map(rules);
         let validation =
             Validation::new(ValidationLimits::default(), NOW_MS).relabelling(relabelling);
         let body = request.encode_to_vec();
@@ -364,20 +388,7 @@ mod tests {
     /// series, `target_info`; a rule that drops a part of a point is left to the full walk.
     #[test]
     fn rules_by_name_alone_are_judged_as_every_series_is() {
-        let summary = metrics::Metric {
-            name: "rpc.duration".into(),
-            data: Some(Data::Summary(metrics::Summary {
-                data_points: vec![metrics::SummaryDataPoint {
-                    time_unix_nano: POINT_NS,
-                    quantile_values: vec![metrics::summary_data_point::ValueAtQuantile {
-                        quantile: 0.5,
-                        value: 1.0,
-                    }],
-                    ..Default::default()
-                }],
-            })),
-            ..Default::default()
-        };
+        let summary = summary("rpc.duration", &[0.5]);
         let delta = metrics::Metric {
             name: "go_delta".into(),
             data: Some(Data::Sum(metrics::Sum {
@@ -398,13 +409,6 @@ mod tests {
             delta,
         ]);
         let settings = runtime_config::OtlpTranslation::default();
-        let rules = |yaml: &str| {
-            let configs: Vec<RuleConfig> = serde_yaml_ng::from_str(yaml).unwrap();
-            Relabelling {
-                rules: Arc::new(Relabel::new(configs).unwrap()),
-                tenant: Arc::from("t1"),
-            }
-        };
         let whole = [
             "- source_labels: [__name__]\n  regex: go_.*|target_info\n  action: drop\n",
             "- source_labels: [__name__]\n  regex: latency_.*|rpc_duration.*\n  action: drop\n",
@@ -452,11 +456,7 @@ mod tests {
         let add = "- target_label: env\n  replacement: prod\n";
         let by_le = "- source_labels: [le]\n  regex: none\n  action: drop\n";
         for (yaml, each_bucket) in [(add.to_string(), false), (format!("{add}{by_le}"), true)] {
-            let configs: Vec<RuleConfig> = serde_yaml_ng::from_str(&yaml).unwrap();
-            let rules = Relabelling {
-                rules: Arc::new(Relabel::new(configs).unwrap()),
-                tenant: Arc::from("t1"),
-            };
+            let rules = rules(&yaml);
             assert_eq!(rules.rules.reads_value_of("le"), each_bucket);
             let out = every_series(&request, &rules, &settings, None);
             assert!(out.dropped.is_empty());
@@ -477,22 +477,7 @@ mod tests {
     /// charged. A summary's quantiles likewise.
     #[test]
     fn every_bucket_is_its_own_series() {
-        let summary = metrics::Metric {
-            name: "rpc".into(),
-            data: Some(Data::Summary(metrics::Summary {
-                data_points: vec![metrics::SummaryDataPoint {
-                    time_unix_nano: POINT_NS,
-                    quantile_values: [0.5, 0.99]
-                        .map(|quantile| metrics::summary_data_point::ValueAtQuantile {
-                            quantile,
-                            value: 1.0,
-                        })
-                        .to_vec(),
-                    ..Default::default()
-                }],
-            })),
-            ..Default::default()
-        };
+        let summary = summary("rpc", &[0.5, 0.99]);
         let request = export(vec![latency(), summary]);
         let settings = runtime_config::OtlpTranslation::default();
         let once = translate::translate(&request, &settings, &|_| false, &|_| true);
