@@ -594,8 +594,13 @@ fn as_checked(
         })
         .collect();
     translate::Translated {
+        place: translated.place,
         series,
-        ..translated.clone()
+        series_items: translated.series_items.clone(),
+        earliest_ms: translated.earliest_ms,
+        latest_ms: translated.latest_ms,
+        items: translated.items,
+        exponential: translated.exponential.clone(),
     }
 }
 

@@ -94,25 +94,23 @@ pub(crate) fn every_series(
                     .map(|(name, value)| (&**name, &**value))
                     .collect();
                 let mut labels = Labels::new();
-                let changed: Option<Vec<(String, String)>> =
-                    match relabelling.outcome(&sent, None, &mut labels) {
-                        Outcome::Same => None,
-                        Outcome::Changed => Some(
-                            labels
-                                .iter()
-                                .map(|(name, value)| (name.to_string(), value.to_string()))
-                                .collect(),
-                        ),
-                        Outcome::Dropped => {
-                            touched = true;
-                            dropped_items += items;
-                            continue;
-                        }
-                    };
-                touched |= changed.is_some();
+                let outcome = relabelling.outcome(&sent, None, &mut labels);
+                touched |= outcome != Outcome::Same;
+                if outcome == Outcome::Dropped {
+                    dropped_items += items;
+                    continue;
+                }
                 match left.last_mut() {
                     Some(last) if last.2 == part => last.1 += items,
-                    _ => left.push((changed.unwrap_or(series), items, part)),
+                    // The part's first series left: its labels as the rules left them.
+                    _ if outcome == Outcome::Changed => {
+                        let changed = labels
+                            .iter()
+                            .map(|(name, value)| (name.to_string(), value.to_string()))
+                            .collect();
+                        left.push((changed, items, part));
+                    }
+                    _ => left.push((series, items, part)),
                 }
             }
             if left.is_empty() {

@@ -1050,13 +1050,13 @@ async fn relabelling_rules_drop_points_before_they_are_charged_and_forwarded() {
     // A label over max_label_value_length (2 048) that a rule drops: checked without it,
     // so charged and forwarded as sent. (The bucket has 1 token left and refills 5 a second.)
     tokio::time::sleep(std::time::Duration::from_millis(1_200)).await;
-    let long = export(vec![points("blob_carrier", 1, "blob")]);
-    let mut long = long;
-    if let Some(metrics::metric::Data::Gauge(gauge)) =
+    let mut long = export(vec![points("blob_carrier", 1, "blob")]);
+    let Some(metrics::metric::Data::Gauge(gauge)) =
         &mut long.resource_metrics[0].scope_metrics[0].metrics[0].data
-    {
-        gauge.data_points[0].attributes = vec![kv("blob", &"x".repeat(3_000))];
-    }
+    else {
+        unreachable!("points() makes a gauge")
+    };
+    gauge.data_points[0].attributes = vec![kv("blob", &"x".repeat(3_000))];
     let response = export_protobuf(&weir, "r", long.encode_to_vec()).await;
     assert_eq!(response.status(), 200, "{}", response.text().await.unwrap());
     assert_eq!(admitted(&weir, "r").await, [4, 0, 2]);

@@ -308,11 +308,11 @@ pub fn target_info_samples_of(resource: &ResourceMetrics) -> Option<u64> {
 
 /// The samples of `resource`'s `target_info`, its points' times being `times`.
 fn target_info_of(resource: &ResourceMetrics, times: &TimeRange) -> Option<u64> {
-    let mut keys = TargetKeys::default();
-    for kv in resource.resource.iter().flat_map(|r| &r.attributes) {
-        keys.see(kv.key.as_bytes());
-    }
-    target_info_samples(&keys, times)
+    let attributes = resource.resource.iter().flat_map(|r| &r.attributes);
+    target_info_samples(
+        &TargetKeys::of(attributes.map(|kv| kv.key.as_bytes())),
+        times,
+    )
 }
 
 /// The earliest data point of `request`, in Unix milliseconds (`None`: it has none): the

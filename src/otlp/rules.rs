@@ -64,6 +64,15 @@ pub(super) struct TargetKeys {
 }
 
 impl TargetKeys {
+    /// The keys of a resource's attributes, seen.
+    pub(super) fn of<'k>(keys: impl IntoIterator<Item = &'k [u8]>) -> TargetKeys {
+        let mut seen = TargetKeys::default();
+        for key in keys {
+            seen.see(key);
+        }
+        seen
+    }
+
     pub(super) fn see(&mut self, key: &[u8]) {
         match key {
             b"service.name" | b"service.instance.id" => self.identity = true,

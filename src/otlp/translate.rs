@@ -197,14 +197,11 @@ pub fn each_point_by_name(
                 });
             }
         }
-        let mut keys = TargetKeys::default();
-        for kv in resource
+        let attributes = resource
             .resource
             .iter()
-            .flat_map(|resource| &resource.attributes)
-        {
-            keys.see(kv.key.as_bytes());
-        }
+            .flat_map(|resource| &resource.attributes);
+        let keys = TargetKeys::of(attributes.map(|kv| kv.key.as_bytes()));
         if let Some(samples) = target_info_samples(&keys, &times) {
             each(
                 Place::TargetInfo { resource: r },
@@ -298,10 +295,7 @@ fn walk<'r>(
                 });
             }
         }
-        let mut keys = TargetKeys::default();
-        for kv in attributes {
-            keys.see(kv.key.as_bytes());
-        }
+        let keys = TargetKeys::of(attributes.iter().map(|kv| kv.key.as_bytes()));
         if let Some(samples) = target_info_samples(&keys, &times) {
             let keep = settings.otel_keep_identifying_resource_attributes;
             let mut labels =
@@ -1051,19 +1045,14 @@ impl<'p> PointKind<'p> {
         self.parts().enumerate().flat_map(
             move |(part, (suffix, extra, items))| -> Box<dyn Iterator<Item = _> + 's> {
                 match extra {
-                    None => Box::new(std::iter::once((
-                        labelled(name, base, suffix, None),
-                        items,
-                        part,
-                    ))),
-                    Some(extra) if !each_bucket => Box::new(std::iter::once((
-                        labelled(name, base, suffix, Some(extra)),
-                        items,
-                        part,
-                    ))),
-                    Some((label, _)) => Box::new(values().map(move |value| {
+                    Some((label, _)) if each_bucket => Box::new(values().map(move |value| {
                         (labelled(name, base, suffix, Some((label, &value))), 1, part)
                     })),
+                    _ => Box::new(std::iter::once((
+                        labelled(name, base, suffix, extra),
+                        items,
+                        part,
+                    ))),
                 }
             },
         )
