@@ -259,10 +259,19 @@ fn top_level_tags(mut data: &[u8]) -> impl Iterator<Item = u32> + '_ {
 /// the request did, and passes the checks itself. And the exemplars cut on the wire
 /// ([`otlp::edit::without_exemplars`]) are those a decode clears.
 pub fn otlp_scan(data: &[u8]) {
-    let scanned = otlp::scan(data);
+    let default = runtime_config::OtlpTranslation::default();
+    let scanned = otlp::scan(data, &default);
     match otlp::proto::ExportMetricsServiceRequest::decode(data) {
         Ok(request) => {
-            assert_eq!(scanned, otlp::count(&request));
+            assert_eq!(scanned, otlp::count(&request, &default));
+            // And under each translation setting that changes the charge.
+            for settings in conversions() {
+                assert_eq!(
+                    otlp::scan(data, &settings),
+                    otlp::count(&request, &settings),
+                    "under {settings:?}"
+                );
+            }
             otlp_checks(data);
             otlp_relabelling(data, &request);
             // Exemplars cut on the wire are those a decode clears.
@@ -293,6 +302,18 @@ pub fn otlp_scan(data: &[u8]) {
     }
 }
 
+/// The translation settings that change what an export is charged: classic histograms as
+/// native ones (`otel_convert_histograms_to_nhcb`), delta temporality taken
+/// (`otel_native_delta_ingestion`), and both.
+fn conversions() -> [runtime_config::OtlpTranslation; 3] {
+    let with = |nhcb, delta| runtime_config::OtlpTranslation {
+        otel_convert_histograms_to_nhcb: nhcb,
+        otel_native_delta_ingestion: delta,
+        ..Default::default()
+    };
+    [with(true, false), with(false, true), with(true, true)]
+}
+
 fn otlp_checks(data: &[u8]) {
     let limits = runtime_config::ValidationLimits {
         max_label_names_per_series: 6,
@@ -302,22 +323,30 @@ fn otlp_checks(data: &[u8]) {
         reduce_native_histogram_over_max_buckets: true,
         ..Default::default()
     };
-    otlp_checks_under(data, limits);
+    let mimir = runtime_config::OtlpTranslation::default();
+    otlp_checks_under(data, limits, &mimir);
     // A tenant that keeps exemplars, at most one a series: Mimir's exemplar checks.
-    otlp_checks_under(
-        data,
-        runtime_config::ValidationLimits {
-            max_global_exemplars_per_user: 1000,
-            max_exemplars_per_series_per_request: 1,
-            ..limits
-        },
-    );
+    let exemplars = runtime_config::ValidationLimits {
+        max_global_exemplars_per_user: 1000,
+        max_exemplars_per_series_per_request: 1,
+        ..limits
+    };
+    otlp_checks_under(data, exemplars, &mimir);
+    // And one whose classic histograms become native ones (custom buckets, which cannot be
+    // lowered to fit the bucket limit), delta temporality taken.
+    let [.., both] = conversions();
+    otlp_checks_under(data, exemplars, &both);
 }
 
-fn otlp_checks_under(data: &[u8], limits: runtime_config::ValidationLimits) {
+fn otlp_checks_under(
+    data: &[u8],
+    limits: runtime_config::ValidationLimits,
+    settings: &runtime_config::OtlpTranslation,
+) {
     use crate::counts::Forward;
     // Points stamped from 2023 to 2025 pass the time checks; others are refused.
-    let validation = crate::remote_write::validate::Validation::new(limits, 1_720_000_000_000);
+    let validation = crate::remote_write::validate::Validation::new(limits, 1_720_000_000_000)
+        .translating(Some(std::sync::Arc::new(settings.clone())));
     let check = |body: &[u8]| {
         crate::otlp_checks::decode_validated(body, 1 << 24, otlp::OtlpFormat::PROTOBUF, &validation)
     };
@@ -344,7 +373,7 @@ fn otlp_checks_under(data: &[u8], limits: runtime_config::ValidationLimits) {
             );
         }
         let items = |counts: &crate::counts::WriteCounts| counts.samples + counts.histograms;
-        let before = otlp::scan(data).expect("it decoded");
+        let before = otlp::scan(data, validation.translation()).expect("it decoded");
         assert!(items(&decoded.counts) <= items(&before));
     }
 }
@@ -369,7 +398,7 @@ fn otlp_relabelling(data: &[u8], request: &otlp::proto::ExportMetricsServiceRequ
         "- source_labels: [__name__]\n  regex: '[a-m].*|.*_sum|target_info'\n  action: drop\n",
     );
     let slow = otlp_relabel::every_series(request, &by_name, &settings, None);
-    match otlp_relabel::by_name(request, &by_name) {
+    match otlp_relabel::by_name(request, &by_name, &settings) {
         Some(fast) => {
             assert_eq!(
                 fast.dropped, slow.dropped,

@@ -24,9 +24,10 @@ use crate::ha::HaOutcome;
 use crate::otlp::edit::{AttributeAt, Edits, Resolution};
 use crate::otlp::proto::metrics::{
     exponential_histogram_data_point::Buckets, metric::Data, ExponentialHistogramDataPoint,
+    HistogramDataPoint,
 };
 use crate::otlp::proto::{common::KeyValue, ExportMetricsServiceRequest};
-use crate::otlp::translate::{self, Place};
+use crate::otlp::translate::{self, NativePoint, Place};
 use crate::otlp::{self, Bounds, OtlpFormat};
 use crate::otlp_relabel;
 use crate::remote_write::prompb;
@@ -55,7 +56,7 @@ pub fn decode_validated(
         // Parsed once: decoded for the count and the checks, and kept to be edited.
         let json = otlp::json::parse(&raw)?;
         let request = otlp::json::decode_value(&json)?;
-        let counts = otlp::count(&request)?;
+        let counts = otlp::count(&request, validation.translation())?;
         let first = || Ok(translate::first_series(&request, validation.translation()));
         let earliest = || otlp::earliest_point_ms(&request);
         let (ha, validation) = match ha_first(first, earliest, validation)? {
@@ -69,7 +70,7 @@ pub fn decode_validated(
         };
         (request, counts, Some(json), ha, validation)
     } else {
-        let (counts, bounds) = otlp::scan_bounded(&raw)?;
+        let (counts, bounds) = otlp::scan_bounded(&raw, validation.translation())?;
         // The first series read a metric at a time, not the whole export decoded.
         let first = || {
             translate::first_series_encoded(&raw, validation.translation())
@@ -132,7 +133,7 @@ pub fn decode_validated(
     let mut kept = request;
     edits.apply(&mut kept);
     // A request of which nothing is left but metrics the translator refuses costs nothing.
-    let mut counts = otlp::count(&kept).unwrap_or_default();
+    let mut counts = otlp::count(&kept, validation.translation()).unwrap_or_default();
     if let Some(relabelled) = &relabelled {
         uncharge(&mut counts, relabelled, &edits, &kept);
     }
@@ -220,7 +221,7 @@ fn refuse_metadata(
     counts: &mut WriteCounts,
     refused: &mut Option<Refused>,
 ) {
-    for metric in otlp::metadata_metrics(request) {
+    for metric in otlp::metadata_metrics(request, validation.translation()) {
         let entry = prompb::MetricMetadata {
             metric_family_name: translate::metric_name(&metric.name),
             unit: translate::unit_name(&metric.unit),
@@ -275,7 +276,7 @@ fn exemplar_cuts(
     cut: &HashSet<Place>,
     dropped: &mut DroppedExemplars,
 ) -> HashSet<(Place, usize)> {
-    let (exemplars, earliest) = translate::exemplars(request);
+    let (exemplars, earliest) = translate::exemplars(request, validation.translation());
     let window = validation.exemplar_window(earliest);
     let mut series: BTreeMap<(Place, usize), Vec<ExemplarSeen>> = BTreeMap::new();
     for exemplar in exemplars.iter().filter(|e| !cut.contains(&e.point)) {
@@ -522,7 +523,7 @@ fn check_points(
         else {
             // A native histogram over the bucket limit that passed was lowered in resolution
             // to fit, as Mimir lowers it: the export carries it so.
-            if let Some(point) = &translated.exponential {
+            if let Some(NativePoint::Exponential(point)) = &translated.native {
                 if let Some(resolution) = lowered(point, &validation.limits) {
                     edits.histograms.insert(translated.place, resolution);
                 }
@@ -600,7 +601,7 @@ fn as_checked(
         earliest_ms: translated.earliest_ms,
         latest_ms: translated.latest_ms,
         items: translated.items,
-        exponential: translated.exponential.clone(),
+        native: translated.native.clone(),
     }
 }
 
@@ -617,8 +618,14 @@ fn series_verdict(
     }
     check.timestamp(translated.earliest_ms);
     check.timestamp(translated.latest_ms);
-    if let Some(point) = &translated.exponential {
-        check.histogram(native_histogram(point), &validation.limits, 0..0);
+    match &translated.native {
+        Some(NativePoint::Exponential(point)) => {
+            check.histogram(native_histogram(point), &validation.limits, 0..0)
+        }
+        Some(NativePoint::Custom(point)) => {
+            check.histogram(custom_histogram(point), &validation.limits, 0..0)
+        }
+        None => {}
     }
     // The labels came sorted, so only a message reads the series again: judged without it,
     // and named, for the few that fail, from the series as remote-write 1.0 bytes.
@@ -669,6 +676,35 @@ fn native_histogram(point: &ExponentialHistogramDataPoint) -> prompb::Histogram 
         ..Default::default()
     }
 }
+
+/// A classic histogram's point as the native histogram with custom buckets Mimir's translator
+/// makes of it (`otel_convert_histograms_to_nhcb`, Prometheus'
+/// `explicitHistogramToCustomBucketsHistogram`): the bucket counts from the first that is not
+/// empty, as spans and deltas with no shift of their index, the explicit bounds its custom
+/// values.
+fn custom_histogram(point: &HistogramDataPoint) -> prompb::Histogram {
+    use prompb::histogram::Count;
+    let counts = &point.bucket_counts;
+    let offset = counts.iter().take_while(|&&count| count == 0).count();
+    let (mut positive_spans, positive_deltas) = buckets_layout(&counts[offset..], offset as i32, 0);
+    // The exponential layout counts its index from 1; custom buckets from 0.
+    if let Some(first) = positive_spans.first_mut() {
+        first.offset = first.offset.wrapping_sub(1);
+    }
+    prompb::Histogram {
+        count: Some(Count::CountInt(point.count)),
+        sum: point.sum.unwrap_or_default(),
+        schema: CUSTOM_BUCKETS_SCHEMA,
+        positive_spans,
+        positive_deltas,
+        custom_values: point.explicit_bounds.clone(),
+        timestamp: (point.time_unix_nano / 1_000_000) as i64,
+        ..Default::default()
+    }
+}
+
+/// Native histograms with custom buckets.
+const CUSTOM_BUCKETS_SCHEMA: i32 = -53;
 
 /// Go's `>>` on an `int32`: a shift of 32 or more leaves the sign.
 fn go_shr(value: i32, shift: i32) -> i32 {
@@ -1593,7 +1629,8 @@ pub(crate) mod tests {
         let validation = validation(limits);
         let (_, refused, _) = check(&request, &validation, None);
         assert!(refused.is_some(), "the export at the edge must fail");
-        let (_, bounds) = otlp::scan_bounded(&request.encode_to_vec()).unwrap();
+        let (_, bounds) =
+            otlp::scan_bounded(&request.encode_to_vec(), &Default::default()).unwrap();
         assert!(may_fail(&bounds, &validation), "{bounds:?}");
     }
 
@@ -1740,6 +1777,102 @@ pub(crate) mod tests {
             refused.first
         );
         assert_eq!(decoded.forward, Forward::Nothing);
+    }
+
+    /// A classic histogram's metric with one point of these bucket counts, named `name`.
+    fn classic(name: &str, counts: Vec<u64>) -> metrics::Metric {
+        metrics::Metric {
+            name: name.into(),
+            data: Some(Data::Histogram(metrics::Histogram {
+                data_points: vec![metrics::HistogramDataPoint {
+                    time_unix_nano: POINT_NS,
+                    explicit_bounds: (1..counts.len()).map(|bound| bound as f64).collect(),
+                    count: counts.iter().sum(),
+                    bucket_counts: counts,
+                    ..Default::default()
+                }],
+                aggregation_temporality: metrics::AggregationTemporality::Cumulative as i32,
+            })),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn with_custom_buckets_a_histogram_is_checked_as_one_native_histogram() {
+        let nhcb = |limits| {
+            validation(limits).translating(Some(std::sync::Arc::new(
+                runtime_config::OtlpTranslation {
+                    otel_convert_histograms_to_nhcb: true,
+                    ..Default::default()
+                },
+            )))
+        };
+        let run = |request: &ExportMetricsServiceRequest, validation: &Validation| {
+            decode_validated(&request.encode_to_vec(), 1 << 20, PROTOBUF, validation).unwrap()
+        };
+        // Custom buckets as Prometheus lays them out: from the first that is not empty, the
+        // index not shifted, a run of three empty buckets a new span.
+        let point = |counts: Vec<u64>| {
+            let Some(Data::Histogram(h)) = classic("h", counts).data else {
+                unreachable!()
+            };
+            custom_histogram(&h.data_points[0])
+        };
+        let native = point(vec![0, 1, 0, 0, 0, 2]);
+        assert_eq!(native.schema, -53);
+        assert_eq!(
+            native.positive_spans,
+            [
+                prompb::BucketSpan {
+                    offset: 1,
+                    length: 1
+                },
+                prompb::BucketSpan {
+                    offset: 3,
+                    length: 1
+                }
+            ]
+        );
+        assert_eq!(native.positive_deltas, [1, 1]);
+        assert_eq!(native.custom_values, [1.0, 2.0, 3.0, 4.0, 5.0]);
+        assert_eq!(bucket_count(&point(vec![0, 0])), 0);
+        // Five buckets against a limit of four: custom buckets have no lower resolution, so
+        // the point is refused even where an exponential one would be lowered; as classic
+        // series it has no native histogram to limit.
+        let limits = ValidationLimits {
+            max_native_histogram_buckets: 4,
+            reduce_native_histogram_over_max_buckets: true,
+            ..Default::default()
+        };
+        let wide = export(vec![], vec![classic("wide", vec![0, 1, 1, 1, 1, 1])]);
+        let decoded = run(&wide, &nhcb(limits));
+        let refused = decoded.refused.expect("over the limit");
+        assert!(
+            refused.first.contains("more custom buckets than the limit"),
+            "{}",
+            refused.first
+        );
+        assert_eq!(
+            discarded(&refused, SeriesReason::MaxNativeHistogramBuckets),
+            1
+        );
+        assert_eq!(decoded.forward, Forward::Nothing);
+        let classic_series = run(&wide, &validation(limits));
+        assert_eq!(classic_series.refused, None);
+        // Five bounds' buckets, `+Inf` and `_count`.
+        assert_eq!(classic_series.counts.samples, 5 + 2);
+        // Its series has the metric's own name, where a classic one's buckets add `_bucket`:
+        // a 36-character name passes a value limit of 40 only as one native histogram.
+        let short = ValidationLimits {
+            max_label_value_length: 40,
+            ..Default::default()
+        };
+        let long = export(vec![], vec![classic(&"h".repeat(36), vec![1, 2])]);
+        let decoded = run(&long, &nhcb(short));
+        assert_eq!(decoded.refused, None);
+        assert_eq!((decoded.counts.samples, decoded.counts.histograms), (0, 1));
+        assert_eq!(decoded.forward, Forward::Unchanged);
+        assert!(run(&long, &validation(short)).refused.is_some());
     }
 
     #[test]
@@ -2026,7 +2159,7 @@ pub(crate) mod tests {
         ) {
             let validation = validation(limits);
             let raw = request.encode_to_vec();
-            let (_, bounds) = otlp::scan_bounded(&raw).unwrap();
+            let (_, bounds) = otlp::scan_bounded(&raw, &Default::default()).unwrap();
             let mut dropped = DroppedExemplars::default();
             let cuts = exemplar_cuts(&request, &validation, &HashSet::new(), &mut dropped);
             if !exemplars_may_fail(&bounds, &validation) {
@@ -2061,9 +2194,11 @@ pub(crate) mod tests {
             (request, limits) in strategy(),
             promote in prop_oneof![Just(0u64), any::<u64>()],
             keep in any::<bool>(),
+            nhcb in any::<bool>(),
         ) {
             // The tenant promotes some of the resources' attributes (`promote` picks them),
-            // and keeps the identifying ones or not.
+            // keeps the identifying ones or not, and converts classic histograms to native
+            // ones or not.
             let promoted = request
                 .resource_metrics
                 .iter()
@@ -2076,10 +2211,12 @@ pub(crate) mod tests {
                 runtime_config::OtlpTranslation {
                     promote_otel_resource_attributes: promoted,
                     otel_keep_identifying_resource_attributes: keep,
+                    otel_convert_histograms_to_nhcb: nhcb,
+                    otel_native_delta_ingestion: false,
                 },
             )));
             let raw = request.encode_to_vec();
-            let (_, bounds) = otlp::scan_bounded(&raw).unwrap();
+            let (_, bounds) = otlp::scan_bounded(&raw, validation.translation()).unwrap();
             let (every_edit, every_refusal) = check_points(&request, &validation, None, &|_| true);
             let (edits, refused, _) = check(&request, &validation, None);
             prop_assert_eq!(&edits.points, &every_edit.points);
@@ -2094,7 +2231,7 @@ pub(crate) mod tests {
                 let kept = ExportMetricsServiceRequest::decode(&bytes[..]).unwrap();
                 let (edits, refused, _) = check(&kept, &validation, None);
                 prop_assert!(edits.is_empty() && refused.is_none(), "{refused:?}");
-                prop_assert_eq!(otlp::count(&kept).unwrap(), decoded.counts);
+                prop_assert_eq!(otlp::count(&kept, validation.translation()).unwrap(), decoded.counts);
             }
         }
     }
@@ -2115,7 +2252,7 @@ pub(crate) mod tests {
             let limits = ValidationLimits { max_metadata_length: max, ..Default::default() };
             let validation = validation(limits);
             let raw = request.encode_to_vec();
-            let (counts, bounds) = otlp::scan_bounded(&raw).unwrap();
+            let (counts, bounds) = otlp::scan_bounded(&raw, &Default::default()).unwrap();
             // The checks on every entry, whatever the bounds say.
             let (mut every, mut every_refused) = (counts, None);
             refuse_metadata(&request, &validation, &mut every, &mut every_refused);

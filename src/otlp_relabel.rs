@@ -56,7 +56,7 @@ pub fn relabel(
         .rules
         .only_drops_by(&["__name__", crate::remote_write::relabel::TENANT_LABEL])
     {
-        if let Some(out) = by_name(request, relabelling) {
+        if let Some(out) = by_name(request, relabelling, settings) {
             return out;
         }
     }
@@ -127,7 +127,7 @@ pub(crate) fn every_series(
                     series_items,
                     earliest_ms: head.earliest_ms,
                     latest_ms: head.latest_ms,
-                    exponential: head.exponential.cloned(),
+                    native: head.native.map(translate::Native::cloned),
                 };
                 out.changed.insert(head.place, (kept, dropped_items));
             }
@@ -143,6 +143,7 @@ pub(crate) fn every_series(
 pub(crate) fn by_name(
     request: &ExportMetricsServiceRequest,
     relabelling: &Relabelling,
+    settings: &runtime_config::OtlpTranslation,
 ) -> Option<Relabelled> {
     let mut judged: HashMap<String, bool> = HashMap::new();
     let mut dropped = |name: &str| -> bool {
@@ -157,7 +158,7 @@ pub(crate) fn by_name(
     let mut out = Relabelled::default();
     let mut partly = false;
     let mut full = String::new();
-    translate::each_point_by_name(request, |place, name, parts| {
+    translate::each_point_by_name(request, settings, |place, name, parts| {
         let gone = parts
             .iter()
             .filter(|(suffix, _)| {
@@ -407,29 +408,58 @@ mod tests {
             delta,
         ]);
         let settings = runtime_config::OtlpTranslation::default();
+        // Classic histograms as native ones, one series named as the metric; delta taken.
+        let converting = runtime_config::OtlpTranslation {
+            otel_convert_histograms_to_nhcb: true,
+            otel_native_delta_ingestion: true,
+            ..Default::default()
+        };
         let whole = [
             "- source_labels: [__name__]\n  regex: go_.*|target_info\n  action: drop\n",
             "- source_labels: [__name__]\n  regex: latency_.*|rpc_duration.*\n  action: drop\n",
             "- source_labels: [__meta_tenant_id, __name__]\n  regex: t1;up\n  action: keep\n",
             "- source_labels: [__name__]\n  regex: nothing\n  action: drop\n",
+            "- source_labels: [__name__]\n  regex: latency|latency_bucket\n  action: drop\n",
         ];
-        for yaml in whole {
-            let rules = rules(yaml);
-            assert!(rules.rules.only_drops_by(&["__name__", "__meta_tenant_id"]));
-            let fast = by_name(&request, &rules).expect("no point partly dropped");
-            let slow = every_series(&request, &rules, &settings, None);
-            assert!(slow.changed.is_empty(), "{yaml}");
-            assert_eq!(fast.dropped, slow.dropped, "{yaml}");
+        for settings in [&settings, &converting] {
+            for yaml in whole {
+                let rules = rules(yaml);
+                assert!(rules.rules.only_drops_by(&["__name__", "__meta_tenant_id"]));
+                let Some(fast) = by_name(&request, &rules, settings) else {
+                    // Only the classic histogram's `_bucket` alone is a part of a point.
+                    assert!(
+                        yaml.contains("latency|latency_bucket") && settings.eq(&Default::default())
+                    );
+                    continue;
+                };
+                let slow = every_series(&request, &rules, settings, None);
+                assert!(slow.changed.is_empty(), "{yaml}");
+                assert_eq!(fast.dropped, slow.dropped, "{yaml}");
+            }
         }
-        // The keep of `up` alone drops all but one point and the target_info.
-        let kept = by_name(&request, &rules(whole[2])).unwrap();
+        // The keep of `up` alone drops all but one point and the target_info; the delta sum
+        // too, once it is taken.
+        let kept = by_name(&request, &rules(whole[2]), &settings).unwrap();
         assert_eq!(kept.dropped.len(), 4);
+        let kept = by_name(&request, &rules(whole[2]), &converting).unwrap();
+        assert_eq!(kept.dropped.len(), 5);
         for part in ["latency_bucket", "rpc_duration", "latency_sum"] {
             let yaml = format!("- source_labels: [__name__]\n  regex: {part}\n  action: drop\n");
-            assert!(by_name(&request, &rules(&yaml)).is_none(), "{part}");
+            assert!(
+                by_name(&request, &rules(&yaml), &settings).is_none(),
+                "{part}"
+            );
             let slow = every_series(&request, &rules(&yaml), &settings, None);
             assert_eq!(slow.changed.len(), 1, "{part}");
         }
+        // A native histogram has no `_bucket` series: a rule for them drops none of it, and
+        // one for its name drops it whole.
+        let buckets = "- source_labels: [__name__]\n  regex: latency_bucket\n  action: drop\n";
+        let out = by_name(&request, &rules(buckets), &converting).unwrap();
+        assert!(out.dropped.is_empty() && out.changed.is_empty());
+        let name = "- source_labels: [__name__]\n  regex: latency\n  action: drop\n";
+        let out = by_name(&request, &rules(name), &converting).unwrap();
+        assert_eq!(out.dropped.len(), 1);
     }
 
     /// A point the rules change is kept for its checks as one series a part, carrying all

@@ -120,6 +120,76 @@ async fn the_python_sdk_exporter_is_charged_what_mimir_would_charge() {
     }
 }
 
+#[tokio::test]
+async fn a_tenant_s_translation_settings_change_the_charge_as_they_change_mimir_s() {
+    // `converting` has its classic histograms made native ones with custom buckets and its
+    // delta temporality taken (and keeps exemplars); `plain` has Mimir's defaults, which refuse
+    // delta sums and histograms.
+    let weir = Weir::with_overrides(
+        "overrides:\n  converting:\n    ingestion_rate: 1000000\n    ingestion_burst_size: 1000000\n    \
+         max_global_exemplars_per_user: 100000\n    otel_convert_histograms_to_nhcb: true\n    \
+         otel_native_delta_ingestion: true\n  \
+         plain:\n    ingestion_rate: 1000000\n    ingestion_burst_size: 1000000\n",
+    )
+    .await;
+    let args = |temporality| {
+        [
+            "--kind",
+            "all",
+            "--points",
+            "5",
+            "--bounds",
+            "8",
+            "--exemplars",
+            "1",
+            "--temporality",
+            temporality,
+        ]
+    };
+    for temporality in ["cumulative", "delta"] {
+        let before = admitted(&weir, "converting").await;
+        let report = export(&weir, "converting", &args(temporality)).await;
+        assert_eq!(report["attempts"][0]["status"], 200, "{report}");
+        let expected = &report["expected_converting"];
+        // A classic histogram's point is one histogram: 5 of them, and 5 exponential ones.
+        assert_eq!(expected["histograms"], 10, "{report}");
+        let after = admitted(&weir, "converting").await;
+        let items = |field: &str| expected[field].as_u64().unwrap();
+        assert_eq!(
+            [
+                after[0] - before[0],
+                after[1] - before[1],
+                after[2] - before[2]
+            ],
+            [
+                items("samples") + items("histograms"),
+                items("exemplars"),
+                items("metadata")
+            ],
+            "{temporality}: {report}"
+        );
+        assert_ne!(
+            report["expected_converting"], report["expected_with_exemplars"],
+            "the settings change Mimir's charge: {report}"
+        );
+    }
+    // By default the delta metrics are refused and what is left is charged, as Mimir charges
+    // it. (Mimir then answers 400 for what its translator left out; weir answers for what it
+    // forwarded, here in sink mode 200, and a receiver behind it answers for the rest.)
+    let before = admitted(&weir, "plain").await;
+    let report = export(&weir, "plain", &args("delta")).await;
+    assert_eq!(report["attempts"][0]["status"], 200, "{report}");
+    let expected = &report["expected"];
+    assert_eq!(expected["status"], 400, "{report}");
+    assert_eq!(expected["histograms"], 0, "{report}");
+    let after = admitted(&weir, "plain").await;
+    assert_eq!(
+        after[0] - before[0],
+        expected["samples"].as_u64().unwrap(),
+        "{report}"
+    );
+}
+
 /// A tenant's admitted samples (with histograms), exemplars and metadata.
 async fn admitted(weir: &Weir, tenant: &str) -> [u64; 3] {
     let user = format!("user=\"{tenant}\"");

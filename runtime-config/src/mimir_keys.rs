@@ -247,7 +247,6 @@ pub(crate) const IGNORED: &[(&str, &str)] = &[
          value; Mimir's ingesters drop them when it is false (its distributor only counts them \
          in cortex_distributor_dropped_native_histograms_total, which weir does not export)",
     ),
-    ("otel_convert_histograms_to_nhcb", OTLP_TRANSLATION),
     (
         "otel_created_timestamp_zero_ingestion_enabled",
         OTLP_TRANSLATION,
@@ -258,7 +257,6 @@ pub(crate) const IGNORED: &[(&str, &str)] = &[
     ),
     ("otel_label_name_underscore_sanitization", OTLP_TRANSLATION),
     ("otel_metric_suffixes_enabled", OTLP_TRANSLATION),
-    ("otel_native_delta_ingestion", OTLP_TRANSLATION),
     ("otel_promote_scope_metadata", OTLP_TRANSLATION),
     ("otel_translation_strategy", OTLP_TRANSLATION),
     (

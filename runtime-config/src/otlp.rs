@@ -1,14 +1,16 @@
 //! Mimir's OTLP translation keys that change the series an export becomes, per tenant:
 //! `promote_otel_resource_attributes` (resource attributes that become labels of every series
-//! of their resource) and `otel_keep_identifying_resource_attributes` (`service.name`,
-//! `service.namespace` and `service.instance.id` kept as labels of `target_info`). weir
-//! forwards OTLP unchanged; these decide the labels its series checks and HA tracker see, as
-//! Mimir's translation would make them.
+//! of their resource), `otel_keep_identifying_resource_attributes` (`service.name`,
+//! `service.namespace` and `service.instance.id` kept as labels of `target_info`),
+//! `otel_convert_histograms_to_nhcb` (a classic histogram's point becomes one native histogram
+//! with custom buckets) and `otel_native_delta_ingestion` (delta sums and histograms are taken,
+//! not refused). weir forwards OTLP unchanged; these decide what its charge counts and the
+//! labels its series checks and HA tracker see, as Mimir's translation would make them.
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 /// One tenant's OTLP translation settings (Mimir's defaults: nothing promoted, identifying
-/// attributes not kept).
+/// attributes not kept, classic histograms, delta temporality refused).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize, Serialize)]
 pub struct OtlpTranslation {
     /// The resource attributes promoted to labels, as Mimir's comma-separated string.
@@ -20,6 +22,14 @@ pub struct OtlpTranslation {
     pub promote_otel_resource_attributes: Vec<String>,
     #[serde(default)]
     pub otel_keep_identifying_resource_attributes: bool,
+    /// A classic (explicit-bucket) histogram's point becomes one native histogram with custom
+    /// buckets, charged as one histogram, instead of its `_bucket`, `_sum` and `_count` series.
+    #[serde(default)]
+    pub otel_convert_histograms_to_nhcb: bool,
+    /// Sums and histograms of delta temporality are translated (their metadata type
+    /// `unknown`), not refused.
+    #[serde(default)]
+    pub otel_native_delta_ingestion: bool,
 }
 
 /// The keys of a tenant's entry; what is missing is the default.
@@ -28,12 +38,16 @@ pub(crate) struct OtlpOverride {
     #[serde(default, deserialize_with = "optional_comma_separated")]
     pub promote_otel_resource_attributes: Option<Vec<String>>,
     pub otel_keep_identifying_resource_attributes: Option<bool>,
+    pub otel_convert_histograms_to_nhcb: Option<bool>,
+    pub otel_native_delta_ingestion: Option<bool>,
 }
 
 impl OtlpOverride {
     pub(crate) fn is_empty(&self) -> bool {
         self.promote_otel_resource_attributes.is_none()
             && self.otel_keep_identifying_resource_attributes.is_none()
+            && self.otel_convert_histograms_to_nhcb.is_none()
+            && self.otel_native_delta_ingestion.is_none()
     }
 
     pub(crate) fn apply(&self) -> OtlpTranslation {
@@ -45,6 +59,10 @@ impl OtlpOverride {
             otel_keep_identifying_resource_attributes: self
                 .otel_keep_identifying_resource_attributes
                 .unwrap_or_default(),
+            otel_convert_histograms_to_nhcb: self
+                .otel_convert_histograms_to_nhcb
+                .unwrap_or_default(),
+            otel_native_delta_ingestion: self.otel_native_delta_ingestion.unwrap_or_default(),
         }
     }
 }
@@ -105,7 +123,9 @@ mod tests {
         assert_eq!(
             serde_yaml_ng::to_string(&set).unwrap(),
             "promote_otel_resource_attributes: k8s.namespace.name,service.version\n\
-             otel_keep_identifying_resource_attributes: false\n"
+             otel_keep_identifying_resource_attributes: false\n\
+             otel_convert_histograms_to_nhcb: false\n\
+             otel_native_delta_ingestion: false\n"
         );
     }
 }

@@ -18,7 +18,10 @@
 //! or help), and per resource the `target_info` series Mimir adds (see [`target_info_samples`]).
 //! Delta or unspecified temporality, an exponential scale below -4, a metric with no data and a
 //! name that escapes to no metric name ([`name_refused`]) are what Mimir's translator refuses: such
-//! a metric costs nothing, and a request where nothing else is left is a 400. The counts include
+//! a metric costs nothing, and a request where nothing else is left is a 400. Two of a tenant's
+//! translation settings change that ([`Conversion`]): `otel_native_delta_ingestion` takes delta
+//! sums and histograms (their metadata type `unknown`), and `otel_convert_histograms_to_nhcb`
+//! makes a classic histogram's point one native histogram with custom buckets (1 histogram). The counts include
 //! every exemplar the translation would carry; [`crate::format::decode_validated`] charges none of
 //! them for a tenant with exemplars off (`max_global_exemplars_per_user: 0`, Mimir's default, which
 //! drops them before its limiter) and cuts them from the forwarded export
@@ -42,7 +45,7 @@ mod rules;
 mod scan;
 pub mod translate;
 
-pub use rules::{Bounds, TimeRange};
+pub use rules::{Bounds, Conversion, TimeRange};
 pub use scan::{scan, scan_bounded};
 
 use std::borrow::Cow;
@@ -51,11 +54,12 @@ use std::io::Read;
 use prost::Message;
 
 use crate::counts::{DecodeError, UnsupportedMedia, WriteCounts};
-use proto::metrics::{metric::Data, AggregationTemporality, Metric, ResourceMetrics};
+use proto::metrics::{metric::Data, Metric, ResourceMetrics};
 use rules::{
     name_refused, nothing_ingested, target_info_samples, TargetKeys, NOT_CUMULATIVE, NO_DATA,
     NO_NAME, SCALE_BELOW_MINUS_4, TARGET_INFO,
 };
+use runtime_config::OtlpTranslation;
 use translate::{Meta, MetadataEntries, MetricType};
 
 /// How an OTLP body is encoded, from its headers.
@@ -164,18 +168,20 @@ pub fn grpc_code(status: u16) -> i32 {
     }
 }
 
-/// Decompresses (gzip, at most `max_size` bytes out) and counts an OTLP metrics body: a
-/// protobuf body with [`scan`], without decoding it; OTLP/JSON decoded in full and [`count`]ed.
+/// Decompresses (gzip, at most `max_size` bytes out) and counts an OTLP metrics body under
+/// Mimir's default translation: a protobuf body with [`scan`], without decoding it; OTLP/JSON
+/// decoded in full and [`count`]ed.
 pub fn decode(
     body: &[u8],
     max_size: usize,
     format: OtlpFormat,
 ) -> Result<WriteCounts, DecodeError> {
     let raw = inflate(body, max_size, format)?;
+    let settings = OtlpTranslation::default();
     if format.json {
-        count(&json::decode(&raw)?)
+        count(&json::decode(&raw)?, &settings)
     } else {
-        scan(&raw)
+        scan(&raw, &settings)
     }
 }
 
@@ -193,7 +199,7 @@ pub fn decode_full(
         proto::ExportMetricsServiceRequest::decode(&raw[..])
             .map_err(|err| DecodeError::Otlp(format!("invalid protobuf: {err}")))?
     };
-    count(&request)
+    count(&request, &OtlpTranslation::default())
 }
 
 /// The body as sent, or gunzipped into at most `max_size` bytes.
@@ -219,9 +225,13 @@ pub fn inflate(
     Ok(Cow::Owned(out))
 }
 
-/// What the request costs, as Mimir's translation and limiter count it.
-pub fn count(request: &proto::ExportMetricsServiceRequest) -> Result<WriteCounts, DecodeError> {
-    let (counts, refused) = walk(request, |_| {});
+/// What the request costs, as Mimir's translation under the tenant's `settings` and its
+/// limiter count it.
+pub fn count(
+    request: &proto::ExportMetricsServiceRequest,
+    settings: &OtlpTranslation,
+) -> Result<WriteCounts, DecodeError> {
+    let (counts, refused) = walk(request, Conversion::of(settings), |_| {});
     if counts.cost() == 0 && !refused.is_empty() {
         return Err(nothing_ingested(refused.join("; ")));
     }
@@ -232,9 +242,14 @@ pub fn count(request: &proto::ExportMetricsServiceRequest) -> Result<WriteCounts
 /// metric with points the translator takes of each family, and each later one of the family
 /// with another type, unit or help ([`translate::MetadataEntries`]). (`target_info`'s entries,
 /// the others it makes, have a fixed name and no unit.)
-pub fn metadata_metrics(request: &proto::ExportMetricsServiceRequest) -> Vec<&Metric> {
+pub fn metadata_metrics<'r>(
+    request: &'r proto::ExportMetricsServiceRequest,
+    settings: &OtlpTranslation,
+) -> Vec<&'r Metric> {
     let mut metrics = Vec::new();
-    walk(request, |metric| metrics.extend(metric));
+    walk(request, Conversion::of(settings), |metric| {
+        metrics.extend(metric)
+    });
     metrics
 }
 
@@ -243,6 +258,7 @@ pub fn metadata_metrics(request: &proto::ExportMetricsServiceRequest) -> Vec<&Me
 /// returns the counts and each metric the translator refuses, with why.
 fn walk<'r>(
     request: &'r proto::ExportMetricsServiceRequest,
+    conversion: Conversion,
     mut family: impl FnMut(Option<&'r Metric>),
 ) -> (WriteCounts, Vec<String>) {
     let mut counts = WriteCounts::default();
@@ -257,13 +273,14 @@ fn walk<'r>(
         {
             // Charged only once the translator's name rule, which it applies last, passes.
             let mut own = WriteCounts::default();
-            let counted = count_metric(metric, &mut own, &mut times).and_then(|counted| {
-                if name_refused(metric.name.as_bytes()) {
-                    Err(NO_NAME)
-                } else {
-                    Ok(counted)
-                }
-            });
+            let counted =
+                count_metric(metric, conversion, &mut own, &mut times).and_then(|counted| {
+                    if name_refused(metric.name.as_bytes()) {
+                        Err(NO_NAME)
+                    } else {
+                        Ok(counted)
+                    }
+                });
             match counted {
                 Ok((0, _)) => {}
                 Ok((_, kind)) => {
@@ -301,7 +318,8 @@ pub fn target_info_samples_of(resource: &ResourceMetrics) -> Option<u64> {
         .flat_map(|scope| &scope.metrics)
     {
         // Only the times are wanted, as in `earliest_point_ms`.
-        let _ = count_metric(metric, &mut WriteCounts::default(), &mut times);
+        let unused = &mut WriteCounts::default();
+        let _ = count_metric(metric, Conversion::default(), unused, &mut times);
     }
     target_info_of(resource, &times)
 }
@@ -327,20 +345,22 @@ pub fn earliest_point_ms(request: &proto::ExportMetricsServiceRequest) -> Option
         .flat_map(|scope| &scope.metrics)
     {
         // Only the times are wanted; a metric the translator refuses has them too.
-        let _ = count_metric(metric, &mut WriteCounts::default(), &mut times);
+        let unused = &mut WriteCounts::default();
+        let _ = count_metric(metric, Conversion::default(), unused, &mut times);
     }
     times.earliest.map(translate::nanos_to_millis)
 }
 
-/// Adds one metric's items to `counts`; returns how many points it had and the type of its
-/// metadata entry, or why Mimir's translator refuses it.
+/// Adds one metric's items to `counts`, translated with `conversion`; returns how many points
+/// it had and the type of its metadata entry, or why Mimir's translator refuses it.
 fn count_metric(
     metric: &Metric,
+    conversion: Conversion,
     counts: &mut WriteCounts,
     times: &mut TimeRange,
 ) -> Result<(usize, MetricType), &'static str> {
     let cumulative = |temporality: i32| {
-        if temporality == AggregationTemporality::Cumulative as i32 {
+        if conversion.takes(temporality) {
             Ok(())
         } else {
             Err(NOT_CUMULATIVE)
@@ -373,13 +393,18 @@ fn count_metric(
             }
             cumulative(histogram.aggregation_temporality)?;
             for point in &histogram.data_points {
+                add(&mut counts.exemplars, point.exemplars.len());
+                if conversion.nhcb {
+                    // One native histogram with custom buckets.
+                    add(&mut counts.histograms, 1);
+                    continue;
+                }
                 let buckets = point.explicit_bounds.len().min(point.bucket_counts.len());
                 // the buckets, `+Inf`, `_count`, and `_sum` when the point has one.
                 add(
                     &mut counts.samples,
                     buckets + 2 + usize::from(point.sum.is_some()),
                 );
-                add(&mut counts.exemplars, point.exemplars.len());
             }
             histogram.data_points.len()
         }

@@ -10,8 +10,8 @@ pub(super) fn nothing_ingested(refused: String) -> DecodeError {
 }
 
 /// Why Mimir's translator refuses a metric.
-pub(super) const NOT_CUMULATIVE: &str =
-    "only cumulative temporality is ingested (delta or unspecified is refused)";
+pub(super) const NOT_CUMULATIVE: &str = "only cumulative temporality is ingested (delta too with \
+                                         otel_native_delta_ingestion; unspecified never)";
 pub(super) const SCALE_BELOW_MINUS_4: &str = "an exponential histogram's scale is below -4";
 pub(super) const NO_DATA: &str = "the metric has no data";
 pub(super) const NO_NAME: &str =
@@ -24,6 +24,32 @@ pub(super) fn name_refused(name: &[u8]) -> bool {
     let kept = name.iter().any(|&b| b.is_ascii_alphanumeric() || b == b':');
     let underscores = !name.is_empty() && name.iter().all(|&b| b == b'_');
     !kept && !underscores
+}
+
+/// What of a tenant's translation settings changes what a point is charged: whether a classic
+/// histogram's point becomes one native histogram (`otel_convert_histograms_to_nhcb`), and
+/// whether delta temporality is taken (`otel_native_delta_ingestion`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Conversion {
+    pub nhcb: bool,
+    pub delta: bool,
+}
+
+impl Conversion {
+    pub fn of(settings: &runtime_config::OtlpTranslation) -> Conversion {
+        Conversion {
+            nhcb: settings.otel_convert_histograms_to_nhcb,
+            delta: settings.otel_native_delta_ingestion,
+        }
+    }
+
+    /// Whether the translator takes a sum or a histogram of this `aggregation_temporality`
+    /// (as prost reads the enum): cumulative always, delta when the tenant ingests it.
+    pub fn takes(self, temporality: i32) -> bool {
+        use super::proto::metrics::AggregationTemporality;
+        temporality == AggregationTemporality::Cumulative as i32
+            || (self.delta && temporality == AggregationTemporality::Delta as i32)
+    }
 }
 
 /// The series (and metric family) Mimir adds per resource.

@@ -21,13 +21,15 @@
 
 use prost::encoding::{decode_key, decode_varint, WireType};
 
+use super::proto::metrics::AggregationTemporality;
 use super::rules::{
-    escapes_to_nothing, name_refused, nothing_ingested, target_info_samples, Bounds, TargetKeys,
-    TimeRange, DOUBLE_TEXT, NOT_CUMULATIVE, NO_DATA, NO_NAME, SCALE_BELOW_MINUS_4, TARGET_INFO,
-    UNMEASURED,
+    escapes_to_nothing, name_refused, nothing_ingested, target_info_samples, Bounds, Conversion,
+    TargetKeys, TimeRange, DOUBLE_TEXT, NOT_CUMULATIVE, NO_DATA, NO_NAME, SCALE_BELOW_MINUS_4,
+    TARGET_INFO, UNMEASURED,
 };
 use super::translate::{Meta, MetadataEntries, MetricType};
 use crate::counts::{DecodeError, WriteCounts};
+use runtime_config::OtlpTranslation;
 
 /// How many messages deep prost decodes before it refuses ("recursion limit reached"): the
 /// request's own fields are read at this depth left, each nested message at one less.
@@ -37,16 +39,23 @@ const RECURSION_LIMIT: u32 = 100;
 type Scanned<T> = Result<T, String>;
 
 /// Scans an uncompressed protobuf `ExportMetricsServiceRequest` and counts what Mimir would
-/// charge for it ([`super::count`]'s rules), refusing what a prost decode refuses.
-pub fn scan(body: &[u8]) -> Result<WriteCounts, DecodeError> {
-    scan_bounded(body).map(|(counts, _)| counts)
+/// charge for it under the tenant's translation `settings` ([`super::count`]'s rules),
+/// refusing what a prost decode refuses.
+pub fn scan(body: &[u8], settings: &OtlpTranslation) -> Result<WriteCounts, DecodeError> {
+    scan_bounded(body, settings).map(|(counts, _)| counts)
 }
 
 /// [`scan`], with how long the labels of the series the request becomes can get
 /// ([`Bounds`]), which the same walk reads on the way.
-pub fn scan_bounded(body: &[u8]) -> Result<(WriteCounts, Bounds), DecodeError> {
+pub fn scan_bounded(
+    body: &[u8],
+    settings: &OtlpTranslation,
+) -> Result<(WriteCounts, Bounds), DecodeError> {
     let invalid = |err: String| DecodeError::Otlp(format!("invalid protobuf: {err}"));
-    let mut charge = Charge::default();
+    let mut charge = Charge {
+        conversion: Conversion::of(settings),
+        ..Charge::default()
+    };
     let mut buf = body;
     let mut index = 0u64;
     while !buf.is_empty() {
@@ -78,6 +87,7 @@ struct Charge<'a> {
     /// Each refused metric's name and why, in the request's order.
     refused: Vec<(&'a str, &'static str)>,
     bounds: Bounds,
+    conversion: Conversion,
 }
 
 impl<'a> Charge<'a> {
@@ -174,11 +184,9 @@ impl<'a> Charge<'a> {
                     if data.as_ref().is_some_and(|data| data.kind != kind) {
                         data = None;
                     }
-                    data.get_or_insert_with(|| Data::new(kind)).add(
-                        body,
-                        depth,
-                        &mut self.bounds,
-                    )?;
+                    let conversion = self.conversion;
+                    data.get_or_insert_with(|| Data::new(kind, conversion))
+                        .add(body, depth, &mut self.bounds)?;
                 }
                 12 => {
                     let (kv, depth) = message(&mut buf, wire_type, depth, "Metric.metadata")?;
@@ -254,12 +262,14 @@ struct Data {
     /// A sum's `is_monotonic`, as prost reads a `bool`: the last one sent.
     monotonic: bool,
     scale_below_minus_4: bool,
+    conversion: Conversion,
 }
 
 impl Data {
-    fn new(kind: Kind) -> Data {
+    fn new(kind: Kind, conversion: Conversion) -> Data {
         Data {
             kind,
+            conversion,
             points: 0,
             times: TimeRange::default(),
             samples: 0,
@@ -274,6 +284,9 @@ impl Data {
     /// The type of the metadata entry the translation makes for this metric.
     fn metric_type(&self) -> MetricType {
         match self.kind {
+            _ if self.temporal() && self.temporality == AggregationTemporality::Delta as i32 => {
+                MetricType::Unknown
+            }
             Kind::Gauge => MetricType::Gauge,
             Kind::Sum if self.monotonic => MetricType::Counter,
             Kind::Sum => MetricType::Gauge,
@@ -318,6 +331,13 @@ impl Data {
                 self.samples += 1;
                 (point.time, point.exemplars)
             }
+            Kind::Histogram if self.conversion.nhcb => {
+                // One native histogram with custom buckets: at most its bucket counts.
+                let point = histogram_point(buf, depth, &mut labels)?;
+                labels.bounds.buckets = labels.bounds.buckets.max(point.bucket_counts);
+                self.histograms += 1;
+                (point.time, point.exemplars)
+            }
             Kind::Histogram => {
                 let point = histogram_point(buf, depth, &mut labels)?;
                 // The buckets, `+Inf`, `_count`, and `_sum` when the point has one.
@@ -353,6 +373,11 @@ impl Data {
         Ok(())
     }
 
+    /// Whether the metric has a temporality: a sum's or a histogram's.
+    fn temporal(&self) -> bool {
+        matches!(self.kind, Kind::Sum | Kind::Histogram | Kind::Exponential)
+    }
+
     /// Charges the metric to `counts` and returns its points, or why Mimir's translator
     /// refuses it (`named`: its name passes [`name_refused`], which the translator applies
     /// last). Its points' times count for `target_info` either way.
@@ -363,11 +388,7 @@ impl Data {
         named: bool,
     ) -> Result<u64, &'static str> {
         times.cover(&self.times);
-        let temporal = matches!(self.kind, Kind::Sum | Kind::Histogram | Kind::Exponential);
-        if temporal
-            && self.temporality
-                != crate::otlp::proto::metrics::AggregationTemporality::Cumulative as i32
-        {
+        if self.temporal() && !self.conversion.takes(self.temporality) {
             return Err(NOT_CUMULATIVE);
         }
         if self.scale_below_minus_4 {

@@ -5,6 +5,21 @@ use prost::Message;
 use super::proto::{common, metrics, resource, ExportMetricsServiceRequest};
 use super::*;
 
+/// [`super::count`] under Mimir's default translation.
+fn count(request: &ExportMetricsServiceRequest) -> Result<WriteCounts, DecodeError> {
+    super::count(request, &OtlpTranslation::default())
+}
+
+/// [`super::scan`] under Mimir's default translation.
+fn scan(body: &[u8]) -> Result<WriteCounts, DecodeError> {
+    super::scan(body, &OtlpTranslation::default())
+}
+
+/// [`super::metadata_metrics`] under Mimir's default translation.
+fn metadata_metrics(request: &ExportMetricsServiceRequest) -> Vec<&Metric> {
+    super::metadata_metrics(request, &OtlpTranslation::default())
+}
+
 const SAMPLE: &[u8] = include_bytes!("../../tests/otlp/sample.json");
 
 fn protobuf() -> OtlpFormat {
@@ -51,6 +66,98 @@ fn the_json_fixture_costs_what_mimir_charges() {
         gzip: true,
     };
     sample_counts(decode(&gzip(SAMPLE), 1 << 20, gzipped).unwrap());
+}
+
+/// A tenant's translation settings: classic histograms as native ones, delta taken.
+fn converting(nhcb: bool, delta: bool) -> OtlpTranslation {
+    OtlpTranslation {
+        otel_convert_histograms_to_nhcb: nhcb,
+        otel_native_delta_ingestion: delta,
+        ..OtlpTranslation::default()
+    }
+}
+
+#[test]
+fn with_custom_buckets_a_classic_histogram_point_is_one_histogram() {
+    // `mimir_charge.py tests/otlp/sample.json --nhcb --exemplars`: the histogram's two points
+    // (6 and 5 samples by default) are two histograms; its exemplar stays charged.
+    let raw = json::decode(SAMPLE).unwrap().encode_to_vec();
+    let request = json::decode(SAMPLE).unwrap();
+    let nhcb = converting(true, false);
+    for counts in [
+        super::scan(&raw, &nhcb).unwrap(),
+        super::count(&request, &nhcb).unwrap(),
+    ] {
+        let items = (
+            counts.samples,
+            counts.histograms,
+            counts.exemplars,
+            counts.metadata,
+        );
+        assert_eq!(items, (10, 3, 2, 7), "{counts:?}");
+        assert_eq!(counts.cost(), 22);
+    }
+    // A histogram's buckets bound what the native one has, for the bucket limit's checks.
+    let (_, bounds) = super::scan_bounded(&raw, &nhcb).unwrap();
+    assert_eq!(bounds.buckets, 4, "the fixture's widest histogram point");
+}
+
+#[test]
+fn delta_temporality_is_taken_when_the_tenant_ingests_it() {
+    let histogram = |temporality: metrics::AggregationTemporality| metrics::Metric {
+        name: "latency".into(),
+        data: Some(metrics::metric::Data::Histogram(metrics::Histogram {
+            data_points: vec![metrics::HistogramDataPoint {
+                explicit_bounds: vec![1.0, 10.0],
+                bucket_counts: vec![1, 2, 3],
+                sum: Some(4.0),
+                ..Default::default()
+            }],
+            aggregation_temporality: temporality as i32,
+        })),
+        ..Default::default()
+    };
+    let cumulative = metrics::Metric {
+        data: Some(metrics::metric::Data::Sum(metrics::Sum {
+            data_points: vec![Default::default()],
+            aggregation_temporality: metrics::AggregationTemporality::Cumulative as i32,
+            is_monotonic: true,
+        })),
+        ..delta_sum("d.one")
+    };
+    let export = request(
+        &[],
+        vec![
+            delta_sum("d.one"),
+            cumulative,
+            histogram(metrics::AggregationTemporality::Delta),
+            histogram(metrics::AggregationTemporality::Unspecified),
+        ],
+    );
+    let raw = export.encode_to_vec();
+    let counted = |settings: &OtlpTranslation| {
+        let scanned = super::scan(&raw, settings);
+        assert_eq!(scanned, super::count(&export, settings), "{settings:?}");
+        let counts = scanned.unwrap();
+        (counts.samples, counts.histograms, counts.metadata)
+    };
+    // By default only the cumulative sum is taken.
+    assert_eq!(counted(&OtlpTranslation::default()), (1, 0, 1));
+    // Taken, the delta sum's 3 points and the delta histogram's buckets, `+Inf`, `_count` and
+    // `_sum`; the unspecified histogram still refused. Delta metrics' entries are of type
+    // `unknown`, so `d_one` has two: unknown, counter, as the appender makes them.
+    assert_eq!(counted(&converting(false, true)), (3 + 1 + 5, 0, 3));
+    assert_eq!(counted(&converting(true, true)), (3 + 1, 1, 3));
+    assert_eq!(
+        super::metadata_metrics(&export, &converting(false, true)).len(),
+        3
+    );
+    // What is refused is still named, and a request of only delta metrics is still refused
+    // by default.
+    let only_delta = request(&[], vec![delta_sum("d.one")]);
+    assert!(super::count(&only_delta, &OtlpTranslation::default()).is_err());
+    let taken = super::count(&only_delta, &converting(false, true)).unwrap();
+    assert_eq!((taken.samples, taken.metadata), (3, 1));
 }
 
 #[test]
@@ -783,7 +890,7 @@ fn a_request_of_only_refused_metrics_is_refused_in_the_same_words() {
     assert_eq!(
         err.to_string(),
         "invalid OTLP metrics request: nothing in the request can be ingested: metric \
-         \"d.one\": only cumulative temporality is ingested (delta or unspecified is refused); \
+         \"d.one\": only cumulative temporality is ingested (delta too with otel_native_delta_ingestion; unspecified never); \
          metric \"no data\": the metric has no data"
     );
 }

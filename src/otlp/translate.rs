@@ -28,15 +28,16 @@ use super::proto::{
     common::{any_value::Value as Any, AnyValue, KeyValue},
     metrics::{
         exemplar::Value as ExemplarValue, metric::Data, summary_data_point::ValueAtQuantile,
-        AggregationTemporality, Exemplar, ExponentialHistogramDataPoint, Metric,
+        AggregationTemporality, Exemplar, ExponentialHistogramDataPoint, HistogramDataPoint,
+        Metric,
     },
     ExportMetricsServiceRequest,
 };
 use runtime_config::OtlpTranslation;
 
 use super::rules::{
-    escapes_to_nothing, name_refused, target_info_samples, Bounds, TargetKeys, TimeRange,
-    DOUBLE_TEXT, TARGET_INFO, UNMEASURED,
+    escapes_to_nothing, name_refused, target_info_samples, Bounds, Conversion, TargetKeys,
+    TimeRange, DOUBLE_TEXT, TARGET_INFO, UNMEASURED,
 };
 
 /// Where in the request a translated item comes from: a data point (by its resource, scope,
@@ -69,9 +70,32 @@ pub struct Translated {
     pub latest_ms: i64,
     /// The samples and histograms they carry, as [`super::count`] charges them.
     pub items: u64,
-    /// An exponential histogram's point, which becomes a native histogram, for the checks
-    /// of its buckets.
-    pub exponential: Option<ExponentialHistogramDataPoint>,
+    /// A point that becomes a native histogram, for the checks of its buckets.
+    pub native: Option<NativePoint>,
+}
+
+/// A point that becomes a native histogram.
+#[derive(Debug, Clone, PartialEq)]
+pub enum NativePoint {
+    Exponential(ExponentialHistogramDataPoint),
+    /// A classic histogram's, with custom buckets (`otel_convert_histograms_to_nhcb`).
+    Custom(HistogramDataPoint),
+}
+
+/// [`NativePoint`], borrowed from the request.
+#[derive(Debug, Clone, Copy)]
+pub enum Native<'r> {
+    Exponential(&'r ExponentialHistogramDataPoint),
+    Custom(&'r HistogramDataPoint),
+}
+
+impl Native<'_> {
+    pub fn cloned(self) -> NativePoint {
+        match self {
+            Native::Exponential(point) => NativePoint::Exponential(point.clone()),
+            Native::Custom(point) => NativePoint::Custom(point.clone()),
+        }
+    }
 }
 
 /// The data points of the metrics Mimir translates, and every `target_info`, in request
@@ -101,7 +125,7 @@ pub fn translate(
             series_items,
             earliest_ms: head.earliest_ms,
             latest_ms: head.latest_ms,
-            exponential: head.exponential.cloned(),
+            native: head.native.map(Native::cloned),
         });
     });
     out
@@ -113,8 +137,8 @@ pub struct Head<'r> {
     pub place: Place,
     pub earliest_ms: i64,
     pub latest_ms: i64,
-    /// An exponential histogram's point.
-    pub exponential: Option<&'r ExponentialHistogramDataPoint>,
+    /// A point that becomes a native histogram.
+    pub native: Option<Native<'r>>,
 }
 
 /// One series of [`each_point_every_series`]: its labels (sorted), what it carries, and its
@@ -173,14 +197,16 @@ enum Item<'r> {
 /// built: what rules that read only `__name__` need.
 pub fn each_point_by_name(
     request: &ExportMetricsServiceRequest,
+    settings: &OtlpTranslation,
     mut each: impl FnMut(Place, &str, &[(&str, u64)]),
 ) {
+    let conversion = Conversion::of(settings);
     for (r, resource) in request.resource_metrics.iter().enumerate() {
         let mut times = TimeRange::default();
         for (s, scope) in resource.scope_metrics.iter().enumerate() {
             for (m, metric) in scope.metrics.iter().enumerate() {
                 let name = metric_name(&metric.name);
-                metric_points(metric, &mut times, |point, _, _, kind| {
+                metric_points(metric, conversion, &mut times, |point, _, _, kind| {
                     let place = Place::Point {
                         resource: r,
                         scope: s,
@@ -220,6 +246,7 @@ fn walk<'r>(
     wanted: &dyn Fn(&Bounds) -> bool,
     each: &mut dyn FnMut(Head<'r>, Item<'r>),
 ) {
+    let conversion = Conversion::of(settings);
     for (r, resource) in request.resource_metrics.iter().enumerate() {
         let attributes: &[KeyValue] = resource
             .resource
@@ -242,57 +269,63 @@ fn walk<'r>(
         let mut times = TimeRange::default();
         for (s, scope) in resource.scope_metrics.iter().enumerate() {
             for (m, metric) in scope.metrics.iter().enumerate() {
-                metric_points(metric, &mut times, |point, attributes, time, kind| {
-                    let mut bounds = Bounds {
-                        point_attributes: attributes.len() as u32,
-                        metric_name: metric.name.len(),
-                        value: identity_size,
-                        unusual: escapes_to_nothing(metric.name.as_bytes()),
-                        ..Bounds::default()
-                    };
-                    bounds.times.see(time);
-                    if let PointKind::Exponential(point) = kind {
-                        bounds.buckets = bucket_counts(point);
-                    }
-                    for kv in attributes {
-                        let size = measured(kv.value.as_ref());
-                        bounds.attribute(kv.key.as_bytes(), size);
-                        bounds.joined = bounds.joined.saturating_add(size).saturating_add(1);
-                    }
-                    for kv in &promoted_attributes {
-                        bounds.attribute(kv.key.as_bytes(), measured(kv.value.as_ref()));
-                    }
-                    if !wanted(&bounds) {
-                        return;
-                    }
-                    let mut base = labels_of(attributes);
-                    for (name, value) in &promoted {
-                        let unset = base.get(name).is_none_or(|set| set.is_empty());
-                        if unset {
-                            base.insert(name.clone(), value.clone());
+                metric_points(
+                    metric,
+                    conversion,
+                    &mut times,
+                    |point, attributes, time, kind| {
+                        let mut bounds = Bounds {
+                            point_attributes: attributes.len() as u32,
+                            metric_name: metric.name.len(),
+                            value: identity_size,
+                            unusual: escapes_to_nothing(metric.name.as_bytes()),
+                            ..Bounds::default()
+                        };
+                        bounds.times.see(time);
+                        match kind {
+                            PointKind::Exponential(point) => bounds.buckets = bucket_counts(point),
+                            PointKind::Custom(point) => {
+                                bounds.buckets = point.bucket_counts.len() as u64
+                            }
+                            _ => {}
                         }
-                    }
-                    for (name, value) in &identity {
-                        base.insert(name.to_string(), value.clone());
-                    }
-                    let time = nanos_to_millis(time);
-                    let head = Head {
-                        place: Place::Point {
-                            resource: r,
-                            scope: s,
-                            metric: m,
-                            point,
-                        },
-                        earliest_ms: time,
-                        latest_ms: time,
-                        exponential: match kind {
-                            PointKind::Exponential(point) => Some(point),
-                            _ => None,
-                        },
-                    };
-                    let name = metric_name(&metric.name);
-                    each(head, Item::Point { base, name, kind });
-                });
+                        for kv in attributes {
+                            let size = measured(kv.value.as_ref());
+                            bounds.attribute(kv.key.as_bytes(), size);
+                            bounds.joined = bounds.joined.saturating_add(size).saturating_add(1);
+                        }
+                        for kv in &promoted_attributes {
+                            bounds.attribute(kv.key.as_bytes(), measured(kv.value.as_ref()));
+                        }
+                        if !wanted(&bounds) {
+                            return;
+                        }
+                        let mut base = labels_of(attributes);
+                        for (name, value) in &promoted {
+                            let unset = base.get(name).is_none_or(|set| set.is_empty());
+                            if unset {
+                                base.insert(name.clone(), value.clone());
+                            }
+                        }
+                        for (name, value) in &identity {
+                            base.insert(name.to_string(), value.clone());
+                        }
+                        let time = nanos_to_millis(time);
+                        let head = Head {
+                            place: Place::Point {
+                                resource: r,
+                                scope: s,
+                                metric: m,
+                                point,
+                            },
+                            earliest_ms: time,
+                            latest_ms: time,
+                            native: kind.native(),
+                        };
+                        let name = metric_name(&metric.name);
+                        each(head, Item::Point { base, name, kind });
+                    },
+                );
             }
         }
         let keys = TargetKeys::of(attributes.iter().map(|kv| kv.key.as_bytes()));
@@ -308,7 +341,7 @@ fn walk<'r>(
                 place: Place::TargetInfo { resource: r },
                 earliest_ms: nanos_to_millis(times.earliest.unwrap_or_default()),
                 latest_ms: nanos_to_millis(times.latest),
-                exponential: None,
+                native: None,
             };
             each(head, Item::TargetInfo { labels, samples });
         }
@@ -419,8 +452,12 @@ pub struct TranslatedExemplar {
 /// translated, a summary has none), and the request's earliest sample: its translated points'
 /// and its `target_info`s' (Unix milliseconds; `i64::MAX` when it has none), from which
 /// Mimir's distributor judges an exemplar's age.
-pub fn exemplars(request: &ExportMetricsServiceRequest) -> (Vec<TranslatedExemplar>, i64) {
-    let target_infos = translate(request, &OtlpTranslation::default(), &|_| false, &|_| false);
+pub fn exemplars(
+    request: &ExportMetricsServiceRequest,
+    settings: &OtlpTranslation,
+) -> (Vec<TranslatedExemplar>, i64) {
+    let conversion = Conversion::of(settings);
+    let target_infos = translate(request, settings, &|_| false, &|_| false);
     let mut earliest = target_infos
         .iter()
         .map(|info| info.earliest_ms)
@@ -430,12 +467,17 @@ pub fn exemplars(request: &ExportMetricsServiceRequest) -> (Vec<TranslatedExempl
     for (r, resource) in request.resource_metrics.iter().enumerate() {
         for (s, scope) in resource.scope_metrics.iter().enumerate() {
             for (m, metric) in scope.metrics.iter().enumerate() {
-                metric_points(metric, &mut TimeRange::default(), |p, _, time, kind| {
+                let times = &mut TimeRange::default();
+                metric_points(metric, conversion, times, |p, _, time, kind| {
                     earliest = earliest.min(nanos_to_millis(time));
                     let (exemplars, bounds): (&[Exemplar], &[f64]) = match (&metric.data, kind) {
                         (Some(Data::Sum(sum)), _) => (&sum.data_points[p].exemplars, &[]),
                         (Some(Data::Histogram(histogram)), PointKind::Histogram { bounds, .. }) => {
                             (&histogram.data_points[p].exemplars, bounds)
+                        }
+                        // With custom buckets, the one series of the point has them all.
+                        (Some(Data::Histogram(histogram)), _) => {
+                            (&histogram.data_points[p].exemplars, &[])
                         }
                         (Some(Data::ExponentialHistogram(histogram)), _) => {
                             (&histogram.data_points[p].exemplars, &[])
@@ -651,6 +693,9 @@ fn is_metric_name(name: &str) -> bool {
 /// (a cumulative one: it refuses the others).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum MetricType {
+    /// A sum's or a histogram's of delta temporality (`otel_native_delta_ingestion`): the
+    /// translator has no type for those yet.
+    Unknown,
     Gauge,
     /// A monotonic sum.
     Counter,
@@ -662,7 +707,15 @@ pub enum MetricType {
 impl MetricType {
     /// The type of a decoded metric's `data`.
     pub fn of(data: &Data) -> MetricType {
+        let delta = |temporality: i32| temporality == AggregationTemporality::Delta as i32;
         match data {
+            Data::Sum(sum) if delta(sum.aggregation_temporality) => MetricType::Unknown,
+            Data::Histogram(histogram) if delta(histogram.aggregation_temporality) => {
+                MetricType::Unknown
+            }
+            Data::ExponentialHistogram(histogram) if delta(histogram.aggregation_temporality) => {
+                MetricType::Unknown
+            }
             Data::Gauge(_) => MetricType::Gauge,
             Data::Sum(sum) if sum.is_monotonic => MetricType::Counter,
             Data::Sum(_) => MetricType::Gauge,
@@ -955,6 +1008,9 @@ enum PointKind<'p> {
     Histogram { bounds: &'p [f64], sum: bool },
     /// A native histogram.
     Exponential(&'p ExponentialHistogramDataPoint),
+    /// A classic histogram's point as a native histogram with custom buckets
+    /// (`otel_convert_histograms_to_nhcb`): one series, the metric's own name.
+    Custom(&'p HistogramDataPoint),
     /// A summary's: `_sum`, `_count`, one series a quantile.
     Summary { quantiles: &'p [ValueAtQuantile] },
 }
@@ -980,11 +1036,22 @@ fn labelled(
 type Part = (&'static str, Option<(&'static str, &'static str)>, u64);
 
 impl<'p> PointKind<'p> {
+    /// The native histogram the point becomes, if it becomes one.
+    fn native(self) -> Option<Native<'p>> {
+        match self {
+            PointKind::Exponential(point) => Some(Native::Exponential(point)),
+            PointKind::Custom(point) => Some(Native::Custom(point)),
+            _ => None,
+        }
+    }
+
     /// The parts of the point's series, in the translator's order (at most three).
     fn parts(self) -> impl Iterator<Item = Part> {
         let none = ("", None, 0);
         let (parts, n) = match self {
-            PointKind::Number | PointKind::Exponential(_) => ([("", None, 1), none, none], 1),
+            PointKind::Number | PointKind::Exponential(_) | PointKind::Custom(_) => {
+                ([("", None, 1), none, none], 1)
+            }
             PointKind::Histogram { bounds, sum } => {
                 let buckets = ("_bucket", Some(("le", "+Inf")), bounds.len() as u64 + 1);
                 if sum {
@@ -1039,7 +1106,9 @@ impl<'p> PointKind<'p> {
                 PointKind::Summary { quantiles } => {
                     Box::new(quantiles.iter().map(|quantile| go_float(quantile.quantile)))
                 }
-                PointKind::Number | PointKind::Exponential(_) => Box::new(std::iter::empty()),
+                PointKind::Number | PointKind::Exponential(_) | PointKind::Custom(_) => {
+                    Box::new(std::iter::empty())
+                }
             }
         };
         self.parts().enumerate().flat_map(
@@ -1072,11 +1141,12 @@ fn go_float(value: f64) -> String {
 }
 
 /// Calls `each(point index, attributes, time, kind)` for every point of a metric Mimir's
-/// translator takes (cumulative where it has a temporality, every exponential scale at -4 or
-/// above, with data); every point's time widens `times`, taken or not, as
-/// [`super::count`] has it.
+/// translator takes with `conversion` (cumulative, or delta when the tenant ingests it, where
+/// it has a temporality, every exponential scale at -4 or above, with data); every point's
+/// time widens `times`, taken or not, as [`super::count`] has it.
 fn metric_points<'p>(
     metric: &'p Metric,
+    conversion: Conversion,
     times: &mut TimeRange,
     mut each: impl FnMut(usize, &'p [KeyValue], u64, PointKind<'p>),
 ) {
@@ -1087,7 +1157,7 @@ fn metric_points<'p>(
             each(p, attributes, time, kind)
         }
     };
-    let cumulative = |temporality: i32| temporality == AggregationTemporality::Cumulative as i32;
+    let cumulative = |temporality: i32| conversion.takes(temporality);
     match metric.data.as_ref() {
         None => {}
         Some(Data::Gauge(gauge)) => {
@@ -1123,9 +1193,13 @@ fn metric_points<'p>(
             if cumulative(histogram.aggregation_temporality) {
                 for (p, point) in histogram.data_points.iter().enumerate() {
                     let buckets = point.explicit_bounds.len().min(point.bucket_counts.len());
-                    let kind = PointKind::Histogram {
-                        bounds: &point.explicit_bounds[..buckets],
-                        sum: point.sum.is_some(),
+                    let kind = if conversion.nhcb {
+                        PointKind::Custom(point)
+                    } else {
+                        PointKind::Histogram {
+                            bounds: &point.explicit_bounds[..buckets],
+                            sum: point.sum.is_some(),
+                        }
                     };
                     each(p, &point.attributes, point.time_unix_nano, kind);
                 }
@@ -1374,7 +1448,7 @@ mod tests {
             ]
             .map(String::from)
             .to_vec(),
-            otel_keep_identifying_resource_attributes: false,
+            ..OtlpTranslation::default()
         };
         let translated = translate(&request, &settings, &|_| false, &|_| true);
         assert_eq!(

@@ -69,6 +69,8 @@ impl Validation {
         static DEFAULT: runtime_config::OtlpTranslation = runtime_config::OtlpTranslation {
             promote_otel_resource_attributes: Vec::new(),
             otel_keep_identifying_resource_attributes: false,
+            otel_convert_histograms_to_nhcb: false,
+            otel_native_delta_ingestion: false,
         };
         self.otlp.as_deref().unwrap_or(&DEFAULT)
     }

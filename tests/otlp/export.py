@@ -248,6 +248,8 @@ def main():
         "expected": mimir_charge.charge(request),
         "expected_with_exemplars": mimir_charge.charge(request, exemplars=True),
         "expected_with_nhcb": mimir_charge.charge(request, nhcb=True),
+        "expected_converting": mimir_charge.charge(request, exemplars=True, nhcb=True,
+                                                   native_delta=True),
         "result": "SUCCESS" if result == MetricExportResult.SUCCESS else "FAILURE",
         "attempts": attempts,
         "elapsed_s": round(elapsed, 3),
