@@ -333,9 +333,13 @@ fn otlp_checks(data: &[u8]) {
     };
     otlp_checks_under(data, exemplars, &mimir);
     // And one whose classic histograms become native ones (custom buckets, which cannot be
-    // lowered to fit the bucket limit), delta temporality taken.
+    // lowered to fit the bucket limit), delta temporality taken, scopes promoted to labels.
     let [.., both] = conversions();
-    otlp_checks_under(data, exemplars, &both);
+    let scoped = runtime_config::OtlpTranslation {
+        otel_promote_scope_metadata: true,
+        ..both
+    };
+    otlp_checks_under(data, exemplars, &scoped);
 }
 
 fn otlp_checks_under(

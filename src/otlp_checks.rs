@@ -415,7 +415,19 @@ fn exceeds(bounds: &Bounds, validation: &Validation) -> bool {
     } else {
         0
     };
-    bounds.unusual
+    // A named scope's attributes, name, version and schema URL, when the tenant promotes them:
+    // labels `otel_scope_<key>` and three more.
+    let scope = settings.otel_promote_scope_metadata
+        && (u64::from(bounds.scope_attributes)
+            + 3
+            + u64::from(bounds.point_attributes)
+            + 4
+            + promoted
+            > labels
+            || (bounds.scope_key + "otel_scope_".len()).max("otel_scope_schema_url".len()) > name
+            || bounds.scope_value > value);
+    scope
+        || bounds.unusual
         || (buckets != 0 && bounds.buckets > buckets)
         || u64::from(bounds.point_attributes) + 4 + promoted > labels
         || u64::from(bounds.resource_attributes) + 1 + identifying
@@ -1995,6 +2007,7 @@ pub(crate) mod tests {
                 });
                 let near = labels as usize - 4..labels as usize;
                 let count = prop_oneof![0..labels as usize, near];
+                let scope_attributes = proptest::collection::vec(attribute.clone(), 0..4);
                 let attributes = count.prop_flat_map(move |count| {
                     proptest::collection::vec(attribute.clone(), count)
                 });
@@ -2042,9 +2055,36 @@ pub(crate) mod tests {
                         metric
                     },
                 );
-                let metric = prop_oneof![3 => gauge_metric, 1 => exponential_metric];
-                (resource, proptest::collection::vec(metric, 1..3))
-                    .prop_map(move |(resource, metrics)| (export(resource, metrics), limits))
+                // Classic histograms, which a tenant may have made native ones.
+                let classic_counts =
+                    proptest::collection::vec(prop_oneof![Just(0u64), 1u64..5], 0..14);
+                let classic_metric = (metric_name(), classic_counts)
+                    .prop_map(|(name, counts)| classic(&name, counts));
+                let metric = prop_oneof![
+                    3 => gauge_metric,
+                    1 => exponential_metric,
+                    1 => classic_metric
+                ];
+                // An instrumentation scope, which a tenant may promote to labels: a name (or
+                // none, which promotes nothing), a version, attributes.
+                let scope = proptest::option::of((
+                    prop_oneof![Just(String::new()), text.clone()],
+                    prop_oneof![Just(String::new()), text.clone()],
+                    scope_attributes,
+                ));
+                (resource, proptest::collection::vec(metric, 1..3), scope).prop_map(
+                    move |(resource, metrics, scope)| {
+                        let mut request = export(resource, metrics);
+                        request.resource_metrics[0].scope_metrics[0].scope =
+                            scope.map(|(name, version, attributes)| common::InstrumentationScope {
+                                name,
+                                version,
+                                attributes,
+                                dropped_attributes_count: 0,
+                            });
+                        (request, limits)
+                    },
+                )
             })
     }
 
@@ -2195,10 +2235,11 @@ pub(crate) mod tests {
             promote in prop_oneof![Just(0u64), any::<u64>()],
             keep in any::<bool>(),
             nhcb in any::<bool>(),
+            scope in any::<bool>(),
         ) {
             // The tenant promotes some of the resources' attributes (`promote` picks them),
-            // keeps the identifying ones or not, and converts classic histograms to native
-            // ones or not.
+            // keeps the identifying ones or not, converts classic histograms to native ones
+            // or not, and promotes scopes or not.
             let promoted = request
                 .resource_metrics
                 .iter()
@@ -2213,6 +2254,7 @@ pub(crate) mod tests {
                     otel_keep_identifying_resource_attributes: keep,
                     otel_convert_histograms_to_nhcb: nhcb,
                     otel_native_delta_ingestion: false,
+                    otel_promote_scope_metadata: scope,
                 },
             )));
             let raw = request.encode_to_vec();

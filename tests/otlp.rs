@@ -1052,6 +1052,58 @@ async fn promoted_resource_attributes_are_labels_for_the_checks_and_the_ha_track
 /// a burst of 5), a point a rule changes is checked as the rule left it (a label dropped
 /// cannot fail it), and a tenant whose rules are off is charged all of it.
 #[tokio::test]
+async fn a_promoted_scope_is_labels_for_the_checks() {
+    use weir::otlp::proto::{common, metrics, resource, ExportMetricsServiceRequest};
+    let (addr, receiver) = start_receiver().await;
+    let weir = forwarding_to(
+        addr,
+        "overrides:\n  s:\n    max_label_value_length: 24\n    otel_promote_scope_metadata: true\n  \
+         q:\n    max_label_value_length: 24\n",
+    )
+    .await;
+    let now_ns = now_ns();
+    let export = |version: &str| {
+        ExportMetricsServiceRequest {
+            resource_metrics: vec![metrics::ResourceMetrics {
+                resource: Some(resource::Resource {
+                    attributes: vec![kv("service.name", "api")],
+                    ..Default::default()
+                }),
+                scope_metrics: vec![metrics::ScopeMetrics {
+                    scope: Some(common::InstrumentationScope {
+                        name: "io.opentelemetry.http".into(),
+                        version: version.into(),
+                        ..Default::default()
+                    }),
+                    metrics: vec![gauge_of_one("up".into(), String::new(), now_ns)],
+                    ..Default::default()
+                }],
+                ..Default::default()
+            }],
+        }
+        .encode_to_vec()
+    };
+    // `otel_scope_version` of 30 characters, over 24, for the tenant that promotes scopes.
+    let long = export(&"1".repeat(30));
+    let response = export_protobuf(&weir, "s", long.clone()).await;
+    assert_eq!(response.status(), 400);
+    let status = RpcStatus::decode(response.bytes().await.unwrap()).unwrap();
+    assert!(
+        status.message.contains("otel_scope_version"),
+        "{}",
+        status.message
+    );
+    assert!(receiver.received.lock().unwrap().is_empty(), "nothing left");
+    // The same export for a tenant that does not; a short version for the one that does.
+    let response = export_protobuf(&weir, "q", long).await;
+    assert_eq!(response.status(), 200, "{:?}", response.text().await);
+    let response = export_protobuf(&weir, "s", export("1.2")).await;
+    assert_eq!(response.status(), 200, "{:?}", response.text().await);
+    assert_eq!(receiver.received.lock().unwrap().len(), 2, "forwarded");
+    weir.stop().await.unwrap();
+}
+
+#[tokio::test]
 async fn relabelling_rules_drop_points_before_they_are_charged_and_forwarded() {
     use weir::otlp::proto::{metrics, resource, ExportMetricsServiceRequest};
     let (addr, receiver) = start_receiver().await;

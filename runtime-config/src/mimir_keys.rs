@@ -257,7 +257,6 @@ pub(crate) const IGNORED: &[(&str, &str)] = &[
     ),
     ("otel_label_name_underscore_sanitization", OTLP_TRANSLATION),
     ("otel_metric_suffixes_enabled", OTLP_TRANSLATION),
-    ("otel_promote_scope_metadata", OTLP_TRANSLATION),
     ("otel_translation_strategy", OTLP_TRANSLATION),
     (
         "separate_metrics_group_label",

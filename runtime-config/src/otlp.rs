@@ -3,8 +3,9 @@
 //! of their resource), `otel_keep_identifying_resource_attributes` (`service.name`,
 //! `service.namespace` and `service.instance.id` kept as labels of `target_info`),
 //! `otel_convert_histograms_to_nhcb` (a classic histogram's point becomes one native histogram
-//! with custom buckets) and `otel_native_delta_ingestion` (delta sums and histograms are taken,
-//! not refused). weir forwards OTLP unchanged; these decide what its charge counts and the
+//! with custom buckets), `otel_native_delta_ingestion` (delta sums and histograms are taken,
+//! not refused) and `otel_promote_scope_metadata` (a named instrumentation scope's name,
+//! version, schema URL and attributes become labels of its points' series). weir forwards OTLP unchanged; these decide what its charge counts and the
 //! labels its series checks and HA tracker see, as Mimir's translation would make them.
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
@@ -30,6 +31,11 @@ pub struct OtlpTranslation {
     /// `unknown`), not refused.
     #[serde(default)]
     pub otel_native_delta_ingestion: bool,
+    /// A point's series carry its instrumentation scope, when the scope has a name:
+    /// `otel_scope_name`, `otel_scope_version`, `otel_scope_schema_url` and `otel_scope_<key>`
+    /// for each of its attributes.
+    #[serde(default)]
+    pub otel_promote_scope_metadata: bool,
 }
 
 /// The keys of a tenant's entry; what is missing is the default.
@@ -40,6 +46,7 @@ pub(crate) struct OtlpOverride {
     pub otel_keep_identifying_resource_attributes: Option<bool>,
     pub otel_convert_histograms_to_nhcb: Option<bool>,
     pub otel_native_delta_ingestion: Option<bool>,
+    pub otel_promote_scope_metadata: Option<bool>,
 }
 
 impl OtlpOverride {
@@ -48,6 +55,7 @@ impl OtlpOverride {
             && self.otel_keep_identifying_resource_attributes.is_none()
             && self.otel_convert_histograms_to_nhcb.is_none()
             && self.otel_native_delta_ingestion.is_none()
+            && self.otel_promote_scope_metadata.is_none()
     }
 
     pub(crate) fn apply(&self) -> OtlpTranslation {
@@ -63,6 +71,7 @@ impl OtlpOverride {
                 .otel_convert_histograms_to_nhcb
                 .unwrap_or_default(),
             otel_native_delta_ingestion: self.otel_native_delta_ingestion.unwrap_or_default(),
+            otel_promote_scope_metadata: self.otel_promote_scope_metadata.unwrap_or_default(),
         }
     }
 }
@@ -125,7 +134,8 @@ mod tests {
             "promote_otel_resource_attributes: k8s.namespace.name,service.version\n\
              otel_keep_identifying_resource_attributes: false\n\
              otel_convert_histograms_to_nhcb: false\n\
-             otel_native_delta_ingestion: false\n"
+             otel_native_delta_ingestion: false\n\
+             otel_promote_scope_metadata: false\n"
         );
     }
 }

@@ -140,6 +140,13 @@ pub struct Bounds {
     /// separator after each: the longest a label value made of several can be (the values
     /// of keys that escape alike are joined with `;`, and `job` is two values and a `/`).
     pub joined: usize,
+    /// Of an instrumentation scope with a name (`otel_promote_scope_metadata` makes its name,
+    /// version, schema URL and attributes labels): the most attributes of one, the longest
+    /// attribute key, and the longest of its name, version, schema URL and attribute values
+    /// (as [`Bounds::value`] measures them).
+    pub scope_attributes: u32,
+    pub scope_key: usize,
+    pub scope_value: usize,
     /// The longest metric name, in bytes.
     pub metric_name: usize,
     /// The longest metric unit, in bytes.

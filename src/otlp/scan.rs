@@ -141,12 +141,20 @@ impl<'a> Charge<'a> {
         depth: u32,
         times: &mut TimeRange,
     ) -> Scanned<()> {
+        let mut scope_attributes = 0u32;
         while !buf.is_empty() {
             let (tag, wire_type) = key(&mut buf)?;
             match tag {
                 1 => {
                     let (scope, depth) = message(&mut buf, wire_type, depth, "ScopeMetrics.scope")?;
-                    instrumentation_scope(scope, depth)?;
+                    // prost merges a scope sent twice: its attributes add up.
+                    scope_attributes = scope_attributes.saturating_add(instrumentation_scope(
+                        scope,
+                        depth,
+                        &mut self.bounds,
+                    )?);
+                    self.bounds.scope_attributes =
+                        self.bounds.scope_attributes.max(scope_attributes);
                 }
                 2 => {
                     let (metric, depth) =
@@ -154,7 +162,8 @@ impl<'a> Charge<'a> {
                     self.metric(metric, depth, times)?;
                 }
                 3 => {
-                    string(&mut buf, wire_type, "ScopeMetrics.schema_url")?;
+                    let url = string(&mut buf, wire_type, "ScopeMetrics.schema_url")?;
+                    self.bounds.scope_value = self.bounds.scope_value.max(url.len());
                 }
                 _ => skip(&mut buf, wire_type, tag, depth)?,
             }
@@ -679,26 +688,33 @@ fn resource_attributes(
     Ok(())
 }
 
-fn instrumentation_scope(mut buf: &[u8], depth: u32) -> Scanned<()> {
+/// An `InstrumentationScope`: checked, and measured for `otel_promote_scope_metadata` (its
+/// name, version and attributes can become labels); returns how many attributes it has.
+/// Measured whether it has a name or not: a bound may be loose, never short.
+fn instrumentation_scope(mut buf: &[u8], depth: u32, bounds: &mut Bounds) -> Scanned<u32> {
+    let mut attributes = 0u32;
     while !buf.is_empty() {
         let (tag, wire_type) = key(&mut buf)?;
         match tag {
             1 | 2 => {
-                string(&mut buf, wire_type, "InstrumentationScope")?;
+                let text = string(&mut buf, wire_type, "InstrumentationScope")?;
+                bounds.scope_value = bounds.scope_value.max(text.len());
             }
-            3 => attribute(
-                &mut buf,
-                wire_type,
-                depth,
-                "InstrumentationScope.attributes",
-            )?,
+            3 => {
+                let field = "InstrumentationScope.attributes";
+                let (kv, depth) = message(&mut buf, wire_type, depth, field)?;
+                let (key, size) = key_value(kv, depth)?;
+                attributes = attributes.saturating_add(1);
+                bounds.scope_key = bounds.scope_key.max(key.len());
+                bounds.scope_value = bounds.scope_value.max(size);
+            }
             4 => {
                 varint(&mut buf, wire_type, "InstrumentationScope")?;
             }
             _ => skip(&mut buf, wire_type, tag, depth)?,
         }
     }
-    Ok(())
+    Ok(attributes)
 }
 
 /// One attribute (a `KeyValue` field) of a scope or exemplar: checked.

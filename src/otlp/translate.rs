@@ -29,7 +29,7 @@ use super::proto::{
     metrics::{
         exemplar::Value as ExemplarValue, metric::Data, summary_data_point::ValueAtQuantile,
         AggregationTemporality, Exemplar, ExponentialHistogramDataPoint, HistogramDataPoint,
-        Metric,
+        Metric, ScopeMetrics,
     },
     ExportMetricsServiceRequest,
 };
@@ -268,6 +268,7 @@ fn walk<'r>(
             .unwrap_or(0);
         let mut times = TimeRange::default();
         for (s, scope) in resource.scope_metrics.iter().enumerate() {
+            let scoped = ScopeLabels::of(scope, settings);
             for (m, metric) in scope.metrics.iter().enumerate() {
                 metric_points(
                     metric,
@@ -279,7 +280,7 @@ fn walk<'r>(
                             metric_name: metric.name.len(),
                             value: identity_size,
                             unusual: escapes_to_nothing(metric.name.as_bytes()),
-                            ..Bounds::default()
+                            ..scoped.bounds.clone()
                         };
                         bounds.times.see(time);
                         match kind {
@@ -310,6 +311,7 @@ fn walk<'r>(
                         for (name, value) in &identity {
                             base.insert(name.to_string(), value.clone());
                         }
+                        scoped.apply(&mut base);
                         let time = nanos_to_millis(time);
                         let head = Head {
                             place: Place::Point {
@@ -348,6 +350,63 @@ fn walk<'r>(
     }
 }
 
+/// The labels a scope gives its points' series under `otel_promote_scope_metadata` (none when
+/// the setting is off or the scope has no name), in the translator's order, and their
+/// measures for the points' [`Bounds`].
+struct ScopeLabels {
+    labels: Vec<(String, String)>,
+    bounds: Bounds,
+}
+
+impl ScopeLabels {
+    fn of(scope: &ScopeMetrics, settings: &OtlpTranslation) -> ScopeLabels {
+        let none = ScopeLabels {
+            labels: Vec::new(),
+            bounds: Bounds::default(),
+        };
+        let Some(instrumentation) = scope.scope.as_ref() else {
+            return none;
+        };
+        if !settings.otel_promote_scope_metadata || instrumentation.name.is_empty() {
+            return none;
+        }
+        let mut bounds = Bounds {
+            scope_attributes: instrumentation.attributes.len() as u32,
+            ..Bounds::default()
+        };
+        let mut labels = Vec::new();
+        for kv in &instrumentation.attributes {
+            bounds.scope_key = bounds.scope_key.max(kv.key.len());
+            bounds.scope_value = bounds.scope_value.max(measured(kv.value.as_ref()));
+            labels.push((
+                label_name(&format!("otel_scope_{}", kv.key)),
+                value_string(kv.value.as_ref()),
+            ));
+        }
+        for (name, value) in [
+            ("otel_scope_name", &instrumentation.name),
+            ("otel_scope_version", &instrumentation.version),
+            ("otel_scope_schema_url", &scope.schema_url),
+        ] {
+            bounds.scope_value = bounds.scope_value.max(value.len());
+            labels.push((name.to_string(), value.clone()));
+        }
+        ScopeLabels { labels, bounds }
+    }
+
+    /// Sets the labels on a point's, as Prometheus' label builder sets them: over what the
+    /// point's attributes gave, an empty value removing the label.
+    fn apply(&self, base: &mut BTreeMap<String, String>) {
+        for (name, value) in &self.labels {
+            if value.is_empty() {
+                base.remove(name);
+            } else {
+                base.insert(name.clone(), value.clone());
+            }
+        }
+    }
+}
+
 /// The labels of the first series Mimir's translation makes of a request, where its
 /// distributor's HA tracker reads the cluster and replica labels: the first data point it
 /// translates (a resource's `target_info` follows the resource's points), before
@@ -379,13 +438,26 @@ pub fn first_series_encoded(
             resource.merge(bytes).map_err(|err| err.to_string())?;
         }
         for scope in fields(entry, 2)? {
+            // The scope itself, without its metrics, for a tenant that promotes it.
+            let mut head = ScopeMetrics::default();
+            if settings.otel_promote_scope_metadata {
+                for bytes in fields(scope, 1)? {
+                    let instrumentation = head.scope.get_or_insert_with(Default::default);
+                    instrumentation
+                        .merge(bytes)
+                        .map_err(|err| err.to_string())?;
+                }
+                if let Some(url) = fields(scope, 3)?.last() {
+                    head.schema_url = String::from_utf8(url.to_vec()).map_err(|e| e.to_string())?;
+                }
+            }
             for metric in fields(scope, 2)? {
                 let one = ExportMetricsServiceRequest {
                     resource_metrics: vec![ResourceMetrics {
                         resource: resource.clone(),
                         scope_metrics: vec![ScopeMetrics {
                             metrics: vec![Metric::decode(metric).map_err(|err| err.to_string())?],
-                            ..Default::default()
+                            ..head.clone()
                         }],
                         ..Default::default()
                     }],
@@ -1248,6 +1320,14 @@ mod tests {
         }
     }
 
+    /// A series' labels, from pairs.
+    fn labels(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+        pairs
+            .iter()
+            .map(|(name, value)| (name.to_string(), value.to_string()))
+            .collect()
+    }
+
     #[test]
     fn names_are_escaped_as_the_translator_escapes_them() {
         assert_eq!(label_name("http.method"), "http_method");
@@ -1348,12 +1428,6 @@ mod tests {
             ..Default::default()
         };
         let request = |resource_metrics| ExportMetricsServiceRequest { resource_metrics };
-        let labels = |pairs: &[(&str, &str)]| {
-            pairs
-                .iter()
-                .map(|(name, value)| (name.to_string(), value.to_string()))
-                .collect::<Vec<_>>()
-        };
         // A resource without points, then a delta sum Mimir refuses, come to nothing: the
         // first series is the next resource's gauge, with its `job`.
         let mimir = OtlpTranslation::default();
@@ -1431,12 +1505,6 @@ mod tests {
                 ..Default::default()
             }],
         };
-        let labels = |pairs: &[(&str, &str)]| {
-            pairs
-                .iter()
-                .map(|(name, value)| (name.to_string(), value.to_string()))
-                .collect::<Vec<_>>()
-        };
         let settings = OtlpTranslation {
             promote_otel_resource_attributes: [
                 "k8s.namespace.name",
@@ -1495,6 +1563,102 @@ mod tests {
                 ("cluster", "from-point"),
                 ("job", "api")
             ])]
+        );
+    }
+
+    #[test]
+    fn a_named_scope_is_labels_when_the_tenant_promotes_it() {
+        use super::super::proto::common::InstrumentationScope;
+        use super::super::proto::metrics::{self, metric::Data};
+        use super::super::proto::resource::Resource;
+        use prost::Message;
+        let scoped = |name: &str, version: &str, url: &str| metrics::ScopeMetrics {
+            scope: Some(InstrumentationScope {
+                name: name.into(),
+                version: version.into(),
+                attributes: vec![kv("lib.kind", "http"), kv("point", "from-scope")],
+                dropped_attributes_count: 0,
+            }),
+            schema_url: url.into(),
+            metrics: vec![Metric {
+                name: "g".into(),
+                data: Some(Data::Gauge(metrics::Gauge {
+                    data_points: vec![metrics::NumberDataPoint {
+                        attributes: vec![kv("otel_scope_point", "from-point")],
+                        time_unix_nano: 1_000_000,
+                        ..Default::default()
+                    }],
+                })),
+                ..Default::default()
+            }],
+        };
+        let export = |scope| ExportMetricsServiceRequest {
+            resource_metrics: vec![metrics::ResourceMetrics {
+                resource: Some(Resource {
+                    attributes: vec![kv("service.name", "api"), kv("host.name", "h1")],
+                    ..Default::default()
+                }),
+                scope_metrics: vec![scope],
+                ..Default::default()
+            }],
+        };
+        let promoting = OtlpTranslation {
+            otel_promote_scope_metadata: true,
+            ..OtlpTranslation::default()
+        };
+        let request = export(scoped("io.http", "1.2", "https://schema"));
+        let series = translate(&request, &promoting, &|_| false, &|_| true);
+        // The scope's attributes over the point's (`otel_scope_point`), escaped; its name,
+        // version and schema URL; `target_info` none of them.
+        assert_eq!(
+            series[0].series,
+            vec![labels(&[
+                ("__name__", "g"),
+                ("job", "api"),
+                ("otel_scope_lib_kind", "http"),
+                ("otel_scope_name", "io.http"),
+                ("otel_scope_point", "from-scope"),
+                ("otel_scope_schema_url", "https://schema"),
+                ("otel_scope_version", "1.2"),
+            ])]
+        );
+        assert!(series[1].series[0]
+            .iter()
+            .all(|(name, _)| !name.starts_with("otel_scope")));
+        // The first series read from the encoded export has them too.
+        assert_eq!(
+            first_series_encoded(&request.encode_to_vec(), &promoting).unwrap(),
+            Some(series[0].series[0].clone())
+        );
+        // An empty version or URL is no label; a scope with no name promotes nothing, nor
+        // does a tenant that does not promote.
+        let bare = export(scoped("io.http", "", ""));
+        let names: Vec<String> = translate(&bare, &promoting, &|_| false, &|_| true)[0].series[0]
+            .iter()
+            .map(|(name, _)| name.clone())
+            .collect();
+        assert!(
+            !names.contains(&"otel_scope_version".to_string()),
+            "{names:?}"
+        );
+        assert!(
+            !names.contains(&"otel_scope_schema_url".to_string()),
+            "{names:?}"
+        );
+        let plain = vec![labels(&[
+            ("__name__", "g"),
+            ("job", "api"),
+            ("otel_scope_point", "from-point"),
+        ])];
+        let unnamed = export(scoped("", "1.2", "u"));
+        assert_eq!(
+            translate(&unnamed, &promoting, &|_| false, &|_| true)[0].series,
+            plain
+        );
+        let default = OtlpTranslation::default();
+        assert_eq!(
+            translate(&request, &default, &|_| false, &|_| true)[0].series,
+            plain
         );
     }
 

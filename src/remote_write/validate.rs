@@ -71,6 +71,7 @@ impl Validation {
             otel_keep_identifying_resource_attributes: false,
             otel_convert_histograms_to_nhcb: false,
             otel_native_delta_ingestion: false,
+            otel_promote_scope_metadata: false,
         };
         self.otlp.as_deref().unwrap_or(&DEFAULT)
     }
