@@ -130,6 +130,14 @@ pub fn decode_validated(
         };
         return Ok(decoded(counts, forward, refused));
     }
+    // Mimir makes a family's metadata entries as it translates, before its checks and rules
+    // drop series: a metric whose every point is cut keeps its entries, and they are charged.
+    // So they are judged and counted on the export as sent.
+    let mut metadata = WriteCounts {
+        metadata: counts.metadata,
+        ..WriteCounts::default()
+    };
+    refuse_metadata(&request, validation, &mut metadata, &mut refused);
     let mut kept = request;
     edits.apply(&mut kept);
     // A request of which nothing is left but metrics the translator refuses costs nothing.
@@ -137,10 +145,12 @@ pub fn decode_validated(
     if let Some(relabelled) = &relabelled {
         uncharge(&mut counts, relabelled, &edits, &kept);
     }
-    refuse_metadata(&kept, validation, &mut counts, &mut refused);
-    if counts.cost() == 0 {
-        return Ok(decoded(counts, Forward::Nothing, refused));
+    if counts.samples.saturating_add(counts.histograms) == 0 {
+        // No point left to forward: OTLP carries no metadata without points, so nothing is
+        // charged (Mimir would charge the entries and push them alone).
+        return Ok(decoded(WriteCounts::default(), Forward::Nothing, refused));
     }
+    counts.metadata = metadata.metadata;
     let bytes = match json {
         Some(mut json) => {
             edits.apply_json(&mut json);
@@ -1561,8 +1571,9 @@ pub(crate) mod tests {
                 .attributes,
             vec![kv("service.name", "api")]
         );
-        // The gauge's sample and its metadata: no target_info left.
-        assert_eq!((decoded.counts.samples, decoded.counts.metadata), (1, 1));
+        // The gauge's sample, no target_info left; the metadata entries of both, which Mimir
+        // makes before its checks refuse the target_info.
+        assert_eq!((decoded.counts.samples, decoded.counts.metadata), (1, 2));
     }
 
     #[test]
@@ -2273,7 +2284,15 @@ pub(crate) mod tests {
                 let kept = ExportMetricsServiceRequest::decode(&bytes[..]).unwrap();
                 let (edits, refused, _) = check(&kept, &validation, None);
                 prop_assert!(edits.is_empty() && refused.is_none(), "{refused:?}");
-                prop_assert_eq!(otlp::count(&kept, validation.translation()).unwrap(), decoded.counts);
+                // What is forwarded is charged, and the metadata entries of the export as
+                // sent: a metric cut whole keeps its entries, as in Mimir.
+                let forwarded = otlp::count(&kept, validation.translation()).unwrap();
+                let sent = otlp::count(&request, validation.translation()).unwrap();
+                let refused_entries = decoded.refused.as_ref().map_or(0, |r| r.samples.metadata());
+                prop_assert_eq!(
+                    WriteCounts { metadata: sent.metadata - refused_entries, ..forwarded },
+                    decoded.counts
+                );
             }
         }
     }
