@@ -304,14 +304,21 @@ pub fn otlp_scan(data: &[u8]) {
 
 /// The translation settings that change what an export is charged: classic histograms as
 /// native ones (`otel_convert_histograms_to_nhcb`), delta temporality taken
-/// (`otel_native_delta_ingestion`), and both.
-fn conversions() -> [runtime_config::OtlpTranslation; 3] {
-    let with = |nhcb, delta| runtime_config::OtlpTranslation {
+/// (`otel_native_delta_ingestion`), names with suffixes (`otel_metric_suffixes_enabled`, which
+/// decide the metadata families and the names refused), and all three.
+fn conversions() -> [runtime_config::OtlpTranslation; 4] {
+    let with = |nhcb, delta, suffixes| runtime_config::OtlpTranslation {
         otel_convert_histograms_to_nhcb: nhcb,
         otel_native_delta_ingestion: delta,
+        otel_metric_suffixes_enabled: suffixes,
         ..Default::default()
     };
-    [with(true, false), with(false, true), with(true, true)]
+    [
+        with(true, false, false),
+        with(false, true, false),
+        with(false, false, true),
+        with(true, true, true),
+    ]
 }
 
 fn otlp_checks(data: &[u8]) {

@@ -214,7 +214,17 @@ fn ha_first<'v>(
 /// nothing is [`Bounds::unusual`], which [`may_fail`] already takes to the checks.)
 fn metadata_may_fail(bounds: &Bounds, validation: &Validation) -> bool {
     let max = validation.limits.max_metadata_length as usize;
-    bounds.metric_name + 1 > max || bounds.unit + translate::UNIT_GROWTH > max
+    longest_family(bounds, validation) > max || bounds.unit + translate::UNIT_GROWTH > max
+}
+
+/// The longest a family name of the export can be: its metric name escaped (a `_` before a
+/// leading digit), or with suffixes also its unit's words, `_total` or `_ratio`, and their `_`s.
+fn longest_family(bounds: &Bounds, validation: &Validation) -> usize {
+    if validation.translation().otel_metric_suffixes_enabled {
+        bounds.metric_name + 1 + bounds.unit + translate::UNIT_GROWTH + "_total".len() + 1
+    } else {
+        bounds.metric_name + 1
+    }
 }
 
 /// Mimir's metadata checks (its `cleanAndValidateMetadata`) on the entries the translation of
@@ -231,9 +241,11 @@ fn refuse_metadata(
     counts: &mut WriteCounts,
     refused: &mut Option<Refused>,
 ) {
+    let suffixes = validation.translation().otel_metric_suffixes_enabled;
     for metric in otlp::metadata_metrics(request, validation.translation()) {
+        let family = translate::family_name(translate::Naming::of(metric), suffixes);
         let entry = prompb::MetricMetadata {
-            metric_family_name: translate::metric_name(&metric.name),
+            metric_family_name: family.map(Cow::into_owned).unwrap_or_default(),
             unit: translate::unit_name(&metric.unit),
             ..Default::default()
         };
@@ -448,7 +460,7 @@ fn exceeds(bounds: &Bounds, validation: &Validation) -> bool {
             .saturating_mul(2)
             .saturating_add(1)
             .max(bounds.joined)
-            .max(bounds.metric_name + 8)
+            .max(longest_family(bounds, validation) + "_bucket".len())
             > value
         || bounds
             .times
@@ -2247,6 +2259,7 @@ pub(crate) mod tests {
             keep in any::<bool>(),
             nhcb in any::<bool>(),
             scope in any::<bool>(),
+            suffixes in any::<bool>(),
         ) {
             // The tenant promotes some of the resources' attributes (`promote` picks them),
             // keeps the identifying ones or not, converts classic histograms to native ones
@@ -2266,6 +2279,7 @@ pub(crate) mod tests {
                     otel_convert_histograms_to_nhcb: nhcb,
                     otel_native_delta_ingestion: false,
                     otel_promote_scope_metadata: scope,
+                    otel_metric_suffixes_enabled: suffixes,
                 },
             )));
             let raw = request.encode_to_vec();
@@ -2308,12 +2322,19 @@ pub(crate) mod tests {
         /// `_`, characters it replaces, and a second `/`.
         #[test]
         fn the_metadata_bounds_never_pass_an_entry_to_refuse(
-            (request, max) in metadata_strategy()
+            (request, max) in metadata_strategy(),
+            suffixes in any::<bool>(),
         ) {
             let limits = ValidationLimits { max_metadata_length: max, ..Default::default() };
-            let validation = validation(limits);
+            // Family names with suffixes (the unit's words, `_total`, `_ratio`) or not.
+            let validation = validation(limits).translating(Some(std::sync::Arc::new(
+                runtime_config::OtlpTranslation {
+                    otel_metric_suffixes_enabled: suffixes,
+                    ..Default::default()
+                },
+            )));
             let raw = request.encode_to_vec();
-            let (counts, bounds) = otlp::scan_bounded(&raw, &Default::default()).unwrap();
+            let (counts, bounds) = otlp::scan_bounded(&raw, validation.translation()).unwrap();
             // The checks on every entry, whatever the bounds say.
             let (mut every, mut every_refused) = (counts, None);
             refuse_metadata(&request, &validation, &mut every, &mut every_refused);

@@ -1104,6 +1104,74 @@ async fn a_promoted_scope_is_labels_for_the_checks() {
 }
 
 #[tokio::test]
+async fn with_suffixes_rules_see_the_names_mimir_gives_the_metrics() {
+    use weir::otlp::proto::{metrics, resource, ExportMetricsServiceRequest};
+    let (addr, receiver) = start_receiver().await;
+    // The same rule for both tenants; only `sfx` names its metrics with suffixes, so only
+    // its monotonic sum is `http_requests_total`.
+    let rule = "    metric_relabel_configs:\n    - source_labels: [__name__]\n      \
+                regex: http_requests_total\n      action: drop\n";
+    let weir = forwarding_to(
+        addr,
+        &format!(
+            "overrides:\n  sfx:\n    otel_metric_suffixes_enabled: true\n{rule}  plain:\n{rule}"
+        ),
+    )
+    .await;
+    let now_ns = now_ns();
+    let requests = metrics::Metric {
+        name: "http.requests".into(),
+        data: Some(metrics::metric::Data::Sum(metrics::Sum {
+            data_points: (0..4)
+                .map(|i| metrics::NumberDataPoint {
+                    attributes: vec![kv("route", &format!("/{i}"))],
+                    time_unix_nano: now_ns,
+                    value: Some(metrics::number_data_point::Value::AsInt(i)),
+                    ..Default::default()
+                })
+                .collect(),
+            aggregation_temporality: metrics::AggregationTemporality::Cumulative as i32,
+            is_monotonic: true,
+        })),
+        ..Default::default()
+    };
+    let sent = ExportMetricsServiceRequest {
+        resource_metrics: vec![metrics::ResourceMetrics {
+            resource: Some(resource::Resource::default()),
+            scope_metrics: vec![metrics::ScopeMetrics {
+                metrics: vec![requests, gauge_of_one("up".into(), String::new(), now_ns)],
+                ..Default::default()
+            }],
+            ..Default::default()
+        }],
+    }
+    .encode_to_vec();
+    // `sfx`: the sum's 4 points dropped and cut, `up` charged; both families' entries.
+    let response = export_protobuf(&weir, "sfx", sent.clone()).await;
+    assert_eq!(response.status(), 200, "{:?}", response.text().await);
+    assert_eq!(admitted(&weir, "sfx").await, [1, 0, 2]);
+    let received = std::mem::take(&mut *receiver.received.lock().unwrap());
+    let forwarded = ExportMetricsServiceRequest::decode(received[0].2.as_ref()).unwrap();
+    let points: Vec<usize> = forwarded.resource_metrics[0].scope_metrics[0]
+        .metrics
+        .iter()
+        .map(|metric| match &metric.data {
+            Some(metrics::metric::Data::Sum(sum)) => sum.data_points.len(),
+            Some(metrics::metric::Data::Gauge(gauge)) => gauge.data_points.len(),
+            other => panic!("{other:?}"),
+        })
+        .collect();
+    assert_eq!(points, [0, 1], "the sum's points cut");
+    // `plain`: `http_requests` is not the rule's name; everything charged and forwarded.
+    let response = export_protobuf(&weir, "plain", sent.clone()).await;
+    assert_eq!(response.status(), 200, "{:?}", response.text().await);
+    assert_eq!(admitted(&weir, "plain").await, [5, 0, 2]);
+    let received = std::mem::take(&mut *receiver.received.lock().unwrap());
+    assert_eq!(received[0].2.as_ref(), &sent[..], "as sent");
+    weir.stop().await.unwrap();
+}
+
+#[tokio::test]
 async fn relabelling_rules_drop_points_before_they_are_charged_and_forwarded() {
     use weir::otlp::proto::{metrics, resource, ExportMetricsServiceRequest};
     let (addr, receiver) = start_receiver().await;

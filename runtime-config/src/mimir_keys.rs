@@ -256,7 +256,6 @@ pub(crate) const IGNORED: &[(&str, &str)] = &[
         OTLP_TRANSLATION,
     ),
     ("otel_label_name_underscore_sanitization", OTLP_TRANSLATION),
-    ("otel_metric_suffixes_enabled", OTLP_TRANSLATION),
     ("otel_translation_strategy", OTLP_TRANSLATION),
     (
         "separate_metrics_group_label",

@@ -4,8 +4,9 @@
 //! `service.namespace` and `service.instance.id` kept as labels of `target_info`),
 //! `otel_convert_histograms_to_nhcb` (a classic histogram's point becomes one native histogram
 //! with custom buckets), `otel_native_delta_ingestion` (delta sums and histograms are taken,
-//! not refused) and `otel_promote_scope_metadata` (a named instrumentation scope's name,
-//! version, schema URL and attributes become labels of its points' series). weir forwards OTLP unchanged; these decide what its charge counts and the
+//! not refused), `otel_promote_scope_metadata` (a named instrumentation scope's name,
+//! version, schema URL and attributes become labels of its points' series) and
+//! `otel_metric_suffixes_enabled` (metric names get their unit, `_total` and `_ratio`). weir forwards OTLP unchanged; these decide what its charge counts and the
 //! labels its series checks and HA tracker see, as Mimir's translation would make them.
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
@@ -36,6 +37,11 @@ pub struct OtlpTranslation {
     /// for each of its attributes.
     #[serde(default)]
     pub otel_promote_scope_metadata: bool,
+    /// Metric names are built as Prometheus' translator builds them with suffixes: the name's
+    /// words, its unit (`_seconds`, `_bytes_per_second`), `_total` for a monotonic sum and
+    /// `_ratio` for a gauge of unit `1`.
+    #[serde(default)]
+    pub otel_metric_suffixes_enabled: bool,
 }
 
 /// The keys of a tenant's entry; what is missing is the default.
@@ -47,6 +53,7 @@ pub(crate) struct OtlpOverride {
     pub otel_convert_histograms_to_nhcb: Option<bool>,
     pub otel_native_delta_ingestion: Option<bool>,
     pub otel_promote_scope_metadata: Option<bool>,
+    pub otel_metric_suffixes_enabled: Option<bool>,
 }
 
 impl OtlpOverride {
@@ -56,6 +63,7 @@ impl OtlpOverride {
             && self.otel_convert_histograms_to_nhcb.is_none()
             && self.otel_native_delta_ingestion.is_none()
             && self.otel_promote_scope_metadata.is_none()
+            && self.otel_metric_suffixes_enabled.is_none()
     }
 
     pub(crate) fn apply(&self) -> OtlpTranslation {
@@ -72,6 +80,7 @@ impl OtlpOverride {
                 .unwrap_or_default(),
             otel_native_delta_ingestion: self.otel_native_delta_ingestion.unwrap_or_default(),
             otel_promote_scope_metadata: self.otel_promote_scope_metadata.unwrap_or_default(),
+            otel_metric_suffixes_enabled: self.otel_metric_suffixes_enabled.unwrap_or_default(),
         }
     }
 }
@@ -135,7 +144,8 @@ mod tests {
              otel_keep_identifying_resource_attributes: false\n\
              otel_convert_histograms_to_nhcb: false\n\
              otel_native_delta_ingestion: false\n\
-             otel_promote_scope_metadata: false\n"
+             otel_promote_scope_metadata: false\n\
+             otel_metric_suffixes_enabled: false\n"
         );
     }
 }

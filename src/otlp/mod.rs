@@ -56,11 +56,11 @@ use prost::Message;
 use crate::counts::{DecodeError, UnsupportedMedia, WriteCounts};
 use proto::metrics::{metric::Data, Metric, ResourceMetrics};
 use rules::{
-    name_refused, nothing_ingested, target_info_samples, TargetKeys, NOT_CUMULATIVE, NO_DATA,
-    NO_NAME, SCALE_BELOW_MINUS_4, TARGET_INFO,
+    nothing_ingested, target_info_samples, TargetKeys, NOT_CUMULATIVE, NO_DATA, NO_NAME,
+    SCALE_BELOW_MINUS_4, TARGET_INFO,
 };
 use runtime_config::OtlpTranslation;
-use translate::{Meta, MetadataEntries, MetricType};
+use translate::{Meta, MetadataEntries, MetricType, Naming};
 
 /// How an OTLP body is encoded, from its headers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -262,7 +262,7 @@ fn walk<'r>(
     mut family: impl FnMut(Option<&'r Metric>),
 ) -> (WriteCounts, Vec<String>) {
     let mut counts = WriteCounts::default();
-    let mut entries = MetadataEntries::default();
+    let mut entries = MetadataEntries::new(conversion.suffixes);
     let mut refused: Vec<String> = Vec::new();
     for resource in &request.resource_metrics {
         let mut times = TimeRange::default();
@@ -275,7 +275,7 @@ fn walk<'r>(
             let mut own = WriteCounts::default();
             let counted =
                 count_metric(metric, conversion, &mut own, &mut times).and_then(|counted| {
-                    if name_refused(metric.name.as_bytes()) {
+                    if translate::family_name(Naming::of(metric), conversion.suffixes).is_none() {
                         Err(NO_NAME)
                     } else {
                         Ok(counted)
@@ -290,7 +290,7 @@ fn walk<'r>(
                         unit: metric.unit.as_bytes(),
                         help: metric.description.as_bytes(),
                     };
-                    if entries.see(&metric.name, meta) {
+                    if entries.see(Naming::of(metric), meta) {
                         family(Some(metric));
                     }
                 }
@@ -300,7 +300,7 @@ fn walk<'r>(
         if let Some(samples) = target_info_of(resource, &times) {
             counts.series += 1;
             counts.samples = counts.samples.saturating_add(samples);
-            if entries.see(TARGET_INFO, Meta::TARGET_INFO) {
+            if entries.see(Naming::fixed(TARGET_INFO), Meta::TARGET_INFO) {
                 family(None);
             }
         }

@@ -33,6 +33,9 @@ pub(super) fn name_refused(name: &[u8]) -> bool {
 pub struct Conversion {
     pub nhcb: bool,
     pub delta: bool,
+    /// Metric names with suffixes (`otel_metric_suffixes_enabled`), which decide families
+    /// and which names are refused.
+    pub suffixes: bool,
 }
 
 impl Conversion {
@@ -40,6 +43,7 @@ impl Conversion {
         Conversion {
             nhcb: settings.otel_convert_histograms_to_nhcb,
             delta: settings.otel_native_delta_ingestion,
+            suffixes: settings.otel_metric_suffixes_enabled,
         }
     }
 

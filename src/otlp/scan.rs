@@ -27,7 +27,7 @@ use super::rules::{
     TargetKeys, TimeRange, DOUBLE_TEXT, NOT_CUMULATIVE, NO_DATA, NO_NAME, SCALE_BELOW_MINUS_4,
     TARGET_INFO, UNMEASURED,
 };
-use super::translate::{Meta, MetadataEntries, MetricType};
+use super::translate::{family_name, Meta, MetadataEntries, MetricType, Naming};
 use crate::counts::{DecodeError, WriteCounts};
 use runtime_config::OtlpTranslation;
 
@@ -52,8 +52,10 @@ pub fn scan_bounded(
     settings: &OtlpTranslation,
 ) -> Result<(WriteCounts, Bounds), DecodeError> {
     let invalid = |err: String| DecodeError::Otlp(format!("invalid protobuf: {err}"));
+    let conversion = Conversion::of(settings);
     let mut charge = Charge {
-        conversion: Conversion::of(settings),
+        conversion,
+        metadata: MetadataEntries::new(conversion.suffixes),
         ..Charge::default()
     };
     let mut buf = body;
@@ -130,7 +132,8 @@ impl<'a> Charge<'a> {
         if let Some(samples) = target_info_samples(&keys, &times) {
             self.counts.series += 1;
             self.counts.samples = self.counts.samples.saturating_add(samples);
-            self.metadata.see(TARGET_INFO, Meta::TARGET_INFO);
+            self.metadata
+                .see(Naming::fixed(TARGET_INFO), Meta::TARGET_INFO);
         }
         Ok(())
     }
@@ -209,7 +212,20 @@ impl<'a> Charge<'a> {
         if let Some(data) = &data {
             self.bounds.times.cover(&data.times);
         }
-        let named = !name_refused(name.as_bytes());
+        let naming = Naming {
+            name,
+            // A string the scan has read is UTF-8.
+            unit: std::str::from_utf8(unit).unwrap_or_default(),
+            counter: data
+                .as_ref()
+                .is_some_and(|data| data.kind == Kind::Sum && data.monotonic),
+            gauge: data.as_ref().is_some_and(|data| data.kind == Kind::Gauge),
+        };
+        let named = if self.conversion.suffixes {
+            family_name(naming, true).is_some()
+        } else {
+            !name_refused(name.as_bytes())
+        };
         match data.ok_or(NO_DATA).and_then(|data| {
             let kind = data.metric_type();
             let points = data.settle(&mut self.counts, times, named)?;
@@ -217,7 +233,7 @@ impl<'a> Charge<'a> {
         }) {
             Ok((0, _)) => {}
             Ok((_, kind)) => {
-                self.metadata.see(name, Meta { kind, unit, help });
+                self.metadata.see(naming, Meta { kind, unit, help });
             }
             Err(why) => self.refused.push((name, why)),
         }

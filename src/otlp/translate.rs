@@ -205,7 +205,9 @@ pub fn each_point_by_name(
         let mut times = TimeRange::default();
         for (s, scope) in resource.scope_metrics.iter().enumerate() {
             for (m, metric) in scope.metrics.iter().enumerate() {
-                let name = metric_name(&metric.name);
+                let name = family_name(Naming::of(metric), conversion.suffixes)
+                    .map(Cow::into_owned)
+                    .unwrap_or_default();
                 metric_points(metric, conversion, &mut times, |point, _, _, kind| {
                     let place = Place::Point {
                         resource: r,
@@ -324,7 +326,9 @@ fn walk<'r>(
                             latest_ms: time,
                             native: kind.native(),
                         };
-                        let name = metric_name(&metric.name);
+                        let name = family_name(Naming::of(metric), conversion.suffixes)
+                            .map(Cow::into_owned)
+                            .unwrap_or_default();
                         each(head, Item::Point { base, name, kind });
                     },
                 );
@@ -728,6 +732,110 @@ pub fn label_name(key: &str) -> String {
     name
 }
 
+/// What a metric's family name is made of (Prometheus' `otlptranslator.Metric`): its name, its
+/// unit, and whether it is a monotonic sum (`_total`) or a gauge (`_ratio`, for unit `1`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Naming<'a> {
+    pub name: &'a str,
+    pub unit: &'a str,
+    pub counter: bool,
+    pub gauge: bool,
+}
+
+impl<'a> Naming<'a> {
+    pub fn of(metric: &'a Metric) -> Naming<'a> {
+        Naming {
+            name: &metric.name,
+            unit: &metric.unit,
+            counter: matches!(&metric.data, Some(Data::Sum(sum)) if sum.is_monotonic),
+            gauge: matches!(&metric.data, Some(Data::Gauge(_))),
+        }
+    }
+
+    /// A name of its own (`target_info`'s): no unit, not a sum or a gauge.
+    pub fn fixed(name: &'a str) -> Naming<'a> {
+        Naming {
+            name,
+            unit: "",
+            counter: false,
+            gauge: false,
+        }
+    }
+}
+
+/// The family name Mimir's translation gives a metric: [`metric_name`], or with `suffixes`
+/// (`otel_metric_suffixes_enabled`) [`suffixed_name`]; `None` when the translator refuses it
+/// (nothing left, or only `_` where the escaping changed the name).
+pub fn family_name(naming: Naming<'_>, suffixes: bool) -> Option<Cow<'_, str>> {
+    if suffixes {
+        let name = suffixed_name(naming);
+        return (!name.is_empty()).then_some(Cow::Owned(name));
+    }
+    if name_refused(naming.name.as_bytes()) {
+        None
+    } else if is_metric_name(naming.name) {
+        Some(Cow::Borrowed(naming.name))
+    } else {
+        Some(Cow::Owned(metric_name(naming.name)))
+    }
+}
+
+/// Prometheus' `normalizeName` (its metric namer with suffixes, names escaped): the name's
+/// words (runs of `[A-Za-z0-9:]`; so `_` separates too, and runs of it become one), then its
+/// unit's (`ms` is `milliseconds`, `By/s` `bytes` and `per_second`; a word the name has
+/// already is not added again), `total` for a monotonic sum and `ratio` for a gauge of unit
+/// `1` (each once, last), joined with `_`; `_` before a leading digit. Empty when no word is
+/// left, which the translator refuses.
+pub fn suffixed_name(naming: Naming<'_>) -> String {
+    let mut words: Vec<Cow<str>> = naming
+        .name
+        .split(|c: char| !(c.is_ascii_alphanumeric() || c == ':'))
+        .filter(|word| !word.is_empty())
+        .map(Cow::Borrowed)
+        .collect();
+    let (main, per) = unit_suffixes(naming.unit);
+    let mut main = if words.iter().any(|word| *word == main) {
+        String::new()
+    } else {
+        main
+    };
+    let per = if per == "per_" {
+        String::new()
+    } else {
+        let per = per.strip_suffix('_').unwrap_or(&per).to_string();
+        if words.iter().any(|word| *word == per) {
+            String::new()
+        } else {
+            per
+        }
+    };
+    if !per.is_empty() {
+        if let Some(trimmed) = main.strip_suffix('_') {
+            main = trimmed.to_string();
+        }
+    }
+    for suffix in [main, per] {
+        if !suffix.is_empty() {
+            words.push(Cow::Owned(suffix));
+        }
+    }
+    let mut last = |word: &'static str| {
+        words.retain(|w| w != word);
+        words.push(Cow::Borrowed(word));
+    };
+    if naming.counter {
+        last("total");
+    }
+    if naming.unit == "1" && naming.gauge {
+        last("ratio");
+    }
+    let mut out = words.join("_");
+    if out.starts_with(|c: char| c.is_ascii_digit()) {
+        out.insert(0, '_');
+    }
+    out
+}
+
 /// A metric name as a `__name__`: each run of characters outside `[A-Za-z0-9_:]` becomes one
 /// `_`, and none is kept at either end; `_` before a leading digit.
 pub fn metric_name(name: &str) -> String {
@@ -826,7 +934,7 @@ impl Meta<'_> {
 /// The metadata entries of a request as Mimir's translation makes them (its appender's
 /// `appendMetadata`): one when a family's first metric is appended, and one more each time a
 /// later metric of the family brings another type, unit or help than the family's last entry.
-/// A family is the metric's [`metric_name`].
+/// A family is the metric's [`family_name`].
 #[derive(Default)]
 pub struct MetadataEntries<'a> {
     /// Each family's last entry; a name that is its own family name is borrowed.
@@ -834,14 +942,28 @@ pub struct MetadataEntries<'a> {
     entries: u64,
     /// A reused buffer for a name that needs escaping.
     name: String,
+    /// Family names with suffixes (`otel_metric_suffixes_enabled`).
+    suffixes: bool,
 }
 
 impl<'a> MetadataEntries<'a> {
-    /// Whether a metric named `name` with `meta`, appended now, makes an entry.
-    pub fn see(&mut self, name: &'a str, meta: Meta<'a>) -> bool {
-        let own = is_metric_name(name);
+    /// Entries of families named with suffixes or not.
+    pub fn new(suffixes: bool) -> MetadataEntries<'a> {
+        MetadataEntries {
+            suffixes,
+            ..MetadataEntries::default()
+        }
+    }
+
+    /// Whether a metric named as `naming` says with `meta`, appended now, makes an entry.
+    pub fn see(&mut self, naming: Naming<'a>, meta: Meta<'a>) -> bool {
+        let name = naming.name;
+        let own = !self.suffixes && is_metric_name(name);
         let family = if own {
             name
+        } else if self.suffixes {
+            self.name = suffixed_name(naming);
+            self.name.as_str()
         } else {
             write_metric_name(name, &mut self.name);
             self.name.as_str()
@@ -875,6 +997,25 @@ impl<'a> MetadataEntries<'a> {
 /// becomes `_`, runs of `_` one, and a leading `_` goes; joined with `_`; then one `_` at
 /// either end goes.
 pub fn unit_name(unit: &str) -> String {
+    let (main, per) = unit_suffixes(unit);
+    let mut out = match (main.is_empty(), per.is_empty()) {
+        (false, false) => format!("{main}_{per}"),
+        (false, true) => main,
+        _ => per,
+    };
+    if out.starts_with('_') {
+        out.remove(0);
+    }
+    if out.ends_with('_') {
+        out.pop();
+    }
+    out
+}
+
+/// Prometheus' `buildUnitSuffixes` and `cleanUpUnit`: the main unit and the per unit
+/// (`per_<unit>`) a unit is named by, each cleaned as a metric name's part; empty where there
+/// is none (blank, or in braces).
+fn unit_suffixes(unit: &str) -> (String, String) {
     let (main, per) = match unit.split_once('/') {
         Some((main, per)) => (main, Some(per)),
         None => (unit, None),
@@ -892,18 +1033,7 @@ pub fn unit_name(unit: &str) -> String {
         .and_then(|per| named(per, PER_UNITS))
         .filter(|per| !per.is_empty())
         .map_or_else(String::new, |per| clean_unit(&format!("per_{per}")));
-    let mut out = match (main.is_empty(), per.is_empty()) {
-        (false, false) => format!("{main}_{per}"),
-        (false, true) => main,
-        _ => per,
-    };
-    if out.starts_with('_') {
-        out.remove(0);
-    }
-    if out.ends_with('_') {
-        out.pop();
-    }
-    out
+    (main, per)
 }
 
 /// A unit part with every character outside `[A-Za-z0-9:]` made `_`, runs of `_` made one,
@@ -1223,7 +1353,11 @@ fn metric_points<'p>(
     mut each: impl FnMut(usize, &'p [KeyValue], u64, PointKind<'p>),
 ) {
     // A metric whose name the translator refuses has no points; its times still count.
-    let named = !name_refused(metric.name.as_bytes());
+    let named = if conversion.suffixes {
+        family_name(Naming::of(metric), true).is_some()
+    } else {
+        !name_refused(metric.name.as_bytes())
+    };
     let mut each = |p, attributes, time, kind| {
         if named {
             each(p, attributes, time, kind)
@@ -1660,6 +1794,76 @@ mod tests {
             translate(&request, &default, &|_| false, &|_| true)[0].series,
             plain
         );
+    }
+
+    /// Names with suffixes as Prometheus' `normalizeName` builds them, worked out from its
+    /// code (`otlptranslator` as vendored in Mimir 3.0.3).
+    #[test]
+    fn names_with_suffixes_are_built_as_the_translator_builds_them() {
+        let named = |name, unit, counter, gauge| {
+            suffixed_name(Naming {
+                name,
+                unit,
+                counter,
+                gauge,
+            })
+        };
+        let cases = [
+            // The unit, `_total` for a monotonic sum, `_ratio` for a gauge of unit 1.
+            (
+                ("system.filesystem.usage", "By", false, true),
+                "system_filesystem_usage_bytes",
+            ),
+            (
+                ("system.network.io", "By", true, false),
+                "system_network_io_bytes_total",
+            ),
+            (
+                ("cpu.utilization", "1", false, true),
+                "cpu_utilization_ratio",
+            ),
+            (("cpu.utilization", "1", false, false), "cpu_utilization"),
+            (
+                ("system.io", "By/s", false, true),
+                "system_io_bytes_per_second",
+            ),
+            (("requests", "1/s", false, true), "requests_per_second"),
+            (("latency", "ms", false, false), "latency_milliseconds"),
+            // `_` separates words too, and runs of it become one; a word the name has is not
+            // added again; `total` and `ratio` move to the end, once.
+            (("a__b", "", false, true), "a_b"),
+            (
+                ("http.duration.seconds", "s", false, true),
+                "http_duration_seconds",
+            ),
+            (("total.requests.total", "", true, false), "requests_total"),
+            (("ratio.of.x", "1", false, true), "of_x_ratio"),
+            // A unit in braces is none; one outside the map is cleaned as a name's part.
+            (("packets", "{packets}", true, false), "packets_total"),
+            (("temperature", "°C", false, true), "temperature_C"),
+            (("speed", "km/h", false, true), "speed_km_per_hour"),
+            // A leading digit; a name with no word, which only a suffix saves.
+            (("2xx.count", "", false, true), "_2xx_count"),
+            (("...", "", true, false), "total"),
+            (("...", "", false, true), ""),
+        ];
+        for ((name, unit, counter, gauge), expected) in cases {
+            assert_eq!(
+                named(name, unit, counter, gauge),
+                expected,
+                "{name:?} {unit:?}"
+            );
+        }
+        // The family name refuses what comes out empty; without suffixes, as before.
+        let gauge = |name| Naming {
+            name,
+            unit: "",
+            counter: false,
+            gauge: true,
+        };
+        assert_eq!(family_name(gauge("..."), true), None);
+        assert_eq!(family_name(gauge("___"), false).as_deref(), Some("___"));
+        assert_eq!(family_name(gauge("a.b"), false).as_deref(), Some("a_b"));
     }
 
     #[test]

@@ -72,6 +72,7 @@ impl Validation {
             otel_convert_histograms_to_nhcb: false,
             otel_native_delta_ingestion: false,
             otel_promote_scope_metadata: false,
+            otel_metric_suffixes_enabled: false,
         };
         self.otlp.as_deref().unwrap_or(&DEFAULT)
     }
