@@ -234,5 +234,9 @@ pub struct Decoded {
     /// carried: dropped silently, as Mimir's distributor drops them (neither charged nor
     /// counted nor an error).
     pub unlabelled: WriteCounts,
+    /// Metrics of an OTLP export Mimir's translator leaves out while it translates the rest
+    /// (a delta metric for a tenant that does not ingest delta, one with no data, …): counted
+    /// as Mimir counts them (`otlp_parse_error`), and the push, once written, answered 400.
+    pub untranslated: u64,
     pub ha: crate::ha::HaOutcome,
 }

@@ -264,13 +264,22 @@ pub fn otlp_scan(data: &[u8]) {
     match otlp::proto::ExportMetricsServiceRequest::decode(data) {
         Ok(request) => {
             assert_eq!(scanned, otlp::count(&request, &default));
-            // And under each translation setting that changes the charge.
-            for settings in conversions() {
-                assert_eq!(
-                    otlp::scan(data, &settings),
-                    otlp::count(&request, &settings),
-                    "under {settings:?}"
-                );
+            // And under each translation setting that changes the charge; with the same
+            // metrics left out of what is translated.
+            for settings in [default.clone()].into_iter().chain(conversions()) {
+                let scanned = otlp::scan_bounded(data, &settings);
+                let counted = otlp::count_left_out(&request, &settings);
+                match (scanned, counted) {
+                    (Ok((counts, bounds)), Ok((reference, left_out))) => {
+                        assert_eq!(counts, reference, "under {settings:?}");
+                        assert_eq!(bounds.left_out, left_out.len() as u64, "{settings:?}");
+                    }
+                    (scanned, counted) => assert_eq!(
+                        scanned.map(|(counts, _)| counts),
+                        counted.map(|(counts, _)| counts),
+                        "under {settings:?}"
+                    ),
+                }
             }
             otlp_checks(data);
             otlp_relabelling(data, &request);

@@ -40,7 +40,9 @@ use runtime_config::validation::LabelValueLengthOverLimitStrategy;
 /// Decompresses, counts and checks an OTLP export: what it charges once the refused points
 /// are cut, what to forward, and what was refused. With the tenant's exemplars off
 /// (`max_global_exemplars_per_user: 0`, Mimir's default), the forwarded export carries none,
-/// as Mimir's distributor keeps none.
+/// as Mimir's distributor keeps none. Metrics the translator leaves out of an export it
+/// translates the rest of are counted, and, when nothing else was refused, the push is
+/// answered 400 once written, as Mimir answers it ("otlp parse error: …").
 pub fn decode_validated(
     body: &[u8],
     max_size: usize,
@@ -48,32 +50,71 @@ pub fn decode_validated(
     validation: &Validation,
 ) -> Result<Decoded, DecodeError> {
     let raw = otlp::inflate(body, max_size, format)?;
+    let mut decoded = checked_export(&raw, format, validation)?;
+    if decoded.untranslated > 0 && decoded.refused.is_none() {
+        // Rare: the export is read again only to name what was left out.
+        let request = if format.json {
+            otlp::json::decode(&raw)?
+        } else {
+            ExportMetricsServiceRequest::decode(&raw[..])
+                .map_err(|err| DecodeError::Otlp(format!("invalid protobuf: {err}")))?
+        };
+        let (_, left_out) = otlp::count_left_out(&request, validation.translation())?;
+        let mut first = format!("otlp parse error: {}", left_out.join("; "));
+        if first.len() > MAX_MESSAGE {
+            let mut end = MAX_MESSAGE;
+            while !first.is_char_boundary(end) {
+                end -= 1;
+            }
+            first.truncate(end);
+        }
+        decoded.refused = Some(Refused {
+            first,
+            samples: Discarded::default(),
+            series: 0,
+        });
+    }
+    Ok(decoded)
+}
+
+/// How long Mimir lets the message of a translation error get (its `maxErrMsgLen`).
+const MAX_MESSAGE: usize = 1024;
+
+/// [`decode_validated`] of the inflated export, what it left out counted but not answered.
+fn checked_export(
+    raw: &[u8],
+    format: OtlpFormat,
+    validation: &Validation,
+) -> Result<Decoded, DecodeError> {
     let exemplars_off = validation.limits.max_global_exemplars_per_user == 0;
     let invalid = |err: prost::DecodeError| DecodeError::Otlp(format!("invalid protobuf: {err}"));
     // The HA tracker first, as in Mimir's distributor: a push it does not accept is only
     // counted; one from the elected replica goes on without the replica label.
-    let (mut request, counts, json, ha, validation) = if format.json {
+    let (mut request, counts, json, ha, validation, untranslated) = if format.json {
         // Parsed once: decoded for the count and the checks, and kept to be edited.
-        let json = otlp::json::parse(&raw)?;
+        let json = otlp::json::parse(raw)?;
         let request = otlp::json::decode_value(&json)?;
-        let counts = otlp::count(&request, validation.translation())?;
+        let (counts, left_out) = otlp::count_left_out(&request, validation.translation())?;
+        let untranslated = left_out.len() as u64;
         let first = || Ok(translate::first_series(&request, validation.translation()));
         let earliest = || otlp::earliest_point_ms(&request);
         let (ha, validation) = match ha_first(first, earliest, validation)? {
             HaStep::Done(ha) => {
                 return Ok(Decoded {
                     ha,
+                    untranslated,
                     ..decoded(counts, Forward::Nothing, None, validation)
                 })
             }
             HaStep::Go(ha, validation) => (ha, validation),
         };
-        (request, counts, Some(json), ha, validation)
+        (request, counts, Some(json), ha, validation, untranslated)
     } else {
-        let (counts, bounds) = otlp::scan_bounded(&raw, validation.translation())?;
+        let (counts, bounds) = otlp::scan_bounded(raw, validation.translation())?;
+        let untranslated = bounds.left_out;
         // The first series read a metric at a time, not the whole export decoded.
         let first = || {
-            translate::first_series_encoded(&raw, validation.translation())
+            translate::first_series_encoded(raw, validation.translation())
                 .map_err(|err| DecodeError::Otlp(format!("invalid protobuf: {err}")))
         };
         let earliest = || bounds.times.earliest.map(translate::nanos_to_millis);
@@ -81,6 +122,7 @@ pub fn decode_validated(
             HaStep::Done(ha) => {
                 return Ok(Decoded {
                     ha,
+                    untranslated,
                     ..decoded(counts, Forward::Nothing, None, validation)
                 })
             }
@@ -90,15 +132,16 @@ pub fn decode_validated(
             && !exemplars_may_fail(&bounds, &validation)
             && !metadata_may_fail(&bounds, &validation)
         {
-            let forward = as_sent(&raw, exemplars_off && bounds.exemplars > 0, format)?;
+            let forward = as_sent(raw, exemplars_off && bounds.exemplars > 0, format)?;
             return Ok(Decoded {
                 ha,
+                untranslated,
                 ..decoded(counts, forward, None, &validation)
             });
         }
         // The scan has counted it (as a decode counts it): decoded only to be checked.
-        let request = ExportMetricsServiceRequest::decode(&raw[..]).map_err(invalid)?;
-        (request, counts, None, ha, validation)
+        let request = ExportMetricsServiceRequest::decode(raw).map_err(invalid)?;
+        (request, counts, None, ha, validation, untranslated)
     };
     let validation = &*validation;
     let replica = match &ha {
@@ -115,6 +158,7 @@ pub fn decode_validated(
     let decoded = |counts, forward, refused| Decoded {
         dropped_exemplars: dropped,
         ha,
+        untranslated,
         ..decoded(counts, forward, refused, validation)
     };
     if edits.is_empty() || (json.is_none() && edits.only_exemplars()) {
@@ -126,7 +170,7 @@ pub fn decode_validated(
         let forward = if edits.is_empty() {
             Forward::Unchanged
         } else {
-            as_sent(&raw, true, format)?
+            as_sent(raw, true, format)?
         };
         return Ok(decoded(counts, forward, refused));
     }
@@ -363,6 +407,7 @@ fn decoded(
         dropped_exemplars: Default::default(),
         repeated_timestamps: 0,
         unlabelled: WriteCounts::default(),
+        untranslated: 0,
         ha: HaOutcome::Off,
     }
 }
@@ -1626,15 +1671,24 @@ pub(crate) mod tests {
 
     /// A metric whose name escapes to no metric name is dropped as Mimir's translator drops
     /// it (its `MetricNamer` fails: nothing left, or only `_` where escaping changed the name):
-    /// not charged, not refused, forwarded with the export; alone, the export is a 400. A name
-    /// all `_` as sent is a name.
+    /// not charged, forwarded with the export, counted, and the push answered 400 once written
+    /// ("otlp parse error"); alone, the export is a 400 before anything is charged. A name all
+    /// `_` as sent is a name.
     #[test]
     fn a_metric_the_translator_cannot_name_is_dropped_as_mimir_drops_it() {
         let one = |name: &str| gauge(name, vec![point(vec![], POINT_NS)]);
         for name in ["..", "_.", "", "é"] {
             let request = export(vec![], vec![one(name), one("kept")]);
             let decoded = checked(&request, Default::default());
-            assert_eq!(decoded.refused, None, "{name:?}");
+            let refused = decoded.refused.clone().expect("answered 400");
+            assert!(
+                refused.first.starts_with("otlp parse error: metric ")
+                    && refused.first.contains("makes no metric name"),
+                "{name:?}: {}",
+                refused.first
+            );
+            assert_eq!((refused.series, refused.samples.samples()), (0, 0));
+            assert_eq!(decoded.untranslated, 1, "{name:?}");
             assert_eq!(decoded.forward, Forward::Unchanged, "{name:?}");
             // One sample and one metadata entry: `kept`'s.
             assert_eq!(

@@ -329,6 +329,7 @@ async fn admit(
         dropped_exemplars,
         repeated_timestamps,
         unlabelled: _,
+        untranslated,
         ha,
     } = decode(body.clone(), max_size, format, validation)
         .await
@@ -370,7 +371,7 @@ async fn admit(
     }
     tenant
         .data
-        .count_drops(&dropped_exemplars, repeated_timestamps);
+        .count_drops(&dropped_exemplars, repeated_timestamps, untranslated);
     let body = match forward {
         Forward::Unchanged => body,
         Forward::Rewritten(rewritten) => rewritten,

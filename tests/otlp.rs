@@ -173,14 +173,24 @@ async fn a_tenant_s_translation_settings_change_the_charge_as_they_change_mimir_
             "the settings change Mimir's charge: {report}"
         );
     }
-    // By default the delta metrics are refused and what is left is charged, as Mimir charges
-    // it. (Mimir then answers 400 for what its translator left out; weir answers for what it
-    // forwarded, here in sink mode 200, and a receiver behind it answers for the rest.)
+    // By default the delta metrics are left out and what is left is charged and written, and
+    // the export answered 400 for what was left out, as Mimir answers it; each metric left
+    // out counted as Mimir counts it.
     let before = admitted(&weir, "plain").await;
     let report = export(&weir, "plain", &args("delta")).await;
-    assert_eq!(report["attempts"][0]["status"], 200, "{report}");
+    assert_eq!(report["attempts"][0]["status"], 400, "{report}");
     let expected = &report["expected"];
     assert_eq!(expected["status"], 400, "{report}");
+    let left_out = expected["errors"].as_array().unwrap().len() as u64;
+    assert_eq!(
+        left_out, 4,
+        "the sums, the histogram, the exponential one: {report}"
+    );
+    let parse_errors = "reason=\"otlp_parse_error\",user=\"plain\"";
+    assert_eq!(
+        counter(&weir, "weir_discarded_samples_total", parse_errors).await,
+        left_out
+    );
     assert_eq!(expected["histograms"], 0, "{report}");
     let after = admitted(&weir, "plain").await;
     assert_eq!(

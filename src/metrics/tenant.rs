@@ -68,12 +68,14 @@ pub struct TenantMetrics {
     drops: OnceBox<Drops>,
 }
 
-/// A tenant's drops that refuse nothing: exemplars, per [`ExemplarReason`], and samples and
-/// histograms that repeated a timestamp of their series.
+/// A tenant's drops that refuse nothing: exemplars, per [`ExemplarReason`], samples and
+/// histograms that repeated a timestamp of their series, and OTLP metrics the translation
+/// left out of an export it took the rest of.
 #[derive(Debug, Default)]
 struct Drops {
     exemplars: [Counter; ExemplarReason::ALL.len()],
     repeated_timestamps: Counter,
+    untranslated: Counter,
 }
 
 impl TenantMetrics {
@@ -91,9 +93,19 @@ impl TenantMetrics {
     }
 
     /// What validation dropped from one push without refusing a series: exemplars, per
-    /// [`ExemplarReason`], and samples and histograms that repeated a timestamp.
-    pub fn count_drops(&self, exemplars: &DroppedExemplars, repeated_timestamps: u64) {
-        if repeated_timestamps == 0 && exemplars.iter().all(|&items| items == 0) {
+    /// [`ExemplarReason`], samples and histograms that repeated a timestamp, and OTLP metrics
+    /// the translation left out (Mimir counts those as discarded samples, one a metric, with
+    /// reason `otlp_parse_error`).
+    pub fn count_drops(
+        &self,
+        exemplars: &DroppedExemplars,
+        repeated_timestamps: u64,
+        untranslated: u64,
+    ) {
+        if repeated_timestamps == 0
+            && untranslated == 0
+            && exemplars.iter().all(|&items| items == 0)
+        {
             return;
         }
         let drops = self.drops.get_or_init(Box::default);
@@ -104,6 +116,9 @@ impl TenantMetrics {
         }
         if repeated_timestamps > 0 {
             drops.repeated_timestamps.inc_by(repeated_timestamps);
+        }
+        if untranslated > 0 {
+            drops.untranslated.inc_by(untranslated);
         }
     }
 
@@ -222,6 +237,12 @@ pub(super) const TENANT_FAMILIES: [TenantFamily; 10] = [
             if repeated > 0 {
                 let labels = [("reason", "sample_duplicate_timestamp"), ("user", user)];
                 sample(out, name, &labels, repeated as f64);
+            }
+            // Mimir's reason for an OTLP metric its translation left out.
+            let untranslated = m.drops.get().map_or(0, |drops| drops.untranslated.get());
+            if untranslated > 0 {
+                let labels = [("reason", "otlp_parse_error"), ("user", user)];
+                sample(out, name, &labels, untranslated as f64);
             }
         },
     },

@@ -231,11 +231,20 @@ pub fn count(
     request: &proto::ExportMetricsServiceRequest,
     settings: &OtlpTranslation,
 ) -> Result<WriteCounts, DecodeError> {
+    count_left_out(request, settings).map(|(counts, _)| counts)
+}
+
+/// [`count`], with each metric the translator leaves out of a request it translates the rest
+/// of, and why (`metric "name": why`), in request order.
+pub fn count_left_out(
+    request: &proto::ExportMetricsServiceRequest,
+    settings: &OtlpTranslation,
+) -> Result<(WriteCounts, Vec<String>), DecodeError> {
     let (counts, refused) = walk(request, Conversion::of(settings), |_| {});
     if counts.cost() == 0 && !refused.is_empty() {
         return Err(nothing_ingested(refused.join("; ")));
     }
-    Ok(counts)
+    Ok((counts, refused))
 }
 
 /// The metrics whose metadata entries Mimir's translation makes, in request order: the first

@@ -170,6 +170,9 @@ pub struct Bounds {
     pub exemplars_per_point: u64,
     pub exemplar_times: TimeRange,
     pub exemplar_without_ids: bool,
+    /// The metrics Mimir's translator leaves out of a request of which it translates the rest
+    /// (each an error it reports: a delta metric, one with no data, …).
+    pub left_out: u64,
 }
 
 /// A [`Bounds::value`] only a translation can measure.

@@ -103,6 +103,7 @@ impl<'a> Charge<'a> {
                 .collect();
             return Err(nothing_ingested(refused.join("; ")));
         }
+        self.bounds.left_out = self.refused.len() as u64;
         Ok((self.counts, self.bounds))
     }
 

@@ -512,6 +512,7 @@ pub fn decode_validated(
             dropped_exemplars: found.dropped_exemplars,
             repeated_timestamps: found.repeated,
             unlabelled: found.unlabelled,
+            untranslated: 0,
             ha,
         })
     })
@@ -595,6 +596,7 @@ pub(super) fn ha_first<'v>(
             dropped_exemplars: DroppedExemplars::default(),
             repeated_timestamps: 0,
             unlabelled: WriteCounts::default(),
+            untranslated: 0,
             ha,
         })),
     }

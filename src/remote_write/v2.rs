@@ -129,6 +129,7 @@ pub fn decode_validated(
                 dropped_exemplars: found.dropped_exemplars,
                 repeated_timestamps: found.repeated,
                 unlabelled: found.unlabelled,
+                untranslated: 0,
                 ha,
             })
         })
