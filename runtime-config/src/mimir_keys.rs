@@ -196,8 +196,8 @@ pub(crate) const FORWARDING: &str =
     "Mimir's per-tenant forwarding is not implemented: every admitted push goes to --upstream";
 const SHUFFLE_SHARDING: &str = "shuffle sharding does not apply: weir has no ingesters or \
                                 partitions, every admitted push goes to --upstream";
-const OTLP_TRANSLATION: &str = "OTLP translation option: weir forwards OTLP pushes unchanged \
-                                and charges them as Mimir's default translation counts";
+const OTLP_TRANSLATION: &str = "OTLP translation option read as its default: weir forwards OTLP \
+                                pushes unchanged (docs/mimir-keys.md says what each changes)";
 const COST_ATTRIBUTION: &str =
     "cost attribution is not implemented: weir's metrics have no cost-attribution labels";
 const DELAY_CONDITIONS: &str = "not implemented: weir applies ingestion_artificial_delay to \
