@@ -284,7 +284,7 @@ fn walk<'r>(
             let mut own = WriteCounts::default();
             let counted =
                 count_metric(metric, conversion, &mut own, &mut times).and_then(|counted| {
-                    if translate::family_name(Naming::of(metric), conversion.suffixes).is_none() {
+                    if !translate::is_named(Naming::of(metric), conversion.suffixes) {
                         Err(NO_NAME)
                     } else {
                         Ok(counted)

@@ -23,11 +23,11 @@ use prost::encoding::{decode_key, decode_varint, WireType};
 
 use super::proto::metrics::AggregationTemporality;
 use super::rules::{
-    escapes_to_nothing, name_refused, nothing_ingested, target_info_samples, Bounds, Conversion,
-    TargetKeys, TimeRange, DOUBLE_TEXT, NOT_CUMULATIVE, NO_DATA, NO_NAME, SCALE_BELOW_MINUS_4,
-    TARGET_INFO, UNMEASURED,
+    escapes_to_nothing, nothing_ingested, target_info_samples, Bounds, Conversion, TargetKeys,
+    TimeRange, DOUBLE_TEXT, NOT_CUMULATIVE, NO_DATA, NO_NAME, SCALE_BELOW_MINUS_4, TARGET_INFO,
+    UNMEASURED,
 };
-use super::translate::{family_name, Meta, MetadataEntries, MetricType, Naming};
+use super::translate::{is_named, Meta, MetadataEntries, MetricType, Naming};
 use crate::counts::{DecodeError, WriteCounts};
 use runtime_config::OtlpTranslation;
 
@@ -222,11 +222,7 @@ impl<'a> Charge<'a> {
                 .is_some_and(|data| data.kind == Kind::Sum && data.monotonic),
             gauge: data.as_ref().is_some_and(|data| data.kind == Kind::Gauge),
         };
-        let named = if self.conversion.suffixes {
-            family_name(naming, true).is_some()
-        } else {
-            !name_refused(name.as_bytes())
-        };
+        let named = is_named(naming, self.conversion.suffixes);
         match data.ok_or(NO_DATA).and_then(|data| {
             let kind = data.metric_type();
             let points = data.settle(&mut self.counts, times, named)?;

@@ -272,6 +272,9 @@ fn walk<'r>(
         for (s, scope) in resource.scope_metrics.iter().enumerate() {
             let scoped = ScopeLabels::of(scope, settings);
             for (m, metric) in scope.metrics.iter().enumerate() {
+                // Each point's series are named alike (a refused name has no points).
+                let family = family_name(Naming::of(metric), conversion.suffixes);
+                let family = family.as_deref().unwrap_or_default();
                 metric_points(
                     metric,
                     conversion,
@@ -326,9 +329,7 @@ fn walk<'r>(
                             latest_ms: time,
                             native: kind.native(),
                         };
-                        let name = family_name(Naming::of(metric), conversion.suffixes)
-                            .map(Cow::into_owned)
-                            .unwrap_or_default();
+                        let name = family.to_string();
                         each(head, Item::Point { base, name, kind });
                     },
                 );
@@ -760,6 +761,16 @@ impl<'a> Naming<'a> {
             counter: false,
             gauge: false,
         }
+    }
+}
+
+/// Whether the translator can name the metric ([`family_name`] is not `None`), without
+/// building the name when it has no suffixes.
+pub fn is_named(naming: Naming<'_>, suffixes: bool) -> bool {
+    if suffixes {
+        !suffixed_name(naming).is_empty()
+    } else {
+        !name_refused(naming.name.as_bytes())
     }
 }
 
@@ -1353,11 +1364,7 @@ fn metric_points<'p>(
     mut each: impl FnMut(usize, &'p [KeyValue], u64, PointKind<'p>),
 ) {
     // A metric whose name the translator refuses has no points; its times still count.
-    let named = if conversion.suffixes {
-        family_name(Naming::of(metric), true).is_some()
-    } else {
-        !name_refused(metric.name.as_bytes())
-    };
+    let named = is_named(Naming::of(metric), conversion.suffixes);
     let mut each = |p, attributes, time, kind| {
         if named {
             each(p, attributes, time, kind)
