@@ -34,6 +34,10 @@ impl WriteCounts {
 #[error("{0}")]
 pub struct UnsupportedMedia(pub String);
 
+/// How the refusal of an OTLP export Mimir's translator takes only in part begins (its
+/// converter's error), before each metric left out and why.
+pub const OTLP_PARSE_ERROR: &str = "otlp parse error: ";
+
 /// Why a body was refused. Each message is meant for the client that sent it.
 #[derive(Debug, thiserror::Error, PartialEq)]
 pub enum DecodeError {
@@ -45,6 +49,10 @@ pub enum DecodeError {
     Protobuf(String),
     #[error("invalid OTLP metrics request: {0}")]
     Otlp(String),
+    /// An OTLP export of which Mimir's translator takes nothing: each of its `left_out`
+    /// metrics is refused (`message` says why, metric by metric).
+    #[error("invalid OTLP metrics request: nothing in the request can be ingested: {message}")]
+    Untranslated { left_out: u64, message: String },
 }
 
 /// Why a series was refused by validation: Mimir's discard reasons, which are the `reason`

@@ -314,18 +314,25 @@ pub fn otlp_scan(data: &[u8]) {
 /// The translation settings that change what an export is charged: classic histograms as
 /// native ones (`otel_convert_histograms_to_nhcb`), delta temporality taken
 /// (`otel_native_delta_ingestion`), names with suffixes (`otel_metric_suffixes_enabled`, which
-/// decide the metadata families and the names refused), and all three.
-fn conversions() -> [runtime_config::OtlpTranslation; 4] {
+/// decide the metadata families and the names refused), all three, and names kept as sent
+/// (`name_validation_scheme: utf8`), without suffixes and with all three.
+fn conversions() -> [runtime_config::OtlpTranslation; 6] {
     let with = |nhcb, delta, suffixes| runtime_config::OtlpTranslation {
         otel_convert_histograms_to_nhcb: nhcb,
         otel_native_delta_ingestion: delta,
         otel_metric_suffixes_enabled: suffixes,
         ..Default::default()
     };
+    let utf8 = |settings| runtime_config::OtlpTranslation {
+        utf8_names: true,
+        ..settings
+    };
     [
         with(true, false, false),
-        with(false, true, false),
         with(false, false, true),
+        with(false, true, false),
+        utf8(with(false, false, false)),
+        utf8(with(true, true, true)),
         with(true, true, true),
     ]
 }
@@ -356,6 +363,16 @@ fn otlp_checks(data: &[u8]) {
         ..both
     };
     otlp_checks_under(data, exemplars, &scoped);
+    // And one whose names are kept as sent (`name_validation_scheme: utf8`), with suffixes.
+    let utf8 = runtime_config::OtlpTranslation {
+        utf8_names: true,
+        ..scoped
+    };
+    let utf8_limits = runtime_config::ValidationLimits {
+        name_validation_scheme: runtime_config::validation::NameValidationScheme::Utf8,
+        ..exemplars
+    };
+    otlp_checks_under(data, utf8_limits, &utf8);
 }
 
 fn otlp_checks_under(
@@ -417,22 +434,30 @@ fn otlp_relabelling(data: &[u8], request: &otlp::proto::ExportMetricsServiceRequ
     let by_name = rules(
         "- source_labels: [__name__]\n  regex: '[a-m].*|.*_sum|target_info'\n  action: drop\n",
     );
-    let slow = otlp_relabel::every_series(request, &by_name, &settings, None);
-    match otlp_relabel::by_name(request, &by_name, &settings) {
-        Some(fast) => {
-            assert_eq!(
-                fast.dropped, slow.dropped,
-                "judged by name as series by series"
-            );
-            assert!(
-                slow.changed.is_empty(),
-                "a point partly dropped, judged whole by name"
-            );
+    // Names escaped, and kept as sent with suffixes.
+    let utf8 = runtime_config::OtlpTranslation {
+        utf8_names: true,
+        otel_metric_suffixes_enabled: true,
+        ..Default::default()
+    };
+    for names in [&settings, &utf8] {
+        let slow = otlp_relabel::every_series(request, &by_name, names, None);
+        match otlp_relabel::by_name(request, &by_name, names) {
+            Some(fast) => {
+                assert_eq!(
+                    fast.dropped, slow.dropped,
+                    "judged by name as series by series"
+                );
+                assert!(
+                    slow.changed.is_empty(),
+                    "a point partly dropped, judged whole by name"
+                );
+            }
+            None => assert!(
+                slow.changed.values().any(|(_, dropped)| *dropped > 0),
+                "judged partly dropped by name, whole series by series"
+            ),
         }
-        None => assert!(
-            slow.changed.values().any(|(_, dropped)| *dropped > 0),
-            "judged partly dropped by name, whole series by series"
-        ),
     }
     let by_bucket = rules(
         "- source_labels: [le, quantile]\n  regex: '0\\.5;|;0\\.5|\\+Inf;'\n  action: drop\n",

@@ -19,6 +19,7 @@ use std::collections::{BTreeMap, HashSet};
 
 use crate::counts::{
     DecodeError, Decoded, Discarded, DroppedExemplars, Forward, Refused, WriteCounts,
+    OTLP_PARSE_ERROR,
 };
 use crate::ha::HaOutcome;
 use crate::otlp::edit::{AttributeAt, Edits, Resolution};
@@ -60,7 +61,7 @@ pub fn decode_validated(
                 .map_err(|err| DecodeError::Otlp(format!("invalid protobuf: {err}")))?
         };
         let (_, left_out) = otlp::count_left_out(&request, validation.translation())?;
-        let mut first = format!("otlp parse error: {}", left_out.join("; "));
+        let mut first = format!("{OTLP_PARSE_ERROR}{}", left_out.join("; "));
         if first.len() > MAX_MESSAGE {
             let mut end = MAX_MESSAGE;
             while !first.is_char_boundary(end) {
@@ -285,9 +286,9 @@ fn refuse_metadata(
     counts: &mut WriteCounts,
     refused: &mut Option<Refused>,
 ) {
-    let suffixes = validation.translation().otel_metric_suffixes_enabled;
+    let conversion = otlp::Conversion::of(validation.translation());
     for metric in otlp::metadata_metrics(request, validation.translation()) {
-        let family = translate::family_name(translate::Naming::of(metric), suffixes);
+        let family = translate::family_name(translate::Naming::of(metric), conversion);
         let entry = prompb::MetricMetadata {
             metric_family_name: family.map(Cow::into_owned).unwrap_or_default(),
             unit: translate::unit_name(&metric.unit),
@@ -544,8 +545,9 @@ fn check_points(
 ) -> (Edits, Option<Refused>) {
     let limits = &validation.limits;
     let mut edits = Edits::default();
+    let conversion = otlp::Conversion::of(validation.translation());
     each_attribute(request, |at, kv| {
-        if validation.drops(translate::label_name(&kv.key).as_bytes())
+        if validation.drops(translate::label_name(&kv.key, conversion).as_bytes())
             && (at.point.is_some() || !translate::is_identity(&kv.key))
         {
             edits.removed.insert(at);
@@ -2314,6 +2316,7 @@ pub(crate) mod tests {
             nhcb in any::<bool>(),
             scope in any::<bool>(),
             suffixes in any::<bool>(),
+            names in 0u8..4,
         ) {
             // The tenant promotes some of the resources' attributes (`promote` picks them),
             // keeps the identifying ones or not, converts classic histograms to native ones
@@ -2326,14 +2329,23 @@ pub(crate) mod tests {
                 .filter(|(index, _)| promote >> (index % 64) & 1 == 1)
                 .map(|(_, kv)| kv.key.clone())
                 .collect();
+            // Names escaped (Mimir's default), kept as sent (with the `utf8` name scheme that
+            // comes with it), or escaped with either label-name option off.
+            let mut limits = limits;
+            if names == 1 {
+                limits.name_validation_scheme = runtime_config::validation::NameValidationScheme::Utf8;
+            }
             let validation = validation(limits).translating(Some(std::sync::Arc::new(
                 runtime_config::OtlpTranslation {
                     promote_otel_resource_attributes: promoted,
                     otel_keep_identifying_resource_attributes: keep,
                     otel_convert_histograms_to_nhcb: nhcb,
-                    otel_native_delta_ingestion: false,
                     otel_promote_scope_metadata: scope,
                     otel_metric_suffixes_enabled: suffixes,
+                    utf8_names: names == 1,
+                    otel_label_name_underscore_sanitization: names != 2,
+                    otel_label_name_preserve_multiple_underscores: names != 3,
+                    ..Default::default()
                 },
             )));
             let raw = request.encode_to_vec();
@@ -2378,12 +2390,15 @@ pub(crate) mod tests {
         fn the_metadata_bounds_never_pass_an_entry_to_refuse(
             (request, max) in metadata_strategy(),
             suffixes in any::<bool>(),
+            utf8 in any::<bool>(),
         ) {
             let limits = ValidationLimits { max_metadata_length: max, ..Default::default() };
-            // Family names with suffixes (the unit's words, `_total`, `_ratio`) or not.
+            // Family names with suffixes (the unit's words, `_total`, `_ratio`) or not,
+            // escaped or kept as sent.
             let validation = validation(limits).translating(Some(std::sync::Arc::new(
                 runtime_config::OtlpTranslation {
                     otel_metric_suffixes_enabled: suffixes,
+                    utf8_names: utf8,
                     ..Default::default()
                 },
             )));

@@ -17,7 +17,7 @@ use bytes::Bytes;
 use http_body_util::{BodyExt, LengthLimitError, Limited};
 
 use crate::auth::{Allowed, Door, Peer, Source};
-use crate::counts::{DecodeError, Decoded, Forward, UnsupportedMedia};
+use crate::counts::{DecodeError, Decoded, Forward, UnsupportedMedia, OTLP_PARSE_ERROR};
 use crate::format::{self, Format};
 use crate::ha::{HaCheck, HaOutcome};
 use crate::metrics::InstanceLimit;
@@ -154,10 +154,10 @@ async fn handle(
                 tracing::debug!(%err, "push refused");
             }
             // The message again, as an OTLP Status, only on the OTLP route.
-            let otlp_message = otlp.map(|otlp| (otlp, err.to_string()));
+            let otlp_message = otlp.map(|otlp| (otlp, otlp_code(&err), err.to_string()));
             let mut response = err.into_response_with(&parts.headers, &state.retry_after);
-            if let Some((otlp, message)) = otlp_message {
-                otlp_error(&mut response, otlp, &message);
+            if let Some((otlp, code, message)) = otlp_message {
+                otlp_error(&mut response, otlp, code, &message);
             }
             if close {
                 response.headers_mut().insert(
@@ -192,10 +192,28 @@ async fn handle(
     response
 }
 
-/// An OTLP client's error body: the status's `google.rpc.Status` in the request's encoding,
-/// in place of the plain-text message (the headers, `Retry-After` among them, stay).
-fn otlp_error(response: &mut Response, format: OtlpFormat, message: &str) {
-    let code = crate::otlp::grpc_code(response.status().as_u16());
+/// The `code` of an OTLP client's `google.rpc.Status` for `err`, as Mimir writes it: the HTTP
+/// status for a body it could not read or translate (its parser's errors, and the
+/// `otlp parse error` of an export translated in part, which it raises as HTTP errors), else
+/// the gRPC code of the status (OTLP clients act on the HTTP status only).
+fn otlp_code(err: &PushError) -> i32 {
+    let status = err.status().as_u16();
+    match err {
+        PushError::Decode(_)
+        | PushError::BodyTooLarge { .. }
+        | PushError::ReadBody(_)
+        | PushError::BodyTimeout { .. }
+        | PushError::UnsupportedMedia(_) => i32::from(status),
+        PushError::InvalidSeries(message) if message.starts_with(OTLP_PARSE_ERROR) => {
+            i32::from(status)
+        }
+        _ => crate::otlp::grpc_code(status),
+    }
+}
+
+/// An OTLP client's error body: a `google.rpc.Status` of `code` in the request's encoding, in
+/// place of the plain-text message (the headers, `Retry-After` among them, stay).
+fn otlp_error(response: &mut Response, format: OtlpFormat, code: i32, message: &str) {
     *response.body_mut() = Body::from(format.status_body(code, message));
     response.headers_mut().insert(
         header::CONTENT_TYPE,
@@ -333,7 +351,17 @@ async fn admit(
         ha,
     } = decode(body.clone(), max_size, format, validation)
         .await
-        .map_err(|err| discard(PushError::Decode(err), 0))?;
+        .map_err(|err| {
+            // The metrics of an OTLP export Mimir's translator takes none of are counted as
+            // its translation's discards, as Mimir counts them.
+            if let DecodeError::Untranslated { left_out, .. } = err {
+                tenant.data.count_untranslated(left_out);
+            }
+            discard(PushError::Decode(err), 0)
+        })?;
+    // Mimir counts the metrics its translation leaves out as it translates, before its HA
+    // tracker and its checks.
+    tenant.data.count_untranslated(untranslated);
     // The HA tracker's word comes first, as in Mimir's distributor: a push from a replica
     // that is not elected is answered 202 and costs nothing, its request token included.
     let samples = counts.samples + counts.histograms;
@@ -371,7 +399,7 @@ async fn admit(
     }
     tenant
         .data
-        .count_drops(&dropped_exemplars, repeated_timestamps, untranslated);
+        .count_drops(&dropped_exemplars, repeated_timestamps);
     let body = match forward {
         Forward::Unchanged => body,
         Forward::Rewritten(rewritten) => rewritten,

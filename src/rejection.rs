@@ -420,7 +420,7 @@ fn decode_message(err: &DecodeError) -> String {
     match err {
         DecodeError::TooLarge { .. } => format!("{err} (--max-request-body-size)"),
         // Already says "invalid OTLP metrics request": an OTLP export is not remote-write.
-        DecodeError::Otlp(_) => err.to_string(),
+        DecodeError::Otlp(_) | DecodeError::Untranslated { .. } => err.to_string(),
         _ => format!("invalid remote-write request: {err}"),
     }
 }

@@ -491,7 +491,8 @@ async fn bad_requests_get_the_right_status_and_an_rpc_status_body() {
     assert_eq!(response.status(), 400);
     assert_eq!(response.headers()["content-type"], "application/json");
     let status: serde_json::Value = response.json().await.unwrap();
-    assert_eq!(status["code"], 3);
+    // A body Mimir's parser refuses is an HTTP error there: its status is the code.
+    assert_eq!(status["code"], 400);
     assert!(
         status["message"].as_str().unwrap().contains("invalid JSON"),
         "{status}"
@@ -985,6 +986,93 @@ async fn an_otlp_ha_pair_is_deduplicated_on_its_first_series() {
     assert!(receiver.received.lock().unwrap().is_empty());
 }
 
+/// The metrics Mimir's translation leaves out are counted as it counts them, as it
+/// translates: also in an export its HA tracker then deduplicates, and in one of which
+/// nothing translates (400, nothing charged).
+#[tokio::test]
+async fn metrics_left_out_are_counted_before_the_ha_tracker_and_when_nothing_translates() {
+    use weir::otlp::proto::{metrics, resource, ExportMetricsServiceRequest};
+    let (addr, _receiver) = start_receiver().await;
+    let weir = forwarding_to(
+        addr,
+        "overrides:\n  ha:\n    accept_ha_samples: true\n    ha_max_clusters: 1\n",
+    )
+    .await;
+    let now_ns = now_ns();
+    let delta = metrics::Metric {
+        name: "requests".into(),
+        data: Some(metrics::metric::Data::Sum(metrics::Sum {
+            data_points: vec![metrics::NumberDataPoint {
+                time_unix_nano: now_ns,
+                value: Some(metrics::number_data_point::Value::AsInt(1)),
+                ..Default::default()
+            }],
+            aggregation_temporality: metrics::AggregationTemporality::Delta as i32,
+            is_monotonic: true,
+        })),
+        ..Default::default()
+    };
+    let export = |replica: Option<&str>, with_gauge: bool| {
+        let mut up = gauge_of_one("up".into(), String::new(), now_ns);
+        if let (Some(replica), Some(metrics::metric::Data::Gauge(gauge))) = (replica, &mut up.data)
+        {
+            gauge.data_points[0].attributes = vec![kv("cluster", "c"), kv("__replica__", replica)];
+        }
+        let metrics = if with_gauge {
+            vec![up, delta.clone()]
+        } else {
+            vec![delta.clone()]
+        };
+        ExportMetricsServiceRequest {
+            resource_metrics: vec![metrics::ResourceMetrics {
+                resource: Some(resource::Resource::default()),
+                scope_metrics: vec![metrics::ScopeMetrics {
+                    metrics,
+                    ..Default::default()
+                }],
+                ..Default::default()
+            }],
+        }
+        .encode_to_vec()
+    };
+    let parse_errors = || {
+        counter(
+            &weir,
+            "weir_discarded_samples_total",
+            "reason=\"otlp_parse_error\",user=\"ha\"",
+        )
+    };
+    // Replica a is elected; its delta sum is left out: 400 for it, `up` charged.
+    let response = export_protobuf(&weir, "ha", export(Some("a"), true)).await;
+    assert_eq!(response.status(), 400);
+    let status = RpcStatus::decode(response.bytes().await.unwrap()).unwrap();
+    assert!(
+        status.message.starts_with("otlp parse error: "),
+        "{status:?}"
+    );
+    assert_eq!(status.code, 400);
+    assert_eq!(parse_errors().await, 1);
+    assert_eq!(admitted(&weir, "ha").await, [1, 0, 1]);
+    // Replica b's export is deduplicated (202), its delta sum counted all the same.
+    let response = export_protobuf(&weir, "ha", export(Some("b"), true)).await;
+    assert_eq!(response.status(), 202, "{:?}", response.text().await);
+    assert_eq!(parse_errors().await, 2);
+    // An export of the delta sum alone: nothing translates, 400, counted, nothing charged.
+    let response = export_protobuf(&weir, "ha", export(None, false)).await;
+    assert_eq!(response.status(), 400);
+    let status = RpcStatus::decode(response.bytes().await.unwrap()).unwrap();
+    assert!(
+        status
+            .message
+            .contains("nothing in the request can be ingested"),
+        "{status:?}"
+    );
+    assert_eq!(status.code, 400, "an HTTP error in Mimir, as the parser's");
+    assert_eq!(parse_errors().await, 3);
+    assert_eq!(admitted(&weir, "ha").await, [1, 0, 1]);
+    weir.stop().await.unwrap();
+}
+
 /// `promote_otel_resource_attributes`, a comma-separated string as in Mimir: the promoted
 /// resource attributes are labels of every series the export becomes, for Mimir's checks (a
 /// point whose series now has too many labels is cut, answered 400, where the same export to
@@ -1178,6 +1266,84 @@ async fn with_suffixes_rules_see_the_names_mimir_gives_the_metrics() {
     assert_eq!(admitted(&weir, "plain").await, [5, 0, 2]);
     let received = std::mem::take(&mut *receiver.received.lock().unwrap());
     assert_eq!(received[0].2.as_ref(), &sent[..], "as sent");
+    weir.stop().await.unwrap();
+}
+
+/// Mimir's name options per tenant: under `name_validation_scheme: utf8` the translation keeps
+/// names as sent (its derived strategy `NoTranslation`), so a rule sees `http.requests`, and
+/// `a.b` and `a_b` are two metadata families; `otel_label_name_preserve_multiple_underscores:
+/// false` makes `http...route` the label `http_route`, short enough where `http___route` is not.
+#[tokio::test]
+async fn the_name_scheme_and_the_label_options_name_series_as_mimir_does() {
+    use weir::otlp::proto::{metrics, resource, ExportMetricsServiceRequest};
+    let (addr, receiver) = start_receiver().await;
+    let rule = "    metric_relabel_configs:\n    - source_labels: [__name__]\n      \
+                regex: 'http[.]requests'\n      action: drop\n";
+    let weir = forwarding_to(
+        addr,
+        &format!(
+            "overrides:\n  utf8:\n    name_validation_scheme: utf8\n{rule}  plain:\n{rule}  \
+             short:\n    max_label_name_length: 10\n  \
+             collapse:\n    max_label_name_length: 10\n    \
+             otel_label_name_preserve_multiple_underscores: false\n"
+        ),
+    )
+    .await;
+    let now_ns = now_ns();
+    let export = |metrics: Vec<metrics::Metric>| {
+        ExportMetricsServiceRequest {
+            resource_metrics: vec![metrics::ResourceMetrics {
+                resource: Some(resource::Resource::default()),
+                scope_metrics: vec![metrics::ScopeMetrics {
+                    metrics,
+                    ..Default::default()
+                }],
+                ..Default::default()
+            }],
+        }
+        .encode_to_vec()
+    };
+    let named = export(vec![
+        gauge_of_one("http.requests".into(), String::new(), now_ns),
+        gauge_of_one("a.b".into(), String::new(), now_ns),
+        gauge_of_one("a_b".into(), String::new(), now_ns),
+    ]);
+    // `utf8`: `http.requests` dropped by the rule (its point cut, its entry kept); three
+    // families.
+    let response = export_protobuf(&weir, "utf8", named.clone()).await;
+    assert_eq!(response.status(), 200, "{:?}", response.text().await);
+    assert_eq!(admitted(&weir, "utf8").await, [2, 0, 3]);
+    let received = std::mem::take(&mut *receiver.received.lock().unwrap());
+    let forwarded = ExportMetricsServiceRequest::decode(received[0].2.as_ref()).unwrap();
+    let points: Vec<usize> = forwarded.resource_metrics[0].scope_metrics[0]
+        .metrics
+        .iter()
+        .map(|metric| match &metric.data {
+            Some(metrics::metric::Data::Gauge(gauge)) => gauge.data_points.len(),
+            other => panic!("{other:?}"),
+        })
+        .collect();
+    assert_eq!(points, [0, 1, 1], "http.requests cut");
+    // `plain`: the names are `http_requests` and `a_b` twice; nothing dropped, two families.
+    let response = export_protobuf(&weir, "plain", named.clone()).await;
+    assert_eq!(response.status(), 200, "{:?}", response.text().await);
+    assert_eq!(admitted(&weir, "plain").await, [3, 0, 2]);
+    let received = std::mem::take(&mut *receiver.received.lock().unwrap());
+    assert_eq!(received[0].2.as_ref(), &named[..], "as sent");
+
+    let mut routed = gauge_of_one("up".into(), String::new(), now_ns);
+    if let Some(metrics::metric::Data::Gauge(gauge)) = &mut routed.data {
+        gauge.data_points[0].attributes = vec![kv("http...route", "/")];
+    }
+    let routed = export(vec![routed]);
+    let response = export_protobuf(&weir, "short", routed.clone()).await;
+    assert_eq!(response.status(), 400);
+    let text = String::from_utf8_lossy(&response.bytes().await.unwrap()).into_owned();
+    assert!(text.contains("http___route"), "{text}");
+    assert_eq!(admitted(&weir, "short").await, [0, 0, 0]);
+    let response = export_protobuf(&weir, "collapse", routed.clone()).await;
+    assert_eq!(response.status(), 200, "{:?}", response.text().await);
+    assert_eq!(admitted(&weir, "collapse").await, [1, 0, 1]);
     weir.stop().await.unwrap();
 }
 

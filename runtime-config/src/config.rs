@@ -14,7 +14,7 @@ use crate::limits::{Defaults, InstanceLimits, InstanceOverride, TenantLimits, Te
 use crate::mimir_keys;
 use crate::otlp::{OtlpOverride, OtlpTranslation};
 use crate::relabel::{Relabel, RuleConfig};
-use crate::validation::{ValidationLimits, ValidationOverride};
+use crate::validation::{NameValidationScheme, ValidationLimits, ValidationOverride};
 
 /// Why a file could not become the config in force. The message is for an operator.
 #[derive(Debug, thiserror::Error)]
@@ -316,8 +316,19 @@ impl RuntimeConfig {
                 }
             }
             keys.in_force_tenant(&entry.otlp);
-            if !entry.otlp.is_empty() {
-                otlp.insert(tenant.clone(), Arc::new(entry.otlp.apply()));
+            // Under `name_validation_scheme: utf8` the translation keeps names as sent, so such
+            // a tenant has settings of its own even with no OTLP key.
+            let scheme = entry.validation.scheme();
+            if !entry.otlp.is_empty() || scheme != NameValidationScheme::Legacy {
+                let settings =
+                    entry
+                        .otlp
+                        .apply(scheme)
+                        .map_err(|message| ConfigError::Invalid {
+                            place: format!("overrides.{tenant}"),
+                            message,
+                        })?;
+                otlp.insert(tenant.clone(), Arc::new(settings));
             }
             keys.in_force_tenant(&entry.ha);
             if !entry.ha.is_empty() {
@@ -1121,6 +1132,59 @@ mod tests {
         assert_eq!(
             config.sha256,
             "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"
+        );
+    }
+
+    /// The OTLP translation strategy is checked against the tenant's name scheme and
+    /// suffixes, as Mimir checks its limits; the scheme decides whether names are kept as
+    /// sent, also for a tenant with no OTLP key.
+    #[test]
+    fn the_translation_strategy_agrees_with_the_tenant_s_name_scheme() {
+        let config = parse(
+            "overrides:\n  utf8:\n    name_validation_scheme: utf8\n  \
+             suffixed:\n    name_validation_scheme: utf8\n    otel_metric_suffixes_enabled: true\n    \
+             otel_translation_strategy: NoUTF8EscapingWithSuffixes\n  \
+             collapsing:\n    otel_label_name_preserve_multiple_underscores: false\n  \
+             plain:\n    ingestion_rate: 5\n",
+        )
+        .unwrap();
+        let utf8 = config
+            .otlp_translation("utf8")
+            .expect("a utf8 tenant has settings");
+        assert!(utf8.utf8_names && !utf8.otel_metric_suffixes_enabled);
+        let suffixed = config.otlp_translation("suffixed").unwrap();
+        assert!(suffixed.utf8_names && suffixed.otel_metric_suffixes_enabled);
+        let collapsing = config.otlp_translation("collapsing").unwrap();
+        assert!(
+            !collapsing.utf8_names && !collapsing.otel_label_name_preserve_multiple_underscores
+        );
+        assert_eq!(config.otlp_translation("plain"), None);
+        for key in [
+            "otel_translation_strategy",
+            "otel_label_name_preserve_multiple_underscores",
+        ] {
+            assert!(
+                config
+                    .mimir_keys
+                    .in_force
+                    .contains(&format!("overrides.*.{key}")),
+                "{key}"
+            );
+        }
+        let refused = parse("overrides:\n  t:\n    otel_translation_strategy: NoTranslation\n")
+            .unwrap_err()
+            .to_string();
+        assert_eq!(
+            refused,
+            "overrides.t: OTLP translation strategy NoTranslation is not allowed unless \
+             validation scheme is utf8"
+        );
+        let unknown = parse("overrides:\n  t:\n    otel_translation_strategy: Escape\n")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            unknown.contains("unsupported OTLP translation strategy \"Escape\""),
+            "{unknown}"
         );
     }
 }

@@ -37,7 +37,7 @@ pub use admission::{AdmissionConfig, Algorithm, LimitSource, LimitSpec, Unresolv
 pub use config::{ConfigError, MimirKeys, RenderMode, RuntimeConfig};
 pub use ha::HaLimits;
 pub use limits::{Defaults, InstanceLimits, RateLimitStrategy, StoreFailurePolicy, TenantLimits};
-pub use otlp::OtlpTranslation;
+pub use otlp::{OtlpTranslation, TranslationStrategy};
 pub use relabel::Relabel;
 pub use reload::{ReloadMetrics, Reloader};
 pub use validation::ValidationLimits;

@@ -252,12 +252,6 @@ pub(crate) const IGNORED: &[(&str, &str)] = &[
         OTLP_TRANSLATION,
     ),
     (
-        "otel_label_name_preserve_multiple_underscores",
-        OTLP_TRANSLATION,
-    ),
-    ("otel_label_name_underscore_sanitization", OTLP_TRANSLATION),
-    ("otel_translation_strategy", OTLP_TRANSLATION),
-    (
         "separate_metrics_group_label",
         "not implemented: weir's discarded-sample metrics have no group label",
     ),

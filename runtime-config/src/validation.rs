@@ -202,6 +202,11 @@ impl ValidationLimits {
 }
 
 impl ValidationOverride {
+    /// The entry's `name_validation_scheme`, or Mimir's default.
+    pub(crate) fn scheme(&self) -> NameValidationScheme {
+        self.0.name_validation_scheme.unwrap_or_default()
+    }
+
     pub(crate) fn is_empty(&self) -> bool {
         let ValidationKeys {
             max_label_names_per_series,

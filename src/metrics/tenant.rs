@@ -93,19 +93,9 @@ impl TenantMetrics {
     }
 
     /// What validation dropped from one push without refusing a series: exemplars, per
-    /// [`ExemplarReason`], samples and histograms that repeated a timestamp, and OTLP metrics
-    /// the translation left out (Mimir counts those as discarded samples, one a metric, with
-    /// reason `otlp_parse_error`).
-    pub fn count_drops(
-        &self,
-        exemplars: &DroppedExemplars,
-        repeated_timestamps: u64,
-        untranslated: u64,
-    ) {
-        if repeated_timestamps == 0
-            && untranslated == 0
-            && exemplars.iter().all(|&items| items == 0)
-        {
+    /// [`ExemplarReason`], and samples and histograms that repeated a timestamp.
+    pub fn count_drops(&self, exemplars: &DroppedExemplars, repeated_timestamps: u64) {
+        if repeated_timestamps == 0 && exemplars.iter().all(|&items| items == 0) {
             return;
         }
         let drops = self.drops.get_or_init(Box::default);
@@ -117,8 +107,14 @@ impl TenantMetrics {
         if repeated_timestamps > 0 {
             drops.repeated_timestamps.inc_by(repeated_timestamps);
         }
-        if untranslated > 0 {
-            drops.untranslated.inc_by(untranslated);
+    }
+
+    /// OTLP metrics one push's translation left out: Mimir counts each as a discarded sample
+    /// with reason `otlp_parse_error`.
+    pub fn count_untranslated(&self, metrics: u64) {
+        if metrics > 0 {
+            let drops = self.drops.get_or_init(Box::default);
+            drops.untranslated.inc_by(metrics);
         }
     }
 

@@ -242,7 +242,7 @@ pub fn count_left_out(
 ) -> Result<(WriteCounts, Vec<String>), DecodeError> {
     let (counts, refused) = walk(request, Conversion::of(settings), |_| {});
     if counts.cost() == 0 && !refused.is_empty() {
-        return Err(nothing_ingested(refused.join("; ")));
+        return Err(nothing_ingested(&refused));
     }
     Ok((counts, refused))
 }
@@ -271,7 +271,7 @@ fn walk<'r>(
     mut family: impl FnMut(Option<&'r Metric>),
 ) -> (WriteCounts, Vec<String>) {
     let mut counts = WriteCounts::default();
-    let mut entries = MetadataEntries::new(conversion.suffixes);
+    let mut entries = MetadataEntries::new(conversion);
     let mut refused: Vec<String> = Vec::new();
     for resource in &request.resource_metrics {
         let mut times = TimeRange::default();
@@ -284,7 +284,7 @@ fn walk<'r>(
             let mut own = WriteCounts::default();
             let counted =
                 count_metric(metric, conversion, &mut own, &mut times).and_then(|counted| {
-                    if !translate::is_named(Naming::of(metric), conversion.suffixes) {
+                    if !translate::is_named(Naming::of(metric), conversion) {
                         Err(NO_NAME)
                     } else {
                         Ok(counted)

@@ -5,8 +5,11 @@
 use crate::counts::DecodeError;
 
 /// The 400 for a request of which nothing converts: `refused` lists each refused metric.
-pub(super) fn nothing_ingested(refused: String) -> DecodeError {
-    DecodeError::Otlp(format!("nothing in the request can be ingested: {refused}"))
+pub(super) fn nothing_ingested(refused: &[String]) -> DecodeError {
+    DecodeError::Untranslated {
+        left_out: refused.len() as u64,
+        message: refused.join("; "),
+    }
 }
 
 /// Why Mimir's translator refuses a metric.
@@ -17,25 +20,42 @@ pub(super) const NO_DATA: &str = "the metric has no data";
 pub(super) const NO_NAME: &str =
     "the metric's name makes no metric name (nothing, or only `_`, is left once escaped)";
 
-/// Whether Mimir's translator refuses a metric for its name (its `MetricNamer`, UTF-8 not
-/// allowed): escaped, nothing is left, or only `_` where the escaping changed the name. So a
-/// name with no character in `[A-Za-z0-9:]` is refused unless it is all `_` already.
+/// Whether Mimir's translator refuses a metric for its name when it escapes names (its
+/// `MetricNamer`, UTF-8 not allowed): escaped, nothing is left, or only `_` where the escaping
+/// changed the name. So a name with no character in `[A-Za-z0-9:]` is refused unless it is
+/// all `_` already. (Names kept as sent are never refused.)
 pub(super) fn name_refused(name: &[u8]) -> bool {
     let kept = name.iter().any(|&b| b.is_ascii_alphanumeric() || b == b':');
     let underscores = !name.is_empty() && name.iter().all(|&b| b == b'_');
     !kept && !underscores
 }
 
-/// What of a tenant's translation settings changes what a point is charged: whether a classic
-/// histogram's point becomes one native histogram (`otel_convert_histograms_to_nhcb`), and
-/// whether delta temporality is taken (`otel_native_delta_ingestion`).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+/// What of a tenant's translation settings changes what a point is charged or how its series
+/// are named: whether a classic histogram's point becomes one native histogram
+/// (`otel_convert_histograms_to_nhcb`), whether delta temporality is taken
+/// (`otel_native_delta_ingestion`), and how metric and label names are made of OTLP's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Conversion {
     pub nhcb: bool,
     pub delta: bool,
     /// Metric names with suffixes (`otel_metric_suffixes_enabled`), which decide families
     /// and which names are refused.
     pub suffixes: bool,
+    /// Names kept as sent, not escaped (the strategy `name_validation_scheme: utf8` derives:
+    /// `NoUTF8EscapingWithSuffixes` or `NoTranslation`).
+    pub utf8: bool,
+    /// `key` before a label name that starts with one `_`
+    /// (`otel_label_name_underscore_sanitization`).
+    pub key_prefix: bool,
+    /// Runs of `_` in a label name kept (`otel_label_name_preserve_multiple_underscores`).
+    pub keep_underscores: bool,
+}
+
+impl Default for Conversion {
+    /// Mimir's defaults.
+    fn default() -> Conversion {
+        Conversion::of(&runtime_config::OtlpTranslation::default())
+    }
 }
 
 impl Conversion {
@@ -44,6 +64,9 @@ impl Conversion {
             nhcb: settings.otel_convert_histograms_to_nhcb,
             delta: settings.otel_native_delta_ingestion,
             suffixes: settings.otel_metric_suffixes_enabled,
+            utf8: settings.utf8_names,
+            key_prefix: settings.otel_label_name_underscore_sanitization,
+            keep_underscores: settings.otel_label_name_preserve_multiple_underscores,
         }
     }
 

@@ -55,7 +55,7 @@ pub fn scan_bounded(
     let conversion = Conversion::of(settings);
     let mut charge = Charge {
         conversion,
-        metadata: MetadataEntries::new(conversion.suffixes),
+        metadata: MetadataEntries::new(conversion),
         ..Charge::default()
     };
     let mut buf = body;
@@ -101,7 +101,7 @@ impl<'a> Charge<'a> {
                 .iter()
                 .map(|(name, why)| format!("metric {name:?}: {why}"))
                 .collect();
-            return Err(nothing_ingested(refused.join("; ")));
+            return Err(nothing_ingested(&refused));
         }
         self.bounds.left_out = self.refused.len() as u64;
         Ok((self.counts, self.bounds))
@@ -222,7 +222,7 @@ impl<'a> Charge<'a> {
                 .is_some_and(|data| data.kind == Kind::Sum && data.monotonic),
             gauge: data.as_ref().is_some_and(|data| data.kind == Kind::Gauge),
         };
-        let named = is_named(naming, self.conversion.suffixes);
+        let named = is_named(naming, self.conversion);
         match data.ok_or(NO_DATA).and_then(|data| {
             let kind = data.metric_type();
             let points = data.settle(&mut self.counts, times, named)?;

@@ -205,7 +205,7 @@ pub fn each_point_by_name(
         let mut times = TimeRange::default();
         for (s, scope) in resource.scope_metrics.iter().enumerate() {
             for (m, metric) in scope.metrics.iter().enumerate() {
-                let name = family_name(Naming::of(metric), conversion.suffixes)
+                let name = family_name(Naming::of(metric), conversion)
                     .map(Cow::into_owned)
                     .unwrap_or_default();
                 metric_points(metric, conversion, &mut times, |point, _, _, kind| {
@@ -261,7 +261,7 @@ fn walk<'r>(
             .iter()
             .filter(|kv| settings.promote_otel_resource_attributes.contains(&kv.key))
             .collect();
-        let promoted = promoted_labels(&promoted_attributes);
+        let promoted = promoted_labels(&promoted_attributes, conversion);
         let identity_size = attributes
             .iter()
             .filter(|kv| is_identity(&kv.key))
@@ -270,10 +270,10 @@ fn walk<'r>(
             .unwrap_or(0);
         let mut times = TimeRange::default();
         for (s, scope) in resource.scope_metrics.iter().enumerate() {
-            let scoped = ScopeLabels::of(scope, settings);
+            let scoped = ScopeLabels::of(scope, settings, conversion);
             for (m, metric) in scope.metrics.iter().enumerate() {
                 // Each point's series are named alike (a refused name has no points).
-                let family = family_name(Naming::of(metric), conversion.suffixes);
+                let family = family_name(Naming::of(metric), conversion);
                 let family = family.as_deref().unwrap_or_default();
                 metric_points(
                     metric,
@@ -306,7 +306,7 @@ fn walk<'r>(
                         if !wanted(&bounds) {
                             return;
                         }
-                        let mut base = labels_of(attributes);
+                        let mut base = labels_of(attributes, conversion);
                         for (name, value) in &promoted {
                             let unset = base.get(name).is_none_or(|set| set.is_empty());
                             if unset {
@@ -338,8 +338,10 @@ fn walk<'r>(
         let keys = TargetKeys::of(attributes.iter().map(|kv| kv.key.as_bytes()));
         if let Some(samples) = target_info_samples(&keys, &times) {
             let keep = settings.otel_keep_identifying_resource_attributes;
-            let mut labels =
-                labels_of(attributes.iter().filter(|kv| keep || !is_identity(&kv.key)));
+            let mut labels = labels_of(
+                attributes.iter().filter(|kv| keep || !is_identity(&kv.key)),
+                conversion,
+            );
             for (name, value) in &identity {
                 labels.insert(name.to_string(), value.clone());
             }
@@ -364,7 +366,7 @@ struct ScopeLabels {
 }
 
 impl ScopeLabels {
-    fn of(scope: &ScopeMetrics, settings: &OtlpTranslation) -> ScopeLabels {
+    fn of(scope: &ScopeMetrics, settings: &OtlpTranslation, conversion: Conversion) -> ScopeLabels {
         let none = ScopeLabels {
             labels: Vec::new(),
             bounds: Bounds::default(),
@@ -384,7 +386,7 @@ impl ScopeLabels {
             bounds.scope_key = bounds.scope_key.max(kv.key.len());
             bounds.scope_value = bounds.scope_value.max(measured(kv.value.as_ref()));
             labels.push((
-                label_name(&format!("otel_scope_{}", kv.key)),
+                label_name(&format!("otel_scope_{}", kv.key), conversion),
                 value_string(kv.value.as_ref()),
             ));
         }
@@ -644,12 +646,12 @@ pub fn nanos_to_millis(nanos: u64) -> i64 {
 /// Promoted resource attributes as labels: in key order, each key escaped as a point
 /// attribute's; of two that escape alike, the first (as the translator sets one only where no
 /// value is set yet).
-fn promoted_labels(promoted: &[&KeyValue]) -> Vec<(String, String)> {
+fn promoted_labels(promoted: &[&KeyValue], conversion: Conversion) -> Vec<(String, String)> {
     let mut chosen = promoted.to_vec();
     chosen.sort_by(|a, b| a.key.cmp(&b.key));
     let mut labels: Vec<(String, String)> = Vec::with_capacity(chosen.len());
     for kv in chosen {
-        let name = label_name(&kv.key);
+        let name = label_name(&kv.key, conversion);
         let value = value_string(kv.value.as_ref());
         match labels.iter_mut().find(|(set, _)| *set == name) {
             Some((_, set)) if set.is_empty() => *set = value,
@@ -685,14 +687,17 @@ fn identity_labels(attributes: &[KeyValue]) -> Vec<(&'static str, String)> {
 
 /// Attributes as labels: keys escaped, values of keys that escape alike joined with `;` in
 /// key order.
-fn labels_of<'k>(attributes: impl IntoIterator<Item = &'k KeyValue>) -> BTreeMap<String, String> {
+fn labels_of<'k>(
+    attributes: impl IntoIterator<Item = &'k KeyValue>,
+    conversion: Conversion,
+) -> BTreeMap<String, String> {
     let mut sorted: Vec<&KeyValue> = attributes.into_iter().collect();
     sorted.sort_by(|a, b| a.key.cmp(&b.key));
     let mut labels: BTreeMap<String, String> = BTreeMap::new();
     for kv in sorted {
         let value = value_string(kv.value.as_ref());
         labels
-            .entry(label_name(&kv.key))
+            .entry(label_name(&kv.key, conversion))
             .and_modify(|joined| {
                 joined.push(';');
                 joined.push_str(&value);
@@ -710,24 +715,42 @@ fn kept(labels: BTreeMap<String, String>, drops: &dyn Fn(&str) -> bool) -> Vec<(
         .collect()
 }
 
-/// An attribute key as a label name.
-pub fn label_name(key: &str) -> String {
+/// An attribute key as a label name (Prometheus' `otlptranslator.LabelNamer`): as sent when
+/// names are kept as sent; else each character outside `[A-Za-z0-9]` made `_` (a run of them
+/// one `_` unless runs are kept, a reserved `__name__` keeping its ends), `key_` before a
+/// leading digit, and `key` before a leading single `_` when the tenant sanitizes those.
+pub fn label_name(key: &str, conversion: Conversion) -> String {
     if key.is_empty() {
         return String::new();
     }
-    let mut name: String = key
-        .chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() || c == '_' {
-                c
-            } else {
-                '_'
+    if conversion.utf8 {
+        return key.to_string();
+    }
+    let mut name = if conversion.keep_underscores {
+        key.chars()
+            .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
+            .collect()
+    } else {
+        let reserved = key
+            .strip_prefix("__")
+            .and_then(|inner| inner.strip_suffix("__"))
+            .filter(|_| key.len() >= 4);
+        let mut out = String::with_capacity(key.len() + 4);
+        for c in reserved.unwrap_or(key).chars() {
+            if c.is_ascii_alphanumeric() {
+                out.push(c);
+            } else if !out.ends_with('_') {
+                out.push('_');
             }
-        })
-        .collect();
+        }
+        match reserved {
+            Some(_) => format!("__{out}__"),
+            None => out,
+        }
+    };
     if name.starts_with(|c: char| c.is_ascii_digit()) {
         name.insert_str(0, "key_");
-    } else if name.starts_with('_') && !name.starts_with("__") {
+    } else if conversion.key_prefix && name.starts_with('_') && !name.starts_with("__") {
         name.insert_str(0, "key");
     }
     name
@@ -766,19 +789,29 @@ impl<'a> Naming<'a> {
 
 /// Whether the translator can name the metric ([`family_name`] is not `None`), without
 /// building the name when it has no suffixes.
-pub fn is_named(naming: Naming<'_>, suffixes: bool) -> bool {
-    if suffixes {
+pub fn is_named(naming: Naming<'_>, conversion: Conversion) -> bool {
+    if conversion.utf8 {
+        true
+    } else if conversion.suffixes {
         !suffixed_name(naming).is_empty()
     } else {
         !name_refused(naming.name.as_bytes())
     }
 }
 
-/// The family name Mimir's translation gives a metric: [`metric_name`], or with `suffixes`
-/// (`otel_metric_suffixes_enabled`) [`suffixed_name`]; `None` when the translator refuses it
-/// (nothing left, or only `_` where the escaping changed the name).
-pub fn family_name(naming: Naming<'_>, suffixes: bool) -> Option<Cow<'_, str>> {
-    if suffixes {
+/// The family name Mimir's translation gives a metric: [`metric_name`], or with suffixes
+/// (`otel_metric_suffixes_enabled`) [`suffixed_name`]; with names kept as sent, the name as
+/// sent, or [`utf8_suffixed_name`]. `None` when the translator refuses it (escaped, nothing
+/// is left, or only `_` where the escaping changed the name).
+pub fn family_name(naming: Naming<'_>, conversion: Conversion) -> Option<Cow<'_, str>> {
+    if conversion.utf8 {
+        return Some(if conversion.suffixes {
+            Cow::Owned(utf8_suffixed_name(naming))
+        } else {
+            Cow::Borrowed(naming.name)
+        });
+    }
+    if conversion.suffixes {
         let name = suffixed_name(naming);
         return (!name.is_empty()).then_some(Cow::Owned(name));
     }
@@ -789,6 +822,56 @@ pub fn family_name(naming: Naming<'_>, suffixes: bool) -> Option<Cow<'_, str>> {
     } else {
         Some(Cow::Owned(metric_name(naming.name)))
     }
+}
+
+/// Prometheus' `buildMetricName` (its metric namer with suffixes, UTF-8 allowed): the name as
+/// sent, its main unit after a `_` unless it ends so already, then its per unit, `_total` for
+/// a monotonic sum and `_ratio` for a gauge of unit `1`, each taken off the name's end first
+/// (with the character before it) so that it comes once, last. Units are named
+/// (`ms` is `milliseconds`, `/s` `per_second`) but not cleaned.
+pub fn utf8_suffixed_name(naming: Naming<'_>) -> String {
+    /// The translator's `trimSuffixAndDelimiter`: `suffix` and the character before it off
+    /// the end, when the name is longer than both. (Go cuts a byte; this the whole character
+    /// before the suffix.)
+    fn trimmed<'n>(name: &'n str, suffix: &str) -> &'n str {
+        match name.strip_suffix(suffix) {
+            Some(rest) if name.len() > suffix.len() + 1 => {
+                let mut end = rest.len() - 1;
+                while !rest.is_char_boundary(end) {
+                    end -= 1;
+                }
+                &rest[..end]
+            }
+            _ => name,
+        }
+    }
+    let ratio = naming.unit == "1" && naming.gauge;
+    let mut name = naming.name;
+    if ratio {
+        name = trimmed(name, "ratio");
+    }
+    if naming.counter {
+        name = trimmed(name, "total");
+    }
+    let (main, per) = named_units(naming.unit);
+    if !per.is_empty() {
+        name = trimmed(name, &per);
+    }
+    let mut out = name.to_string();
+    if !main.is_empty() && !out.ends_with(main.as_str()) {
+        out.push('_');
+        out.push_str(&main);
+    }
+    for suffix in [per.as_str(), if naming.counter { "total" } else { "" }] {
+        if !suffix.is_empty() {
+            out.push('_');
+            out.push_str(suffix);
+        }
+    }
+    if ratio {
+        out.push_str("_ratio");
+    }
+    out
 }
 
 /// Prometheus' `normalizeName` (its metric namer with suffixes, names escaped): the name's
@@ -953,27 +1036,34 @@ pub struct MetadataEntries<'a> {
     entries: u64,
     /// A reused buffer for a name that needs escaping.
     name: String,
-    /// Family names with suffixes (`otel_metric_suffixes_enabled`).
-    suffixes: bool,
+    /// How family names are made ([`family_name`]).
+    conversion: Conversion,
 }
 
 impl<'a> MetadataEntries<'a> {
-    /// Entries of families named with suffixes or not.
-    pub fn new(suffixes: bool) -> MetadataEntries<'a> {
+    /// Entries of families named as `conversion` names them.
+    pub fn new(conversion: Conversion) -> MetadataEntries<'a> {
         MetadataEntries {
-            suffixes,
-            ..MetadataEntries::default()
+            last: HashMap::new(),
+            entries: 0,
+            name: String::new(),
+            conversion,
         }
     }
 
     /// Whether a metric named as `naming` says with `meta`, appended now, makes an entry.
     pub fn see(&mut self, naming: Naming<'a>, meta: Meta<'a>) -> bool {
         let name = naming.name;
-        let own = !self.suffixes && is_metric_name(name);
+        let Conversion { suffixes, utf8, .. } = self.conversion;
+        let own = !suffixes && (utf8 || is_metric_name(name));
         let family = if own {
             name
-        } else if self.suffixes {
-            self.name = suffixed_name(naming);
+        } else if suffixes {
+            self.name = if utf8 {
+                utf8_suffixed_name(naming)
+            } else {
+                suffixed_name(naming)
+            };
             self.name.as_str()
         } else {
             write_metric_name(name, &mut self.name);
@@ -1027,6 +1117,20 @@ pub fn unit_name(unit: &str) -> String {
 /// (`per_<unit>`) a unit is named by, each cleaned as a metric name's part; empty where there
 /// is none (blank, or in braces).
 fn unit_suffixes(unit: &str) -> (String, String) {
+    let (main, per) = named_units(unit);
+    let clean = |part: String| {
+        if part.is_empty() {
+            part
+        } else {
+            clean_unit(&part)
+        }
+    };
+    (clean(main), clean(per))
+}
+
+/// Prometheus' `buildUnitSuffixes`: the main unit and the per unit (`per_<unit>`) a unit is
+/// named by, not cleaned; empty where there is none (blank, or in braces).
+fn named_units(unit: &str) -> (String, String) {
     let (main, per) = match unit.split_once('/') {
         Some((main, per)) => (main, Some(per)),
         None => (unit, None),
@@ -1039,11 +1143,11 @@ fn unit_suffixes(unit: &str) -> (String, String) {
         let name = names.iter().find(|(from, _)| *from == part);
         Some(name.map_or(part, |(_, to)| to).to_string())
     };
-    let main = named(main, UNITS).map_or_else(String::new, |main| clean_unit(&main));
+    let main = named(main, UNITS).unwrap_or_default();
     let per = per
         .and_then(|per| named(per, PER_UNITS))
         .filter(|per| !per.is_empty())
-        .map_or_else(String::new, |per| clean_unit(&format!("per_{per}")));
+        .map_or_else(String::new, |per| format!("per_{per}"));
     (main, per)
 }
 
@@ -1364,7 +1468,7 @@ fn metric_points<'p>(
     mut each: impl FnMut(usize, &'p [KeyValue], u64, PointKind<'p>),
 ) {
     // A metric whose name the translator refuses has no points; its times still count.
-    let named = is_named(Naming::of(metric), conversion.suffixes);
+    let named = is_named(Naming::of(metric), conversion);
     let mut each = |p, attributes, time, kind| {
         if named {
             each(p, attributes, time, kind)
@@ -1471,14 +1575,142 @@ mod tests {
 
     #[test]
     fn names_are_escaped_as_the_translator_escapes_them() {
+        let label_name = |key| label_name(key, Conversion::default());
         assert_eq!(label_name("http.method"), "http_method");
         assert_eq!(label_name("123invalid"), "key_123invalid");
         assert_eq!(label_name("_private"), "key_private");
         assert_eq!(label_name("__reserved__"), "__reserved__");
         assert_eq!(label_name("ü"), "key_");
+        assert_eq!(label_name("a..b__c"), "a__b__c");
         assert_eq!(metric_name("http.server.duration"), "http_server_duration");
         assert_eq!(metric_name("a..b__c."), "a_b__c");
         assert_eq!(metric_name("2xx.count"), "_2xx_count");
+    }
+
+    /// The label-name options and names kept as sent, worked out from Prometheus'
+    /// `LabelNamer.Build` and `sanitizeLabelName`.
+    #[test]
+    fn label_names_follow_the_tenant_s_options() {
+        let collapsing = Conversion {
+            keep_underscores: false,
+            ..Conversion::default()
+        };
+        for (key, name) in [
+            ("http..method", "http_method"),
+            ("a__b", "a_b"),
+            ("__private", "key_private"),
+            ("_private", "key_private"),
+            ("__reserved__", "__reserved__"),
+            ("__a..b__", "__a_b__"),
+            ("___", "key_"),
+            ("123..x", "key_123_x"),
+            ("ü.ü", "key_"),
+        ] {
+            assert_eq!(label_name(key, collapsing), name, "{key:?}");
+        }
+        let unsanitized = Conversion {
+            key_prefix: false,
+            ..Conversion::default()
+        };
+        for (key, name) in [
+            ("_private", "_private"),
+            ("__private", "__private"),
+            ("1a", "key_1a"),
+        ] {
+            assert_eq!(label_name(key, unsanitized), name, "{key:?}");
+        }
+        let utf8 = Conversion {
+            utf8: true,
+            ..Conversion::default()
+        };
+        for key in ["http.method", "_x", "1a", "ü", "a..b"] {
+            assert_eq!(label_name(key, utf8), key);
+        }
+    }
+
+    /// Metric names kept as sent, with suffixes: Prometheus' `buildMetricName`, case by case.
+    #[test]
+    fn utf8_names_get_their_suffixes_as_prometheus_gives_them() {
+        let named = |name, unit, counter, gauge| {
+            utf8_suffixed_name(Naming {
+                name,
+                unit,
+                counter,
+                gauge,
+            })
+        };
+        let cases = [
+            (
+                ("http.server.duration", "s", false, false),
+                "http.server.duration_seconds",
+            ),
+            (("http.requests", "", true, false), "http.requests_total"),
+            (
+                ("http.requests.total", "", true, false),
+                "http.requests_total",
+            ),
+            (
+                ("cpu.utilization", "1", false, true),
+                "cpu.utilization_ratio",
+            ),
+            (("cpu.utilization", "1", false, false), "cpu.utilization"),
+            (
+                ("system.io", "By/s", true, false),
+                "system.io_bytes_per_second_total",
+            ),
+            (("latency.seconds", "s", false, true), "latency.seconds"),
+            (
+                ("io_per_second", "By/s", false, true),
+                "io_bytes_per_second",
+            ),
+            // Units outside the map stay as sent; braces are none.
+            (("temp", "°C", false, true), "temp_°C"),
+            (("x", "{packets}", true, false), "x_total"),
+            // Only a longer name loses its suffix.
+            (("total", "", true, false), "total_total"),
+            // The character before a suffix goes with it, whole.
+            (("aératio", "1", false, true), "a_ratio"),
+        ];
+        for ((name, unit, counter, gauge), expected) in cases {
+            assert_eq!(
+                named(name, unit, counter, gauge),
+                expected,
+                "{name:?} {unit:?}"
+            );
+        }
+        let utf8 = |suffixes| Conversion {
+            utf8: true,
+            suffixes,
+            ..Conversion::default()
+        };
+        let gauge = |name| Naming {
+            name,
+            unit: "",
+            counter: false,
+            gauge: true,
+        };
+        // Kept as sent, nothing is refused; without suffixes the name is the family.
+        assert_eq!(
+            family_name(gauge("..."), utf8(false)).as_deref(),
+            Some("...")
+        );
+        assert_eq!(
+            family_name(gauge("a.b"), utf8(false)).as_deref(),
+            Some("a.b")
+        );
+        assert!(is_named(gauge("..."), utf8(true)));
+        let mut entries = MetadataEntries::new(utf8(false));
+        let meta = Meta {
+            kind: MetricType::Gauge,
+            unit: b"",
+            help: b"",
+        };
+        // `a.b` and `a_b` are one family escaped, two kept as sent.
+        assert!(entries.see(gauge("a.b"), meta));
+        assert!(entries.see(gauge("a_b"), meta));
+        let mut escaped = MetadataEntries::new(Conversion::default());
+        assert!(escaped.see(gauge("a.b"), meta));
+        assert!(!escaped.see(gauge("a_b"), meta));
     }
 
     /// Units as Prometheus' `UnitNamer` builds them: its documented examples, then its rules
@@ -1868,9 +2100,19 @@ mod tests {
             counter: false,
             gauge: true,
         };
-        assert_eq!(family_name(gauge("..."), true), None);
-        assert_eq!(family_name(gauge("___"), false).as_deref(), Some("___"));
-        assert_eq!(family_name(gauge("a.b"), false).as_deref(), Some("a_b"));
+        let suffixes = |suffixes| Conversion {
+            suffixes,
+            ..Conversion::default()
+        };
+        assert_eq!(family_name(gauge("..."), suffixes(true)), None);
+        assert_eq!(
+            family_name(gauge("___"), suffixes(false)).as_deref(),
+            Some("___")
+        );
+        assert_eq!(
+            family_name(gauge("a.b"), suffixes(false)).as_deref(),
+            Some("a_b")
+        );
     }
 
     #[test]

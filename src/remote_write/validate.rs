@@ -66,14 +66,7 @@ impl Validation {
 
     /// The OTLP translation settings in force: the tenant's, or Mimir's defaults.
     pub(crate) fn translation(&self) -> &runtime_config::OtlpTranslation {
-        static DEFAULT: runtime_config::OtlpTranslation = runtime_config::OtlpTranslation {
-            promote_otel_resource_attributes: Vec::new(),
-            otel_keep_identifying_resource_attributes: false,
-            otel_convert_histograms_to_nhcb: false,
-            otel_native_delta_ingestion: false,
-            otel_promote_scope_metadata: false,
-            otel_metric_suffixes_enabled: false,
-        };
+        static DEFAULT: runtime_config::OtlpTranslation = runtime_config::OtlpTranslation::DEFAULT;
         self.otlp.as_deref().unwrap_or(&DEFAULT)
     }
 
