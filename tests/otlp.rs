@@ -345,6 +345,22 @@ fn now_ns() -> u64 {
 }
 
 /// A string attribute.
+/// An export of `metrics` in one scope of one resource with no attributes, encoded.
+fn one_scope(metrics: Vec<weir::otlp::proto::metrics::Metric>) -> Vec<u8> {
+    use weir::otlp::proto::{metrics, resource, ExportMetricsServiceRequest};
+    ExportMetricsServiceRequest {
+        resource_metrics: vec![metrics::ResourceMetrics {
+            resource: Some(resource::Resource::default()),
+            scope_metrics: vec![metrics::ScopeMetrics {
+                metrics,
+                ..Default::default()
+            }],
+            ..Default::default()
+        }],
+    }
+    .encode_to_vec()
+}
+
 fn kv(key: &str, value: &str) -> weir::otlp::proto::common::KeyValue {
     use weir::otlp::proto::common;
     common::KeyValue {
@@ -991,7 +1007,7 @@ async fn an_otlp_ha_pair_is_deduplicated_on_its_first_series() {
 /// nothing translates (400, nothing charged).
 #[tokio::test]
 async fn metrics_left_out_are_counted_before_the_ha_tracker_and_when_nothing_translates() {
-    use weir::otlp::proto::{metrics, resource, ExportMetricsServiceRequest};
+    use weir::otlp::proto::metrics;
     let (addr, _receiver) = start_receiver().await;
     let weir = forwarding_to(
         addr,
@@ -1018,22 +1034,11 @@ async fn metrics_left_out_are_counted_before_the_ha_tracker_and_when_nothing_tra
         {
             gauge.data_points[0].attributes = vec![kv("cluster", "c"), kv("__replica__", replica)];
         }
-        let metrics = if with_gauge {
-            vec![up, delta.clone()]
+        if with_gauge {
+            one_scope(vec![up, delta.clone()])
         } else {
-            vec![delta.clone()]
-        };
-        ExportMetricsServiceRequest {
-            resource_metrics: vec![metrics::ResourceMetrics {
-                resource: Some(resource::Resource::default()),
-                scope_metrics: vec![metrics::ScopeMetrics {
-                    metrics,
-                    ..Default::default()
-                }],
-                ..Default::default()
-            }],
+            one_scope(vec![delta.clone()])
         }
-        .encode_to_vec()
     };
     let parse_errors = || {
         counter(
@@ -1203,7 +1208,7 @@ async fn a_promoted_scope_is_labels_for_the_checks() {
 
 #[tokio::test]
 async fn with_suffixes_rules_see_the_names_mimir_gives_the_metrics() {
-    use weir::otlp::proto::{metrics, resource, ExportMetricsServiceRequest};
+    use weir::otlp::proto::{metrics, ExportMetricsServiceRequest};
     let (addr, receiver) = start_receiver().await;
     // The same rule for both tenants; only `sfx` names its metrics with suffixes, so only
     // its monotonic sum is `http_requests_total`.
@@ -1233,17 +1238,10 @@ async fn with_suffixes_rules_see_the_names_mimir_gives_the_metrics() {
         })),
         ..Default::default()
     };
-    let sent = ExportMetricsServiceRequest {
-        resource_metrics: vec![metrics::ResourceMetrics {
-            resource: Some(resource::Resource::default()),
-            scope_metrics: vec![metrics::ScopeMetrics {
-                metrics: vec![requests, gauge_of_one("up".into(), String::new(), now_ns)],
-                ..Default::default()
-            }],
-            ..Default::default()
-        }],
-    }
-    .encode_to_vec();
+    let sent = one_scope(vec![
+        requests,
+        gauge_of_one("up".into(), String::new(), now_ns),
+    ]);
     // `sfx`: the sum's 4 points dropped and cut, `up` charged; both families' entries.
     let response = export_protobuf(&weir, "sfx", sent.clone()).await;
     assert_eq!(response.status(), 200, "{:?}", response.text().await);
@@ -1275,7 +1273,7 @@ async fn with_suffixes_rules_see_the_names_mimir_gives_the_metrics() {
 /// false` makes `http...route` the label `http_route`, short enough where `http___route` is not.
 #[tokio::test]
 async fn the_name_scheme_and_the_label_options_name_series_as_mimir_does() {
-    use weir::otlp::proto::{metrics, resource, ExportMetricsServiceRequest};
+    use weir::otlp::proto::{metrics, ExportMetricsServiceRequest};
     let (addr, receiver) = start_receiver().await;
     let rule = "    metric_relabel_configs:\n    - source_labels: [__name__]\n      \
                 regex: 'http[.]requests'\n      action: drop\n";
@@ -1290,20 +1288,7 @@ async fn the_name_scheme_and_the_label_options_name_series_as_mimir_does() {
     )
     .await;
     let now_ns = now_ns();
-    let export = |metrics: Vec<metrics::Metric>| {
-        ExportMetricsServiceRequest {
-            resource_metrics: vec![metrics::ResourceMetrics {
-                resource: Some(resource::Resource::default()),
-                scope_metrics: vec![metrics::ScopeMetrics {
-                    metrics,
-                    ..Default::default()
-                }],
-                ..Default::default()
-            }],
-        }
-        .encode_to_vec()
-    };
-    let named = export(vec![
+    let named = one_scope(vec![
         gauge_of_one("http.requests".into(), String::new(), now_ns),
         gauge_of_one("a.b".into(), String::new(), now_ns),
         gauge_of_one("a_b".into(), String::new(), now_ns),
@@ -1335,7 +1320,7 @@ async fn the_name_scheme_and_the_label_options_name_series_as_mimir_does() {
     if let Some(metrics::metric::Data::Gauge(gauge)) = &mut routed.data {
         gauge.data_points[0].attributes = vec![kv("http...route", "/")];
     }
-    let routed = export(vec![routed]);
+    let routed = one_scope(vec![routed]);
     let response = export_protobuf(&weir, "short", routed.clone()).await;
     assert_eq!(response.status(), 400);
     let text = String::from_utf8_lossy(&response.bytes().await.unwrap()).into_owned();
