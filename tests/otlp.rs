@@ -345,6 +345,21 @@ fn now_ns() -> u64 {
 }
 
 /// A string attribute.
+/// How many data points each metric of an encoded export's first scope has (gauges and sums).
+fn points_of(export: &[u8]) -> Vec<usize> {
+    use weir::otlp::proto::{metrics, ExportMetricsServiceRequest};
+    let export = ExportMetricsServiceRequest::decode(export).unwrap();
+    export.resource_metrics[0].scope_metrics[0]
+        .metrics
+        .iter()
+        .map(|metric| match &metric.data {
+            Some(metrics::metric::Data::Sum(sum)) => sum.data_points.len(),
+            Some(metrics::metric::Data::Gauge(gauge)) => gauge.data_points.len(),
+            other => panic!("{other:?}"),
+        })
+        .collect()
+}
+
 /// An export of `metrics` in one scope of one resource with no attributes, encoded.
 fn one_scope(metrics: Vec<weir::otlp::proto::metrics::Metric>) -> Vec<u8> {
     use weir::otlp::proto::{metrics, resource, ExportMetricsServiceRequest};
@@ -1208,7 +1223,7 @@ async fn a_promoted_scope_is_labels_for_the_checks() {
 
 #[tokio::test]
 async fn with_suffixes_rules_see_the_names_mimir_gives_the_metrics() {
-    use weir::otlp::proto::{metrics, ExportMetricsServiceRequest};
+    use weir::otlp::proto::metrics;
     let (addr, receiver) = start_receiver().await;
     // The same rule for both tenants; only `sfx` names its metrics with suffixes, so only
     // its monotonic sum is `http_requests_total`.
@@ -1247,17 +1262,7 @@ async fn with_suffixes_rules_see_the_names_mimir_gives_the_metrics() {
     assert_eq!(response.status(), 200, "{:?}", response.text().await);
     assert_eq!(admitted(&weir, "sfx").await, [1, 0, 2]);
     let received = std::mem::take(&mut *receiver.received.lock().unwrap());
-    let forwarded = ExportMetricsServiceRequest::decode(received[0].2.as_ref()).unwrap();
-    let points: Vec<usize> = forwarded.resource_metrics[0].scope_metrics[0]
-        .metrics
-        .iter()
-        .map(|metric| match &metric.data {
-            Some(metrics::metric::Data::Sum(sum)) => sum.data_points.len(),
-            Some(metrics::metric::Data::Gauge(gauge)) => gauge.data_points.len(),
-            other => panic!("{other:?}"),
-        })
-        .collect();
-    assert_eq!(points, [0, 1], "the sum's points cut");
+    assert_eq!(points_of(&received[0].2), [0, 1], "the sum's points cut");
     // `plain`: `http_requests` is not the rule's name; everything charged and forwarded.
     let response = export_protobuf(&weir, "plain", sent.clone()).await;
     assert_eq!(response.status(), 200, "{:?}", response.text().await);
@@ -1273,7 +1278,7 @@ async fn with_suffixes_rules_see_the_names_mimir_gives_the_metrics() {
 /// false` makes `http...route` the label `http_route`, short enough where `http___route` is not.
 #[tokio::test]
 async fn the_name_scheme_and_the_label_options_name_series_as_mimir_does() {
-    use weir::otlp::proto::{metrics, ExportMetricsServiceRequest};
+    use weir::otlp::proto::metrics;
     let (addr, receiver) = start_receiver().await;
     let rule = "    metric_relabel_configs:\n    - source_labels: [__name__]\n      \
                 regex: 'http[.]requests'\n      action: drop\n";
@@ -1299,16 +1304,7 @@ async fn the_name_scheme_and_the_label_options_name_series_as_mimir_does() {
     assert_eq!(response.status(), 200, "{:?}", response.text().await);
     assert_eq!(admitted(&weir, "utf8").await, [2, 0, 3]);
     let received = std::mem::take(&mut *receiver.received.lock().unwrap());
-    let forwarded = ExportMetricsServiceRequest::decode(received[0].2.as_ref()).unwrap();
-    let points: Vec<usize> = forwarded.resource_metrics[0].scope_metrics[0]
-        .metrics
-        .iter()
-        .map(|metric| match &metric.data {
-            Some(metrics::metric::Data::Gauge(gauge)) => gauge.data_points.len(),
-            other => panic!("{other:?}"),
-        })
-        .collect();
-    assert_eq!(points, [0, 1, 1], "http.requests cut");
+    assert_eq!(points_of(&received[0].2), [0, 1, 1], "http.requests cut");
     // `plain`: the names are `http_requests` and `a_b` twice; nothing dropped, two families.
     let response = export_protobuf(&weir, "plain", named.clone()).await;
     assert_eq!(response.status(), 200, "{:?}", response.text().await);
