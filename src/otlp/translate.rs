@@ -1628,17 +1628,32 @@ mod tests {
         }
     }
 
-    /// Metric names kept as sent, with suffixes: Prometheus' `buildMetricName`, case by case.
-    #[test]
-    fn utf8_names_get_their_suffixes_as_prometheus_gives_them() {
-        let named = |name, unit, counter, gauge| {
-            utf8_suffixed_name(Naming {
+    /// Each case's metric, `((name, unit, monotonic sum, gauge), expected)`, as `namer` names it.
+    fn names_are(namer: fn(Naming<'_>) -> String, cases: &[((&str, &str, bool, bool), &str)]) {
+        for &((name, unit, counter, gauge), expected) in cases {
+            let naming = Naming {
                 name,
                 unit,
                 counter,
                 gauge,
-            })
-        };
+            };
+            assert_eq!(namer(naming), expected, "{name:?} {unit:?}");
+        }
+    }
+
+    /// A gauge of no unit named `name`.
+    fn gauge(name: &str) -> Naming<'_> {
+        Naming {
+            name,
+            unit: "",
+            counter: false,
+            gauge: true,
+        }
+    }
+
+    /// Metric names kept as sent, with suffixes: Prometheus' `buildMetricName`, case by case.
+    #[test]
+    fn utf8_names_get_their_suffixes_as_prometheus_gives_them() {
         let cases = [
             (
                 ("http.server.duration", "s", false, false),
@@ -1671,23 +1686,11 @@ mod tests {
             // The character before a suffix goes with it, whole.
             (("aératio", "1", false, true), "a_ratio"),
         ];
-        for ((name, unit, counter, gauge), expected) in cases {
-            assert_eq!(
-                named(name, unit, counter, gauge),
-                expected,
-                "{name:?} {unit:?}"
-            );
-        }
+        names_are(utf8_suffixed_name, &cases);
         let utf8 = |suffixes| Conversion {
             utf8: true,
             suffixes,
             ..Conversion::default()
-        };
-        let gauge = |name| Naming {
-            name,
-            unit: "",
-            counter: false,
-            gauge: true,
         };
         // Kept as sent, nothing is refused; without suffixes the name is the family.
         assert_eq!(
@@ -2039,14 +2042,6 @@ mod tests {
     /// code (`otlptranslator` as vendored in Mimir 3.0.3).
     #[test]
     fn names_with_suffixes_are_built_as_the_translator_builds_them() {
-        let named = |name, unit, counter, gauge| {
-            suffixed_name(Naming {
-                name,
-                unit,
-                counter,
-                gauge,
-            })
-        };
         let cases = [
             // The unit, `_total` for a monotonic sum, `_ratio` for a gauge of unit 1.
             (
@@ -2086,20 +2081,8 @@ mod tests {
             (("...", "", true, false), "total"),
             (("...", "", false, true), ""),
         ];
-        for ((name, unit, counter, gauge), expected) in cases {
-            assert_eq!(
-                named(name, unit, counter, gauge),
-                expected,
-                "{name:?} {unit:?}"
-            );
-        }
+        names_are(suffixed_name, &cases);
         // The family name refuses what comes out empty; without suffixes, as before.
-        let gauge = |name| Naming {
-            name,
-            unit: "",
-            counter: false,
-            gauge: true,
-        };
         let suffixes = |suffixes| Conversion {
             suffixes,
             ..Conversion::default()
