@@ -1628,8 +1628,11 @@ mod tests {
         }
     }
 
-    /// Each case's metric, `((name, unit, monotonic sum, gauge), expected)`, as `namer` names it.
-    fn names_are(namer: fn(Naming<'_>) -> String, cases: &[((&str, &str, bool, bool), &str)]) {
+    /// A metric, `(name, unit, monotonic sum, gauge)`, and the name it should get.
+    type NameCase<'a> = ((&'a str, &'a str, bool, bool), &'a str);
+
+    /// Each case's metric as `namer` names it.
+    fn names_are(namer: fn(Naming<'_>) -> String, cases: &[NameCase<'_>]) {
         for &((name, unit, counter, gauge), expected) in cases {
             let naming = Naming {
                 name,
