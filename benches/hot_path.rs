@@ -415,6 +415,31 @@ fn otlp(c: &mut Criterion) {
         }],
     };
     let raw = prost::Message::encode_to_vec(&request);
+    // A collector's batch: the same points from 100 pods, a resource each (each its own
+    // `target_info`, of its own labels).
+    let mut pods = request.clone();
+    pods.resource_metrics = (0..100)
+        .map(|pod| {
+            let mut resource = request.resource_metrics[0].clone();
+            resource.resource = Some(resource::Resource {
+                attributes: vec![
+                    attribute("service.name", "bench".into()),
+                    attribute("service.instance.id", format!("pod-{pod}")),
+                    attribute("k8s.pod.name", format!("pod-{pod}")),
+                    attribute("k8s.namespace.name", "bench".into()),
+                ],
+                ..Default::default()
+            });
+            resource.scope_metrics[0].metrics.truncate(1);
+            if let Some(metrics::metric::Data::Gauge(gauge)) =
+                &mut resource.scope_metrics[0].metrics[0].data
+            {
+                gauge.data_points.truncate(20);
+            }
+            resource
+        })
+        .collect();
+    let pods = prost::Message::encode_to_vec(&pods);
     let mut refused = request.clone();
     if let Some(metrics::metric::Data::Gauge(gauge)) =
         &mut refused.resource_metrics[0].scope_metrics[0].metrics[0].data
@@ -449,6 +474,13 @@ fn otlp(c: &mut Criterion) {
     let gzipped = encoder.finish().unwrap();
     let mut group = c.benchmark_group("otlp");
     group.throughput(Throughput::Elements(2000));
+    group.bench_with_input(
+        BenchmarkId::new("scan", "protobuf-100-resources"),
+        &pods,
+        |b, body| {
+            b.iter(|| weir::otlp::decode(black_box(body), 100 << 20, OtlpFormat::PROTOBUF).unwrap())
+        },
+    );
     for (name, body, gzip) in [("protobuf", &raw, false), ("protobuf+gzip", &gzipped, true)] {
         let format = OtlpFormat { json: false, gzip };
         group.bench_with_input(BenchmarkId::new("scan", name), body, |b, body| {

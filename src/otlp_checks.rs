@@ -165,7 +165,13 @@ fn checked_export(
     if edits.is_empty() || (json.is_none() && edits.only_exemplars()) {
         let mut counts = counts;
         if let Some(relabelled) = &relabelled {
-            uncharge(&mut counts, relabelled, &edits, &request);
+            uncharge(
+                &mut counts,
+                relabelled,
+                &edits,
+                &request,
+                validation.translation(),
+            );
         }
         refuse_metadata(&request, validation, &mut counts, &mut refused);
         let forward = if edits.is_empty() {
@@ -188,7 +194,13 @@ fn checked_export(
     // A request of which nothing is left but metrics the translator refuses costs nothing.
     let mut counts = otlp::count(&kept, validation.translation()).unwrap_or_default();
     if let Some(relabelled) = &relabelled {
-        uncharge(&mut counts, relabelled, &edits, &kept);
+        uncharge(
+            &mut counts,
+            relabelled,
+            &edits,
+            &kept,
+            validation.translation(),
+        );
     }
     if counts.samples.saturating_add(counts.histograms) == 0 {
         // No point left to forward: OTLP carries no metadata without points, so nothing is
@@ -447,18 +459,21 @@ fn uncharge(
     relabelled: &otlp_relabel::Relabelled,
     edits: &Edits,
     kept: &ExportMetricsServiceRequest,
+    settings: &runtime_config::OtlpTranslation,
 ) {
     for (place, (_, dropped)) in &relabelled.changed {
         if matches!(place, Place::Point { .. }) && !edits.points.contains(place) {
             counts.samples = counts.samples.saturating_sub(*dropped);
         }
     }
+    let mut charged = None;
     for place in &relabelled.dropped {
         if let Place::TargetInfo { resource } = *place {
-            let charged = otlp::target_info_samples_of(&kept.resource_metrics[resource]);
-            if let Some(samples) = charged {
+            let charged =
+                charged.get_or_insert_with(|| translate::target_info_charges(kept, settings));
+            if let Some((samples, new_series)) = charged[resource] {
                 counts.samples = counts.samples.saturating_sub(samples);
-                counts.series = counts.series.saturating_sub(1);
+                counts.series = counts.series.saturating_sub(u64::from(new_series));
             }
         }
     }
@@ -624,14 +639,17 @@ fn check_points(
                 edits.points.insert(place);
             }
             // The receiver builds `target_info` from the resource's other attributes: without
-            // them it builds none, as Mimir keeps none.
+            // them (and without an identifying key repeated, which counts as one) it builds
+            // none, as Mimir keeps none. The first of each identifying key stays: it is what
+            // names the points' `job` and `instance`.
             Place::TargetInfo { resource } => {
                 let attributes = request.resource_metrics[resource]
                     .resource
                     .as_ref()
                     .map_or(&[][..], |resource| &resource.attributes);
                 for (attribute, kv) in attributes.iter().enumerate() {
-                    if !translate::is_identity(&kv.key) {
+                    let first = || !attributes[..attribute].iter().any(|kv2| kv2.key == kv.key);
+                    if !translate::is_identity(&kv.key) || !first() {
                         edits.removed.insert(AttributeAt {
                             resource,
                             point: None,

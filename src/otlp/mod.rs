@@ -15,7 +15,8 @@
 //!
 //! Plus the metadata entries the translation makes ([`translate::MetadataEntries`]: one per metric
 //! family that has points, and another when a later metric of the family brings another type, unit
-//! or help), and per resource the `target_info` series Mimir adds (see [`target_info_samples`]).
+//! or help), and per resource the `target_info` series Mimir adds (see [`TargetInfoTimes`]; its samples
+//! charged once a millisecond when resources make the same one, [`rules::TargetInfoSeen`]).
 //! Delta or unspecified temporality, an exponential scale below -4, a metric with no data and a
 //! name that escapes to no metric name ([`name_refused`]) are what Mimir's translator refuses: such
 //! a metric costs nothing, and a request where nothing else is left is a 400. Two of a tenant's
@@ -54,10 +55,10 @@ use std::io::Read;
 use prost::Message;
 
 use crate::counts::{DecodeError, UnsupportedMedia, WriteCounts};
-use proto::metrics::{metric::Data, Metric, ResourceMetrics};
+use proto::metrics::{metric::Data, Metric};
 use rules::{
-    nothing_ingested, target_info_samples, TargetKeys, NOT_CUMULATIVE, NO_DATA, NO_NAME,
-    SCALE_BELOW_MINUS_4, TARGET_INFO,
+    nothing_ingested, TargetInfoTimes, NOT_CUMULATIVE, NO_DATA, NO_NAME, SCALE_BELOW_MINUS_4,
+    TARGET_INFO,
 };
 use runtime_config::OtlpTranslation;
 use translate::{Meta, MetadataEntries, MetricType, Naming};
@@ -240,7 +241,7 @@ pub fn count_left_out(
     request: &proto::ExportMetricsServiceRequest,
     settings: &OtlpTranslation,
 ) -> Result<(WriteCounts, Vec<String>), DecodeError> {
-    let (counts, refused) = walk(request, Conversion::of(settings), |_| {});
+    let (counts, refused) = walk(request, settings, |_| {});
     if counts.cost() == 0 && !refused.is_empty() {
         return Err(nothing_ingested(&refused));
     }
@@ -256,9 +257,7 @@ pub fn metadata_metrics<'r>(
     settings: &OtlpTranslation,
 ) -> Vec<&'r Metric> {
     let mut metrics = Vec::new();
-    walk(request, Conversion::of(settings), |metric| {
-        metrics.extend(metric)
-    });
+    walk(request, settings, |metric| metrics.extend(metric));
     metrics
 }
 
@@ -267,9 +266,11 @@ pub fn metadata_metrics<'r>(
 /// returns the counts and each metric the translator refuses, with why.
 fn walk<'r>(
     request: &'r proto::ExportMetricsServiceRequest,
-    conversion: Conversion,
+    settings: &OtlpTranslation,
     mut family: impl FnMut(Option<&'r Metric>),
 ) -> (WriteCounts, Vec<String>) {
+    let conversion = Conversion::of(settings);
+    let mut target_infos = Vec::new();
     let mut counts = WriteCounts::default();
     let mut entries = MetadataEntries::new(conversion);
     let mut refused: Vec<String> = Vec::new();
@@ -306,40 +307,20 @@ fn walk<'r>(
                 Err(why) => refused.push(format!("metric {:?}: {why}", metric.name)),
             }
         }
-        if let Some(samples) = target_info_of(resource, &times) {
-            counts.series += 1;
-            counts.samples = counts.samples.saturating_add(samples);
+        let attributes = translate::resource_attributes(resource);
+        if let Some(stamps) = TargetInfoTimes::of(&translate::target_keys(attributes), &times) {
+            target_infos.push((attributes, stamps));
             if entries.see(Naming::fixed(TARGET_INFO), Meta::TARGET_INFO) {
                 family(None);
             }
         }
     }
+    for (samples, new_series) in translate::target_infos_stamped(target_infos, settings) {
+        counts.series += u64::from(new_series);
+        counts.samples = counts.samples.saturating_add(samples);
+    }
     counts.metadata = entries.count();
     (counts, refused)
-}
-
-/// The samples of `resource`'s `target_info` as [`count`] charges them; `None`: it makes none.
-pub fn target_info_samples_of(resource: &ResourceMetrics) -> Option<u64> {
-    let mut times = TimeRange::default();
-    for metric in resource
-        .scope_metrics
-        .iter()
-        .flat_map(|scope| &scope.metrics)
-    {
-        // Only the times are wanted, as in `earliest_point_ms`.
-        let unused = &mut WriteCounts::default();
-        let _ = count_metric(metric, Conversion::default(), unused, &mut times);
-    }
-    target_info_of(resource, &times)
-}
-
-/// The samples of `resource`'s `target_info`, its points' times being `times`.
-fn target_info_of(resource: &ResourceMetrics, times: &TimeRange) -> Option<u64> {
-    let attributes = resource.resource.iter().flat_map(|r| &r.attributes);
-    target_info_samples(
-        &TargetKeys::of(attributes.map(|kv| kv.key.as_bytes())),
-        times,
-    )
 }
 
 /// The earliest data point of `request`, in Unix milliseconds (`None`: it has none): the

@@ -107,46 +107,180 @@ impl TimeRange {
     }
 }
 
-/// What a resource's attribute keys say about its `target_info` series: Mimir adds one when
-/// the resource has an attribute other than `service.name`, `service.namespace` and
-/// `service.instance.id`, and one of `service.name` or `service.instance.id`.
+/// What a resource's attributes say about its `target_info` series, as Mimir's translator
+/// decides (`addResourceTargetInfo`): it adds one when the resource has more attributes than
+/// it has of `service.name`, `service.namespace` and `service.instance.id` (a repeated key
+/// counts each time), and the series gets `job` or `instance`: from `service.name` (the
+/// first, as pdata's `Get` finds it; `namespace/name` with a namespace, so never empty then),
+/// from `service.instance.id`, or from an attribute itself called `job` or `instance`, each
+/// only with a value.
 #[derive(Debug, Default)]
 pub(super) struct TargetKeys {
-    pub(super) other: bool,
-    pub(super) identity: bool,
+    attributes: u32,
+    /// Which of `service.name`, `service.namespace`, `service.instance.id` the resource has,
+    /// and whether the first `service.name` and `service.instance.id` have a value.
+    name: Option<bool>,
+    namespace: bool,
+    instance: Option<bool>,
+    /// An attribute `job` or `instance` with a value.
+    labelled: bool,
 }
 
 impl TargetKeys {
-    /// The keys of a resource's attributes, seen.
-    pub(super) fn of<'k>(keys: impl IntoIterator<Item = &'k [u8]>) -> TargetKeys {
+    /// A resource's attributes, seen: each key and whether its value is written empty.
+    pub(super) fn of<'k>(attributes: impl IntoIterator<Item = (&'k [u8], bool)>) -> TargetKeys {
         let mut seen = TargetKeys::default();
-        for key in keys {
-            seen.see(key);
+        for (key, empty) in attributes {
+            seen.see(key, empty);
         }
         seen
     }
 
-    pub(super) fn see(&mut self, key: &[u8]) {
+    #[inline(always)]
+    pub(super) fn see(&mut self, key: &[u8], empty: bool) {
+        self.attributes = self.attributes.saturating_add(1);
         match key {
-            b"service.name" | b"service.instance.id" => self.identity = true,
-            b"service.namespace" => {}
-            _ => self.other = true,
+            b"service.name" => {
+                self.name.get_or_insert(!empty);
+            }
+            b"service.instance.id" => {
+                self.instance.get_or_insert(!empty);
+            }
+            b"service.namespace" => self.namespace = true,
+            b"job" | b"instance" => self.labelled |= !empty,
+            _ => {}
+        }
+    }
+
+    /// Whether the resource makes a `target_info` (when it has points).
+    fn makes_one(&self) -> bool {
+        let identifying = u32::from(self.name.is_some())
+            + u32::from(self.namespace)
+            + u32::from(self.instance.is_some());
+        let job = self.name.is_some_and(|valued| valued || self.namespace);
+        self.attributes > identifying && (job || self.instance == Some(true) || self.labelled)
+    }
+}
+
+/// Unix nanoseconds as Unix milliseconds.
+pub fn nanos_to_millis(nanos: u64) -> i64 {
+    (nanos / 1_000_000) as i64
+}
+
+/// The time between two `target_info` samples of a resource: half the default 5 m lookback.
+const TARGET_INFO_STEP_NANOS: u64 = 150_000_000_000;
+const TARGET_INFO_STEP_MS: i64 = 150_000;
+
+/// When Mimir's translator stamps a resource's `target_info` samples
+/// (`addResourceTargetInfo`), if it adds one (see [`TargetKeys`]; and the resource has
+/// points): one at each `earliest + k·150 s` strictly before the resource's latest point, and
+/// one at the latest, each at its millisecond. A sample at a millisecond already stamped for the
+/// same labels is skipped, in the resource ([`TargetInfoTimes::samples`]) and across the
+/// request's resources ([`TargetInfoSeen`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TargetInfoTimes {
+    /// The millisecond of the first stepped sample (the earliest point's).
+    first_ms: i64,
+    /// How many are stepped: none when every point has the same nanosecond.
+    stepped: u64,
+    /// The millisecond of the last sample (the latest point's).
+    last_ms: i64,
+}
+
+impl TargetInfoTimes {
+    pub(super) fn of(keys: &TargetKeys, times: &TimeRange) -> Option<TargetInfoTimes> {
+        let earliest = times.earliest?;
+        if !keys.makes_one() {
+            return None;
+        }
+        Some(TargetInfoTimes {
+            first_ms: nanos_to_millis(earliest),
+            stepped: (times.latest - earliest).div_ceil(TARGET_INFO_STEP_NANOS),
+            last_ms: nanos_to_millis(times.latest),
+        })
+    }
+
+    /// The samples of this `target_info` alone: the stepped ones, and the last unless it falls
+    /// in the millisecond of the last stepped one (points a fraction of a millisecond apart
+    /// make one sample, not two).
+    pub fn samples(&self) -> u64 {
+        let last_stepped = self.first_ms + (self.stepped as i64 - 1) * TARGET_INFO_STEP_MS;
+        self.stepped + u64::from(self.stepped == 0 || self.last_ms != last_stepped)
+    }
+}
+
+/// The `target_info` samples a request's resources stamp, by the labels of their series
+/// (`K`): Mimir's translator skips a sample whose labels and millisecond an earlier one of the
+/// request had (`seenTargetInfo`), so resources that make the same `target_info` at the same
+/// times are charged its samples once.
+pub struct TargetInfoSeen<K> {
+    stamped: std::collections::HashMap<K, Stamped>,
+}
+
+impl<K> Default for TargetInfoSeen<K> {
+    fn default() -> Self {
+        TargetInfoSeen {
+            stamped: std::collections::HashMap::new(),
         }
     }
 }
 
-/// The samples of the `target_info` series Mimir adds for a resource, if it adds one (see
-/// [`TargetKeys`]; and the resource has points). One sample every 150 s (half the default
-/// 5 m lookback) from the resource's earliest point to before its latest, plus one at the
-/// latest: 1 when all points share a timestamp.
-pub(super) fn target_info_samples(keys: &TargetKeys, times: &TimeRange) -> Option<u64> {
-    const STEP_NANOS: u64 = 150_000_000_000;
-    let earliest = times.earliest?;
-    if !(keys.other && keys.identity) {
-        return None;
+impl<K: std::hash::Hash + Eq> TargetInfoSeen<K> {
+    /// A resource's `target_info` of these labels, stamped at `times`: the samples no earlier
+    /// one stamped, and whether its series is new to the request.
+    pub fn stamp(&mut self, labels: K, times: TargetInfoTimes) -> (u64, bool) {
+        let mut new_series = false;
+        let stamped = self.stamped.entry(labels).or_insert_with(|| {
+            new_series = true;
+            Stamped::default()
+        });
+        let samples = stamped.add(times.first_ms, times.stepped) + stamped.add(times.last_ms, 1);
+        (samples, new_series)
     }
-    let span = times.latest - earliest;
-    Some(span.div_ceil(STEP_NANOS) + 1)
+}
+
+/// The milliseconds stamped for one `target_info` series: every sample falls on a step of
+/// 150 s from some first one, so each residue modulo the step keeps the runs of steps stamped
+/// (first step → one past the last), disjoint and apart. A resource's samples are counted in
+/// one pass over the runs they touch, however long its points span.
+#[derive(Default)]
+struct Stamped {
+    runs: std::collections::HashMap<i64, std::collections::BTreeMap<i64, i64>>,
+}
+
+impl Stamped {
+    /// Stamps `count` samples a step apart from `first_ms`; returns how many were not
+    /// stamped before.
+    fn add(&mut self, first_ms: i64, count: u64) -> u64 {
+        if count == 0 {
+            return 0;
+        }
+        let runs = self
+            .runs
+            .entry(first_ms.rem_euclid(TARGET_INFO_STEP_MS))
+            .or_default();
+        let (from, to) = {
+            let from = first_ms.div_euclid(TARGET_INFO_STEP_MS);
+            (from, from.saturating_add(count as i64))
+        };
+        // The runs that overlap or touch [from, to): disjoint and apart, so their ends grow
+        // with their starts, and those before the first that ends short of `from` end short.
+        let touching: Vec<(i64, i64)> = runs
+            .range(..=to)
+            .rev()
+            .take_while(|(_, &end)| end >= from)
+            .map(|(&start, &end)| (start, end))
+            .collect();
+        let (mut start, mut end, mut before) = (from, to, 0);
+        for (run_start, run_end) in touching {
+            before += (run_end.min(to) - run_start.max(from)).max(0);
+            runs.remove(&run_start);
+            start = start.min(run_start);
+            end = end.max(run_end);
+        }
+        runs.insert(start, end);
+        (to - from - before) as u64
+    }
 }
 
 /// How long a request's labels can get, from a walk of its attributes: enough to tell, for

@@ -23,11 +23,11 @@ use prost::encoding::{decode_key, decode_varint, WireType};
 
 use super::proto::metrics::AggregationTemporality;
 use super::rules::{
-    escapes_to_nothing, nothing_ingested, target_info_samples, Bounds, Conversion, TargetKeys,
+    escapes_to_nothing, nothing_ingested, Bounds, Conversion, TargetInfoTimes, TargetKeys,
     TimeRange, DOUBLE_TEXT, NOT_CUMULATIVE, NO_DATA, NO_NAME, SCALE_BELOW_MINUS_4, TARGET_INFO,
     UNMEASURED,
 };
-use super::translate::{is_named, Meta, MetadataEntries, MetricType, Naming};
+use super::translate::{self, is_named, Meta, MetadataEntries, MetricType, Naming};
 use crate::counts::{DecodeError, WriteCounts};
 use runtime_config::OtlpTranslation;
 
@@ -78,7 +78,7 @@ pub fn scan_bounded(
             skip(&mut buf, wire_type, tag, RECURSION_LIMIT).map_err(invalid)?;
         }
     }
-    charge.finish()
+    charge.finish(settings)
 }
 
 /// The request's charge so far, metric by metric.
@@ -90,10 +90,61 @@ struct Charge<'a> {
     refused: Vec<(&'a str, &'static str)>,
     bounds: Bounds,
     conversion: Conversion,
+    /// Each `target_info` charged: when, what names it (`None`: not told from its
+    /// attributes' bytes), and the `Resource` fields of its resource (in `resources`), decoded
+    /// only when another `target_info` of the request may have its labels.
+    target_infos: Vec<(
+        TargetInfoTimes,
+        Option<Identity<'a>>,
+        std::ops::Range<usize>,
+    )>,
+    resources: Vec<&'a [u8]>,
+}
+
+/// The first `service.namespace`, `service.name` and `service.instance.id` of a resource, as
+/// sent: what gives its `target_info` its `job` and `instance`. Two `target_info`s whose
+/// `job` and `instance` differ cannot have the same labels.
+#[derive(Debug, Default, Clone, Copy)]
+struct Identity<'a> {
+    namespace: Option<&'a [u8]>,
+    name: Option<&'a [u8]>,
+    instance: Option<&'a [u8]>,
+}
+
+impl Identity<'_> {
+    /// A hash of `job` and `instance` as the translator makes them (each only with a value):
+    /// the same for the same two, however `job` was written (`service.name` `n/s`, or
+    /// `service.namespace` `n` and `service.name` `s`). FNV-1a over their bytes, a byte at a
+    /// time, so that the parts of `job` hash as the whole would.
+    fn labels(&self) -> u64 {
+        fn fnv(hash: u64, bytes: &[u8]) -> u64 {
+            bytes.iter().fold(hash, |hash, &b| {
+                (hash ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+            })
+        }
+        let mut hash = 0xcbf2_9ce4_8422_2325;
+        match (self.namespace, self.name) {
+            (Some(namespace), Some(name)) => {
+                hash = fnv(fnv(fnv(fnv(hash, b"j"), namespace), b"/"), name);
+            }
+            (None, Some(name)) if !name.is_empty() => hash = fnv(fnv(hash, b"j"), name),
+            _ => {}
+        }
+        // A byte no UTF-8 text has between the two.
+        hash = fnv(hash, &[0xff]);
+        match self.instance {
+            Some(instance) if !instance.is_empty() => fnv(fnv(hash, b"i"), instance),
+            _ => hash,
+        }
+    }
 }
 
 impl<'a> Charge<'a> {
-    fn finish(mut self) -> Result<(WriteCounts, Bounds), DecodeError> {
+    fn finish(mut self, settings: &OtlpTranslation) -> Result<(WriteCounts, Bounds), DecodeError> {
+        if self.target_infos.len() > 1 {
+            self.stamp_target_infos(settings)
+                .map_err(|err| DecodeError::Otlp(format!("invalid protobuf: {err}")))?;
+        }
         self.counts.metadata = self.metadata.count();
         if self.counts.cost() == 0 && !self.refused.is_empty() {
             let refused: Vec<String> = self
@@ -107,9 +158,59 @@ impl<'a> Charge<'a> {
         Ok((self.counts, self.bounds))
     }
 
+    /// A request with two `target_info`s or more: each was charged its own samples, but of
+    /// two with the same labels the later is charged only the milliseconds the earlier did not
+    /// stamp, as Mimir's translator skips those ([`translate::target_infos_stamped`]). Those
+    /// whose `job` and `instance` another shares (all, when one's are not told from its bytes)
+    /// have their resources decoded for their labels; the rest of the request is not.
+    #[cold]
+    fn stamp_target_infos(&mut self, settings: &OtlpTranslation) -> Result<(), prost::DecodeError> {
+        use prost::Message;
+        let named: Option<Vec<_>> = self
+            .target_infos
+            .iter()
+            .map(|(_, identity, _)| identity.as_ref().map(Identity::labels))
+            .collect();
+        let alike: Vec<bool> = match named {
+            Some(named) => {
+                let mut seen = std::collections::HashMap::new();
+                for labels in &named {
+                    *seen.entry(labels).or_insert(0u32) += 1;
+                }
+                named.iter().map(|labels| seen[labels] > 1).collect()
+            }
+            None => vec![true; self.target_infos.len()],
+        };
+        let mut resources = Vec::new();
+        for ((stamps, _, fields), _) in self.target_infos.iter().zip(&alike).filter(|(_, &a)| a) {
+            let mut resource = super::proto::resource::Resource::default();
+            for &field in &self.resources[fields.clone()] {
+                resource.merge(field)?;
+            }
+            resources.push((resource, *stamps));
+        }
+        let target_infos = resources
+            .iter()
+            .map(|(resource, stamps)| (&resource.attributes[..], *stamps));
+        let own: u64 = resources.iter().map(|(_, stamps)| stamps.samples()).sum();
+        let (mut stamped, mut series) = (0u64, 0u64);
+        for (samples, new_series) in translate::target_infos_stamped(target_infos, settings) {
+            stamped = stamped.saturating_add(samples);
+            series += u64::from(new_series);
+        }
+        self.counts.samples = self.counts.samples.saturating_sub(own - stamped);
+        self.counts.series = self
+            .counts
+            .series
+            .saturating_sub(resources.len() as u64 - series);
+        Ok(())
+    }
+
     /// `ResourceMetrics`: its metrics, then its `target_info`.
     fn resource_metrics(&mut self, mut buf: &'a [u8], depth: u32) -> Scanned<()> {
+        let fields = self.resources.len();
         let mut keys = TargetKeys::default();
+        let mut identity = Some(Identity::default());
         let mut times = TimeRange::default();
         while !buf.is_empty() {
             let (tag, wire_type) = key(&mut buf)?;
@@ -117,7 +218,9 @@ impl<'a> Charge<'a> {
                 1 => {
                     let (resource, depth) =
                         message(&mut buf, wire_type, depth, "ResourceMetrics.resource")?;
-                    resource_attributes(resource, depth, &mut keys, &mut self.bounds)?;
+                    let seen = (&mut keys, &mut identity);
+                    resource_attributes(resource, depth, seen, &mut self.bounds)?;
+                    self.resources.push(resource);
                 }
                 2 => {
                     let (scope, depth) =
@@ -130,13 +233,31 @@ impl<'a> Charge<'a> {
                 _ => skip(&mut buf, wire_type, tag, depth)?,
             }
         }
-        if let Some(samples) = target_info_samples(&keys, &times) {
-            self.counts.series += 1;
-            self.counts.samples = self.counts.samples.saturating_add(samples);
-            self.metadata
-                .see(Naming::fixed(TARGET_INFO), Meta::TARGET_INFO);
-        }
+        self.target_info(&keys, &times, identity, fields);
         Ok(())
+    }
+
+    /// A resource's `target_info`, if it makes one, charged its own samples; its resource
+    /// fields (from `fields` on) kept for [`Self::stamp_target_infos`].
+    #[inline(never)]
+    fn target_info(
+        &mut self,
+        keys: &TargetKeys,
+        times: &TimeRange,
+        identity: Option<Identity<'a>>,
+        fields: usize,
+    ) {
+        match TargetInfoTimes::of(keys, times) {
+            Some(stamps) => {
+                self.counts.series += 1;
+                self.counts.samples = self.counts.samples.saturating_add(stamps.samples());
+                self.metadata
+                    .see(Naming::fixed(TARGET_INFO), Meta::TARGET_INFO);
+                self.target_infos
+                    .push((stamps, identity, fields..self.resources.len()));
+            }
+            None => self.resources.truncate(fields),
+        }
     }
 
     fn scope_metrics(
@@ -671,11 +792,12 @@ fn is_id(id: &[u8]) -> bool {
     id.iter().any(|&b| b != 0)
 }
 
-/// `Resource`: the keys of its attributes decide its `target_info`.
-fn resource_attributes(
-    mut buf: &[u8],
+/// `Resource`: its attributes decide its `target_info` and what names it.
+#[inline(never)]
+fn resource_attributes<'a>(
+    mut buf: &'a [u8],
     depth: u32,
-    keys: &mut TargetKeys,
+    (keys, identity): (&mut TargetKeys, &mut Option<Identity<'a>>),
     bounds: &mut Bounds,
 ) -> Scanned<()> {
     let (mut attributes, mut joined) = (0, 0usize);
@@ -685,7 +807,19 @@ fn resource_attributes(
             1 => {
                 let (kv, depth) = message(&mut buf, wire_type, depth, "Resource.attributes")?;
                 let (name, value) = key_value(kv, depth)?;
-                keys.see(name);
+                keys.see(name, value == 0);
+                if let Some(seen) = identity {
+                    let told = match name {
+                        b"service.namespace" => once(&mut seen.namespace, kv),
+                        b"service.name" => once(&mut seen.name, kv),
+                        b"service.instance.id" => once(&mut seen.instance, kv),
+                        b"job" | b"instance" => false,
+                        _ => true,
+                    };
+                    if !told {
+                        *identity = None;
+                    }
+                }
                 bounds.attribute(name, value);
                 attributes += 1;
                 joined = joined.saturating_add(value).saturating_add(1);
@@ -699,6 +833,53 @@ fn resource_attributes(
     bounds.resource_attributes = bounds.resource_attributes.max(attributes);
     bounds.joined = bounds.joined.max(joined);
     Ok(())
+}
+
+/// The first value of an identifying key, kept in `slot`: whether it is told from the bytes
+/// (a plain string, or none; a later one of the key is not read).
+fn once<'a>(slot: &mut Option<&'a [u8]>, kv: &'a [u8]) -> bool {
+    if slot.is_some() {
+        return true;
+    }
+    match string_value(kv) {
+        Some(text) => {
+            *slot = Some(text);
+            true
+        }
+        None => false,
+    }
+}
+
+/// The value of an already checked `KeyValue` as the text it is written as, when that is
+/// plain from its bytes: none (empty), or one `string_value` of under 128 bytes in one value
+/// field. `None` for anything else (another type, a value field sent twice, …).
+fn string_value(mut kv: &[u8]) -> Option<&[u8]> {
+    let mut text: Option<&[u8]> = Some(b"");
+    let mut values = 0;
+    while !kv.is_empty() {
+        let (tag, wire_type) = key(&mut kv).ok()?;
+        let field_start = kv;
+        skip(&mut kv, wire_type, tag, RECURSION_LIMIT).ok()?;
+        if tag == 2 {
+            values += 1;
+            let field = &field_start[..field_start.len() - kv.len()];
+            text = match field {
+                [len, value @ ..] if *len < 0x80 && usize::from(*len) == value.len() => match value
+                {
+                    [] => Some(b""),
+                    [0x0a, len, text @ ..] if *len < 0x80 && usize::from(*len) == text.len() => {
+                        Some(text)
+                    }
+                    _ => None,
+                },
+                _ => None,
+            };
+        }
+    }
+    if values > 1 {
+        return None;
+    }
+    text
 }
 
 /// An `InstrumentationScope`: checked, and measured for `otel_promote_scope_metadata` (its
@@ -817,8 +998,9 @@ fn any_value(mut buf: &[u8], depth: u32) -> Scanned<usize> {
                 size = UNMEASURED;
             }
             7 => {
-                bytes(&mut buf, wire_type, "AnyValue.bytes_value")?;
-                size = UNMEASURED;
+                let value = bytes(&mut buf, wire_type, "AnyValue.bytes_value")?;
+                // Written as base64: empty only when empty.
+                size = if value.is_empty() { 0 } else { UNMEASURED };
             }
             _ => skip(&mut buf, wire_type, tag, depth)?,
         }

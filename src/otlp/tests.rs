@@ -217,26 +217,166 @@ fn request(attributes: &[&str], metrics: Vec<metrics::Metric>) -> ExportMetricsS
     }
 }
 
+/// Attributes with string values, by key.
+type Strings<'s> = &'s [(&'s str, &'s str)];
+
+/// An export of one resource per entry: its attributes and metrics.
+fn resources(resources: &[(Strings, Vec<metrics::Metric>)]) -> ExportMetricsServiceRequest {
+    ExportMetricsServiceRequest {
+        resource_metrics: resources
+            .iter()
+            .map(|(attributes, metrics)| metrics::ResourceMetrics {
+                resource: Some(resource::Resource {
+                    attributes: attributes
+                        .iter()
+                        .map(|(key, value)| common::KeyValue {
+                            key: key.to_string(),
+                            value: Some(common::AnyValue {
+                                value: Some(common::any_value::Value::StringValue(
+                                    value.to_string(),
+                                )),
+                            }),
+                        })
+                        .collect(),
+                    ..Default::default()
+                }),
+                scope_metrics: vec![metrics::ScopeMetrics {
+                    metrics: metrics.clone(),
+                    ..Default::default()
+                }],
+                ..Default::default()
+            })
+            .collect(),
+    }
+}
+
+/// The samples and metadata entries of `request`, counted on a decode and scanned (the two
+/// held to each other).
+fn samples_and_entries(request: &ExportMetricsServiceRequest) -> (u64, u64) {
+    let counts = count(request).unwrap();
+    assert_eq!(scanned(&request.encode_to_vec()).unwrap(), counts);
+    (counts.samples, counts.metadata)
+}
+
 #[test]
 fn target_info_follows_mimir_rules() {
     let second = 1_000_000_000;
+    let one = |attributes: &[(&str, &str)], metrics| {
+        samples_and_entries(&resources(&[(attributes, metrics)]))
+    };
     // No identifying attribute: no target_info.
-    let counts = count(&request(&["host.name"], vec![gauge("g", 2, 0)])).unwrap();
-    assert_eq!((counts.samples, counts.metadata), (2, 1));
+    assert_eq!(one(&[("host.name", "h")], vec![gauge("g", 2, 0)]), (2, 1));
     // Only identifying attributes: none either.
-    let counts = count(&request(&["service.name"], vec![gauge("g", 2, 0)])).unwrap();
-    assert_eq!((counts.samples, counts.metadata), (2, 1));
+    assert_eq!(
+        one(&[("service.name", "s")], vec![gauge("g", 2, 0)]),
+        (2, 1)
+    );
     // Identity and another attribute, one timestamp: one sample and its metadata.
-    let attributes = ["service.name", "host.name"];
-    let counts = count(&request(&attributes, vec![gauge("g", 2, 0)])).unwrap();
-    assert_eq!((counts.samples, counts.metadata), (3, 2));
+    let attributes = [("service.name", "s"), ("host.name", "h")];
+    assert_eq!(one(&attributes, vec![gauge("g", 2, 0)]), (3, 2));
     // Points 10 minutes apart: samples every 150 s before the latest, plus the latest.
     let spread = vec![gauge("a", 1, 0), gauge("b", 1, 600 * second)];
-    let counts = count(&request(&attributes, spread)).unwrap();
-    assert_eq!((counts.samples, counts.metadata), (2 + 5, 3));
+    assert_eq!(one(&attributes, spread), (2 + 5, 3));
     // A resource with no points adds nothing.
-    let counts = count(&request(&attributes, vec![gauge("g", 0, 0)])).unwrap();
-    assert_eq!(counts.cost(), 0);
+    assert_eq!(one(&attributes, vec![gauge("g", 0, 0)]), (0, 0));
+    // The translator's `job` and `instance` only with a value: an empty `service.name` names
+    // no `job`, so no `target_info`; with a namespace, even empty, `job` is `/name`.
+    assert_eq!(
+        one(
+            &[("service.name", ""), ("host.name", "h")],
+            vec![gauge("g", 1, 0)]
+        ),
+        (1, 1)
+    );
+    let namespaced = [
+        ("service.namespace", ""),
+        ("service.name", ""),
+        ("host.name", "h"),
+    ];
+    assert_eq!(one(&namespaced, vec![gauge("g", 1, 0)]), (2, 2));
+    // An attribute called `job` names the series too.
+    assert_eq!(
+        one(&[("job", "j"), ("host.name", "h")], vec![gauge("g", 1, 0)]),
+        (2, 2)
+    );
+    // The first `service.name` is the one read (pdata's `Get`): here empty.
+    let twice = [
+        ("service.name", ""),
+        ("service.name", "s"),
+        ("host.name", "h"),
+    ];
+    assert_eq!(one(&twice, vec![gauge("g", 1, 0)]), (1, 1));
+    // Points a fraction of a millisecond apart: the last sample falls in the first's
+    // millisecond, and Mimir stamps it once. 150 s and half a millisecond apart: two.
+    let close = vec![
+        gauge("a", 1, 7 * second),
+        gauge("b", 1, 7 * second + 500_000),
+    ];
+    assert_eq!(one(&attributes, close), (2 + 1, 3));
+    let step = vec![gauge("a", 1, 0), gauge("b", 1, 150 * second + 500_000)];
+    assert_eq!(one(&attributes, step), (2 + 2, 3));
+}
+
+#[test]
+fn resources_that_make_the_same_target_info_are_charged_its_samples_once() {
+    let second = 1_000_000_000;
+    let at = |time| vec![gauge("g", 1, time)];
+    let service = [("service.name", "s"), ("host.name", "h")];
+    // The same resource twice (as a batching collector sends it), at one time: one sample.
+    assert_eq!(
+        samples_and_entries(&resources(&[(&service, at(0)), (&service, at(0))])),
+        (2 + 1, 2)
+    );
+    // At times a millisecond apart: two.
+    let apart = resources(&[(&service, at(0)), (&service, at(second / 1000))]);
+    assert_eq!(samples_and_entries(&apart), (2 + 2, 2));
+    // Attributes in another order, a key that escapes alike, an empty value: the same labels.
+    let alike = [("host_name", "h"), ("service.name", "s"), ("empty", "")];
+    assert_eq!(
+        samples_and_entries(&resources(&[(&service, at(0)), (&alike, at(0))])),
+        (2 + 1, 2)
+    );
+    // `job` written two ways: `service.namespace`/`service.name`, and a `service.name` with a
+    // slash in it.
+    let namespaced = [
+        ("service.namespace", "n"),
+        ("service.name", "s"),
+        ("host.name", "h"),
+    ];
+    let slashed = [("service.name", "n/s"), ("host.name", "h")];
+    assert_eq!(
+        samples_and_entries(&resources(&[(&namespaced, at(0)), (&slashed, at(0))])),
+        (2 + 1, 2)
+    );
+    // Another host: another series, its own sample.
+    let other = [("service.name", "s"), ("host.name", "h2")];
+    assert_eq!(
+        samples_and_entries(&resources(&[(&service, at(0)), (&other, at(0))])),
+        (2 + 2, 2)
+    );
+    // Overlapping spans: 0–600 s stamps 0, 150, 300, 450, 600; 300–900 s adds 750 and 900.
+    let spans = resources(&[
+        (
+            &service,
+            vec![gauge("a", 1, 0), gauge("b", 1, 600 * second)],
+        ),
+        (
+            &service,
+            vec![gauge("a", 1, 300 * second), gauge("b", 1, 900 * second)],
+        ),
+    ]);
+    assert_eq!(samples_and_entries(&spans), (4 + 5 + 2, 3));
+    // What the translation hands the checks and the rules agrees: the second `target_info` of
+    // the same labels carries only what it adds.
+    let settings = OtlpTranslation::default();
+    let charged = translate::target_info_charges(&spans, &settings);
+    assert_eq!(charged, vec![Some((5, true)), Some((2, false))]);
+    let translated: Vec<u64> = translate::translate(&spans, &settings, &|_| false, &|_| true)
+        .into_iter()
+        .filter(|t| matches!(t.place, translate::Place::TargetInfo { .. }))
+        .map(|t| t.items)
+        .collect();
+    assert_eq!(translated, vec![5, 2]);
 }
 
 #[test]
@@ -767,10 +907,12 @@ fn a_resource_sent_twice_merges_its_attributes() {
         );
         assert!(first.unwrap().contains(&("job".into(), "s".into())));
     }
-    // A key sent twice in one attribute: the last one counts.
+    // A key sent twice in one attribute: the last one counts. The resource has
+    // `service.name` twice, which Mimir's translator counts as an attribute more than the
+    // identifying ones: it makes a `target_info`, named by the first.
     let renamed = cat(&[&message(1, b"host.name"), &attribute(b"service.name", b"")]);
     let only_identity = request(Some(&cat(&[&name, &message(1, &renamed)])), &gauge);
-    assert_eq!(counted(scanned(&only_identity).unwrap()), (1, 0, 0, 1));
+    assert_eq!(counted(scanned(&only_identity).unwrap()), (2, 0, 0, 2));
 }
 
 #[test]
@@ -1143,6 +1285,86 @@ fn request_strategy() -> impl Strategy<Value = ExportMetricsServiceRequest> {
         });
     prop::collection::vec(resource, 0..3)
         .prop_map(|resource_metrics| ExportMetricsServiceRequest { resource_metrics })
+}
+
+/// Resources whose `target_info`s have the same labels or not, by hand: each attribute set
+/// with the class of its `target_info`'s labels (`None`: it makes none).
+const TARGET_INFO_CLASSES: [(Strings, Option<u8>); 8] = [
+    (&[("service.name", "s"), ("host.name", "h")], Some(0)),
+    (&[("host.name", "h"), ("service.name", "s")], Some(0)),
+    (
+        &[("service.name", "s"), ("host_name", "h"), ("x", "")],
+        Some(0),
+    ),
+    // `job="s"` from an attribute of that name.
+    (&[("job", "s"), ("host.name", "h")], Some(0)),
+    (
+        &[
+            ("service.namespace", "n"),
+            ("service.name", "s"),
+            ("host.name", "h"),
+        ],
+        Some(1),
+    ),
+    (&[("service.name", "n/s"), ("host.name", "h")], Some(1)),
+    (&[("service.name", "s"), ("host.name", "h2")], Some(2)),
+    (&[("service.name", ""), ("host.name", "h")], None),
+];
+
+/// Mimir's `target_info` samples for resources of these label classes and point times, as
+/// its translator stamps them (`addResourceTargetInfo`): every 150 s from the earliest point
+/// while before the latest, then the latest, each skipped when its labels and millisecond
+/// were stamped before (`seenTargetInfo`).
+fn mimir_target_info_samples(resources: &[(Option<u8>, Vec<u64>)]) -> u64 {
+    let mut seen = std::collections::HashSet::new();
+    let mut samples = 0;
+    for (class, times) in resources {
+        let (Some(class), Some(&earliest), Some(&latest)) =
+            (class, times.iter().min(), times.iter().max())
+        else {
+            continue;
+        };
+        let mut time = earliest;
+        while time < latest {
+            samples += u64::from(seen.insert((*class, time / 1_000_000)));
+            time += 150_000_000_000;
+        }
+        samples += u64::from(seen.insert((*class, latest / 1_000_000)));
+    }
+    samples
+}
+
+proptest! {
+    /// Resources of the same `target_info` labels or not, at times a fraction of a
+    /// millisecond and a step apart: charged Mimir's samples, on a decode and on the scan.
+    #[test]
+    fn target_info_samples_are_stamped_as_mimir_stamps_them(
+        drawn in prop::collection::vec(
+            (0..TARGET_INFO_CLASSES.len(), prop::collection::vec(
+                prop::sample::select(vec![
+                    0u64, 400_000, 1_000_000, 150_000_000_000, 150_000_300_000,
+                    300_000_999_999, 450_000_000_000, 1_200_000_000_000,
+                ]),
+                0..4,
+            )),
+            0..5,
+        )
+    ) {
+        let request = resources(&drawn
+            .iter()
+            .map(|(which, times)| {
+                let metrics = times.iter().map(|&time| gauge("g", 1, time)).collect();
+                (TARGET_INFO_CLASSES[*which].0, metrics)
+            })
+            .collect::<Vec<_>>());
+        let points: u64 = drawn.iter().map(|(_, times)| times.len() as u64).sum();
+        let classes: Vec<(Option<u8>, Vec<u64>)> = drawn
+            .iter()
+            .map(|(which, times)| (TARGET_INFO_CLASSES[*which].1, times.clone()))
+            .collect();
+        let (samples, _) = samples_and_entries(&request);
+        prop_assert_eq!(samples, points + mimir_target_info_samples(&classes));
+    }
 }
 
 proptest! {

@@ -29,15 +29,16 @@ use super::proto::{
     metrics::{
         exemplar::Value as ExemplarValue, metric::Data, summary_data_point::ValueAtQuantile,
         AggregationTemporality, Exemplar, ExponentialHistogramDataPoint, HistogramDataPoint,
-        Metric, ScopeMetrics,
+        Metric, ResourceMetrics, ScopeMetrics,
     },
     ExportMetricsServiceRequest,
 };
 use runtime_config::OtlpTranslation;
 
+pub use super::rules::nanos_to_millis;
 use super::rules::{
-    escapes_to_nothing, name_refused, target_info_samples, Bounds, Conversion, TargetKeys,
-    TimeRange, DOUBLE_TEXT, TARGET_INFO, UNMEASURED,
+    escapes_to_nothing, name_refused, Bounds, Conversion, TargetInfoSeen, TargetInfoTimes,
+    TargetKeys, TimeRange, DOUBLE_TEXT, TARGET_INFO, UNMEASURED,
 };
 
 /// Where in the request a translated item comes from: a data point (by its resource, scope,
@@ -201,14 +202,15 @@ pub fn each_point_by_name(
     mut each: impl FnMut(Place, &str, &[(&str, u64)]),
 ) {
     let conversion = Conversion::of(settings);
+    let target_infos = target_info_charges(request, settings);
     for (r, resource) in request.resource_metrics.iter().enumerate() {
-        let mut times = TimeRange::default();
         for (s, scope) in resource.scope_metrics.iter().enumerate() {
             for (m, metric) in scope.metrics.iter().enumerate() {
                 let name = family_name(Naming::of(metric), conversion)
                     .map(Cow::into_owned)
                     .unwrap_or_default();
-                metric_points(metric, conversion, &mut times, |point, _, _, kind| {
+                let times = &mut TimeRange::default();
+                metric_points(metric, conversion, times, |point, _, _, kind| {
                     let place = Place::Point {
                         resource: r,
                         scope: s,
@@ -225,12 +227,7 @@ pub fn each_point_by_name(
                 });
             }
         }
-        let attributes = resource
-            .resource
-            .iter()
-            .flat_map(|resource| &resource.attributes);
-        let keys = TargetKeys::of(attributes.map(|kv| kv.key.as_bytes()));
-        if let Some(samples) = target_info_samples(&keys, &times) {
+        if let Some((samples, _)) = target_infos[r] {
             each(
                 Place::TargetInfo { resource: r },
                 TARGET_INFO,
@@ -249,6 +246,7 @@ fn walk<'r>(
     each: &mut dyn FnMut(Head<'r>, Item<'r>),
 ) {
     let conversion = Conversion::of(settings);
+    let mut stamped = TargetInfoSeen::default();
     for (r, resource) in request.resource_metrics.iter().enumerate() {
         let attributes: &[KeyValue] = resource
             .resource
@@ -335,17 +333,10 @@ fn walk<'r>(
                 );
             }
         }
-        let keys = TargetKeys::of(attributes.iter().map(|kv| kv.key.as_bytes()));
-        if let Some(samples) = target_info_samples(&keys, &times) {
-            let keep = settings.otel_keep_identifying_resource_attributes;
-            let mut labels = labels_of(
-                attributes.iter().filter(|kv| keep || !is_identity(&kv.key)),
-                conversion,
-            );
-            for (name, value) in &identity {
-                labels.insert(name.to_string(), value.clone());
-            }
-            labels.insert("__name__".to_string(), TARGET_INFO.to_string());
+        if let Some(stamps) = TargetInfoTimes::of(&target_keys(attributes), &times) {
+            let labels = target_info_labels(attributes, settings);
+            // Its samples that an earlier resource's `target_info` did not stamp.
+            let (samples, _) = stamped.stamp(kept(labels.clone(), &|_| false), stamps);
             let head = Head {
                 place: Place::TargetInfo { resource: r },
                 earliest_ms: nanos_to_millis(times.earliest.unwrap_or_default()),
@@ -638,9 +629,94 @@ pub fn is_identity(key: &str) -> bool {
     )
 }
 
-/// Unix nanoseconds as Unix milliseconds.
-pub fn nanos_to_millis(nanos: u64) -> i64 {
-    (nanos / 1_000_000) as i64
+/// The labels of a resource's `target_info`: its attributes as labels, but `service.name`,
+/// `service.namespace` and `service.instance.id` (all of them with
+/// `otel_keep_identifying_resource_attributes`), then `job` and `instance`, and `__name__`.
+pub fn target_info_labels(
+    attributes: &[KeyValue],
+    settings: &OtlpTranslation,
+) -> BTreeMap<String, String> {
+    let keep = settings.otel_keep_identifying_resource_attributes;
+    let mut labels = labels_of(
+        attributes.iter().filter(|kv| keep || !is_identity(&kv.key)),
+        Conversion::of(settings),
+    );
+    for (name, value) in identity_labels(attributes) {
+        labels.insert(name.to_string(), value);
+    }
+    labels.insert("__name__".to_string(), TARGET_INFO.to_string());
+    labels
+}
+
+/// The samples each resource's `target_info` is charged, by resource (`None`: it makes none),
+/// and whether its series is new to the request: those an earlier resource's `target_info` of
+/// the same labels did not stamp ([`TargetInfoSeen`]).
+pub fn target_info_charges(
+    request: &ExportMetricsServiceRequest,
+    settings: &OtlpTranslation,
+) -> Vec<Option<(u64, bool)>> {
+    let stamps: Vec<Option<TargetInfoTimes>> = request
+        .resource_metrics
+        .iter()
+        .map(|resource| {
+            let mut times = TimeRange::default();
+            for metric in resource
+                .scope_metrics
+                .iter()
+                .flat_map(|scope| &scope.metrics)
+            {
+                metric_points(metric, Conversion::default(), &mut times, |_, _, _, _| {});
+            }
+            TargetInfoTimes::of(&target_keys(resource_attributes(resource)), &times)
+        })
+        .collect();
+    let made = request
+        .resource_metrics
+        .iter()
+        .zip(&stamps)
+        .filter_map(|(resource, stamp)| Some((resource_attributes(resource), (*stamp)?)));
+    let mut charged = target_infos_stamped(made, settings).into_iter();
+    stamps
+        .iter()
+        .map(|stamp| stamp.and_then(|_| charged.next()))
+        .collect()
+}
+
+/// The `target_info`s of a request's resources (each its resource's attributes and stamps, in
+/// request order), each with the samples it is charged and whether its series is new to the
+/// request: its own ([`TargetInfoTimes::samples`]) when it is the only one, else those an
+/// earlier one of the same labels did not stamp ([`TargetInfoSeen`]), which takes their labels.
+pub fn target_infos_stamped<'r>(
+    target_infos: impl IntoIterator<Item = (&'r [KeyValue], TargetInfoTimes)>,
+    settings: &OtlpTranslation,
+) -> Vec<(u64, bool)> {
+    let target_infos: Vec<_> = target_infos.into_iter().collect();
+    if let [(_, stamps)] = target_infos[..] {
+        return vec![(stamps.samples(), true)];
+    }
+    let mut stamped = TargetInfoSeen::default();
+    target_infos
+        .into_iter()
+        .map(|(attributes, stamps)| {
+            let labels = target_info_labels(attributes, settings);
+            // As the translator's label builder ends with them: no label of an empty value.
+            stamped.stamp(kept(labels, &|_| false), stamps)
+        })
+        .collect()
+}
+
+/// What a resource's attributes say about its `target_info`.
+pub(super) fn target_keys(attributes: &[KeyValue]) -> TargetKeys {
+    TargetKeys::of(
+        attributes
+            .iter()
+            .map(|kv| (kv.key.as_bytes(), renders_empty(kv.value.as_ref()))),
+    )
+}
+
+/// A resource's attributes (none when it has no `Resource`).
+pub fn resource_attributes(resource: &ResourceMetrics) -> &[KeyValue] {
+    resource.resource.as_ref().map_or(&[], |r| &r.attributes)
 }
 
 /// Promoted resource attributes as labels: in key order, each key escaped as a point
@@ -662,31 +738,35 @@ fn promoted_labels(promoted: &[&KeyValue], conversion: Conversion) -> Vec<(Strin
     labels
 }
 
-/// `job` and `instance` from a resource's attributes.
+/// `job` and `instance`, as the translator sets them over a series' other labels: `job` from
+/// `service.name` (`namespace/name` when `service.namespace` is there, even empty), `instance`
+/// from `service.instance.id`, each the first of its key (pdata's `Get`), and only with a
+/// value (an empty one sets nothing, and leaves an attribute of that name as it was).
 fn identity_labels(attributes: &[KeyValue]) -> Vec<(&'static str, String)> {
     let value = |key: &str| {
         attributes
             .iter()
-            .rev()
             .find(|kv| kv.key == key)
             .map(|kv| value_string(kv.value.as_ref()))
     };
     let mut labels = Vec::new();
     if let Some(name) = value("service.name") {
         let job = match value("service.namespace") {
-            Some(namespace) if !namespace.is_empty() => format!("{namespace}/{name}"),
-            _ => name,
+            Some(namespace) => format!("{namespace}/{name}"),
+            None => name,
         };
         labels.push(("job", job));
     }
     if let Some(instance) = value("service.instance.id") {
         labels.push(("instance", instance));
     }
+    labels.retain(|(_, value)| !value.is_empty());
     labels
 }
 
 /// Attributes as labels: keys escaped, values of keys that escape alike joined with `;` in
-/// key order.
+/// key order, as the translator joins them: onto a value set so far, an empty one replaced
+/// (`a.b: ""` then `a_b: "x"` is `a_b="x"`; the other way round, `a_b="x;"`).
 fn labels_of<'k>(
     attributes: impl IntoIterator<Item = &'k KeyValue>,
     conversion: Conversion,
@@ -699,8 +779,12 @@ fn labels_of<'k>(
         labels
             .entry(label_name(&kv.key, conversion))
             .and_modify(|joined| {
-                joined.push(';');
-                joined.push_str(&value);
+                if joined.is_empty() {
+                    *joined = value.clone();
+                } else {
+                    joined.push(';');
+                    joined.push_str(&value);
+                }
             })
             .or_insert(value);
     }
@@ -1227,6 +1311,16 @@ pub fn measured(value: Option<&AnyValue>) -> usize {
         Some(Any::IntValue(_)) => 20,
         Some(Any::DoubleValue(_)) => DOUBLE_TEXT,
         Some(_) => UNMEASURED,
+    }
+}
+
+/// Whether [`value_string`] writes a value empty: none, an empty string or byte string.
+pub fn renders_empty(value: Option<&AnyValue>) -> bool {
+    match value.and_then(|value| value.value.as_ref()) {
+        None => true,
+        Some(Any::StringValue(text)) => text.is_empty(),
+        Some(Any::BytesValue(bytes)) => bytes.is_empty(),
+        Some(_) => false,
     }
 }
 
