@@ -1411,3 +1411,49 @@ async fn relabelling_rules_drop_points_before_they_are_charged_and_forwarded() {
     let received = std::mem::take(&mut *receiver.received.lock().unwrap());
     assert_eq!(received[0].2.as_ref(), long.encode_to_vec(), "as sent");
 }
+
+#[tokio::test]
+async fn a_resource_sent_twice_is_charged_its_target_info_once() {
+    use weir::otlp::proto::{metrics, resource, ExportMetricsServiceRequest};
+    // A batching collector's export: one SDK's resource twice, a point each, at one time.
+    // Mimir's translator stamps their `target_info` once (same labels, same millisecond):
+    // 2 samples + 1 `target_info` sample + 2 entries = 5, the tenant's whole burst.
+    let (addr, receiver) = start_receiver().await;
+    let weir = forwarding_to(
+        addr,
+        "overrides:\n  c:\n    ingestion_rate: 5\n    ingestion_burst_size: 5\n",
+    )
+    .await;
+    let now_ns = now_ns();
+    let resource = |value: i64| metrics::ResourceMetrics {
+        resource: Some(resource::Resource {
+            attributes: vec![kv("service.name", "api"), kv("host.name", "h-1")],
+            ..Default::default()
+        }),
+        scope_metrics: vec![metrics::ScopeMetrics {
+            metrics: vec![metrics::Metric {
+                name: "queue_depth".into(),
+                data: Some(metrics::metric::Data::Gauge(metrics::Gauge {
+                    data_points: vec![metrics::NumberDataPoint {
+                        attributes: vec![kv("queue", &value.to_string())],
+                        time_unix_nano: now_ns,
+                        value: Some(metrics::number_data_point::Value::AsInt(value)),
+                        ..Default::default()
+                    }],
+                })),
+                ..Default::default()
+            }],
+            ..Default::default()
+        }],
+        ..Default::default()
+    };
+    let sent = ExportMetricsServiceRequest {
+        resource_metrics: vec![resource(1), resource(2)],
+    }
+    .encode_to_vec();
+    let response = export_protobuf(&weir, "c", sent.clone()).await;
+    assert_eq!(response.status(), 200, "{}", response.text().await.unwrap());
+    assert_eq!(admitted(&weir, "c").await, [3, 0, 2]);
+    let received = std::mem::take(&mut *receiver.received.lock().unwrap());
+    assert_eq!(received[0].2.as_ref(), sent, "forwarded as sent");
+}

@@ -719,22 +719,20 @@ pub fn resource_attributes(resource: &ResourceMetrics) -> &[KeyValue] {
     resource.resource.as_ref().map_or(&[], |r| &r.attributes)
 }
 
-/// Promoted resource attributes as labels: in key order, each key escaped as a point
-/// attribute's; of two that escape alike, the first (as the translator sets one only where no
-/// value is set yet).
+/// Promoted resource attributes as labels, as the translator's `addPromotedAttributes` sets
+/// them: in the resource's order, each key escaped as a point attribute's, a later one of the
+/// same name over an earlier (an empty value removing it).
 fn promoted_labels(promoted: &[&KeyValue], conversion: Conversion) -> Vec<(String, String)> {
-    let mut chosen = promoted.to_vec();
-    chosen.sort_by(|a, b| a.key.cmp(&b.key));
-    let mut labels: Vec<(String, String)> = Vec::with_capacity(chosen.len());
-    for kv in chosen {
+    let mut labels: Vec<(String, String)> = Vec::with_capacity(promoted.len());
+    for kv in promoted {
         let name = label_name(&kv.key, conversion);
         let value = value_string(kv.value.as_ref());
         match labels.iter_mut().find(|(set, _)| *set == name) {
-            Some((_, set)) if set.is_empty() => *set = value,
-            Some(_) => {}
+            Some((_, set)) => *set = value,
             None => labels.push((name, value)),
         }
     }
+    labels.retain(|(_, value)| !value.is_empty());
     labels
 }
 
@@ -1996,13 +1994,14 @@ mod tests {
             translated[0].series,
             vec![labels(&[
                 ("__name__", "g"),
-                ("a_b", "first"),
+                ("a_b", "second"),
                 ("cluster", "from-point"),
                 ("job", "api"),
                 ("k8s_namespace_name", "ns"),
                 ("service_name", "api"),
             ])],
-            "the point's cluster stays, a.b (first in key order) wins a_b, job is the resource's"
+            "the point's cluster stays, a_b (later in the resource) is set over a.b, job is the \
+             resource's"
         );
         let target_info = |settings: &OtlpTranslation| {
             translate(&request, settings, &|_| false, &|_| true)

@@ -128,14 +128,19 @@ class Charge:
 
     def resource(self, rm):
         res = attrs(rm.resource.attributes)
+        # pdata's Get: the first attribute of a key; `job` and `instance` set only with a value.
+        first = {}
+        for kv in rm.resource.attributes:
+            first.setdefault(kv.key, any_value_str(kv.value))
         base = {}
-        if "service.name" in res:
-            job = res["service.name"]
-            if "service.namespace" in res:
-                job = res["service.namespace"] + "/" + job
-            base["job"] = job
-        if "service.instance.id" in res:
-            base["instance"] = res["service.instance.id"]
+        if "service.name" in first:
+            job = first["service.name"]
+            if "service.namespace" in first:
+                job = first["service.namespace"] + "/" + job
+            if job:
+                base["job"] = job
+        if first.get("service.instance.id"):
+            base["instance"] = first["service.instance.id"]
         earliest, latest = None, None
         for sm in rm.scope_metrics:
             for m in sm.metrics:
@@ -147,11 +152,13 @@ class Charge:
                 self.metric(m, kind, points, base)
         if earliest is None:
             return
-        non_identifying = [k for k in res if k not in IDENTIFYING]
-        if not non_identifying or not base:
+        identifying = sum(1 for k in IDENTIFYING if k in res)
+        if len(rm.resource.attributes) <= identifying:
             return
-        labels = dict(base)
-        labels.update({k: res[k] for k in non_identifying})
+        labels = {k: v for k, v in res.items() if k not in IDENTIFYING and v}
+        labels.update(base)
+        if "job" not in labels and "instance" not in labels:
+            return
         labels["__name__"] = "target_info"
         meta = ("gauge", "", "Target metadata")
         t = earliest
