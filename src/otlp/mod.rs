@@ -56,10 +56,7 @@ use prost::Message;
 
 use crate::counts::{DecodeError, UnsupportedMedia, WriteCounts};
 use proto::metrics::{metric::Data, Metric};
-use rules::{
-    nothing_ingested, TargetInfoTimes, NOT_CUMULATIVE, NO_DATA, NO_NAME, SCALE_BELOW_MINUS_4,
-    TARGET_INFO,
-};
+use rules::{nothing_ingested, TargetInfoTimes, NOT_CUMULATIVE, NO_DATA, NO_NAME, TARGET_INFO};
 use runtime_config::OtlpTranslation;
 use translate::{Meta, MetadataEntries, MetricType, Naming};
 
@@ -281,7 +278,7 @@ fn walk<'r>(
             .iter()
             .flat_map(|scope| &scope.metrics)
         {
-            // Charged only once the translator's name rule, which it applies last, passes.
+            // Charged only once the translator's name rule passes.
             let mut own = WriteCounts::default();
             let counted =
                 count_metric(metric, conversion, &mut own, &mut times).and_then(|counted| {
@@ -292,27 +289,35 @@ fn walk<'r>(
                     }
                 });
             match counted {
-                Ok((0, _)) => {}
-                Ok((_, kind)) => {
-                    counts.add(&own);
-                    let meta = Meta {
-                        kind,
-                        unit: metric.unit.as_bytes(),
-                        help: metric.description.as_bytes(),
-                    };
-                    if entries.see(Naming::of(metric), meta) {
-                        family(Some(metric));
+                Ok((points, kind, cut)) => {
+                    if points > 0 {
+                        counts.add(&own);
+                        let meta = Meta {
+                            kind,
+                            unit: metric.unit.as_bytes(),
+                            help: metric.description.as_bytes(),
+                        };
+                        if entries.see(Naming::of(metric), meta) {
+                            family(Some(metric));
+                        }
+                    }
+                    if let Some(why) = cut {
+                        refused.push(format!("metric {:?}: {why}", metric.name));
                     }
                 }
                 Err(why) => refused.push(format!("metric {:?}: {why}", metric.name)),
             }
         }
         let attributes = translate::resource_attributes(resource);
-        if let Some(stamps) = TargetInfoTimes::of(&translate::target_keys(attributes), &times) {
-            target_infos.push((attributes, stamps));
-            if entries.see(Naming::fixed(TARGET_INFO), Meta::TARGET_INFO) {
-                family(None);
+        match TargetInfoTimes::of(&translate::target_keys(attributes, conversion), &times) {
+            Ok(Some(stamps)) => {
+                target_infos.push((attributes, stamps));
+                if entries.see(Naming::fixed(TARGET_INFO), Meta::TARGET_INFO) {
+                    family(None);
+                }
             }
+            Ok(None) => {}
+            Err(why) => refused.push(format!("metric {TARGET_INFO:?}: {why}")),
         }
     }
     for (samples, new_series) in translate::target_infos_stamped(target_infos, settings) {
@@ -341,14 +346,16 @@ pub fn earliest_point_ms(request: &proto::ExportMetricsServiceRequest) -> Option
     times.earliest.map(translate::nanos_to_millis)
 }
 
-/// Adds one metric's items to `counts`, translated with `conversion`; returns how many points
-/// it had and the type of its metadata entry, or why Mimir's translator refuses it.
+/// What `metric`'s points charge, added to `counts`, with how many points are charged and why
+/// the translator stopped at a point, if it did ([`translate::point_stops`]: that point and the
+/// later ones are left out); or why it refuses the whole metric. Every point's time counts
+/// for `target_info` either way.
 fn count_metric(
     metric: &Metric,
     conversion: Conversion,
     counts: &mut WriteCounts,
     times: &mut TimeRange,
-) -> Result<(usize, MetricType), &'static str> {
+) -> Result<(usize, MetricType, Option<&'static str>), &'static str> {
     let cumulative = |temporality: i32| {
         if conversion.takes(temporality) {
             Ok(())
@@ -358,13 +365,24 @@ fn count_metric(
     };
     let add = |total: &mut u64, n: usize| *total = total.saturating_add(n as u64);
     let data = metric.data.as_ref().ok_or(NO_DATA)?;
-    let points = match data {
+    // The points the translator takes: up to the first it stops at.
+    let mut cut = None;
+    let mut takes = |attributes: &[proto::common::KeyValue], scale: Option<i32>| {
+        cut = cut.or_else(|| translate::point_stops(attributes, scale, conversion));
+        cut.is_none()
+    };
+    let mut points = 0;
+    match data {
         Data::Gauge(gauge) => {
             for point in &gauge.data_points {
                 times.see(point.time_unix_nano);
-                add(&mut counts.samples, 1);
             }
-            gauge.data_points.len()
+            for point in &gauge.data_points {
+                if takes(&point.attributes, None) {
+                    points += 1;
+                    add(&mut counts.samples, 1);
+                }
+            }
         }
         Data::Sum(sum) => {
             for point in &sum.data_points {
@@ -372,10 +390,12 @@ fn count_metric(
             }
             cumulative(sum.aggregation_temporality)?;
             for point in &sum.data_points {
-                add(&mut counts.samples, 1);
-                add(&mut counts.exemplars, point.exemplars.len());
+                if takes(&point.attributes, None) {
+                    points += 1;
+                    add(&mut counts.samples, 1);
+                    add(&mut counts.exemplars, point.exemplars.len());
+                }
             }
-            sum.data_points.len()
         }
         Data::Histogram(histogram) => {
             for point in &histogram.data_points {
@@ -383,6 +403,10 @@ fn count_metric(
             }
             cumulative(histogram.aggregation_temporality)?;
             for point in &histogram.data_points {
+                if !takes(&point.attributes, None) {
+                    continue;
+                }
+                points += 1;
                 add(&mut counts.exemplars, point.exemplars.len());
                 if conversion.nhcb {
                     // One native histogram with custom buckets.
@@ -396,32 +420,32 @@ fn count_metric(
                     buckets + 2 + usize::from(point.sum.is_some()),
                 );
             }
-            histogram.data_points.len()
         }
         Data::ExponentialHistogram(histogram) => {
             for point in &histogram.data_points {
                 times.see(point.time_unix_nano);
             }
             cumulative(histogram.aggregation_temporality)?;
-            if histogram.data_points.iter().any(|point| point.scale < -4) {
-                return Err(SCALE_BELOW_MINUS_4);
-            }
             for point in &histogram.data_points {
-                add(&mut counts.histograms, 1);
-                add(&mut counts.exemplars, point.exemplars.len());
+                if takes(&point.attributes, Some(point.scale)) {
+                    points += 1;
+                    add(&mut counts.histograms, 1);
+                    add(&mut counts.exemplars, point.exemplars.len());
+                }
             }
-            histogram.data_points.len()
         }
         Data::Summary(summary) => {
             for point in &summary.data_points {
                 times.see(point.time_unix_nano);
-                add(&mut counts.samples, point.quantile_values.len() + 2);
+                if takes(&point.attributes, None) {
+                    points += 1;
+                    add(&mut counts.samples, point.quantile_values.len() + 2);
+                }
             }
-            summary.data_points.len()
         }
     };
     counts.series = counts.series.saturating_add(points as u64);
-    Ok((points, MetricType::of(data)))
+    Ok((points, MetricType::of(data), cut))
 }
 
 #[cfg(test)]

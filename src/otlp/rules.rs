@@ -15,7 +15,14 @@ pub(super) fn nothing_ingested(refused: &[String]) -> DecodeError {
 /// Why Mimir's translator refuses a metric.
 pub(super) const NOT_CUMULATIVE: &str = "only cumulative temporality is ingested (delta too with \
                                          otel_native_delta_ingestion; unspecified never)";
-pub(super) const SCALE_BELOW_MINUS_4: &str = "an exponential histogram's scale is below -4";
+pub(super) const SCALE_BELOW_MINUS_4: &str = "an exponential histogram point's scale is below \
+                                              -4: it and the metric's later points are left out";
+pub(super) const LABEL_NAME_INVALID: &str = "a data point's attribute key makes no label name \
+                                             (empty, or only `_` once escaped): it and the \
+                                             metric's later points are left out";
+pub(super) const TARGET_INFO_LABEL_NAME_INVALID: &str =
+    "a resource attribute key makes no label name (empty, or only `_` once escaped): no \
+     target_info";
 pub(super) const NO_DATA: &str = "the metric has no data";
 pub(super) const NO_NAME: &str =
     "the metric's name makes no metric name (nothing, or only `_`, is left once escaped)";
@@ -124,21 +131,27 @@ pub(super) struct TargetKeys {
     instance: Option<bool>,
     /// An attribute `job` or `instance` with a value.
     labelled: bool,
+    /// An attribute whose key makes no label name, on which the translator errors.
+    unnamed: bool,
 }
 
 impl TargetKeys {
-    /// A resource's attributes, seen: each key and whether its value is written empty.
-    pub(super) fn of<'k>(attributes: impl IntoIterator<Item = (&'k [u8], bool)>) -> TargetKeys {
+    /// A resource's attributes, seen: each key, whether its value is written empty and
+    /// whether the key makes no label name (`translate::makes_no_label_name`).
+    pub(super) fn of<'k>(
+        attributes: impl IntoIterator<Item = (&'k [u8], bool, bool)>,
+    ) -> TargetKeys {
         let mut seen = TargetKeys::default();
-        for (key, empty) in attributes {
-            seen.see(key, empty);
+        for (key, empty, unnamed) in attributes {
+            seen.see(key, empty, unnamed);
         }
         seen
     }
 
     #[inline(always)]
-    pub(super) fn see(&mut self, key: &[u8], empty: bool) {
+    pub(super) fn see(&mut self, key: &[u8], empty: bool, unnamed: bool) {
         self.attributes = self.attributes.saturating_add(1);
+        self.unnamed |= unnamed;
         match key {
             b"service.name" => {
                 self.name.get_or_insert(!empty);
@@ -152,13 +165,21 @@ impl TargetKeys {
         }
     }
 
-    /// Whether the resource makes a `target_info` (when it has points).
-    fn makes_one(&self) -> bool {
+    /// Whether the resource makes a `target_info` (when it has points): `Err` when the
+    /// translator errors on it instead (its labels are built, with a key that makes no name,
+    /// before it asks for `job` or `instance`).
+    fn makes_one(&self) -> Result<bool, &'static str> {
         let identifying = u32::from(self.name.is_some())
             + u32::from(self.namespace)
             + u32::from(self.instance.is_some());
+        if self.attributes <= identifying {
+            return Ok(false);
+        }
+        if self.unnamed {
+            return Err(TARGET_INFO_LABEL_NAME_INVALID);
+        }
         let job = self.name.is_some_and(|valued| valued || self.namespace);
-        self.attributes > identifying && (job || self.instance == Some(true) || self.labelled)
+        Ok(job || self.instance == Some(true) || self.labelled)
     }
 }
 
@@ -188,16 +209,22 @@ pub struct TargetInfoTimes {
 }
 
 impl TargetInfoTimes {
-    pub(super) fn of(keys: &TargetKeys, times: &TimeRange) -> Option<TargetInfoTimes> {
-        let earliest = times.earliest?;
-        if !keys.makes_one() {
-            return None;
+    /// `Err`: the translator reports an error for the resource's `target_info` and makes none.
+    pub(super) fn of(
+        keys: &TargetKeys,
+        times: &TimeRange,
+    ) -> Result<Option<TargetInfoTimes>, &'static str> {
+        let Some(earliest) = times.earliest else {
+            return Ok(None);
+        };
+        if !keys.makes_one()? {
+            return Ok(None);
         }
-        Some(TargetInfoTimes {
+        Ok(Some(TargetInfoTimes {
             first_ms: nanos_to_millis(earliest),
             stepped: (times.latest - earliest).div_ceil(TARGET_INFO_STEP_NANOS),
             last_ms: nanos_to_millis(times.latest),
-        })
+        }))
     }
 
     /// The samples of this `target_info` alone: the stepped ones, and the last unless it falls

@@ -24,10 +24,12 @@ use prost::encoding::{decode_key, decode_varint, WireType};
 use super::proto::metrics::AggregationTemporality;
 use super::rules::{
     escapes_to_nothing, nothing_ingested, Bounds, Conversion, TargetInfoTimes, TargetKeys,
-    TimeRange, DOUBLE_TEXT, NOT_CUMULATIVE, NO_DATA, NO_NAME, SCALE_BELOW_MINUS_4, TARGET_INFO,
-    UNMEASURED,
+    TimeRange, DOUBLE_TEXT, LABEL_NAME_INVALID, NOT_CUMULATIVE, NO_DATA, NO_NAME,
+    SCALE_BELOW_MINUS_4, TARGET_INFO, UNMEASURED,
 };
-use super::translate::{self, is_named, Meta, MetadataEntries, MetricType, Naming};
+use super::translate::{
+    self, is_named, makes_no_label_name, Meta, MetadataEntries, MetricType, Naming,
+};
 use crate::counts::{DecodeError, WriteCounts};
 use runtime_config::OtlpTranslation;
 
@@ -219,7 +221,8 @@ impl<'a> Charge<'a> {
                     let (resource, depth) =
                         message(&mut buf, wire_type, depth, "ResourceMetrics.resource")?;
                     let seen = (&mut keys, &mut identity);
-                    resource_attributes(resource, depth, seen, &mut self.bounds)?;
+                    let conversion = self.conversion;
+                    resource_attributes(resource, depth, seen, conversion, &mut self.bounds)?;
                     self.resources.push(resource);
                 }
                 2 => {
@@ -248,7 +251,11 @@ impl<'a> Charge<'a> {
         fields: usize,
     ) {
         match TargetInfoTimes::of(keys, times) {
-            Some(stamps) => {
+            Err(why) => {
+                self.resources.truncate(fields);
+                self.refused.push((TARGET_INFO, why));
+            }
+            Ok(Some(stamps)) => {
                 self.counts.series += 1;
                 self.counts.samples = self.counts.samples.saturating_add(stamps.samples());
                 self.metadata
@@ -256,7 +263,7 @@ impl<'a> Charge<'a> {
                 self.target_infos
                     .push((stamps, identity, fields..self.resources.len()));
             }
-            None => self.resources.truncate(fields),
+            Ok(None) => self.resources.truncate(fields),
         }
     }
 
@@ -346,12 +353,16 @@ impl<'a> Charge<'a> {
         let named = is_named(naming, self.conversion);
         match data.ok_or(NO_DATA).and_then(|data| {
             let kind = data.metric_type();
-            let points = data.settle(&mut self.counts, times, named)?;
-            Ok((points, kind))
+            let (points, cut) = data.settle(&mut self.counts, times, named)?;
+            Ok((points, kind, cut))
         }) {
-            Ok((0, _)) => {}
-            Ok((_, kind)) => {
-                self.metadata.see(naming, Meta { kind, unit, help });
+            Ok((points, kind, cut)) => {
+                if points > 0 {
+                    self.metadata.see(naming, Meta { kind, unit, help });
+                }
+                if let Some(why) = cut {
+                    self.refused.push((name, why));
+                }
             }
             Err(why) => self.refused.push((name, why)),
         }
@@ -404,7 +415,9 @@ struct Data {
     temporality: i32,
     /// A sum's `is_monotonic`, as prost reads a `bool`: the last one sent.
     monotonic: bool,
-    scale_below_minus_4: bool,
+    /// Why the translator stops at a point ([`translate::point_stops`]): that point and the
+    /// later ones are not charged.
+    cut: Option<&'static str>,
     conversion: Conversion,
 }
 
@@ -420,7 +433,7 @@ impl Data {
             exemplars: 0,
             temporality: 0,
             monotonic: false,
-            scale_below_minus_4: false,
+            cut: None,
         }
     }
 
@@ -467,7 +480,11 @@ impl Data {
             bounds,
             count: &mut attributes,
             joined: 0,
+            conversion: self.conversion,
+            unnamed: false,
         };
+        let (samples, histograms) = (self.samples, self.histograms);
+        let mut scale = 0;
         let (time, exemplars) = match self.kind {
             Kind::Gauge | Kind::Sum => {
                 let point = number_point(buf, depth, &mut labels)?;
@@ -491,7 +508,7 @@ impl Data {
                 let point = exponential_point(buf, depth, &mut labels)?;
                 labels.bounds.buckets = labels.bounds.buckets.max(point.buckets);
                 self.histograms += 1;
-                self.scale_below_minus_4 |= point.scale < -4;
+                scale = point.scale;
                 (point.time, point.exemplars)
             }
             Kind::Summary => {
@@ -501,7 +518,21 @@ impl Data {
             }
         };
         let joined = labels.joined;
-        self.exemplars += exemplars.count;
+        let stops = if scale < -4 {
+            Some(SCALE_BELOW_MINUS_4)
+        } else if labels.unnamed {
+            Some(LABEL_NAME_INVALID)
+        } else {
+            None
+        };
+        self.cut = self.cut.or(stops);
+        let charged = self.cut.is_none();
+        if charged {
+            self.exemplars += exemplars.count;
+            self.points += 1;
+        } else {
+            (self.samples, self.histograms) = (samples, histograms);
+        }
         bounds.exemplars += exemplars.count;
         // Gauge exemplars are never translated, so never checked.
         if self.kind != Kind::Gauge && exemplars.count > 0 {
@@ -509,7 +540,6 @@ impl Data {
             bounds.exemplar_times.cover(&exemplars.times);
             bounds.exemplar_without_ids |= exemplars.without_ids;
         }
-        self.points += 1;
         self.times.see(time);
         bounds.point_attributes = bounds.point_attributes.max(attributes);
         bounds.joined = bounds.joined.max(joined);
@@ -521,21 +551,18 @@ impl Data {
         matches!(self.kind, Kind::Sum | Kind::Histogram | Kind::Exponential)
     }
 
-    /// Charges the metric to `counts` and returns its points, or why Mimir's translator
-    /// refuses it (`named`: its name passes [`name_refused`], which the translator applies
-    /// last). Its points' times count for `target_info` either way.
+    /// Charges the metric to `counts` and returns the points charged and why the translator
+    /// stopped at a point, if it did, or why it refuses the whole metric (`named`: its name
+    /// passes [`name_refused`]). Its points' times count for `target_info` either way.
     fn settle(
         self,
         counts: &mut WriteCounts,
         times: &mut TimeRange,
         named: bool,
-    ) -> Result<u64, &'static str> {
+    ) -> Result<(u64, Option<&'static str>), &'static str> {
         times.cover(&self.times);
         if self.temporal() && !self.conversion.takes(self.temporality) {
             return Err(NOT_CUMULATIVE);
-        }
-        if self.scale_below_minus_4 {
-            return Err(SCALE_BELOW_MINUS_4);
         }
         if !named {
             return Err(NO_NAME);
@@ -547,7 +574,7 @@ impl Data {
             counts.exemplars = counts.exemplars.saturating_add(self.exemplars);
         }
         counts.series = counts.series.saturating_add(self.points);
-        Ok(self.points)
+        Ok((self.points, self.cut))
     }
 }
 
@@ -798,6 +825,7 @@ fn resource_attributes<'a>(
     mut buf: &'a [u8],
     depth: u32,
     (keys, identity): (&mut TargetKeys, &mut Option<Identity<'a>>),
+    conversion: Conversion,
     bounds: &mut Bounds,
 ) -> Scanned<()> {
     let (mut attributes, mut joined) = (0, 0usize);
@@ -807,7 +835,7 @@ fn resource_attributes<'a>(
             1 => {
                 let (kv, depth) = message(&mut buf, wire_type, depth, "Resource.attributes")?;
                 let (name, value) = key_value(kv, depth)?;
-                keys.see(name, value == 0);
+                keys.see(name, value == 0, makes_no_label_name(name, conversion));
                 if let Some(seen) = identity {
                     let told = match name {
                         b"service.namespace" => once(&mut seen.namespace, kv),
@@ -924,6 +952,9 @@ struct Labels<'b> {
     count: &'b mut u32,
     /// The point's values with a separator after each ([`Bounds::joined`]).
     joined: usize,
+    conversion: Conversion,
+    /// An attribute whose key makes no label name ([`makes_no_label_name`]).
+    unnamed: bool,
 }
 
 impl Labels<'_> {
@@ -939,6 +970,7 @@ impl Labels<'_> {
         let (kv, depth) = message(buf, wire_type, depth, field)?;
         let (name, value) = key_value(kv, depth)?;
         self.bounds.attribute(name, value);
+        self.unnamed |= makes_no_label_name(name, self.conversion);
         *self.count += 1;
         self.joined = self.joined.saturating_add(value).saturating_add(1);
         Ok(())

@@ -317,6 +317,150 @@ fn target_info_follows_mimir_rules() {
     assert_eq!(one(&attributes, step), (2 + 2, 3));
 }
 
+/// A gauge whose points have these attribute keys (one point each, string values).
+fn gauge_keyed(name: &str, keys: &[&str]) -> metrics::Metric {
+    metrics::Metric {
+        name: name.into(),
+        data: Some(metrics::metric::Data::Gauge(metrics::Gauge {
+            data_points: keys
+                .iter()
+                .map(|key| metrics::NumberDataPoint {
+                    attributes: vec![common::KeyValue {
+                        key: key.to_string(),
+                        value: Some(common::AnyValue {
+                            value: Some(common::any_value::Value::StringValue("v".into())),
+                        }),
+                    }],
+                    time_unix_nano: 1_000_000,
+                    ..Default::default()
+                })
+                .collect(),
+        })),
+        ..Default::default()
+    }
+}
+
+/// `request` counted on a decode and scanned (held to each other) under `settings`: samples,
+/// histograms, metadata entries and the metrics left out.
+fn left_out(
+    request: &ExportMetricsServiceRequest,
+    settings: &OtlpTranslation,
+) -> (u64, u64, u64, Vec<String>) {
+    let (counts, left_out) = super::count_left_out(request, settings).unwrap();
+    let (scanned, bounds) = super::scan_bounded(&request.encode_to_vec(), settings).unwrap();
+    assert_eq!(scanned, counts);
+    assert_eq!(bounds.left_out, left_out.len() as u64);
+    (counts.samples, counts.histograms, counts.metadata, left_out)
+}
+
+#[test]
+fn the_translator_stops_a_metric_at_a_point_it_cannot_translate() {
+    let escaped = OtlpTranslation::default();
+    let label = format!("metric \"g\": {}", rules::LABEL_NAME_INVALID);
+    // Mimir's translator builds each point's label names; a key that makes none (empty, or
+    // only `_` once escaped) is an error for the metric, which keeps the points before it.
+    for bad in ["", "..", "__", "._.", "ü.ü"] {
+        let request = resources(&[(&[], vec![gauge_keyed("g", &["a", bad, "b"])])]);
+        assert_eq!(
+            left_out(&request, &escaped),
+            (1, 0, 1, vec![label.clone()]),
+            "{bad:?}"
+        );
+    }
+    // The first point: nothing of the metric, not even its metadata entry; another metric
+    // goes on.
+    let request = resources(&[(
+        &[],
+        vec![gauge_keyed("g", &["..", "a"]), gauge_keyed("h", &["a"])],
+    )]);
+    assert_eq!(left_out(&request, &escaped), (1, 0, 1, vec![label.clone()]));
+    // A lone `_` (or `.`, `ü`) is `key_` when the tenant sanitizes (Mimir's default), nothing
+    // otherwise; a leading digit gets `key_`.
+    let request = resources(&[(&[], vec![gauge_keyed("g", &["_", ".", "ü", "1"])])]);
+    assert_eq!(left_out(&request, &escaped), (4, 0, 1, vec![]));
+    let unsanitized = OtlpTranslation {
+        otel_label_name_underscore_sanitization: false,
+        ..OtlpTranslation::default()
+    };
+    let request = resources(&[(&[], vec![gauge_keyed("g", &["1", "_"])])]);
+    assert_eq!(
+        left_out(&request, &unsanitized),
+        (1, 0, 1, vec![label.clone()])
+    );
+    // Nothing else in the request: nothing translates, a 400 before any charge.
+    let request = resources(&[(&[], vec![gauge_keyed("g", &["", "a"])])]);
+    let refused = super::count_left_out(&request, &escaped).unwrap_err();
+    assert!(
+        matches!(&refused, DecodeError::Untranslated { left_out: 1, message } if *message == label),
+        "{refused:?}"
+    );
+    assert_eq!(scan(&request.encode_to_vec()).unwrap_err(), refused);
+    let collapsed = OtlpTranslation {
+        otel_label_name_preserve_multiple_underscores: false,
+        ..OtlpTranslation::default()
+    };
+    // Runs collapsed: `_._` and `__` are `_`, so `key_`; a reserved `____` keeps its ends.
+    let request = resources(&[(&[], vec![gauge_keyed("g", &["_._", "__", "____"])])]);
+    assert_eq!(
+        left_out(&request, &collapsed),
+        (2, 0, 1, vec![label.clone()])
+    );
+    // Names kept as sent are not built for a point: nothing is left out (an empty key is
+    // refused by the checks instead, as an invalid label).
+    let utf8 = OtlpTranslation {
+        utf8_names: true,
+        ..OtlpTranslation::default()
+    };
+    let request = resources(&[(&[], vec![gauge_keyed("g", &["a", "", "."])])]);
+    assert_eq!(left_out(&request, &utf8), (3, 0, 1, vec![]));
+    // An exponential histogram point of scale below -4 stops its metric the same way.
+    let scales = |scales: &[i32]| metrics::Metric {
+        name: "e".into(),
+        data: Some(metrics::metric::Data::ExponentialHistogram(
+            metrics::ExponentialHistogram {
+                data_points: scales
+                    .iter()
+                    .map(|&scale| metrics::ExponentialHistogramDataPoint {
+                        scale,
+                        time_unix_nano: 1_000_000,
+                        ..Default::default()
+                    })
+                    .collect(),
+                aggregation_temporality: metrics::AggregationTemporality::Cumulative as i32,
+            },
+        )),
+        ..Default::default()
+    };
+    let request = resources(&[(&[], vec![scales(&[0, -5, 0]), gauge_keyed("g", &["a"])])]);
+    let scale = format!("metric \"e\": {}", rules::SCALE_BELOW_MINUS_4);
+    assert_eq!(left_out(&request, &escaped), (1, 1, 2, vec![scale]));
+    // What the checks and the rules see stops there too.
+    let request = resources(&[(&[], vec![gauge_keyed("g", &["a", "", "b"])])]);
+    let points: Vec<_> = translate::translate(&request, &escaped, &|_| false, &|_| true)
+        .into_iter()
+        .map(|t| t.place)
+        .collect();
+    assert_eq!(
+        points,
+        [translate::Place::Point {
+            resource: 0,
+            scope: 0,
+            metric: 0,
+            point: 0
+        }]
+    );
+    // A resource attribute whose key makes no label name errors its `target_info` (its
+    // labels are built before `job` is asked for); the points stay.
+    let resource = [("service.name", "s"), ("..", "x")];
+    let request = resources(&[(&resource, vec![gauge_keyed("g", &["a"])])]);
+    let target_info = format!(
+        "metric \"target_info\": {}",
+        rules::TARGET_INFO_LABEL_NAME_INVALID
+    );
+    assert_eq!(left_out(&request, &escaped), (1, 0, 1, vec![target_info]));
+    assert_eq!(left_out(&request, &utf8), (2, 0, 2, vec![]));
+}
+
 #[test]
 fn resources_that_make_the_same_target_info_are_charged_its_samples_once() {
     let second = 1_000_000_000;

@@ -38,7 +38,8 @@ use runtime_config::OtlpTranslation;
 pub use super::rules::nanos_to_millis;
 use super::rules::{
     escapes_to_nothing, name_refused, Bounds, Conversion, TargetInfoSeen, TargetInfoTimes,
-    TargetKeys, TimeRange, DOUBLE_TEXT, TARGET_INFO, UNMEASURED,
+    TargetKeys, TimeRange, DOUBLE_TEXT, LABEL_NAME_INVALID, SCALE_BELOW_MINUS_4, TARGET_INFO,
+    UNMEASURED,
 };
 
 /// Where in the request a translated item comes from: a data point (by its resource, scope,
@@ -333,7 +334,8 @@ fn walk<'r>(
                 );
             }
         }
-        if let Some(stamps) = TargetInfoTimes::of(&target_keys(attributes), &times) {
+        let keys = target_keys(attributes, conversion);
+        if let Ok(Some(stamps)) = TargetInfoTimes::of(&keys, &times) {
             let labels = target_info_labels(attributes, settings);
             // Its samples that an earlier resource's `target_info` did not stamp.
             let (samples, _) = stamped.stamp(kept(labels.clone(), &|_| false), stamps);
@@ -667,7 +669,8 @@ pub fn target_info_charges(
             {
                 metric_points(metric, Conversion::default(), &mut times, |_, _, _, _| {});
             }
-            TargetInfoTimes::of(&target_keys(resource_attributes(resource)), &times)
+            let keys = target_keys(resource_attributes(resource), Conversion::of(settings));
+            TargetInfoTimes::of(&keys, &times).ok().flatten()
         })
         .collect();
     let made = request
@@ -706,12 +709,12 @@ pub fn target_infos_stamped<'r>(
 }
 
 /// What a resource's attributes say about its `target_info`.
-pub(super) fn target_keys(attributes: &[KeyValue]) -> TargetKeys {
-    TargetKeys::of(
-        attributes
-            .iter()
-            .map(|kv| (kv.key.as_bytes(), renders_empty(kv.value.as_ref()))),
-    )
+pub(super) fn target_keys(attributes: &[KeyValue], conversion: Conversion) -> TargetKeys {
+    TargetKeys::of(attributes.iter().map(|kv| {
+        let key = kv.key.as_bytes();
+        let empty = renders_empty(kv.value.as_ref());
+        (key, empty, makes_no_label_name(key, conversion))
+    }))
 }
 
 /// A resource's attributes (none when it has no `Resource`).
@@ -836,6 +839,45 @@ pub fn label_name(key: &str, conversion: Conversion) -> String {
         name.insert_str(0, "key");
     }
     name
+}
+
+/// Whether an attribute key makes no label name where Mimir's translator builds one
+/// (`LabelNamer.Build`, names escaped), which it reports as an error: empty, or nothing but
+/// `_` once escaped (`.`, `__`; a lone `_` is `key_` when the tenant sanitizes). Names kept as
+/// sent are not built for a point's or a `target_info`'s attributes, so never refused here.
+#[inline]
+pub fn makes_no_label_name(key: &[u8], conversion: Conversion) -> bool {
+    if conversion.utf8 || key.first().is_some_and(u8::is_ascii_alphanumeric) {
+        return false;
+    }
+    no_label_name(key, conversion)
+}
+
+#[cold]
+#[inline(never)]
+fn no_label_name(key: &[u8], conversion: Conversion) -> bool {
+    if key.iter().any(u8::is_ascii_alphanumeric) {
+        return false;
+    }
+    let name = label_name(std::str::from_utf8(key).unwrap_or_default(), conversion);
+    name.bytes().all(|b| b == b'_')
+}
+
+/// Why Mimir's translator stops at a data point of a metric it takes, leaving that point and
+/// the metric's later ones out (the points before stay; the metric is one error it reports):
+/// an exponential histogram's scale below -4, or an attribute key that makes no label name.
+pub(super) fn point_stops(
+    attributes: &[KeyValue],
+    scale: Option<i32>,
+    conversion: Conversion,
+) -> Option<&'static str> {
+    if scale.is_some_and(|scale| scale < -4) {
+        return Some(SCALE_BELOW_MINUS_4);
+    }
+    attributes
+        .iter()
+        .any(|kv| makes_no_label_name(kv.key.as_bytes(), conversion))
+        .then_some(LABEL_NAME_INVALID)
 }
 
 /// What a metric's family name is made of (Prometheus' `otlptranslator.Metric`): its name, its
@@ -1559,10 +1601,17 @@ fn metric_points<'p>(
     times: &mut TimeRange,
     mut each: impl FnMut(usize, &'p [KeyValue], u64, PointKind<'p>),
 ) {
-    // A metric whose name the translator refuses has no points; its times still count.
+    // A metric whose name the translator refuses has no points, and one cut at a point
+    // ([`point_stops`]) none from that point on; their times still count.
     let named = is_named(Naming::of(metric), conversion);
-    let mut each = |p, attributes, time, kind| {
-        if named {
+    let mut cut = false;
+    let mut each = |p, attributes: &'p [KeyValue], time, kind: PointKind<'p>| {
+        let scale = match kind {
+            PointKind::Exponential(point) => Some(point.scale),
+            _ => None,
+        };
+        cut = cut || point_stops(attributes, scale, conversion).is_some();
+        if named && !cut {
             each(p, attributes, time, kind)
         }
     };
@@ -1618,9 +1667,7 @@ fn metric_points<'p>(
             for point in &histogram.data_points {
                 times.see(point.time_unix_nano);
             }
-            if cumulative(histogram.aggregation_temporality)
-                && histogram.data_points.iter().all(|point| point.scale >= -4)
-            {
+            if cumulative(histogram.aggregation_temporality) {
                 for (p, point) in histogram.data_points.iter().enumerate() {
                     each(
                         p,
