@@ -1457,3 +1457,48 @@ async fn a_resource_sent_twice_is_charged_its_target_info_once() {
     let received = std::mem::take(&mut *receiver.received.lock().unwrap());
     assert_eq!(received[0].2.as_ref(), sent, "forwarded as sent");
 }
+
+#[tokio::test]
+async fn a_metric_is_charged_up_to_its_first_point_with_a_key_that_makes_no_label_name() {
+    use weir::otlp::proto::{metrics, ExportMetricsServiceRequest};
+    // Mimir's translator builds each point's label names in turn; `..` escapes to `__`, no
+    // label name, an error for the metric from that point on: the first point is charged
+    // and pushed, the push answered 400 `otlp parse error`, the metric counted once.
+    let (addr, receiver) = start_receiver().await;
+    let weir = forwarding_to(addr, "overrides:\n  k: {}\n").await;
+    let now_ns = now_ns();
+    let point = |key: &str| metrics::NumberDataPoint {
+        attributes: vec![kv(key, "v")],
+        time_unix_nano: now_ns,
+        value: Some(metrics::number_data_point::Value::AsInt(1)),
+        ..Default::default()
+    };
+    let gauge = metrics::Metric {
+        name: "queue_depth".into(),
+        data: Some(metrics::metric::Data::Gauge(metrics::Gauge {
+            data_points: vec![point("queue"), point(".."), point("queue")],
+        })),
+        ..Default::default()
+    };
+    let sent = one_scope(vec![gauge]);
+    let response = export_protobuf(&weir, "k", sent.clone()).await;
+    assert_eq!(response.status(), 400);
+    let status = RpcStatus::decode(response.bytes().await.unwrap()).unwrap();
+    assert!(
+        status.message.starts_with("otlp parse error: ")
+            && status.message.contains("makes no label name"),
+        "{status:?}"
+    );
+    assert_eq!(status.code, 400);
+    assert_eq!(admitted(&weir, "k").await, [1, 0, 1]);
+    let left_out = "reason=\"otlp_parse_error\",user=\"k\"";
+    assert_eq!(
+        counter(&weir, "weir_discarded_samples_total", left_out).await,
+        1
+    );
+    // Forwarded as sent: a Mimir behind weir leaves out the same points.
+    let received = std::mem::take(&mut *receiver.received.lock().unwrap());
+    let forwarded = ExportMetricsServiceRequest::decode(received[0].2.as_ref()).unwrap();
+    assert_eq!(forwarded.encode_to_vec(), sent);
+    weir.stop().await.unwrap();
+}
