@@ -452,6 +452,7 @@ impl Data {
     }
 
     /// One `Gauge`, `Sum`, `Histogram`, `ExponentialHistogram` or `Summary` message.
+    #[inline(always)]
     fn add(&mut self, mut buf: &[u8], depth: u32, bounds: &mut Bounds) -> Scanned<()> {
         let kind = self.kind;
         while !buf.is_empty() {
@@ -474,64 +475,52 @@ impl Data {
         Ok(())
     }
 
+    #[inline(always)]
     fn point(&mut self, buf: &[u8], depth: u32, bounds: &mut Bounds) -> Scanned<()> {
         let mut attributes = 0;
         let mut labels = Labels {
             bounds,
             count: &mut attributes,
             joined: 0,
-            conversion: self.conversion,
-            unnamed: false,
+            suspect: false,
         };
-        let (samples, histograms) = (self.samples, self.histograms);
-        let mut scale = 0;
-        let (time, exemplars) = match self.kind {
+        // What the point charges (samples, histograms) unless the metric stops at it.
+        let (time, exemplars, samples, histograms, scale) = match self.kind {
             Kind::Gauge | Kind::Sum => {
                 let point = number_point(buf, depth, &mut labels)?;
-                self.samples += 1;
-                (point.time, point.exemplars)
+                (point.time, point.exemplars, 1, 0, 0)
             }
             Kind::Histogram if self.conversion.nhcb => {
                 // One native histogram with custom buckets: at most its bucket counts.
                 let point = histogram_point(buf, depth, &mut labels)?;
                 labels.bounds.buckets = labels.bounds.buckets.max(point.bucket_counts);
-                self.histograms += 1;
-                (point.time, point.exemplars)
+                (point.time, point.exemplars, 0, 1, 0)
             }
             Kind::Histogram => {
                 let point = histogram_point(buf, depth, &mut labels)?;
                 // The buckets, `+Inf`, `_count`, and `_sum` when the point has one.
-                self.samples += point.bounds.min(point.bucket_counts) + 2 + u64::from(point.sum);
-                (point.time, point.exemplars)
+                let samples = point.bounds.min(point.bucket_counts) + 2 + u64::from(point.sum);
+                (point.time, point.exemplars, samples, 0, 0)
             }
             Kind::Exponential => {
                 let point = exponential_point(buf, depth, &mut labels)?;
                 labels.bounds.buckets = labels.bounds.buckets.max(point.buckets);
-                self.histograms += 1;
-                scale = point.scale;
-                (point.time, point.exemplars)
+                (point.time, point.exemplars, 0, 1, point.scale)
             }
             Kind::Summary => {
                 let point = summary_point(buf, depth, &mut labels)?;
-                self.samples += point.quantiles + 2;
-                (point.time, Exemplars::default())
+                (point.time, Exemplars::default(), point.quantiles + 2, 0, 0)
             }
         };
         let joined = labels.joined;
-        let stops = if scale < -4 {
-            Some(SCALE_BELOW_MINUS_4)
-        } else if labels.unnamed {
-            Some(LABEL_NAME_INVALID)
-        } else {
-            None
-        };
-        self.cut = self.cut.or(stops);
-        let charged = self.cut.is_none();
-        if charged {
+        let suspect = labels.suspect;
+        if !(suspect || scale < -4 || self.cut.is_some())
+            || !self.stops_here(buf, depth, suspect, scale)
+        {
+            self.samples += samples;
+            self.histograms += histograms;
             self.exemplars += exemplars.count;
             self.points += 1;
-        } else {
-            (self.samples, self.histograms) = (samples, histograms);
         }
         bounds.exemplars += exemplars.count;
         // Gauge exemplars are never translated, so never checked.
@@ -544,6 +533,48 @@ impl Data {
         bounds.point_attributes = bounds.point_attributes.max(attributes);
         bounds.joined = bounds.joined.max(joined);
         Ok(())
+    }
+
+    /// Whether the translator stops the metric at this point or has at an earlier one
+    /// ([`translate::point_stops`]): its scale is below -4, or (when one of its keys does not
+    /// start with a lower-case letter, `suspect`) a key makes no label name.
+    #[cold]
+    #[inline(never)]
+    fn stops_here(&mut self, point: &[u8], depth: u32, suspect: bool, scale: i32) -> bool {
+        if self.cut.is_none() {
+            self.cut = if scale < -4 {
+                Some(SCALE_BELOW_MINUS_4)
+            } else if suspect && self.unnamed_key(point, depth) {
+                Some(LABEL_NAME_INVALID)
+            } else {
+                None
+            };
+        }
+        self.cut.is_some()
+    }
+
+    /// Whether one of a (checked) point's attribute keys makes no label name.
+    fn unnamed_key(&self, mut point: &[u8], depth: u32) -> bool {
+        let attributes = match self.kind {
+            Kind::Gauge | Kind::Sum | Kind::Summary => 7,
+            Kind::Histogram => 9,
+            Kind::Exponential => 1,
+        };
+        while let Ok((tag, wire_type)) = key(&mut point) {
+            if tag == attributes {
+                let Ok((kv, depth)) = message(&mut point, wire_type, depth, "") else {
+                    return false;
+                };
+                match key_value(kv, depth) {
+                    Ok((name, _)) if makes_no_label_name(name, self.conversion) => return true,
+                    Ok(_) => {}
+                    Err(_) => return false,
+                }
+            } else if skip(&mut point, wire_type, tag, depth).is_err() {
+                return false;
+            }
+        }
+        false
     }
 
     /// Whether the metric has a temporality: a sum's or a histogram's.
@@ -952,9 +983,9 @@ struct Labels<'b> {
     count: &'b mut u32,
     /// The point's values with a separator after each ([`Bounds::joined`]).
     joined: usize,
-    conversion: Conversion,
-    /// An attribute whose key makes no label name ([`makes_no_label_name`]).
-    unnamed: bool,
+    /// A key that does not start with a lower-case letter: one that may make no label name
+    /// ([`makes_no_label_name`]), looked at again once the point is read.
+    suspect: bool,
 }
 
 impl Labels<'_> {
@@ -970,7 +1001,10 @@ impl Labels<'_> {
         let (kv, depth) = message(buf, wire_type, depth, field)?;
         let (name, value) = key_value(kv, depth)?;
         self.bounds.attribute(name, value);
-        self.unnamed |= makes_no_label_name(name, self.conversion);
+        // (A key that makes no label name has no letter or digit, so it does not start with
+        // a lower-case one; the rare keys that start upper-case or with a digit are looked at
+        // again for nothing.)
+        self.suspect |= !name.first().is_some_and(u8::is_ascii_lowercase);
         *self.count += 1;
         self.joined = self.joined.saturating_add(value).saturating_add(1);
         Ok(())
