@@ -15,8 +15,8 @@
 //!
 //! Plus the metadata entries the translation makes ([`translate::MetadataEntries`]: one per metric
 //! family that has points, and another when a later metric of the family brings another type, unit
-//! or help), and per resource the `target_info` series Mimir adds (see [`TargetInfoTimes`]; its samples
-//! charged once a millisecond when resources make the same one, [`rules::TargetInfoSeen`]).
+//! or help), and per resource the `target_info` series Mimir adds (see `rules::TargetInfoTimes`; its samples
+//! charged once a millisecond when resources make the same one, `rules::TargetInfoSeen`).
 //! Delta or unspecified temporality, an exponential scale below -4, a metric with no data and a
 //! name that escapes to no metric name ([`name_refused`]) are what Mimir's translator refuses: such
 //! a metric costs nothing, and a request where nothing else is left is a 400. Two of a tenant's

@@ -652,7 +652,7 @@ pub fn target_info_labels(
 
 /// The samples each resource's `target_info` is charged, by resource (`None`: it makes none),
 /// and whether its series is new to the request: those an earlier resource's `target_info` of
-/// the same labels did not stamp ([`TargetInfoSeen`]).
+/// the same labels did not stamp (`rules::TargetInfoSeen`).
 pub fn target_info_charges(
     request: &ExportMetricsServiceRequest,
     settings: &OtlpTranslation,
@@ -687,8 +687,8 @@ pub fn target_info_charges(
 
 /// The `target_info`s of a request's resources (each its resource's attributes and stamps, in
 /// request order), each with the samples it is charged and whether its series is new to the
-/// request: its own ([`TargetInfoTimes::samples`]) when it is the only one, else those an
-/// earlier one of the same labels did not stamp ([`TargetInfoSeen`]), which takes their labels.
+/// request: its own (`TargetInfoTimes::samples`) when it is the only one, else those an
+/// earlier one of the same labels did not stamp (`rules::TargetInfoSeen`), which takes their labels.
 pub fn target_infos_stamped<'r>(
     target_infos: impl IntoIterator<Item = (&'r [KeyValue], TargetInfoTimes)>,
     settings: &OtlpTranslation,
