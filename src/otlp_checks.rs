@@ -603,6 +603,7 @@ fn check_points(
     }
     let drops = |name: &str| validation.drops(name.as_bytes());
     let mut refused: Option<Refused> = None;
+    let mut whole = Vec::new();
     let settings = validation.translation();
     let translated = translate::translate(&edited, settings, &drops, wanted)
         .into_iter()
@@ -641,8 +642,18 @@ fn check_points(
             // The receiver builds `target_info` from the resource's other attributes: without
             // them (and without an identifying key repeated, which counts as one) it builds
             // none, as Mimir keeps none. The first of each identifying key stays: it is what
-            // names the points' `job` and `instance`.
+            // names the points' `job` and `instance`. The labels promoted from the attributes
+            // cut go to the points as attributes; where no attributes keep the points' series,
+            // they are refused with it.
             Place::TargetInfo { resource } => {
+                match translate::target_info_cut(&edited.resource_metrics[resource], settings) {
+                    Some(added) => edits.added.extend(
+                        added
+                            .into_iter()
+                            .map(|((s, m, p), labels)| (point_at(resource, s, m, p), labels)),
+                    ),
+                    None => whole.push((resource, reason)),
+                }
                 let attributes = request.resource_metrics[resource]
                     .resource
                     .as_ref()
@@ -660,7 +671,31 @@ fn check_points(
             }
         }
     }
+    if let (false, Some(refused)) = (whole.is_empty(), refused.as_mut()) {
+        // Rare: the points of a resource whose `target_info` cannot be cut alone.
+        for translated in translate::translate(&edited, settings, &drops, &|_| true) {
+            let Place::Point { resource, .. } = translated.place else {
+                continue;
+            };
+            let Some((_, reason)) = whole.iter().find(|(whole, _)| *whole == resource) else {
+                continue;
+            };
+            if edits.points.insert(translated.place) {
+                refused.samples.samples[*reason as usize] += translated.items;
+                refused.series += translated.series.len() as u64;
+            }
+        }
+    }
     (edits, refused)
+}
+
+fn point_at(resource: usize, scope: usize, metric: usize, point: usize) -> Place {
+    Place::Point {
+        resource,
+        scope,
+        metric,
+        point,
+    }
 }
 
 /// A point or a `target_info` as the rules left it, as Mimir's checks then see it: without
@@ -1194,6 +1229,119 @@ pub(crate) mod tests {
             })
             .map(|point| point.attributes)
             .collect()
+    }
+
+    /// A refused `target_info` is cut by taking its resource's other attributes: the labels
+    /// promoted from them go to the points as attributes (a point that sets such a label
+    /// itself keeps its own), so each point forwarded is the series it was sent as. When no
+    /// attributes can keep the points' series (a repeated identifying key, promoted, whose
+    /// last value is empty: the resource left would promote the first), the points are
+    /// refused with it, counted under its reason.
+    #[test]
+    fn a_refused_target_info_takes_no_promoted_label_from_its_points() {
+        let limits = ValidationLimits {
+            max_label_names_per_series: 4,
+            max_label_names_per_info_series: 4,
+            ..Default::default()
+        };
+        let translating = |promoted: &[&str]| {
+            validation(limits).translating(Some(std::sync::Arc::new(
+                runtime_config::OtlpTranslation {
+                    promote_otel_resource_attributes: promoted
+                        .iter()
+                        .map(|key| key.to_string())
+                        .collect(),
+                    ..Default::default()
+                },
+            )))
+        };
+        // `target_info`: `__name__`, `job`, `env`, `host_name`, `os`: 5 labels over 4.
+        let resource = vec![
+            kv("service.name", "api"),
+            kv("env", "prod"),
+            kv("host.name", "h-1"),
+            kv("os", "linux"),
+        ];
+        let request = export(
+            resource,
+            vec![gauge(
+                "g",
+                vec![
+                    point(vec![kv("q", "1")], POINT_NS),
+                    point(vec![kv("env", "canary")], POINT_NS),
+                ],
+            )],
+        );
+        let validation = translating(&["env"]);
+        let decoded =
+            decode_validated(&request.encode_to_vec(), 1 << 20, PROTOBUF, &validation).unwrap();
+        let refused = decoded.refused.as_ref().unwrap();
+        assert_eq!(
+            discarded(refused, SeriesReason::MaxLabelNamesPerInfoSeries),
+            1
+        );
+        assert_eq!(decoded.counts.samples, 2);
+        let sent = forwarded(&decoded, PROTOBUF);
+        assert_eq!(
+            sent.resource_metrics[0]
+                .resource
+                .as_ref()
+                .unwrap()
+                .attributes,
+            vec![kv("service.name", "api")]
+        );
+        assert_eq!(
+            gauge_points(&sent),
+            vec![
+                vec![kv("q", "1"), kv("env", "prod")],
+                vec![kv("env", "canary")]
+            ]
+        );
+        // Not promoted, the attributes go and the points stay as sent.
+        let decoded = decode_validated(
+            &request.encode_to_vec(),
+            1 << 20,
+            PROTOBUF,
+            &translating(&[]),
+        )
+        .unwrap();
+        assert_eq!(
+            gauge_points(&forwarded(&decoded, PROTOBUF)),
+            gauge_points(&request)
+        );
+
+        // `service.namespace` promoted, sent `a` then empty: the points have no such label,
+        // and `job` is `a/api`. Left its first, the resource would promote `a`.
+        let request = export(
+            vec![
+                kv("service.namespace", "a"),
+                kv("service.name", "api"),
+                kv("service.namespace", ""),
+                kv("host.name", "h-1"),
+                kv("os", "linux"),
+                kv("arch", "arm"),
+            ],
+            vec![gauge("g", vec![point(vec![kv("q", "1")], POINT_NS)])],
+        );
+        let decoded = decode_validated(
+            &request.encode_to_vec(),
+            1 << 20,
+            PROTOBUF,
+            &translating(&["service.namespace"]),
+        )
+        .unwrap();
+        let refused = decoded.refused.as_ref().unwrap();
+        assert_eq!(
+            discarded(refused, SeriesReason::MaxLabelNamesPerInfoSeries),
+            2
+        );
+        assert_eq!(refused.series, 2);
+        assert_eq!(decoded.counts.samples, 0);
+        assert!(
+            matches!(decoded.forward, Forward::Nothing),
+            "{:?}",
+            decoded.forward
+        );
     }
 
     /// With the tenant's exemplars off (Mimir's default) the forwarded export carries none,
@@ -2391,8 +2539,22 @@ pub(crate) mod tests {
             );
             if let Forward::Rewritten(bytes) = &decoded.forward {
                 let kept = ExportMetricsServiceRequest::decode(&bytes[..]).unwrap();
-                let (edits, refused, _) = check(&kept, &validation, None);
-                prop_assert!(edits.is_empty() && refused.is_none(), "{refused:?}");
+                let (again, refused, _) = check(&kept, &validation, None);
+                prop_assert!(again.is_empty() && refused.is_none(), "{refused:?}");
+                // Each point forwarded is the series it was sent as, as the checks saw it (a
+                // cut `target_info` takes no promoted label from its resource's points).
+                let settings = validation.translation();
+                let drops = |name: &str| validation.drops(name.as_bytes());
+                let series = |request: &ExportMetricsServiceRequest, cut: &HashSet<Place>| {
+                    let mut series: Vec<_> = translate::translate(request, settings, &drops, &|_| true)
+                        .into_iter()
+                        .filter(|t| matches!(t.place, Place::Point { .. }) && !cut.contains(&t.place))
+                        .flat_map(|t| as_checked(&t, &validation).series)
+                        .collect();
+                    series.sort();
+                    series
+                };
+                prop_assert_eq!(series(&request, &edits.points), series(&kept, &HashSet::new()));
                 // What is forwarded is charged, and the metadata entries of the export as
                 // sent: a metric cut whole keeps its entries, as in Mimir.
                 let forwarded = otlp::count(&kept, validation.translation()).unwrap();

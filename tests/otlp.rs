@@ -1502,3 +1502,124 @@ async fn a_metric_is_charged_up_to_its_first_point_with_a_key_that_makes_no_labe
     assert_eq!(forwarded.encode_to_vec(), sent);
     weir.stop().await.unwrap();
 }
+
+/// A `target_info` refused by Mimir's checks is cut from the forwarded export by taking its
+/// resource's other attributes; the labels the tenant promotes from them go with the points
+/// as attributes, so the receiver makes each point the series it was sent as, and no
+/// `target_info`. Protobuf and JSON alike.
+#[tokio::test]
+async fn a_refused_target_info_is_cut_and_its_points_keep_their_promoted_labels() {
+    use weir::otlp::proto::{common, metrics, resource, ExportMetricsServiceRequest};
+    let (addr, receiver) = start_receiver().await;
+    // `target_info`: `__name__`, `job`, and three attributes, 5 labels over 4. A point:
+    // `__name__`, `job`, `deployment_environment`, `queue`, 4.
+    let weir = forwarding_to(
+        addr,
+        "overrides:\n  t:\n    max_label_names_per_series: 4\n    \
+         max_label_names_per_info_series: 4\n    \
+         promote_otel_resource_attributes: deployment.environment\n",
+    )
+    .await;
+    let now_ns = now_ns();
+    let resource = vec![
+        kv("service.name", "api"),
+        kv("deployment.environment", "prod"),
+        kv("host.name", "h-1"),
+        kv("os.type", "linux"),
+    ];
+    let point = |attributes: Vec<common::KeyValue>| metrics::NumberDataPoint {
+        attributes,
+        time_unix_nano: now_ns,
+        value: Some(metrics::number_data_point::Value::AsInt(1)),
+        ..Default::default()
+    };
+    let export = |resource: Vec<common::KeyValue>, extra: Vec<common::KeyValue>| {
+        ExportMetricsServiceRequest {
+            resource_metrics: vec![metrics::ResourceMetrics {
+                resource: Some(resource::Resource {
+                    attributes: resource,
+                    ..Default::default()
+                }),
+                scope_metrics: vec![metrics::ScopeMetrics {
+                    metrics: vec![metrics::Metric {
+                        name: "queue_depth".into(),
+                        data: Some(metrics::metric::Data::Gauge(metrics::Gauge {
+                            data_points: vec![point([vec![kv("queue", "q")], extra].concat())],
+                        })),
+                        ..Default::default()
+                    }],
+                    ..Default::default()
+                }],
+                ..Default::default()
+            }],
+        }
+    };
+    let response =
+        export_protobuf(&weir, "t", export(resource.clone(), vec![]).encode_to_vec()).await;
+    assert_eq!(response.status(), 400);
+    let status = RpcStatus::decode(response.bytes().await.unwrap()).unwrap();
+    assert!(status.message.contains("target_info"), "{status:?}");
+    // The point and the two entries (`queue_depth`'s, `target_info`'s: Mimir keeps the entry
+    // of a refused series) charged, the `target_info` sample counted as refused.
+    assert_eq!(admitted(&weir, "t").await, [1, 0, 2]);
+    assert_eq!(
+        counter(
+            &weir,
+            "weir_discarded_samples_total",
+            r#"reason="max_label_names_per_info_series",user="t""#
+        )
+        .await,
+        1
+    );
+    let received = std::mem::take(&mut *receiver.received.lock().unwrap());
+    let forwarded = ExportMetricsServiceRequest::decode(received[0].2.as_ref()).unwrap();
+    let expected = export(
+        vec![kv("service.name", "api")],
+        vec![kv("deployment_environment", "prod")],
+    );
+    assert_eq!(forwarded, expected);
+
+    // The same export in OTLP/JSON: the forwarded JSON's point gains the same attribute.
+    let json = serde_json::json!({
+        "resourceMetrics": [{
+            "resource": {"attributes": resource.iter().map(|kv| serde_json::json!({
+                "key": kv.key,
+                "value": {"stringValue": weir::otlp::translate::value_string(kv.value.as_ref())},
+            })).collect::<Vec<_>>()},
+            "scopeMetrics": [{"metrics": [{
+                "name": "queue_depth",
+                "gauge": {"dataPoints": [{
+                    "attributes": [{"key": "queue", "value": {"stringValue": "q"}}],
+                    "timeUnixNano": now_ns.to_string(),
+                    "asInt": "1",
+                }]},
+            }]}],
+        }],
+    });
+    let response = reqwest::Client::new()
+        .post(weir.url("/otlp/v1/metrics"))
+        .header("X-Scope-OrgID", "t")
+        .header("Content-Type", "application/json")
+        .body(json.to_string())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 400);
+    assert_eq!(admitted(&weir, "t").await, [2, 0, 4]);
+    let received = std::mem::take(&mut *receiver.received.lock().unwrap());
+    let forwarded: serde_json::Value = serde_json::from_slice(&received[0].2).unwrap();
+    let resource = &forwarded["resourceMetrics"][0]["resource"]["attributes"];
+    assert_eq!(
+        resource,
+        &serde_json::json!([{"key": "service.name", "value": {"stringValue": "api"}}])
+    );
+    let point = &forwarded["resourceMetrics"][0]["scopeMetrics"][0]["metrics"][0]["gauge"]
+        ["dataPoints"][0]["attributes"];
+    assert_eq!(
+        point,
+        &serde_json::json!([
+            {"key": "queue", "value": {"stringValue": "q"}},
+            {"key": "deployment_environment", "value": {"stringValue": "prod"}},
+        ])
+    );
+}

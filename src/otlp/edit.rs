@@ -1,5 +1,6 @@
-//! Changes to an OTLP export before it is forwarded: refused data points cut, attributes cut
-//! or given a shorter value, exponential histograms lowered in resolution, exemplars cut.
+//! Changes to an OTLP export before it is forwarded: refused data points cut, attributes cut,
+//! given a shorter value or added (the labels a cut `target_info` takes from its resource's
+//! points), exponential histograms lowered in resolution, exemplars cut.
 //! Made on the decoded request (which is then counted again and, for a protobuf body,
 //! encoded) and, for a JSON body, on its JSON too, so that the forwarded JSON keeps every field
 //! the decode did not read. An export whose only change is its exemplars going is edited on
@@ -32,6 +33,9 @@ pub struct Edits {
     pub removed: HashSet<AttributeAt>,
     /// Attributes whose value becomes this string.
     pub values: HashMap<AttributeAt, String>,
+    /// String attributes added to a data point (only [`Place::Point`]s), after its own: the
+    /// labels a cut `target_info` took from its resource.
+    pub added: HashMap<Place, Vec<(String, String)>>,
     /// Exponential histogram points given a lower resolution.
     pub histograms: HashMap<Place, Resolution>,
     /// Every data point's exemplars cut: the tenant's exemplars are off.
@@ -64,6 +68,7 @@ impl Edits {
         self.points.is_empty()
             && self.removed.is_empty()
             && self.values.is_empty()
+            && self.added.is_empty()
             && self.histograms.is_empty()
             && self.exemplar_cuts.is_empty()
     }
@@ -86,6 +91,11 @@ impl Edits {
             };
             (self.removed.contains(&at), self.values.get(&at))
         }
+    }
+
+    /// The attributes added to the point at `place`.
+    fn added_at(&self, place: Place) -> &[(String, String)] {
+        self.added.get(&place).map_or(&[], Vec::as_slice)
     }
 
     /// Cuts the points to cut from `points`, the point at index `p` being `place(p)`.
@@ -124,6 +134,14 @@ impl Edits {
                                     &mut point.attributes,
                                     self.attributes_at(r, Some((s, m, p))),
                                 );
+                                for (key, value) in self.added_at(point_at(r, s, m, p)) {
+                                    point.attributes.push(KeyValue {
+                                        key: key.clone(),
+                                        value: Some(AnyValue {
+                                            value: Some(Any::StringValue(value.clone())),
+                                        }),
+                                    });
+                                }
                             }
                             self.cut_points(&mut $points, |p| point_at(r, s, m, p));
                         }};
@@ -185,6 +203,7 @@ impl Edits {
                     for (p, point) in points.iter_mut().enumerate() {
                         edit_json_attributes(point, self.attributes_at(r, Some((s, m, p))));
                         let place = point_at(r, s, m, p);
+                        add_json_attributes(point, self.added_at(place));
                         if let Some(exemplars) = vec_mut(point, "exemplars", "exemplars") {
                             let mut index = 0;
                             exemplars.retain(|_| {
@@ -276,6 +295,23 @@ fn edit_json_attributes<'e>(object: &mut Value, at: impl Fn(usize) -> (bool, Opt
         index += 1;
         !at(index - 1).0
     });
+}
+
+fn add_json_attributes(point: &mut Value, added: &[(String, String)]) {
+    if added.is_empty() {
+        return;
+    }
+    if vec_mut(point, "attributes", "attributes").is_none() {
+        if let Some(point) = point.as_object_mut() {
+            point.remove("attributes");
+            point.insert("attributes".to_string(), Value::Array(Vec::new()));
+        }
+    }
+    if let Some(attributes) = vec_mut(point, "attributes", "attributes") {
+        attributes.extend(added.iter().map(
+            |(key, value)| serde_json::json!({ "key": key, "value": { "stringValue": value } }),
+        ));
+    }
 }
 
 /// Which of a field's two names an object has (not `null`), as [`super::json`] reads it.

@@ -722,6 +722,81 @@ pub fn resource_attributes(resource: &ResourceMetrics) -> &[KeyValue] {
     resource.resource.as_ref().map_or(&[], |r| &r.attributes)
 }
 
+/// The attributes to give a resource's points so that, once its refused `target_info` is cut
+/// from the forwarded export, each point is still the series it was sent as. The cut leaves
+/// the resource only the first of each identifying attribute (the receiver then builds no
+/// `target_info`, and the same `job` and `instance`), so the labels promoted from the
+/// attributes it takes go with them: each point that does not set such a label itself is
+/// given it as an attribute named as the label (a point's own label wins over a promoted
+/// one, as in `createAttributes`). By `(scope, metric, point)`; `None` when no attributes can
+/// keep the series: the resource left would promote a label the sent one does not (a
+/// repeated identifying key whose last value is empty), a label's name escapes to another, or
+/// a point's attributes name the label but leave it empty.
+#[allow(clippy::type_complexity)]
+pub fn target_info_cut(
+    resource: &ResourceMetrics,
+    settings: &OtlpTranslation,
+) -> Option<Vec<((usize, usize, usize), Vec<(String, String)>)>> {
+    let conversion = Conversion::of(settings);
+    let attributes = resource_attributes(resource);
+    let promoted = |kept: &dyn Fn(usize, &KeyValue) -> bool| {
+        let promoted: Vec<&KeyValue> = attributes
+            .iter()
+            .enumerate()
+            .filter(|(i, kv)| {
+                settings.promote_otel_resource_attributes.contains(&kv.key) && kept(*i, kv)
+            })
+            .map(|(_, kv)| kv)
+            .collect();
+        promoted_labels(&promoted, conversion)
+    };
+    let sent = promoted(&|_, _| true);
+    let left = promoted(&|i, kv| {
+        is_identity(&kv.key) && !attributes[..i].iter().any(|earlier| earlier.key == kv.key)
+    });
+    if left
+        .iter()
+        .any(|(name, _)| !sent.iter().any(|(sent, _)| sent == name))
+    {
+        return None;
+    }
+    let moved: Vec<&(String, String)> = sent.iter().filter(|label| !left.contains(label)).collect();
+    if moved.is_empty() {
+        return Some(Vec::new());
+    }
+    if moved
+        .iter()
+        .any(|(name, _)| label_name(name, conversion) != *name)
+    {
+        return None;
+    }
+    let mut added = Vec::new();
+    let mut times = TimeRange::default();
+    for (s, scope) in resource.scope_metrics.iter().enumerate() {
+        for (m, metric) in scope.metrics.iter().enumerate() {
+            let mut unkept = false;
+            metric_points(metric, conversion, &mut times, |p, attributes, _, _| {
+                let labels = labels_of(attributes, conversion);
+                let mut given = Vec::new();
+                for (name, value) in &moved {
+                    match labels.get(name) {
+                        Some(set) if !set.is_empty() => {}
+                        Some(_) => unkept = true,
+                        None => given.push((name.clone(), value.clone())),
+                    }
+                }
+                if !given.is_empty() {
+                    added.push(((s, m, p), given));
+                }
+            });
+            if unkept {
+                return None;
+            }
+        }
+    }
+    Some(added)
+}
+
 /// Promoted resource attributes as labels, as the translator's `addPromotedAttributes` sets
 /// them: in the resource's order, each key escaped as a point attribute's, a later one of the
 /// same name over an earlier (an empty value removing it).
