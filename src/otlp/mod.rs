@@ -17,7 +17,7 @@
 //! family that has points, and another when a later metric of the family brings another type, unit
 //! or help), and per resource the `target_info` series Mimir adds (see `rules::TargetInfoTimes`; its samples
 //! charged once a millisecond when resources make the same one, `rules::TargetInfoSeen`).
-//! Delta or unspecified temporality, an exponential scale below -4, a metric with no data and a
+//! Delta or unspecified temporality, an exponential scale below -4, a metric with no data or no data points and a
 //! name that escapes to no metric name ([`name_refused`]) are what Mimir's translator refuses: such
 //! a metric costs nothing, and a request where nothing else is left is a 400. Two of a tenant's
 //! translation settings change that ([`Conversion`]): `otel_native_delta_ingestion` takes delta
@@ -56,7 +56,9 @@ use prost::Message;
 
 use crate::counts::{DecodeError, UnsupportedMedia, WriteCounts};
 use proto::metrics::{metric::Data, Metric};
-use rules::{nothing_ingested, TargetInfoTimes, NOT_CUMULATIVE, NO_DATA, NO_NAME, TARGET_INFO};
+use rules::{
+    nothing_ingested, TargetInfoTimes, NOT_CUMULATIVE, NO_DATA, NO_NAME, NO_POINTS, TARGET_INFO,
+};
 use runtime_config::OtlpTranslation;
 use translate::{Meta, MetadataEntries, MetricType, Naming};
 
@@ -284,6 +286,8 @@ fn walk<'r>(
                 count_metric(metric, conversion, &mut own, &mut times).and_then(|counted| {
                     if !translate::is_named(Naming::of(metric), conversion) {
                         Err(NO_NAME)
+                    } else if data_points(metric) == 0 {
+                        Err(NO_POINTS)
                     } else {
                         Ok(counted)
                     }
@@ -344,6 +348,18 @@ pub fn earliest_point_ms(request: &proto::ExportMetricsServiceRequest) -> Option
         let _ = count_metric(metric, Conversion::default(), unused, &mut times);
     }
     times.earliest.map(translate::nanos_to_millis)
+}
+
+/// How many data points `metric` has.
+fn data_points(metric: &Metric) -> usize {
+    match &metric.data {
+        None => 0,
+        Some(Data::Gauge(gauge)) => gauge.data_points.len(),
+        Some(Data::Sum(sum)) => sum.data_points.len(),
+        Some(Data::Histogram(histogram)) => histogram.data_points.len(),
+        Some(Data::ExponentialHistogram(histogram)) => histogram.data_points.len(),
+        Some(Data::Summary(summary)) => summary.data_points.len(),
+    }
 }
 
 /// What `metric`'s points charge, added to `counts`, with how many points are charged and why

@@ -24,6 +24,7 @@ pub(super) const TARGET_INFO_LABEL_NAME_INVALID: &str =
     "a resource attribute key makes no label name (empty, or only `_` once escaped): no \
      target_info";
 pub(super) const NO_DATA: &str = "the metric has no data";
+pub(super) const NO_POINTS: &str = "empty data points: the metric has data but no data point";
 pub(super) const NO_NAME: &str =
     "the metric's name makes no metric name (nothing, or only `_`, is left once escaped)";
 

@@ -24,7 +24,7 @@ use prost::encoding::{decode_key, decode_varint, WireType};
 use super::proto::metrics::AggregationTemporality;
 use super::rules::{
     escapes_to_nothing, nothing_ingested, Bounds, Conversion, TargetInfoTimes, TargetKeys,
-    TimeRange, DOUBLE_TEXT, LABEL_NAME_INVALID, NOT_CUMULATIVE, NO_DATA, NO_NAME,
+    TimeRange, DOUBLE_TEXT, LABEL_NAME_INVALID, NOT_CUMULATIVE, NO_DATA, NO_NAME, NO_POINTS,
     SCALE_BELOW_MINUS_4, TARGET_INFO, UNMEASURED,
 };
 use super::translate::{
@@ -597,6 +597,10 @@ impl Data {
         }
         if !named {
             return Err(NO_NAME);
+        }
+        // No point charged and none cut: the metric has no data points.
+        if self.points == 0 && self.cut.is_none() {
+            return Err(NO_POINTS);
         }
         counts.samples = counts.samples.saturating_add(self.samples);
         counts.histograms = counts.histograms.saturating_add(self.histograms);

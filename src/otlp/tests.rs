@@ -277,8 +277,17 @@ fn target_info_follows_mimir_rules() {
     // Points 10 minutes apart: samples every 150 s before the latest, plus the latest.
     let spread = vec![gauge("a", 1, 0), gauge("b", 1, 600 * second)];
     assert_eq!(one(&attributes, spread), (2 + 5, 3));
-    // A resource with no points adds nothing.
-    assert_eq!(one(&attributes, vec![gauge("g", 0, 0)]), (0, 0));
+    // A resource with no points makes no `target_info`; its metric without points is one
+    // Mimir's translator refuses ("empty data points"), so alone it is refused, and beside
+    // another resource's point it adds nothing.
+    let empty = resources(&[(&attributes, vec![gauge("g", 0, 0)])]);
+    assert!(count(&empty).is_err());
+    assert!(scanned(&empty.encode_to_vec()).is_err());
+    let beside = resources(&[
+        (&attributes, vec![gauge("g", 0, 0)]),
+        (&[("host.name", "h")], vec![gauge("h", 1, 0)]),
+    ]);
+    assert_eq!(samples_and_entries(&beside), (1, 1));
     // The translator's `job` and `instance` only with a value: an empty `service.name` names
     // no `job`, so no `target_info`; with a namespace, even empty, `job` is `/name`.
     assert_eq!(
@@ -1177,7 +1186,8 @@ fn a_request_of_only_refused_metrics_is_refused_in_the_same_words() {
         err.to_string(),
         "invalid OTLP metrics request: nothing in the request can be ingested: metric \
          \"d.one\": only cumulative temporality is ingested (delta too with otel_native_delta_ingestion; unspecified never); \
-         metric \"no data\": the metric has no data"
+         metric \"no data\": the metric has no data; metric \"empty\": empty data points: the \
+         metric has data but no data point"
     );
 }
 

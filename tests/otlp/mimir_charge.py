@@ -179,7 +179,9 @@ class Charge:
             self.errors.append(f"invalid temporality and type combination for metric {m.name!r}")
             return
         if not points:
-            return  # a warning only: the metric is dropped, nothing is charged
+            # Mimir 3.0.3's translator: an error, so the push is answered 400 (the rest kept).
+            self.errors.append(f"empty data points. {m.name} is dropped")
+            return
         name = family_name(m.name)
         delta = temporality == DELTA
         if kind == "gauge":
