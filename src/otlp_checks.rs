@@ -22,7 +22,7 @@ use crate::counts::{
     OTLP_PARSE_ERROR,
 };
 use crate::ha::HaOutcome;
-use crate::otlp::edit::{AttributeAt, Edits, Resolution};
+use crate::otlp::edit::{point_at, AttributeAt, Edits, Resolution};
 use crate::otlp::proto::metrics::{
     exponential_histogram_data_point::Buckets, metric::Data, ExponentialHistogramDataPoint,
     HistogramDataPoint,
@@ -687,15 +687,6 @@ fn check_points(
         }
     }
     (edits, refused)
-}
-
-fn point_at(resource: usize, scope: usize, metric: usize, point: usize) -> Place {
-    Place::Point {
-        resource,
-        scope,
-        metric,
-        point,
-    }
 }
 
 /// A point or a `target_info` as the rules left it, as Mimir's checks then see it: without

@@ -243,7 +243,8 @@ impl Edits {
     }
 }
 
-fn point_at(resource: usize, scope: usize, metric: usize, point: usize) -> Place {
+/// The place of a data point, by its resource, scope, metric and index.
+pub fn point_at(resource: usize, scope: usize, metric: usize, point: usize) -> Place {
     Place::Point {
         resource,
         scope,
