@@ -69,11 +69,12 @@ pub enum SeriesReason {
     DuplicateLabelNames,
     TooFarInFuture,
     TooFarInPast,
+    InvalidNativeHistogramSchema,
     MaxNativeHistogramBuckets,
 }
 
 impl SeriesReason {
-    pub const ALL: [SeriesReason; 11] = [
+    pub const ALL: [SeriesReason; 12] = [
         SeriesReason::MissingMetricName,
         SeriesReason::MetricNameInvalid,
         SeriesReason::MaxLabelNamesPerSeries,
@@ -84,6 +85,7 @@ impl SeriesReason {
         SeriesReason::DuplicateLabelNames,
         SeriesReason::TooFarInFuture,
         SeriesReason::TooFarInPast,
+        SeriesReason::InvalidNativeHistogramSchema,
         SeriesReason::MaxNativeHistogramBuckets,
     ];
 
@@ -100,6 +102,7 @@ impl SeriesReason {
             SeriesReason::DuplicateLabelNames => "duplicate_label_names",
             SeriesReason::TooFarInFuture => "too_far_in_future",
             SeriesReason::TooFarInPast => "too_far_in_past",
+            SeriesReason::InvalidNativeHistogramSchema => "invalid_native_histogram_schema",
             SeriesReason::MaxNativeHistogramBuckets => "max_native_histogram_buckets",
         }
     }

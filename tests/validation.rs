@@ -548,6 +548,44 @@ async fn label_values_histograms_and_metadata_are_rewritten_or_refused_as_mimir_
         );
         assert_eq!(metric(&series).await, Some(1.0), "{series}");
     }
+    // A schema Mimir does not know (9: exponential ones are -4 to 8): refused, as a real Mimir
+    // 3.0.3 refuses it (scripts/mimir-differential), the other series forwarded.
+    let (status, text) = push_as(
+        &client,
+        &base,
+        "r",
+        WriteRequest {
+            timeseries: vec![
+                TimeSeries {
+                    histograms: vec![histogram(9, &[1], now)],
+                    ..series(&[("__name__", "latency")], &[])
+                },
+                series(&[("__name__", "up")], &[now]),
+            ],
+            metadata: vec![],
+        }
+        .encode_snappy(),
+    )
+    .await;
+    assert_eq!(status, 400, "{text}");
+    assert!(
+        text.contains("invalid schema: 9")
+            && text.contains("err-weir-invalid-native-histogram-schema"),
+        "{text}"
+    );
+    let forwarded = receiver.take_bodies();
+    assert_eq!(
+        decoded(&forwarded[0]).timeseries.len(),
+        1,
+        "the other series"
+    );
+    assert_eq!(
+        metric(
+            "weir_discarded_samples_total{reason=\"invalid_native_histogram_schema\",user=\"r\"}"
+        )
+        .await,
+        Some(1.0)
+    );
 }
 
 /// `e` keeps exemplars, at most 2 a series in a request; `o` has Mimir's default, exemplars off,

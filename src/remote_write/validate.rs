@@ -455,6 +455,9 @@ pub(crate) struct Splice {
 /// Why a histogram over `max_native_histogram_buckets` refuses its series.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum HistogramProblem {
+    /// A schema neither exponential (-4..=8) nor custom buckets (-53): Mimir's
+    /// `invalid_native_histogram_schema`, checked before the buckets.
+    InvalidSchema(i32),
     /// `reduce_native_histogram_over_max_buckets` is off.
     TooManyBuckets,
     /// Its resolution cannot be lowered enough (schema -4 reached, or a schema outside
@@ -767,7 +770,20 @@ impl<'a> SeriesCheck<'a> {
         self.last_histogram = histogram.timestamp;
         let limit = limits.max_native_histogram_buckets;
         let buckets = bucket_count(&histogram);
-        if limit == 0 || buckets <= limit as usize || self.histogram_error.is_some() {
+        if self.histogram_error.is_some() {
+            return;
+        }
+        let schema = histogram.schema;
+        if !(MIN_SCHEMA..=MAX_SCHEMA).contains(&schema) && schema != CUSTOM_BUCKETS_SCHEMA {
+            self.histogram_error = Some(HistogramError {
+                problem: HistogramProblem::InvalidSchema(schema),
+                timestamp: histogram.timestamp,
+                buckets,
+                limit,
+            });
+            return;
+        }
+        if limit == 0 || buckets <= limit as usize {
             return;
         }
         let problem = if histogram.schema == CUSTOM_BUCKETS_SCHEMA {
@@ -818,8 +834,12 @@ impl<'a> SeriesCheck<'a> {
                 Some((reason, _)) => reason,
                 None if self.max_timestamp > validation.latest_ms => SeriesReason::TooFarInFuture,
                 None if self.min_timestamp < validation.earliest_ms => SeriesReason::TooFarInPast,
-                None if self.histogram_error.is_some() => SeriesReason::MaxNativeHistogramBuckets,
-                None => return None,
+                None => match self.histogram_error?.problem {
+                    HistogramProblem::InvalidSchema(_) => {
+                        SeriesReason::InvalidNativeHistogramSchema
+                    }
+                    _ => SeriesReason::MaxNativeHistogramBuckets,
+                },
             },
         };
         Some((reason, self.message(reason, validation, series)))
@@ -918,6 +938,19 @@ impl<'a> SeriesCheck<'a> {
                 ),
                 raise("past_grace_period"),
             ),
+            SeriesReason::InvalidNativeHistogramSchema => {
+                let schema = match self.histogram_error.map(|error| error.problem) {
+                    Some(HistogramProblem::InvalidSchema(schema)) => schema,
+                    _ => 0,
+                };
+                (
+                    format!(
+                        "received a native histogram sample with an invalid schema: {schema}, series: '{named}'"
+                    ),
+                    " A native histogram's schema is -4 to 8, or -53 for custom buckets: fix the sender."
+                        .to_string(),
+                )
+            }
             SeriesReason::MaxNativeHistogramBuckets => {
                 let Some(error) = self.histogram_error else {
                     return format!(
@@ -929,7 +962,7 @@ impl<'a> SeriesCheck<'a> {
                     error.timestamp, error.buckets, error.limit
                 );
                 match error.problem {
-                    HistogramProblem::TooManyBuckets => (
+                    HistogramProblem::TooManyBuckets | HistogramProblem::InvalidSchema(_) => (
                         format!(
                             "received a native histogram sample with too many buckets, {detail}"
                         ),
@@ -1815,6 +1848,49 @@ mod tests {
             .1
             .contains("more custom buckets than the limit"));
         let _ = validation;
+    }
+
+    /// Mimir's schema check (`invalid_native_histogram_schema`): exponential schemas -4 to 8,
+    /// and -53 for custom buckets; any other refuses the series, whatever its buckets, before
+    /// the bucket limit is looked at.
+    #[test]
+    fn a_native_histogram_of_a_schema_mimir_does_not_know_refuses_its_series() {
+        let verdict = |schema: i32, limit: u32| {
+            let limits = ValidationLimits {
+                max_native_histogram_buckets: limit,
+                ..ValidationLimits::default()
+            };
+            let mut seen = SeriesCheck::new();
+            seen.label(b"__name__", b"h", &limits);
+            seen.histogram(integer_histogram(schema, &[1, 2]), &limits, 10..20);
+            seen.verdict(
+                &Validation::new(limits, 0),
+                b"\x0a\x0d\x0a\x08__name__\x12\x01h",
+            )
+        };
+        for schema in [-4, 0, 8, -53] {
+            assert_eq!(verdict(schema, 0), None, "{schema}");
+        }
+        for schema in [-5, 9, 100, -52, -54] {
+            let (reason, message) = verdict(schema, 0).unwrap();
+            assert_eq!(
+                reason,
+                SeriesReason::InvalidNativeHistogramSchema,
+                "{schema}"
+            );
+            assert!(
+                message.starts_with(&format!(
+                    "received a native histogram sample with an invalid schema: {schema}, \
+                     series: 'h{{}}' (err-weir-invalid-native-histogram-schema)."
+                )),
+                "{message}"
+            );
+            // Before the bucket limit, which it is over.
+            assert_eq!(
+                verdict(schema, 1).unwrap().0,
+                SeriesReason::InvalidNativeHistogramSchema
+            );
+        }
     }
 
     #[test]
