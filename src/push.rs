@@ -418,7 +418,13 @@ async fn admit(
     let cost = counts.cost();
     let ingestion_taken = admit_held(state, &tenant, LimitKind::Ingestion, cost)
         .await
-        .map_err(|rejection| discard(PushError::RateLimited(rejection), cost))?;
+        .map_err(|rejection| {
+            let err = PushError::RateLimited(rejection);
+            if let Some(reason) = err.discard_reason() {
+                tenant.data.discard_items(reason, &counts);
+            }
+            err
+        })?;
 
     // 8. Admitted: forward the client's bytes unchanged, or in sink mode just acknowledge.
     //    The in-flight guard is still held: the upstream wait counts.

@@ -227,7 +227,8 @@ async fn a_tenant_over_its_ingestion_rate_is_refused_with_429_and_retry_after() 
             .is_some_and(|value| !value.is_empty()),
         "{report}"
     );
-    let total = report["expected"]["total"].as_u64().unwrap();
+    // Counted as Mimir counts a rate-limited push: its samples and its metadata entries apart.
+    let expected = |kind: &str| report["expected"][kind].as_u64().unwrap();
     assert_eq!(
         counter(
             &weir,
@@ -235,7 +236,16 @@ async fn a_tenant_over_its_ingestion_rate_is_refused_with_429_and_retry_after() 
             r#"reason="ingestion_burst_exceeded",user="small""#
         )
         .await,
-        total
+        expected("samples") + expected("histograms")
+    );
+    assert_eq!(
+        counter(
+            &weir,
+            "weir_discarded_metadata_total",
+            r#"reason="ingestion_burst_exceeded",user="small""#
+        )
+        .await,
+        expected("metadata")
     );
     assert_eq!(
         counter(
@@ -269,7 +279,16 @@ async fn a_tenant_over_its_ingestion_rate_is_refused_with_429_and_retry_after() 
             r#"reason="rate_limited",user="small""#
         )
         .await,
-        31
+        30
+    );
+    assert_eq!(
+        counter(
+            &weir,
+            "weir_discarded_metadata_total",
+            r#"reason="rate_limited",user="small""#
+        )
+        .await,
+        1
     );
 }
 

@@ -76,6 +76,10 @@ struct Drops {
     exemplars: [Counter; ExemplarReason::ALL.len()],
     repeated_timestamps: Counter,
     untranslated: Counter,
+    /// A refused push's exemplars and metadata entries, per reason that knows its items
+    /// ([`DiscardReason::COUNTS_SAMPLES`]), as Mimir counts a rate-limited push's.
+    refused_exemplars: [Counter; DiscardReason::COUNTS_SAMPLES.len()],
+    refused_metadata: [Counter; DiscardReason::COUNTS_SAMPLES.len()],
 }
 
 impl TenantMetrics {
@@ -135,6 +139,25 @@ impl TenantMetrics {
         {
             self.discarded_samples[index].inc_by(samples);
         }
+    }
+
+    /// A push refused whole once decoded: its samples and histograms, its exemplars and its
+    /// metadata entries each counted under `reason`, as Mimir's distributor counts a
+    /// rate-limited push (`discarded_samples`, `_exemplars`, `_metadata`).
+    pub fn discard_items(&self, reason: DiscardReason, items: &crate::counts::WriteCounts) {
+        self.discard(reason, items.samples + items.histograms);
+        let Some(index) = DiscardReason::COUNTS_SAMPLES
+            .iter()
+            .position(|r| *r == reason)
+        else {
+            return;
+        };
+        if items.exemplars == 0 && items.metadata == 0 {
+            return;
+        }
+        let drops = self.drops.get_or_init(Box::default);
+        drops.refused_exemplars[index].inc_by(items.exemplars);
+        drops.refused_metadata[index].inc_by(items.metadata);
     }
 
     pub fn discarded_requests(&self, reason: DiscardReason) -> u64 {
@@ -254,6 +277,9 @@ pub(super) const TENANT_FAMILIES: [TenantFamily; 10] = [
                     sample(out, name, &labels, counter.get() as f64);
                 }
             }
+            if let Some(drops) = m.drops.get() {
+                refused_items(out, name, user, &drops.refused_metadata);
+            }
         },
     },
     TenantFamily {
@@ -271,6 +297,7 @@ pub(super) const TENANT_FAMILIES: [TenantFamily; 10] = [
                     sample(out, name, &labels, counter.get() as f64);
                 }
             }
+            refused_items(out, name, user, &drops.refused_exemplars);
         },
     },
     TenantFamily {
@@ -293,6 +320,21 @@ pub(super) const TENANT_FAMILIES: [TenantFamily; 10] = [
 /// A family with one series per tenant, labelled `user` only.
 fn per_user(out: &mut String, name: &str, user: &str, counter: &Counter) {
     sample(out, name, &[("user", user)], counter.get() as f64);
+}
+
+/// A refused push's exemplars or metadata entries, per reason, those that counted any.
+fn refused_items(
+    out: &mut String,
+    name: &str,
+    user: &str,
+    counters: &[Counter; DiscardReason::COUNTS_SAMPLES.len()],
+) {
+    for (reason, counter) in DiscardReason::COUNTS_SAMPLES.iter().zip(counters) {
+        if counter.get() > 0 {
+            let labels = [("reason", reason.as_str()), ("user", user)];
+            sample(out, name, &labels, counter.get() as f64);
+        }
+    }
 }
 
 /// One line of the text exposition format: `name{label="value",…} value`.
