@@ -65,6 +65,8 @@ pub enum SeriesReason {
     MaxLabelNamesPerInfoSeries,
     LabelInvalid,
     LabelNameTooLong,
+    /// A label value that is not UTF-8 (Mimir reads the body without checking it).
+    LabelValueInvalid,
     LabelValueTooLong,
     DuplicateLabelNames,
     TooFarInFuture,
@@ -74,13 +76,14 @@ pub enum SeriesReason {
 }
 
 impl SeriesReason {
-    pub const ALL: [SeriesReason; 12] = [
+    pub const ALL: [SeriesReason; 13] = [
         SeriesReason::MissingMetricName,
         SeriesReason::MetricNameInvalid,
         SeriesReason::MaxLabelNamesPerSeries,
         SeriesReason::MaxLabelNamesPerInfoSeries,
         SeriesReason::LabelInvalid,
         SeriesReason::LabelNameTooLong,
+        SeriesReason::LabelValueInvalid,
         SeriesReason::LabelValueTooLong,
         SeriesReason::DuplicateLabelNames,
         SeriesReason::TooFarInFuture,
@@ -98,6 +101,7 @@ impl SeriesReason {
             SeriesReason::MaxLabelNamesPerInfoSeries => "max_label_names_per_info_series",
             SeriesReason::LabelInvalid => "label_invalid",
             SeriesReason::LabelNameTooLong => "label_name_too_long",
+            SeriesReason::LabelValueInvalid => "label_value_invalid",
             SeriesReason::LabelValueTooLong => "label_value_too_long",
             SeriesReason::DuplicateLabelNames => "duplicate_label_names",
             SeriesReason::TooFarInFuture => "too_far_in_future",

@@ -739,7 +739,7 @@ fn series_verdict(
 ) -> Option<(crate::counts::SeriesReason, String)> {
     let mut check = SeriesCheck::new();
     for (name, value) in labels {
-        check.label(name.as_bytes(), value.as_bytes(), &validation.limits);
+        check.label(name.as_bytes(), value.as_bytes(), true, &validation.limits);
     }
     check.timestamp(translated.earliest_ms);
     check.timestamp(translated.latest_ms);

@@ -728,3 +728,58 @@ async fn utf8_names_pass_under_the_utf8_scheme_and_are_refused_under_legacy() {
     assert!(text.contains("metric-name-invalid"), "{text}");
     assert!(receiver.take_bodies().is_empty());
 }
+
+/// A label value that is not UTF-8 refuses only its series, as a real Mimir 3.0.3 refuses it
+/// (`label_value_invalid`, scripts/mimir-differential): Mimir reads a body without checking
+/// UTF-8. The other series are forwarded and charged; the push is answered 400 with Mimir's
+/// message, the bad bytes shown as U+FFFD.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_label_value_that_is_not_utf8_refuses_only_its_series() {
+    let receiver = Receiver::default();
+    let upstream = receiver.serve().await;
+    let (replica, _dir) = forwarding_to(upstream, OVERRIDES, 61, "validation-not-utf8", &[]).await;
+    let base = format!("http://{}", replica.http);
+    let client = reqwest::Client::new();
+    let now = now_ms();
+    let good = series(&[("__name__", "up"), ("job", "good")], &[now]);
+    let request = WriteRequest {
+        timeseries: vec![
+            series(&[("__name__", "up"), ("job", "BAD")], &[now]),
+            good.clone(),
+        ],
+        metadata: vec![],
+    };
+    // prost's `String` cannot hold it: the bytes are changed after encoding.
+    let mut raw = prost::Message::encode_to_vec(&request);
+    let at = raw.windows(3).position(|bytes| bytes == b"BAD").unwrap();
+    raw[at + 1] = 0xff;
+    let body = snap::raw::Encoder::new().compress_vec(&raw).unwrap();
+    let (status, text) = push(&client, &base, body).await;
+    assert_eq!(status, 400, "{text}");
+    assert!(
+        text.contains(
+            "received a series with invalid value in label 'job': 'B\u{fffd}D' metric: 'up'"
+        ) && text.contains("err-weir-label-value-invalid"),
+        "{text}"
+    );
+    let forwarded = receiver.take_bodies();
+    assert_eq!(forwarded.len(), 1, "one forward");
+    assert_eq!(
+        decoded(&forwarded[0]).timeseries,
+        vec![good],
+        "the good series alone"
+    );
+    for (series, value) in [
+        (
+            "weir_discarded_samples_total{reason=\"label_value_invalid\",user=\"v\"}",
+            1.0,
+        ),
+        ("weir_distributor_received_samples_total{user=\"v\"}", 1.0),
+    ] {
+        assert_eq!(
+            common::metric_at(&client, &base, series).await,
+            Some(value),
+            "{series}"
+        );
+    }
+}

@@ -392,7 +392,10 @@ fn scan_series<'a>(
     Ok(labels)
 }
 
-/// A series' label, the `labels`-th, whose whole field is `field` in the series' bytes.
+/// A series' label, the `labels`-th, whose whole field is `field` in the series' bytes. With
+/// a validation, a name or value that is not UTF-8 is for the series checks to refuse (Mimir
+/// reads the body without checking UTF-8 and refuses only that series); without one, it makes
+/// the body malformed, as prost's decode has it.
 #[inline(always)]
 fn scan_label<'a>(
     label: &'a [u8],
@@ -400,17 +403,21 @@ fn scan_label<'a>(
     labels: &mut u32,
     validating: &mut Option<(&Validation, &mut SeriesCheck<'a>)>,
 ) -> Result<(), String> {
-    let (name, value) = check_label(label).map_err(|reason| label_error(*labels, reason))?;
-    if let Some((validation, seen)) = validating.as_mut() {
-        // A label with an empty value goes before the checks, as `drop_labels`' do: Mimir
-        // removes them (Prometheus stores none).
-        if value.is_empty() || (validation.drop_labels.is_some() && validation.drops(name)) {
-            seen.dropped.push(field);
-        } else {
-            seen.label_in(name, value, &validation.limits, field);
-        }
-    }
+    let at = *labels;
     *labels += 1;
+    let Some((validation, seen)) = validating.as_mut() else {
+        return check_label(label)
+            .map(drop)
+            .map_err(|reason| label_error(at, reason));
+    };
+    let (name, value, value_utf8) = label_parts(label).map_err(|reason| label_error(at, reason))?;
+    // A label with an empty value goes before the checks, as `drop_labels`' do: Mimir
+    // removes them (Prometheus stores none).
+    if value.is_empty() || (validation.drop_labels.is_some() && validation.drops(name)) {
+        seen.dropped.push(field);
+    } else {
+        seen.label_in(name, value, value_utf8, &validation.limits, field);
+    }
     Ok(())
 }
 
@@ -442,35 +449,23 @@ fn check_label(buf: &[u8]) -> Result<(&[u8], &[u8]), String> {
     match wire::plain_label(buf) {
         // The whole field ASCII (its keys and one-byte lengths are): name and value are UTF-8.
         Some(label) if wire::is_ascii(buf) => Ok(label),
-        Some((name, value)) if is_utf8(name) && is_utf8(value) => Ok((name, value)),
-        _ => check_any_label(buf),
+        _ => match label_parts(buf)? {
+            (name, value, true) if is_utf8(name) => Ok((name, value)),
+            _ => Err("label is not valid UTF-8".to_string()),
+        },
     }
 }
 
-/// [`check_label`] for any encoding of a label: fields in any order, repeated, unknown or
-/// missing, and the errors.
-#[inline(never)]
-fn check_any_label(mut buf: &[u8]) -> Result<(&[u8], &[u8]), String> {
-    let (mut name, mut value): (&[u8], &[u8]) = (b"", b"");
-    while !buf.is_empty() {
-        let (tag, wire_type) = decode_key(&mut buf).map_err(|e| e.to_string())?;
-        match tag {
-            1 | 2 => {
-                let text = field(&mut buf, wire_type, if tag == 1 { "name" } else { "value" })?;
-                if !is_utf8(text) {
-                    return Err("label is not valid UTF-8".to_string());
-                }
-                if tag == 1 {
-                    name = text;
-                } else {
-                    value = text;
-                }
-            }
-            _ => skip_field(wire_type, tag, &mut buf, DecodeContext::default())
-                .map_err(|e| e.to_string())?,
-        }
+/// A label's name and value as [`check_label`] reads them, and whether the value is UTF-8;
+/// the name is left to the name checks (Mimir's legacy names are ASCII; under `utf8` the
+/// check reads it).
+#[inline(always)]
+fn label_parts(buf: &[u8]) -> Result<(&[u8], &[u8], bool), String> {
+    match wire::plain_label(buf) {
+        Some((name, value)) if wire::is_ascii(buf) => Ok((name, value, true)),
+        Some((name, value)) => Ok((name, value, is_utf8(value))),
+        None => wire::any_label(buf).map(|(name, value)| (name, value, is_utf8(value))),
     }
-    Ok((name, value))
 }
 
 /// [`decode`] of a remote-write 1.0 body with series validation: the counts of what passed,
@@ -686,9 +681,10 @@ fn first_series_labels<'a>(
                 continue;
             }
             let label = embedded(&mut series, wire_type, "timeseries[0].labels")?;
-            let (name, value) = check_label(label)
+            let (name, value, _) = label_parts(label)
                 .map_err(|reason| DecodeError::Protobuf(format!("timeseries[0]: {reason}")))?;
-            // check_label has checked both are UTF-8.
+            // A value that is not UTF-8 names no cluster or replica; the series checks refuse
+            // its series.
             let value = std::str::from_utf8(value).ok();
             if name == cluster.as_bytes() {
                 cluster_value = value;
@@ -722,6 +718,7 @@ fn skip(buf: &mut &[u8], wire_type: WireType, tag: u32, message: &str) -> Result
 mod tests {
     use super::prompb::*;
     use super::*;
+    use crate::counts::SeriesReason;
     use crate::format::{decode, Format};
     use proptest::prelude::*;
 
@@ -1034,6 +1031,47 @@ mod tests {
             }
         }
 
+        /// A label value that is not UTF-8 refuses its series and no other: a request forwards
+        /// the series it forwards with that value written as UTF-8, less those that carry it.
+        #[test]
+        fn a_value_not_utf8_refuses_its_series_and_no_other(
+            drawn in prop::collection::vec(
+                (checked_series(), any::<prop::sample::Index>(), any::<bool>()),
+                1..8,
+            ),
+        ) {
+            let timeseries: Vec<TimeSeries> = drawn
+                .into_iter()
+                .map(|(mut series, at, taint)| {
+                    if taint {
+                        let at = at.index(series.labels.len());
+                        series.labels[at].value = "BAD".into();
+                    }
+                    series
+                })
+                .collect();
+            let tainted = |series: &TimeSeries| series.labels.iter().any(|l| l.value == "BAD");
+            prop_assume!(timeseries.iter().any(tainted));
+            let request = WriteRequest { timeseries, metadata: vec![] };
+            let kept = |body: &[u8]| -> (u64, Vec<TimeSeries>) {
+                let decoded = decode_validated(body, usize::MAX, &tight()).unwrap();
+                let series = match decoded.forward {
+                    Forward::Unchanged => request.timeseries.clone(),
+                    Forward::Rewritten(rewritten) => {
+                        let raw = snap::raw::Decoder::new().decompress_vec(&rewritten).unwrap();
+                        <WriteRequest as prost::Message>::decode(raw.as_slice()).unwrap().timeseries
+                    }
+                    Forward::Nothing => vec![],
+                };
+                (decoded.counts.series, series)
+            };
+            let (_, clean) = kept(&request.encode_snappy());
+            let (series, not_utf8) = kept(&with_bytes(&request, b"BAD", b"B\xffD"));
+            let expected: Vec<TimeSeries> = clean.into_iter().filter(|s| !tainted(s)).collect();
+            prop_assert_eq!(series as usize, not_utf8.len());
+            prop_assert_eq!(not_utf8, expected);
+        }
+
         /// Each series is judged as if it came alone: a request forwards the series that its
         /// series, sent one a request, would each forward. (The scan remembers the names that
         /// passed in earlier series of a request, by position; a different name of the same
@@ -1299,6 +1337,153 @@ mod tests {
             "{}",
             refused.first
         );
+    }
+
+    /// `request` encoded and compressed, with each `from` in its bytes made `to` (of one
+    /// length): how a test writes a label that is not UTF-8, which prost's `String` cannot
+    /// hold.
+    fn with_bytes(request: &WriteRequest, from: &[u8], to: &[u8]) -> Vec<u8> {
+        assert_eq!(from.len(), to.len());
+        let mut raw = prost::Message::encode_to_vec(request);
+        let mut found = 0;
+        while let Some(at) = raw.windows(from.len()).position(|bytes| bytes == from) {
+            raw[at..at + from.len()].copy_from_slice(to);
+            found += 1;
+        }
+        assert!(found > 0, "no {from:?} in the request");
+        snap::raw::Encoder::new().compress_vec(&raw).unwrap()
+    }
+
+    /// The first refusal's reason and message for these series, `BAD` in them written as
+    /// `B\xffD` (not UTF-8), under `validation`.
+    fn not_utf8_refusal(
+        series: &[&[(&str, &str)]],
+        validation: &Validation,
+    ) -> (Option<SeriesReason>, String) {
+        let request = WriteRequest {
+            timeseries: series.iter().map(|labels| at_now(labels)).collect(),
+            metadata: vec![],
+        };
+        let body = with_bytes(&request, b"BAD", b"B\xffD");
+        let decoded = decode_validated(&body, usize::MAX, validation).unwrap();
+        let Some(refused) = decoded.refused else {
+            return (None, String::new());
+        };
+        let reason = SeriesReason::ALL
+            .into_iter()
+            .find(|reason| refused.samples.samples[*reason as usize] > 0);
+        (reason, refused.first)
+    }
+
+    /// Mimir reads a body without checking UTF-8, and refuses only a series whose label value
+    /// is not (`label_value_invalid`): the other series are written. Without a validation the
+    /// scan still holds the body to prost's decode, which refuses it.
+    #[test]
+    fn a_label_value_that_is_not_utf8_refuses_only_its_series() {
+        let request = WriteRequest {
+            timeseries: vec![
+                at_now(&[("__name__", "up"), ("a", "BAD")]),
+                at_now(&[("__name__", "up"), ("a", "good")]),
+            ],
+            metadata: vec![],
+        };
+        let body = with_bytes(&request, b"BAD", b"B\xffD");
+        let decoded = decode_validated(&body, usize::MAX, &tight()).unwrap();
+        assert_eq!((decoded.counts.series, decoded.counts.samples), (1, 1));
+        let refused = decoded.refused.unwrap();
+        assert_eq!(refused.series, 1);
+        let invalid = SeriesReason::LabelValueInvalid as usize;
+        assert_eq!(refused.samples.samples[invalid], 1);
+        assert_eq!(refused.samples.samples.iter().sum::<u64>(), 1);
+        assert_eq!(
+            refused.first,
+            "received a series with invalid value in label 'a': 'B\u{fffd}D' metric: 'up' \
+             (err-weir-label-value-invalid)."
+        );
+        let Forward::Rewritten(forward) = decoded.forward else {
+            panic!("{:?}", decoded.forward);
+        };
+        let raw = snap::raw::Decoder::new().decompress_vec(&forward).unwrap();
+        let forwarded = <WriteRequest as prost::Message>::decode(raw.as_slice()).unwrap();
+        assert_eq!(forwarded.timeseries, vec![request.timeseries[1].clone()]);
+        assert!(matches!(
+            decode(&body, usize::MAX, Format::V1),
+            Err(DecodeError::Protobuf(reason)) if reason.contains("not valid UTF-8")
+        ));
+    }
+
+    /// The UTF-8 check is Mimir's, in its order: after the metric name, the label name and its
+    /// length, before the value's length (under `truncate` too: such a value is not cut), and
+    /// on the labels sorted when they came out of order. Under `utf8` names, a name that is
+    /// not UTF-8 is invalid, as under the legacy rules.
+    #[test]
+    fn a_label_that_is_not_utf8_fails_in_mimirs_order() {
+        use runtime_config::validation::{LabelValueLengthOverLimitStrategy, NameValidationScheme};
+        let tight = tight();
+        let reason = |series: &[(&str, &str)], validation: &Validation| {
+            not_utf8_refusal(&[series], validation).0
+        };
+        let up = ("__name__", "up");
+        let long = ("a", "BADxxxxxxxxxxx");
+        assert_eq!(
+            reason(&[up, ("a", "BAD")], &tight),
+            Some(SeriesReason::LabelValueInvalid)
+        );
+        assert_eq!(
+            reason(&[up, ("BAD", "BAD")], &tight),
+            Some(SeriesReason::LabelInvalid)
+        );
+        assert_eq!(
+            reason(&[up, ("aaaaaaaaaa", "BAD")], &tight),
+            Some(SeriesReason::LabelNameTooLong)
+        );
+        assert_eq!(
+            reason(&[up, long], &tight),
+            Some(SeriesReason::LabelValueInvalid)
+        );
+        assert_eq!(
+            reason(&[("__name__", "BAD"), ("a", "BAD")], &tight),
+            Some(SeriesReason::MetricNameInvalid)
+        );
+        // Out of order: sorted, `a` comes before `z`'s duplicate.
+        let (unsorted, message) =
+            not_utf8_refusal(&[&[up, ("z", "1"), ("a", "BAD"), ("z", "2")]], &tight);
+        assert_eq!(unsorted, Some(SeriesReason::LabelValueInvalid));
+        assert!(message.contains("label 'a': 'B\u{fffd}D'"), "{message}");
+        let truncating = Validation::new(
+            runtime_config::ValidationLimits {
+                max_label_value_length: 10,
+                label_value_length_over_limit_strategy: LabelValueLengthOverLimitStrategy::Truncate,
+                ..runtime_config::ValidationLimits::default()
+            },
+            NOW,
+        );
+        assert_eq!(
+            reason(&[up, long], &truncating),
+            Some(SeriesReason::LabelValueInvalid)
+        );
+        let utf8 = Validation::new(
+            runtime_config::ValidationLimits {
+                name_validation_scheme: NameValidationScheme::Utf8,
+                ..runtime_config::ValidationLimits::default()
+            },
+            NOW,
+        );
+        assert_eq!(
+            reason(&[up, ("a.BAD", "1")], &utf8),
+            Some(SeriesReason::LabelInvalid)
+        );
+        assert_eq!(
+            reason(&[("__name__", "up.BAD")], &utf8),
+            Some(SeriesReason::MetricNameInvalid)
+        );
+        assert_eq!(
+            reason(&[up, ("a.é", "BAD")], &utf8),
+            Some(SeriesReason::LabelValueInvalid)
+        );
+        // A label dropped (`b`, by tight()'s drop_labels) or with an empty value goes before
+        // the checks, whatever its bytes.
+        assert_eq!(reason(&[up, ("b", "BAD")], &tight), None);
     }
 
     /// A series of these labels with one sample at `NOW`.

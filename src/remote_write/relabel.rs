@@ -22,7 +22,7 @@ use prost::encoding::{decode_varint, encode_key, encode_varint, WireType};
 use runtime_config::relabel::Labels;
 use runtime_config::Relabel;
 
-use super::wire::{plain_label, Field, Fields};
+use super::wire::{any_label, plain_label, Field, Fields};
 
 /// The label Mimir sets to the tenant's ID while the rules run.
 pub(crate) const TENANT_LABEL: &str = "__meta_tenant_id";
@@ -99,13 +99,24 @@ pub(super) fn v1(raw: &[u8], relabelling: &Relabelling, strip: Option<&str>) -> 
             continue;
         }
         sent.clear();
+        let mut text = true;
         for part in Fields(field.payload) {
             let part = part?;
             if part.tag == 1 {
-                sent.push(v1_label(&part)?);
+                let (name, value) = v1_label(&part)?;
+                match (std::str::from_utf8(name), std::str::from_utf8(value)) {
+                    (Ok(name), Ok(value)) => sent.push((name, value)),
+                    _ => text = false,
+                }
             }
         }
-        match relabelling.outcome(&sent, strip, &mut labels) {
+        // A series with a label that is not UTF-8 goes on as sent: the series checks refuse
+        // it (`label_invalid` or `label_value_invalid`) whatever a rule would make of it.
+        let outcome = match text {
+            true => relabelling.outcome(&sent, strip, &mut labels),
+            false => Outcome::Same,
+        };
+        match outcome {
             Outcome::Same => out.extend_from_slice(field.whole),
             Outcome::Dropped => changed = true,
             Outcome::Changed => {
@@ -130,27 +141,14 @@ pub(super) fn v1(raw: &[u8], relabelling: &Relabelling, strip: Option<&str>) -> 
     changed.then_some(out)
 }
 
-/// A 1.0 `Label`'s name and value (each field's last value, as a decode keeps it).
-fn v1_label<'a>(field: &Field<'a>) -> Option<(&'a str, &'a str)> {
+/// A 1.0 `Label`'s name and value (each field's last value, as a decode keeps it), not yet
+/// read as text.
+fn v1_label<'a>(field: &Field<'a>) -> Option<(&'a [u8], &'a [u8])> {
     if field.wire_type != WireType::LengthDelimited {
         return None;
     }
-    let text = |bytes| std::str::from_utf8(bytes).ok();
     // As senders write it, mostly: the scan's own fast reader.
-    if let Some((name, value)) = plain_label(field.payload) {
-        return Some((text(name)?, text(value)?));
-    }
-    let (mut name, mut value) = ("", "");
-    for part in Fields(field.payload) {
-        let part = part?;
-        match (part.tag, part.wire_type) {
-            (1, WireType::LengthDelimited) => name = std::str::from_utf8(part.payload).ok()?,
-            (2, WireType::LengthDelimited) => value = std::str::from_utf8(part.payload).ok()?,
-            (1 | 2, _) => return None,
-            _ => {}
-        }
-    }
-    Some((name, value))
+    plain_label(field.payload).or_else(|| any_label(field.payload).ok())
 }
 
 /// The rules on a remote-write 2.0 `Request`, as [`v1`]: series' `labels_refs` are resolved
@@ -287,6 +285,35 @@ mod tests {
     const RULES: &str = "- source_labels: [__name__]\n  regex: go_.*\n  action: drop\n\
                          - source_labels: [__meta_tenant_id]\n  target_label: tenant\n\
                          - regex: pod\n  action: labeldrop\n";
+
+    /// A series with a label that is not UTF-8 goes on as sent, for the series checks to
+    /// refuse; the rules still change the request's other series.
+    #[test]
+    fn a_v1_series_with_a_label_that_is_not_utf8_goes_on_as_sent() {
+        let rules = relabelling(RULES);
+        let request = WriteRequest {
+            timeseries: vec![
+                series(&[("__name__", "up"), ("a", "BAD"), ("pod", "p1")], 1.0),
+                series(&[("__name__", "up"), ("pod", "p1")], 2.0),
+            ],
+            metadata: vec![],
+        };
+        let mut raw = request.encode_to_vec();
+        let at = raw.windows(3).position(|bytes| bytes == b"BAD").unwrap();
+        raw[at + 1] = 0xff;
+        let out = v1(&raw, &rules, None).expect("the rules change the second series");
+        let first = Fields(&out).next().unwrap().unwrap();
+        let sent = Fields(&raw).next().unwrap().unwrap();
+        assert_eq!(first.whole, sent.whole, "the first series as sent");
+        let rest = &out[first.whole.len()..];
+        let forwarded = WriteRequest::decode(rest).unwrap();
+        let labels: Vec<_> = forwarded.timeseries[0]
+            .labels
+            .iter()
+            .map(|l| &l.name)
+            .collect();
+        assert_eq!(labels, ["__name__", "tenant"], "pod cut, tenant set");
+    }
 
     #[test]
     fn v1_series_are_dropped_changed_or_copied_as_sent() {

@@ -622,7 +622,8 @@ impl<'a, 'v> Checking<'a, 'v> {
         } else if value.len() > self.validation.limits.max_label_value_length as usize {
             self.long_value(name, value, pair);
         } else {
-            self.seen.label(name, value, &self.validation.limits);
+            // The scan has checked every symbol is UTF-8.
+            self.seen.label(name, value, true, &self.validation.limits);
         }
     }
 
@@ -635,7 +636,7 @@ impl<'a, 'v> Checking<'a, 'v> {
     fn long_value(&mut self, name: &'a [u8], value: &'a [u8], pair: u32) {
         let limits = &self.validation.limits;
         let before = self.seen.replaced.len();
-        self.seen.label_in(name, value, limits, 0..0);
+        self.seen.label_in(name, value, true, limits, 0..0);
         if self.seen.replaced.len() > before {
             self.seen.replaced.pop();
             self.values.push((pair, shortened_value(value, limits)));

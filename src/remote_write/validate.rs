@@ -19,6 +19,7 @@ use runtime_config::validation::{
 use runtime_config::ValidationLimits;
 
 use super::prompb::{BucketSpan, Histogram, MetricMetadata};
+use super::wire::is_utf8;
 use crate::counts::{ExemplarReason, MetadataReason, SeriesReason};
 
 /// The limits a request is checked against, the replica's clock (Unix milliseconds), and the
@@ -567,7 +568,7 @@ impl<'a> SeriesCheck<'a> {
         }
         let valid = match scheme {
             NameValidationScheme::Legacy => is_metric_name(name),
-            NameValidationScheme::Utf8 => !name.is_empty(),
+            NameValidationScheme::Utf8 => !name.is_empty() && is_utf8(name),
         };
         if valid {
             self.known_metric = name;
@@ -575,12 +576,18 @@ impl<'a> SeriesCheck<'a> {
         valid
     }
 
-    /// A label, in the order of the series. A value over `max_label_value_length` refuses
-    /// the series whatever the strategy: a caller that can write the label again uses
-    /// [`label_in`](Self::label_in).
+    /// A label, in the order of the series; `value_utf8`: whether its value is UTF-8 (a name
+    /// is checked here). A value over `max_label_value_length` refuses the series whatever
+    /// the strategy: a caller that can write the label again uses [`label_in`](Self::label_in).
     #[inline]
-    pub(crate) fn label(&mut self, name: &'a [u8], value: &'a [u8], limits: &ValidationLimits) {
-        self.check_label(name, value, limits, true);
+    pub(crate) fn label(
+        &mut self,
+        name: &'a [u8],
+        value: &'a [u8],
+        value_utf8: bool,
+        limits: &ValidationLimits,
+    ) {
+        self.check_label(name, value, value_utf8, limits, true);
     }
 
     /// [`label`](Self::label) for a label whose whole field is `field` in the series' bytes:
@@ -591,21 +598,24 @@ impl<'a> SeriesCheck<'a> {
         &mut self,
         name: &'a [u8],
         value: &'a [u8],
+        value_utf8: bool,
         limits: &ValidationLimits,
         field: std::ops::Range<usize>,
     ) {
-        // The length first: the one compare a label within the limit pays.
+        // The length first: the one compare a label within the limit pays. A value that is
+        // not UTF-8 refuses the series before its length counts, in Mimir's order.
         if value.len() > limits.max_label_value_length as usize
             && limits.label_value_length_over_limit_strategy
                 != LabelValueLengthOverLimitStrategy::Error
+            && value_utf8
         {
-            self.check_label(name, value, limits, false);
+            self.check_label(name, value, true, limits, false);
             self.replaced.push(Splice {
                 range: field,
                 with: label_field(name, &shortened_value(value, limits)),
             });
         } else {
-            self.label(name, value, limits);
+            self.label(name, value, value_utf8, limits);
         }
     }
 
@@ -614,6 +624,7 @@ impl<'a> SeriesCheck<'a> {
         &mut self,
         name: &'a [u8],
         value: &'a [u8],
+        value_utf8: bool,
         limits: &ValidationLimits,
         value_length: bool,
     ) {
@@ -632,6 +643,8 @@ impl<'a> SeriesCheck<'a> {
                 Some(SeriesReason::LabelInvalid)
             } else if name.len() > limits.max_label_name_length as usize {
                 Some(SeriesReason::LabelNameTooLong)
+            } else if !value_utf8 {
+                Some(SeriesReason::LabelValueInvalid)
             } else if value_length && value.len() > limits.max_label_value_length as usize {
                 Some(SeriesReason::LabelValueTooLong)
             } else if order == std::cmp::Ordering::Equal {
@@ -851,11 +864,12 @@ impl<'a> SeriesCheck<'a> {
         let limits = &validation.limits;
         let labels = kept_labels(validation, series, self.unsorted);
         let named = render(&labels);
-        let label = self
+        let (name, value) = self
             .first_label_error(validation, series)
             .and_then(|(_, index)| labels.get(index as usize))
-            .cloned()
-            .unwrap_or_default();
+            .copied()
+            .unwrap_or((b"", b""));
+        let label = (text(name), text(value));
         let mut id = reason.as_str().replace('_', "-");
         let raise = |key: &str| {
             format!(
@@ -904,11 +918,20 @@ impl<'a> SeriesCheck<'a> {
                 ),
                 raise("max_label_name_length"),
             ),
+            SeriesReason::LabelValueInvalid => (
+                format!(
+                    "received a series with invalid value in label '{}': '{}' metric: '{}'",
+                    clip(&label.0),
+                    clip(&label.1),
+                    clip(&text(metric_of(&labels)))
+                ),
+                String::new(),
+            ),
             SeriesReason::LabelValueTooLong => (
                 format!(
                     "received a series whose label value length exceeds the limit (actual: {}, \
                      limit: {}), label: '{}' value: '{}' series: '{named}'",
-                    label.1.len(),
+                    value.len(),
                     limits.max_label_value_length,
                     clip(&label.0),
                     clip(&label.1)
@@ -994,14 +1017,14 @@ impl<'a> SeriesCheck<'a> {
 }
 
 /// The labels of `series` (1.0 `Label` fields) that the checks see: without the empty values
-/// and the dropped names; `sorted` by name (stably), as Mimir sorts them.
-fn kept_labels(validation: &Validation, series: &[u8], sorted: bool) -> Vec<(String, String)> {
-    let mut labels: Vec<(String, String)> = labels_of(series)
+/// and the dropped names; `sorted` by name (stably, by bytes), as Mimir sorts them.
+fn kept_labels<'s>(validation: &Validation, series: &'s [u8], sorted: bool) -> Vec<Bytes<'s>> {
+    let mut labels: Vec<Bytes> = labels_of(series)
         .into_iter()
-        .filter(|(name, value)| !value.is_empty() && !validation.drops(name.as_bytes()))
+        .filter(|(name, value)| !value.is_empty() && !validation.drops(name))
         .collect();
     if sorted {
-        labels.sort_by(|a, b| a.0.cmp(&b.0));
+        labels.sort_by(|a, b| a.0.cmp(b.0));
     }
     labels
 }
@@ -1014,12 +1037,14 @@ fn kept_labels(validation: &Validation, series: &[u8], sorted: bool) -> Vec<(Str
 fn sorted_label_error(validation: &Validation, series: &[u8]) -> Option<(SeriesReason, u32)> {
     let limits = &validation.limits;
     let labels = kept_labels(validation, series, true);
-    let mut previous = "";
-    for (index, (name, value)) in labels.iter().enumerate() {
-        let reason = if !is_label_name_in(name.as_bytes(), limits.name_validation_scheme) {
+    let mut previous: &[u8] = b"";
+    for (index, &(name, value)) in labels.iter().enumerate() {
+        let reason = if !is_label_name_in(name, limits.name_validation_scheme) {
             Some(SeriesReason::LabelInvalid)
         } else if name.len() > limits.max_label_name_length as usize {
             Some(SeriesReason::LabelNameTooLong)
+        } else if !is_utf8(value) {
+            Some(SeriesReason::LabelValueInvalid)
         } else if value.len() > limits.max_label_value_length as usize
             && limits.label_value_length_over_limit_strategy
                 == LabelValueLengthOverLimitStrategy::Error
@@ -1285,13 +1310,13 @@ pub(crate) fn check_metadata(
     MetadataVerdict::Keep
 }
 
-/// Whether `name` is a valid label name under `scheme`: legacy, or any name not empty (the
-/// scan has checked it is UTF-8).
+/// Whether `name` is a valid label name under `scheme`: legacy, or any UTF-8 name not empty
+/// (a legacy name is ASCII).
 #[inline(always)]
 fn is_label_name_in(name: &[u8], scheme: NameValidationScheme) -> bool {
     match scheme {
         NameValidationScheme::Legacy => is_label_name(name),
-        NameValidationScheme::Utf8 => !name.is_empty(),
+        NameValidationScheme::Utf8 => !name.is_empty() && is_utf8(name),
     }
 }
 
@@ -1406,8 +1431,11 @@ fn name_order(name: &[u8], previous: &[u8]) -> std::cmp::Ordering {
     }
 }
 
-/// A series' labels, from its (already checked) bytes.
-fn labels_of(mut series: &[u8]) -> Vec<(String, String)> {
+/// A label's name and value as sent, not yet checked as UTF-8.
+type Bytes<'s> = (&'s [u8], &'s [u8]);
+
+/// A series' labels, from its (already scanned) bytes.
+fn labels_of(mut series: &[u8]) -> Vec<Bytes<'_>> {
     use prost::encoding::{decode_key, skip_field, DecodeContext};
     let mut labels = Vec::new();
     while !series.is_empty() {
@@ -1418,8 +1446,8 @@ fn labels_of(mut series: &[u8]) -> Vec<(String, String)> {
             let Ok(label) = super::wire::field(&mut series, wire_type, "labels") else {
                 break;
             };
-            if let Ok(label) = <super::prompb::Label as prost::Message>::decode(label) {
-                labels.push((label.name, label.value));
+            if let Ok(label) = super::wire::any_label(label) {
+                labels.push(label);
             }
         } else if skip_field(wire_type, tag, &mut series, DecodeContext::default()).is_err() {
             break;
@@ -1428,19 +1456,30 @@ fn labels_of(mut series: &[u8]) -> Vec<(String, String)> {
     labels
 }
 
-/// `name{a="b", c="d"}`, at most 200 characters, as Mimir names a series.
-fn render(labels: &[(String, String)]) -> String {
-    let name = labels
-        .iter()
-        .find(|(label, _)| label == "__name__")
-        .map(|(_, value)| value.as_str())
-        .unwrap_or("");
+/// `name{a="b", c="d"}`, at most 200 characters, as Mimir names a series (bytes that are not
+/// UTF-8 shown as U+FFFD).
+fn render(labels: &[Bytes]) -> String {
     let rest: Vec<String> = labels
         .iter()
-        .filter(|(label, _)| label != "__name__")
-        .map(|(label, value)| format!("{label}={value:?}"))
+        .filter(|(label, _)| *label != b"__name__")
+        .map(|(label, value)| format!("{}={:?}", text(label), text(value)))
         .collect();
-    clip(&format!("{name}{{{}}}", rest.join(", ")))
+    clip(&format!(
+        "{}{{{}}}",
+        text(metric_of(labels)),
+        rest.join(", ")
+    ))
+}
+
+/// The value of `__name__` among `labels`, empty when none.
+fn metric_of<'s>(labels: &[Bytes<'s>]) -> &'s [u8] {
+    let name = labels.iter().find(|(label, _)| *label == b"__name__");
+    name.map_or(b"", |(_, value)| value)
+}
+
+/// Bytes as text, each run that is not UTF-8 shown as U+FFFD (Mimir's `validUTF8Message`).
+fn text(bytes: &[u8]) -> std::borrow::Cow<'_, str> {
+    String::from_utf8_lossy(bytes)
 }
 
 /// At most 200 characters, marked when cut.
@@ -1497,7 +1536,7 @@ mod tests {
             let mut seen = SeriesCheck::new();
             seen.next();
             for (name, value) in labels {
-                seen.label(name.as_bytes(), value.as_bytes(), &limits);
+                seen.label(name.as_bytes(), value.as_bytes(), true, &limits);
             }
             seen.verdict(&validation, b"").map(|(reason, _)| reason)
         };
@@ -1530,7 +1569,7 @@ mod tests {
         let judged = |seen: &mut SeriesCheck<'static>, labels: &[(&'static str, &'static str)]| {
             seen.next();
             for (name, value) in labels {
-                seen.label(name.as_bytes(), value.as_bytes(), &limits);
+                seen.label(name.as_bytes(), value.as_bytes(), true, &limits);
             }
             seen.verdict(&validation, b"").map(|(reason, _)| reason)
         };
@@ -1584,9 +1623,9 @@ mod tests {
         let names = ["a", "b", "c", "d", "e", "f"];
         let mut judged = |metric: &'static str, labels: usize| {
             seen.next();
-            seen.label(b"__name__", metric.as_bytes(), &limits);
+            seen.label(b"__name__", metric.as_bytes(), true, &limits);
             for name in &names[..labels - 1] {
-                seen.label(name.as_bytes(), b"1", &limits);
+                seen.label(name.as_bytes(), b"1", true, &limits);
             }
             seen.verdict(&validation, b"")
         };
@@ -1619,7 +1658,7 @@ mod tests {
         let validation = Validation::new(lower, 0);
         seen.next();
         for (name, value) in [("__name__", "x_info"), ("a", "1"), ("b", "1")] {
-            seen.label(name.as_bytes(), value.as_bytes(), &lower);
+            seen.label(name.as_bytes(), value.as_bytes(), true, &lower);
         }
         assert_eq!(seen.verdict(&validation, b""), None);
     }
@@ -1662,8 +1701,8 @@ mod tests {
         let truncate = limits(LabelValueLengthOverLimitStrategy::Truncate, 75);
         let long = "v".repeat(76);
         let mut seen = SeriesCheck::new();
-        seen.label_in(b"__name__", b"up", &truncate, 0..6);
-        seen.label_in(b"a", long.as_bytes(), &truncate, 6..90);
+        seen.label_in(b"__name__", b"up", true, &truncate, 0..6);
+        seen.label_in(b"a", long.as_bytes(), true, &truncate, 6..90);
         assert_eq!(seen.replaced.len(), 1);
         assert_eq!(seen.replaced[0].range, 6..90);
         let label: super::super::prompb::Label =
@@ -1672,7 +1711,7 @@ mod tests {
         let validation = Validation::new(truncate, 0);
         assert_eq!(seen.verdict(&validation, b""), None);
         // A duplicate name after it still refuses the series.
-        seen.label_in(b"a", b"x", &truncate, 90..96);
+        seen.label_in(b"a", b"x", true, &truncate, 90..96);
         assert_eq!(
             seen.verdict(&validation, b"").map(|(reason, _)| reason),
             Some(SeriesReason::DuplicateLabelNames)
@@ -1680,8 +1719,8 @@ mod tests {
         // Under `error` (and through `label`), a long value refuses the series.
         let error = limits(LabelValueLengthOverLimitStrategy::Error, 75);
         let mut seen = SeriesCheck::new();
-        seen.label_in(b"__name__", b"up", &error, 0..6);
-        seen.label_in(b"a", long.as_bytes(), &error, 6..90);
+        seen.label_in(b"__name__", b"up", true, &error, 0..6);
+        seen.label_in(b"a", long.as_bytes(), true, &error, 6..90);
         assert!(seen.replaced.is_empty());
         assert_eq!(
             seen.verdict(&Validation::new(error, 0), b"")
@@ -1797,7 +1836,7 @@ mod tests {
         let validation = Validation::new(limits, 0);
         let verdict = |histogram: Histogram, limits: &ValidationLimits| {
             let mut seen = SeriesCheck::new();
-            seen.label(b"__name__", b"h", limits);
+            seen.label(b"__name__", b"h", true, limits);
             seen.histogram(histogram, limits, 10..20);
             let replaced = seen.replaced.len();
             (
@@ -1861,7 +1900,7 @@ mod tests {
                 ..ValidationLimits::default()
             };
             let mut seen = SeriesCheck::new();
-            seen.label(b"__name__", b"h", &limits);
+            seen.label(b"__name__", b"h", true, &limits);
             seen.histogram(integer_histogram(schema, &[1, 2]), &limits, 10..20);
             seen.verdict(
                 &Validation::new(limits, 0),

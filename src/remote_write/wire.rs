@@ -149,6 +149,24 @@ pub(crate) fn plain_label(buf: &[u8]) -> Option<(&[u8], &[u8])> {
     (value_len < 0x80 && value.len() == value_len as usize).then_some((name, value))
 }
 
+/// A `Label`'s name and value in any encoding, not checked as UTF-8: fields in any order or
+/// repeated (the last of each, as a decode keeps), unknown ones skipped, a missing one empty.
+/// A field of the wrong wire type or length is an error.
+#[inline(never)]
+pub(crate) fn any_label(mut buf: &[u8]) -> Result<(&[u8], &[u8]), String> {
+    let (mut name, mut value): (&[u8], &[u8]) = (b"", b"");
+    while !buf.is_empty() {
+        let (tag, wire_type) = decode_key(&mut buf).map_err(|e| e.to_string())?;
+        match tag {
+            1 => name = field(&mut buf, wire_type, "name")?,
+            2 => value = field(&mut buf, wire_type, "value")?,
+            _ => skip_field(wire_type, tag, &mut buf, DecodeContext::default())
+                .map_err(|e| e.to_string())?,
+        }
+    }
+    Ok((name, value))
+}
+
 /// A length-delimited field's bytes, after checking its wire type and length. On the scan's
 /// inner loop: the error messages are built out of line.
 #[inline(always)]
