@@ -190,13 +190,18 @@ async fn push(client: &reqwest::Client, base: &str, request: &Request) -> Answer
 }
 
 async fn push_as(client: &reqwest::Client, base: &str, tenant: &str, request: &Request) -> Answer {
+    push_body(client, base, tenant, request.encode_snappy()).await
+}
+
+/// A 2.0 push of these compressed bytes.
+async fn push_body(client: &reqwest::Client, base: &str, tenant: &str, body: Vec<u8>) -> Answer {
     let response = client
         .post(format!("{base}/api/v1/push"))
         .header("Content-Encoding", "snappy")
         .header("Content-Type", V2)
         .header("X-Prometheus-Remote-Write-Version", "2.0.0")
         .header("X-Scope-OrgID", tenant)
-        .body(request.encode_snappy())
+        .body(body)
         .send()
         .await
         .unwrap();
@@ -545,5 +550,53 @@ async fn long_values_and_metadata_are_rewritten_or_refused_on_2_0_as_mimir_does(
         metric("weir_distributor_received_samples_total{user=\"t\"}".into()).await,
         Some(2.0 + 1.0 + 2.0),
         "every series' samples are charged"
+    );
+}
+
+/// A symbol that is not UTF-8 refuses the series whose label value it is, and no other, as
+/// a real Mimir 3.0.3 refuses it (`label_value_invalid`, scripts/mimir-differential): the
+/// other series is forwarded and counted written, the push answered 400 with Mimir's message.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_symbol_that_is_not_utf8_refuses_only_the_series_whose_value_it_is() {
+    let receiver = Receiver::default();
+    let upstream = receiver.serve().await;
+    let (replica, _dir) = forwarding_to(upstream, OVERRIDES, 64, "validation-v2-utf8", &[]).await;
+    let base = format!("http://{}", replica.http);
+    let client = reqwest::Client::new();
+    let now = now_ms();
+    let mut builder = Builder::new();
+    let bad = builder.series(&[("__name__", "up"), ("job", "BAD")], &[now]);
+    let good = builder.series(&[("__name__", "up"), ("job", "good")], &[now]);
+    let request = builder.request(vec![bad, good.clone()]);
+    // prost's `String` cannot hold it: the bytes are changed after encoding.
+    let mut raw = prost::Message::encode_to_vec(&request);
+    let at = raw.windows(3).position(|bytes| bytes == b"BAD").unwrap();
+    raw[at + 1] = 0xff;
+    let body = snap::raw::Encoder::new().compress_vec(&raw).unwrap();
+    let answer = push_body(&client, &base, "v", body).await;
+    assert_eq!(answer.status, 400, "{}", answer.text);
+    assert!(
+        answer.text.contains(
+            "received a series with invalid value in label 'job': 'B\u{fffd}D' metric: 'up'"
+        ) && answer.text.contains("err-weir-label-value-invalid"),
+        "{}",
+        answer.text
+    );
+    assert_eq!(answer.written, [1, 0, 0]);
+    let forwarded = receiver.take_bodies();
+    assert_eq!(forwarded.len(), 1, "one forward");
+    // The symbols stay as sent; made UTF-8 again here only so that prost decodes the rest.
+    let mut raw = snap::raw::Decoder::new()
+        .decompress_vec(&forwarded[0])
+        .unwrap();
+    let at = raw.windows(3).position(|bytes| bytes == b"B\xffD").unwrap();
+    raw[at + 1] = b'A';
+    let forwarded = <Request as prost::Message>::decode(raw.as_slice()).unwrap();
+    assert_eq!(forwarded.timeseries, vec![good], "the good series alone");
+    let series = "weir_discarded_samples_total{reason=\"label_value_invalid\",user=\"v\"}";
+    assert_eq!(
+        common::metric_at(&client, &base, series).await,
+        Some(1.0),
+        "{series}"
     );
 }

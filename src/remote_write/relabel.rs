@@ -154,14 +154,15 @@ fn v1_label<'a>(field: &Field<'a>) -> Option<(&'a [u8], &'a [u8])> {
 /// The rules on a remote-write 2.0 `Request`, as [`v1`]: series' `labels_refs` are resolved
 /// through the symbols, and a changed series points at the symbols of its new labels.
 pub(super) fn v2(raw: &[u8], relabelling: &Relabelling, strip: Option<&str>) -> Option<Vec<u8>> {
-    let mut symbols = Vec::new();
+    // Each symbol's text; `None` for one that is not UTF-8.
+    let mut symbols: Vec<Option<&str>> = Vec::new();
     for field in Fields(raw) {
         let field = field?;
         if field.tag == 4 {
             if field.wire_type != WireType::LengthDelimited {
                 return None;
             }
-            symbols.push(std::str::from_utf8(field.payload).ok()?);
+            symbols.push(std::str::from_utf8(field.payload).ok());
         }
     }
     let mut out = Vec::with_capacity(raw.len());
@@ -201,11 +202,20 @@ pub(super) fn v2(raw: &[u8], relabelling: &Relabelling, strip: Option<&str>) -> 
             return None;
         }
         sent.clear();
+        let mut text = true;
         for pair in references.chunks_exact(2) {
-            let text = |reference: u32| symbols.get(reference as usize).copied();
-            sent.push((text(pair[0])?, text(pair[1])?));
+            let symbol = |reference: u32| symbols.get(reference as usize).copied();
+            match (symbol(pair[0])?, symbol(pair[1])?) {
+                (Some(name), Some(value)) => sent.push((name, value)),
+                _ => text = false,
+            }
         }
-        match relabelling.outcome(&sent, strip, &mut labels) {
+        // A series with a label that is not UTF-8 goes on as sent, as on 1.0.
+        let outcome = match text {
+            true => relabelling.outcome(&sent, strip, &mut labels),
+            false => Outcome::Same,
+        };
+        match outcome {
             Outcome::Same => out.extend_from_slice(field.whole),
             Outcome::Dropped => changed = true,
             Outcome::Changed => {
@@ -213,7 +223,9 @@ pub(super) fn v2(raw: &[u8], relabelling: &Relabelling, strip: Option<&str>) -> 
                 let index = index.get_or_insert_with(|| {
                     let mut index = HashMap::with_capacity(symbols.len());
                     for (at, text) in symbols.iter().enumerate() {
-                        index.entry(text.to_string()).or_insert(at as u32);
+                        if let Some(text) = text {
+                            index.entry(text.to_string()).or_insert(at as u32);
+                        }
                     }
                     index
                 });
@@ -423,6 +435,39 @@ mod tests {
             symbols,
             timeseries,
         }
+    }
+
+    /// On 2.0 too, a series with a label whose symbol is not UTF-8 goes on as sent; the rules
+    /// still change the others, and the symbols keep their places.
+    #[test]
+    fn a_v2_series_with_a_symbol_that_is_not_utf8_goes_on_as_sent() {
+        let rules = relabelling(RULES);
+        let request = v2_request(&[
+            &[("__name__", "up"), ("a", "BAD"), ("pod", "p1")],
+            &[("__name__", "up"), ("pod", "p1")],
+        ]);
+        let flip = |mut bytes: Vec<u8>, from: &[u8], to: &[u8]| {
+            let at = bytes.windows(3).position(|window| window == from).unwrap();
+            bytes[at..at + 3].copy_from_slice(to);
+            bytes
+        };
+        let raw = flip(request.encode_to_vec(), b"BAD", b"B\xffD");
+        let out = v2(&raw, &rules, None).expect("the rules change the second series");
+        let forwarded = v2_proto::Request::decode(&flip(out, b"B\xffD", b"BAD")[..]).unwrap();
+        let labels = v2_labels(&forwarded);
+        let owned = |labels: &[(&str, &str)]| -> Vec<(String, String)> {
+            labels
+                .iter()
+                .map(|(n, v)| (n.to_string(), v.to_string()))
+                .collect()
+        };
+        assert_eq!(
+            labels,
+            vec![
+                owned(&[("__name__", "up"), ("a", "BAD"), ("pod", "p1")]),
+                owned(&[("__name__", "up"), ("tenant", "t1")]),
+            ]
+        );
     }
 
     /// Each series' labels, resolved through the symbols.

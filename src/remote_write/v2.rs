@@ -387,7 +387,10 @@ fn scan_with(
     validation: Option<&Validation>,
 ) -> Result<(WriteCounts, Found), DecodeError> {
     let error = |reason: String| DecodeError::Protobuf(reason);
-    // Pass 1: the symbol table.
+    // Pass 1: the symbol table. With a validation, a symbol that is not UTF-8 is for the
+    // series checks to refuse where a series' label uses it, as Mimir reads the body without
+    // checking UTF-8; without one, it makes the body malformed, as prost's decode has it.
+    let mut not_utf8 = Vec::new();
     let mut buf = body;
     while !buf.is_empty() {
         let (tag, wire_type) = decode_key(&mut buf).map_err(|e| error(format!("Request: {e}")))?;
@@ -402,10 +405,13 @@ fn scan_with(
             4 => {
                 let symbol = field(&mut buf, wire_type, "symbols").map_err(error)?;
                 if !is_utf8(symbol) {
-                    return Err(error(format!(
-                        "symbols[{}] is not valid UTF-8",
-                        symbols.len()
-                    )));
+                    if validation.is_none() {
+                        return Err(error(format!(
+                            "symbols[{}] is not valid UTF-8",
+                            symbols.len()
+                        )));
+                    }
+                    not_utf8.push(symbols.len() as u32);
                 }
                 let offset = symbol.as_ptr() as usize - body.as_ptr() as usize;
                 symbols.push((offset as u32, symbol.len() as u32));
@@ -421,7 +427,11 @@ fn scan_with(
             ));
         }
     }
-    let table = Symbols { body, symbols };
+    let table = Symbols {
+        body,
+        symbols,
+        not_utf8: &not_utf8,
+    };
     // Pass 2: the series.
     let mut counts = WriteCounts::default();
     let mut found = Found {
@@ -546,9 +556,18 @@ fn scan_with(
 struct Symbols<'a> {
     body: &'a [u8],
     symbols: &'a [(u32, u32)],
+    /// The symbols that are not UTF-8, in order (almost always none).
+    not_utf8: &'a [u32],
 }
 
 impl<'a> Symbols<'a> {
+    /// Whether the symbol `reference` points at is UTF-8.
+    #[inline(always)]
+    fn is_utf8(&self, reference: u64) -> bool {
+        self.not_utf8.is_empty()
+            || u32::try_from(reference).map_or(true, |at| self.not_utf8.binary_search(&at).is_err())
+    }
+
     /// The symbol `reference` points at; `what` names the reference in the error (built
     /// only when there is one: the happy path allocates nothing).
     fn get(&self, reference: u64, what: impl FnOnce() -> String) -> Result<&'a [u8], String> {
@@ -610,7 +629,7 @@ impl<'a, 'v> Checking<'a, 'v> {
     /// One (name, value) pair, in the order of the series. A value within the limit pays
     /// one compare.
     #[inline]
-    fn label(&mut self, name: &'a [u8], value: &'a [u8]) {
+    fn label(&mut self, name: &'a [u8], value: &'a [u8], value_utf8: bool) {
         let pair = self.pairs;
         self.pairs += 1;
         // A label with an empty value goes before the checks, as `drop_labels`' do: Mimir
@@ -620,10 +639,10 @@ impl<'a, 'v> Checking<'a, 'v> {
         {
             self.dropped = true;
         } else if value.len() > self.validation.limits.max_label_value_length as usize {
-            self.long_value(name, value, pair);
+            self.long_value(name, value, value_utf8, pair);
         } else {
-            // The scan has checked every symbol is UTF-8.
-            self.seen.label(name, value, true, &self.validation.limits);
+            self.seen
+                .label(name, value, value_utf8, &self.validation.limits);
         }
     }
 
@@ -633,10 +652,10 @@ impl<'a, 'v> Checking<'a, 'v> {
     /// 2.0 series: the new value becomes a symbol instead.
     #[cold]
     #[inline(never)]
-    fn long_value(&mut self, name: &'a [u8], value: &'a [u8], pair: u32) {
+    fn long_value(&mut self, name: &'a [u8], value: &'a [u8], value_utf8: bool, pair: u32) {
         let limits = &self.validation.limits;
         let before = self.seen.replaced.len();
-        self.seen.label_in(name, value, true, limits, 0..0);
+        self.seen.label_in(name, value, value_utf8, limits, 0..0);
         if self.seen.replaced.len() > before {
             self.seen.replaced.pop();
             self.values.push((pair, shortened_value(value, limits)));
@@ -921,7 +940,7 @@ impl<'a> LabelRefs<'a> {
                     self.metric_name = Some(text)
                 }
                 if let Some(checking) = checking {
-                    checking.label(name, text);
+                    checking.label(name, text, symbols.is_utf8(reference));
                 }
             }
         }
@@ -970,7 +989,7 @@ fn judge_exemplar(
         let text = |reference: u32| {
             symbols
                 .get(u64::from(reference), || "labels_refs".to_string())
-                // Symbols are checked UTF-8 when the table is read.
+                // A symbol that is not UTF-8 reads as empty: the exemplar's checks drop it.
                 .map(|bytes| std::str::from_utf8(bytes).unwrap_or_default())
         };
         labels.push((text(pair[0])?, text(pair[1])?));
@@ -1117,18 +1136,23 @@ fn labels_as_v1(series: &[u8], symbols: &Symbols) -> Vec<u8> {
     let Ok((references, _)) = label_refs(series) else {
         return out;
     };
+    // The symbols' bytes as sent: the checks read a value that is not UTF-8 as such.
     let text = |reference: u32| {
         symbols
             .get(u64::from(reference), String::new)
-            .map(|symbol| String::from_utf8_lossy(symbol).into_owned())
-            .unwrap_or_default()
+            .unwrap_or(b"")
     };
+    let mut label = Vec::new();
     for pair in references.chunks_exact(2) {
-        let label = super::prompb::Label {
-            name: text(pair[0]),
-            value: text(pair[1]),
-        };
-        prost::encoding::message::encode(1, &label, &mut out);
+        label.clear();
+        for (tag, text) in [(1, text(pair[0])), (2, text(pair[1]))] {
+            prost::encoding::encode_key(tag, WireType::LengthDelimited, &mut label);
+            prost::encoding::encode_varint(text.len() as u64, &mut label);
+            label.extend_from_slice(text);
+        }
+        prost::encoding::encode_key(1, WireType::LengthDelimited, &mut out);
+        prost::encoding::encode_varint(label.len() as u64, &mut out);
+        out.extend_from_slice(&label);
     }
     out
 }
@@ -2137,6 +2161,67 @@ mod tests {
         let forwarded = decoded(&body);
         assert_eq!(forwarded.symbols, request.symbols, "the symbols stay");
         assert_eq!(forwarded.timeseries, vec![request.timeseries[0].clone()]);
+    }
+
+    /// `bytes` with each `from` made `to` (of one length).
+    fn replaced(mut bytes: Vec<u8>, from: &[u8], to: &[u8]) -> Vec<u8> {
+        while let Some(at) = bytes.windows(from.len()).position(|window| window == from) {
+            bytes[at..at + to.len()].copy_from_slice(to);
+        }
+        bytes
+    }
+
+    /// A symbol that is not UTF-8 refuses the series whose label value it is
+    /// (`label_value_invalid`), and no other, as Mimir reads a body without checking UTF-8;
+    /// out of order too, where the labels are read again from the symbols' bytes. Without a
+    /// validation the scan still holds the body to prost's decode.
+    #[test]
+    fn a_symbol_that_is_not_utf8_refuses_the_series_whose_value_it_is() {
+        let request = Request {
+            symbols: symbols(&["", "__name__", "up", "job", "BAD", "good", "z", "1"]),
+            timeseries: vec![
+                TimeSeries {
+                    samples: sample_at(NOW),
+                    ..series(vec![1, 2, 3, 4])
+                },
+                TimeSeries {
+                    samples: sample_at(NOW),
+                    ..series(vec![1, 2, 3, 5])
+                },
+                TimeSeries {
+                    samples: sample_at(NOW),
+                    ..series(vec![1, 2, 6, 7, 3, 4])
+                },
+            ],
+        };
+        let body = replaced(raw(&request), b"BAD", b"B\xffD");
+        assert!(
+            matches!(scan(&body), Err(DecodeError::Protobuf(reason)) if reason.contains("not valid UTF-8"))
+        );
+        let compressed = snap::raw::Encoder::new().compress_vec(&body).unwrap();
+        let (counts, forward, refused) =
+            decode_validated(&compressed, usize::MAX, &tight()).unwrap();
+        let refused = refused.unwrap();
+        assert_eq!(
+            refused.first,
+            "received a series with invalid value in label 'job': 'B\u{fffd}D' metric: 'up' \
+             (err-weir-label-value-invalid)."
+        );
+        assert_eq!((refused.series, counts.series, counts.samples), (2, 1, 1));
+        let invalid = SeriesReason::LabelValueInvalid as usize;
+        assert_eq!(refused.samples.samples[invalid], 2, "{refused:?}");
+        let Forward::Rewritten(rewritten) = forward else {
+            panic!("{forward:?}")
+        };
+        // The symbols stay as sent, the bad one among them (a receiver that reads as Mimir
+        // does takes it): it is made UTF-8 again here only so that prost decodes the rest.
+        let raw = snap::raw::Decoder::new()
+            .decompress_vec(&rewritten)
+            .unwrap();
+        let forwarded =
+            <Request as prost::Message>::decode(&replaced(raw, b"B\xffD", b"BAD")[..]).unwrap();
+        assert_eq!(forwarded.symbols, request.symbols);
+        assert_eq!(forwarded.timeseries, vec![request.timeseries[1].clone()]);
     }
 
     #[test]
