@@ -446,13 +446,15 @@ fn label_error(index: u32, reason: String) -> String {
 /// each, as a decode keeps; empty when missing).
 #[inline(always)]
 fn check_label(buf: &[u8]) -> Result<(&[u8], &[u8]), String> {
-    match wire::plain_label(buf) {
+    let (name, value, text) = match wire::plain_label(buf) {
         // The whole field ASCII (its keys and one-byte lengths are): name and value are UTF-8.
-        Some(label) if wire::is_ascii(buf) => Ok(label),
-        _ => match label_parts(buf)? {
-            (name, value, true) if is_utf8(name) => Ok((name, value)),
-            _ => Err("label is not valid UTF-8".to_string()),
-        },
+        Some(label) if wire::is_ascii(buf) => return Ok(label),
+        Some((name, value)) => (name, value, is_utf8(name) && is_utf8(value)),
+        None => wire::any_label(buf)?,
+    };
+    match text {
+        true => Ok((name, value)),
+        false => Err("label is not valid UTF-8".to_string()),
     }
 }
 
@@ -464,7 +466,7 @@ fn label_parts(buf: &[u8]) -> Result<(&[u8], &[u8], bool), String> {
     match wire::plain_label(buf) {
         Some((name, value)) if wire::is_ascii(buf) => Ok((name, value, true)),
         Some((name, value)) => Ok((name, value, is_utf8(value))),
-        None => wire::any_label(buf).map(|(name, value)| (name, value, is_utf8(value))),
+        None => wire::any_label(buf).map(|(name, value, _)| (name, value, is_utf8(value))),
     }
 }
 
@@ -1271,6 +1273,31 @@ mod tests {
             ))
         );
         assert!(scan(&raw).is_ok());
+    }
+
+    /// A name or value sent twice: prost's decode checks every occurrence as UTF-8, the one
+    /// it replaces too, and so does the scan without a validation (the fuzz target found a
+    /// label whose first name was not UTF-8 and its second was). With one, only the last
+    /// value counts, as Mimir keeps it.
+    #[test]
+    fn a_replaced_name_or_value_must_be_utf8_too_without_a_validation() {
+        for (first, second) in [(1u8, 1u8), (2, 2)] {
+            let mut label = vec![first << 3 | 2, 2, b'a', 0xff, second << 3 | 2, 1, b'b'];
+            if first == 2 {
+                // A name, so that the value's check is the one that fails.
+                label.splice(0..0, [0x0a, 1, b'n']);
+            }
+            assert!(<Label as prost::Message>::decode(label.as_slice()).is_err());
+            assert_eq!(
+                check_label(&label),
+                Err("label is not valid UTF-8".to_string())
+            );
+        }
+        let value_replaced = [0x0a, 1, b'n', 0x12, 2, b'a', 0xff, 0x12, 1, b'b'];
+        assert_eq!(
+            label_parts(&value_replaced),
+            Ok((&b"n"[..], &b"b"[..], true))
+        );
     }
 
     /// Labels with an empty value are removed before the checks, as Mimir removes them: they

@@ -148,7 +148,10 @@ fn v1_label<'a>(field: &Field<'a>) -> Option<(&'a [u8], &'a [u8])> {
         return None;
     }
     // As senders write it, mostly: the scan's own fast reader.
-    plain_label(field.payload).or_else(|| any_label(field.payload).ok())
+    plain_label(field.payload).or_else(|| {
+        let (name, value, _) = any_label(field.payload).ok()?;
+        Some((name, value))
+    })
 }
 
 /// The rules on a remote-write 2.0 `Request`, as [`v1`]: series' `labels_refs` are resolved

@@ -1446,8 +1446,8 @@ fn labels_of(mut series: &[u8]) -> Vec<Bytes<'_>> {
             let Ok(label) = super::wire::field(&mut series, wire_type, "labels") else {
                 break;
             };
-            if let Ok(label) = super::wire::any_label(label) {
-                labels.push(label);
+            if let Ok((name, value, _)) = super::wire::any_label(label) {
+                labels.push((name, value));
             }
         } else if skip_field(wire_type, tag, &mut series, DecodeContext::default()).is_err() {
             break;

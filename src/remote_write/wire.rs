@@ -149,22 +149,29 @@ pub(crate) fn plain_label(buf: &[u8]) -> Option<(&[u8], &[u8])> {
     (value_len < 0x80 && value.len() == value_len as usize).then_some((name, value))
 }
 
-/// A `Label`'s name and value in any encoding, not checked as UTF-8: fields in any order or
-/// repeated (the last of each, as a decode keeps), unknown ones skipped, a missing one empty.
+/// A `Label`'s name and value in any encoding: fields in any order or repeated (the last of
+/// each, as a decode keeps), unknown ones skipped, a missing one empty; and whether every
+/// name and value it held was UTF-8 (prost's decode checks each, the ones it replaces too).
 /// A field of the wrong wire type or length is an error.
 #[inline(never)]
-pub(crate) fn any_label(mut buf: &[u8]) -> Result<(&[u8], &[u8]), String> {
+pub(crate) fn any_label(mut buf: &[u8]) -> Result<(&[u8], &[u8], bool), String> {
     let (mut name, mut value): (&[u8], &[u8]) = (b"", b"");
+    let mut text = true;
     while !buf.is_empty() {
         let (tag, wire_type) = decode_key(&mut buf).map_err(|e| e.to_string())?;
-        match tag {
-            1 => name = field(&mut buf, wire_type, "name")?,
-            2 => value = field(&mut buf, wire_type, "value")?,
-            _ => skip_field(wire_type, tag, &mut buf, DecodeContext::default())
-                .map_err(|e| e.to_string())?,
-        }
+        let slot = match tag {
+            1 => &mut name,
+            2 => &mut value,
+            _ => {
+                skip_field(wire_type, tag, &mut buf, DecodeContext::default())
+                    .map_err(|e| e.to_string())?;
+                continue;
+            }
+        };
+        *slot = field(&mut buf, wire_type, if tag == 1 { "name" } else { "value" })?;
+        text &= is_utf8(slot);
     }
-    Ok((name, value))
+    Ok((name, value, text))
 }
 
 /// A length-delimited field's bytes, after checking its wire type and length. On the scan's
