@@ -44,8 +44,8 @@ use std::time::{Duration, Instant};
 
 use common::fleet::{free_gossip_addr, spawn_joining, until_healthy, Replica};
 use common::processes::{
-    free_tcp, metrics_page, nginx_in_front, real_client_config, require, spawn_logged, sum,
-    DumpLogsOnFailure, Target,
+    free_tcp, metrics_page, nginx_in_front, read_metrics_page, real_client_config, require,
+    spawn_logged, sum, DumpLogsOnFailure, Target,
 };
 
 /// The tenant's fleet-wide `ingestion_rate`, samples/s.
@@ -266,6 +266,8 @@ struct Figures {
     nginx_resent: usize,
     /// vmagent only: the waits before resending it logged.
     client_retry_delays: Vec<String>,
+    /// weir's pages that could not be read on a try, or lacked the tenant's count: why, each.
+    unread: Vec<String>,
 }
 
 impl Figures {
@@ -389,7 +391,7 @@ impl std::fmt::Display for Figures {
              refused={:.4} lag={:.1}s backlog={:.1}s admitted_over_L={:.3} between={:.1}s..{:.1}s slope_over_L={:.3} \
              counted_over_L={:.3} largest_lump={:.0} scraped={} \
              admitted={} pushes={} refused_pushes={} target_scrapes={} run={:.0}s \
-             refusals_retry_after={} client_retry_delays={} nginx_resent={}",
+             refusals_retry_after={} client_retry_delays={} nginx_resent={} unread_pages={}{}",
             self.client.program(),
             self.client.batch(),
             self.series as f64 / LIMIT,
@@ -426,6 +428,11 @@ impl std::fmt::Display for Figures {
                 delays.join(",")
             },
             self.nginx_resent,
+            self.unread.len(),
+            self.unread
+                .first()
+                .map(|why| format!(" first_unread={why:?}"))
+                .unwrap_or_default(),
         )
     }
 }
@@ -557,9 +564,10 @@ impl Scenario {
 
         // The run starts with weir's first admitted sample (Prometheus first reads its fresh
         // WAL, which takes a few seconds).
+        let mut unread = Vec::new();
         let deadline = Instant::now() + Duration::from_secs(30);
         let run_start = loop {
-            let reading = self.read(&client_base, &replicas).await;
+            let reading = self.read(&client_base, &replicas, &mut unread).await;
             if reading.admitted > 0.0 {
                 break reading;
             }
@@ -572,8 +580,8 @@ impl Scenario {
         };
         let scrapes_at_start = target.scrapes();
         tokio::time::sleep(self.warm_up).await;
-        let window_start = self.read(&client_base, &replicas).await;
-        let admissions = admissions_over(&replicas, self.window).await;
+        let window_start = self.read(&client_base, &replicas, &mut unread).await;
+        let admissions = admissions_over(&replicas, self.window, &mut unread).await;
         if let Some(path) = std::env::var_os("WEIR_REAL_CLIENTS_DUMP") {
             let lines: Vec<String> = admissions
                 .iter()
@@ -581,7 +589,7 @@ impl Scenario {
                 .collect();
             std::fs::write(path, lines.concat()).unwrap();
         }
-        let window_end = self.read(&client_base, &replicas).await;
+        let window_end = self.read(&client_base, &replicas, &mut unread).await;
         let target_scrapes = target.scrapes() - scrapes_at_start;
         let run = window_end.at.unwrap() - run_start.at.unwrap();
 
@@ -593,10 +601,10 @@ impl Scenario {
             // weir admitted one shows it on weir's side only.
             target.quiet();
             let deadline = Instant::now() + Duration::from_secs(10);
-            let mut before = self.read(&client_base, &replicas).await;
+            let mut before = self.read(&client_base, &replicas, &mut unread).await;
             loop {
                 tokio::time::sleep(Duration::from_millis(250)).await;
-                let reading = self.read(&client_base, &replicas).await;
+                let reading = self.read(&client_base, &replicas, &mut unread).await;
                 let still =
                     reading.admitted == before.admitted && reading.scraped == before.scraped;
                 // A few samples (`up` and the like) wait for the next batch.
@@ -622,6 +630,7 @@ impl Scenario {
             admissions,
             retry_after: retry_after_values(&nginx_dir.join("access.log")),
             nginx_resent: resent_pushes(&nginx_dir.join("access.log")),
+            unread,
             client_retry_delays: client_retry_delays(&dir.path().join("client.log")),
         };
         println!("{figures}");
@@ -633,14 +642,30 @@ impl Scenario {
         Some(figures)
     }
 
-    async fn read(&self, client_base: &str, replicas: &[Replica]) -> Reading {
+    /// weir's counts and the client's, now. `unread` gathers the pages that could not be read
+    /// on a first try (see [`fleet_pages`]).
+    async fn read(
+        &self,
+        client_base: &str,
+        replicas: &[Replica],
+        unread: &mut Vec<String>,
+    ) -> Reading {
         let tenant = [("user", TENANT)];
         let mut reading = Reading::default();
-        for replica in replicas {
-            let page = metrics_page(&format!("http://{}", replica.http)).await;
-            reading.admitted += sum(&page, "weir_distributor_received_samples_total", &tenant);
-            reading.pushes += sum(&page, "weir_distributor_requests_in_total", &tenant);
-            reading.refused += sum(&page, "weir_discarded_requests_total", &tenant);
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let pages = loop {
+            if let Some(pages) = fleet_pages(replicas, unread).await {
+                break pages;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "weir's /metrics could not be read for 5 s: {unread:?}"
+            );
+        };
+        for page in &pages {
+            reading.admitted += sum(page, "weir_distributor_received_samples_total", &tenant);
+            reading.pushes += sum(page, "weir_distributor_requests_in_total", &tenant);
+            reading.refused += sum(page, "weir_discarded_requests_total", &tenant);
         }
         // The moment of weir's counts (the client's page follows).
         reading.at = Some(Instant::now());
@@ -673,25 +698,69 @@ impl Scenario {
 }
 
 /// weir's admitted count for the tenant, summed over the fleet, every 100 ms for `window`:
-/// (seconds since the first reading, samples).
-async fn admissions_over(replicas: &[Replica], window: Duration) -> Vec<(f64, f64)> {
+/// (seconds since the first reading, samples). A reading without every replica's count is
+/// left out, and why is added to `unread`: summed without a replica, it would read a third
+/// low, and [`Figures::admitted_over_limit`] picks the lowest readings near the window's ends
+/// (a CI run read 0.621 L so, its slope 1.001 L).
+async fn admissions_over(
+    replicas: &[Replica],
+    window: Duration,
+    unread: &mut Vec<String>,
+) -> Vec<(f64, f64)> {
     let start = Instant::now();
     let mut readings = Vec::new();
     let mut tick = tokio::time::interval(Duration::from_millis(100));
     while start.elapsed() < window {
         tick.tick().await;
-        let mut admitted = 0.0;
-        for replica in replicas {
-            let page = metrics_page(&format!("http://{}", replica.http)).await;
-            admitted += sum(
-                &page,
-                "weir_distributor_received_samples_total",
-                &[("user", TENANT)],
-            );
+        let Some(pages) = fleet_pages(replicas, unread).await else {
+            continue;
+        };
+        let counts: Vec<Option<f64>> = pages.iter().map(|page| admitted_on(page)).collect();
+        if counts.iter().any(Option::is_none) {
+            unread.push(format!("a page without the tenant's count: {counts:?}"));
+            continue;
         }
+        let admitted = counts.into_iter().flatten().sum();
         readings.push((start.elapsed().as_secs_f64(), admitted));
     }
     readings
+}
+
+/// The tenant's admitted samples on one replica's page, `None` when the page has no such
+/// series (after the warm-up every replica has admitted some).
+fn admitted_on(page: &str) -> Option<f64> {
+    let needle = format!("weir_distributor_received_samples_total{{user=\"{TENANT}\"");
+    page.lines().any(|line| line.starts_with(&needle)).then(|| {
+        sum(
+            page,
+            "weir_distributor_received_samples_total",
+            &[("user", TENANT)],
+        )
+    })
+}
+
+/// Every replica's `/metrics` page, each tried up to three times, 20 ms apart; `None` when
+/// one could still not be read. Each failed try is added to `unread`.
+async fn fleet_pages(replicas: &[Replica], unread: &mut Vec<String>) -> Option<Vec<String>> {
+    let mut pages = Vec::with_capacity(replicas.len());
+    for replica in replicas {
+        let base = format!("http://{}", replica.http);
+        let mut page = None;
+        for _ in 0..3 {
+            match read_metrics_page(&base).await {
+                Ok(text) => {
+                    page = Some(text);
+                    break;
+                }
+                Err(err) => {
+                    unread.push(err);
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+            }
+        }
+        pages.push(page?);
+    }
+    Some(pages)
 }
 
 /// The least-squares slope of `points`.

@@ -179,11 +179,25 @@ pub fn real_client_config(name: &str, replacements: &[(&str, String)]) -> String
     text
 }
 
+/// The `/metrics` page at `base`, empty when it cannot be read.
 pub async fn metrics_page(base: &str) -> String {
-    let Ok(response) = reqwest::get(format!("{base}/metrics")).await else {
-        return String::new();
-    };
-    response.text().await.unwrap_or_default()
+    read_metrics_page(base).await.unwrap_or_default()
+}
+
+/// The `/metrics` page at `base`, or why it could not be read: the request failed, the answer
+/// was not 200, or its body broke off.
+pub async fn read_metrics_page(base: &str) -> Result<String, String> {
+    let response = reqwest::get(format!("{base}/metrics"))
+        .await
+        .map_err(|err| format!("{base}/metrics: {err:?}"))?;
+    let status = response.status();
+    if !status.is_success() {
+        return Err(format!("{base}/metrics answered {status}"));
+    }
+    response
+        .text()
+        .await
+        .map_err(|err| format!("{base}/metrics: reading the body: {err:?}"))
 }
 
 /// The sum of the series of family `name` that carry every label in `labels`.
