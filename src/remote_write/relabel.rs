@@ -79,6 +79,21 @@ impl Relabelling {
     }
 }
 
+/// [`Relabelling::outcome`] for a series read from the wire; `sent` is `None` when one of its
+/// labels is not UTF-8. Such a series goes on as sent: the series checks refuse it
+/// (`label_invalid` or `label_value_invalid`) whatever a rule would make of it.
+fn wire_outcome<'a>(
+    relabelling: &'a Relabelling,
+    sent: Option<&[(&'a str, &'a str)]>,
+    strip: Option<&str>,
+    labels: &mut Labels<'a>,
+) -> Outcome {
+    match sent {
+        Some(sent) => relabelling.outcome(sent, strip, labels),
+        None => Outcome::Same,
+    }
+}
+
 fn write_field(out: &mut Vec<u8>, tag: u32, payload: &[u8]) {
     encode_key(tag, WireType::LengthDelimited, out);
     encode_varint(payload.len() as u64, out);
@@ -110,12 +125,12 @@ pub(super) fn v1(raw: &[u8], relabelling: &Relabelling, strip: Option<&str>) -> 
                 }
             }
         }
-        // A series with a label that is not UTF-8 goes on as sent: the series checks refuse
-        // it (`label_invalid` or `label_value_invalid`) whatever a rule would make of it.
-        let outcome = match text {
-            true => relabelling.outcome(&sent, strip, &mut labels),
-            false => Outcome::Same,
-        };
+        let outcome = wire_outcome(
+            relabelling,
+            text.then_some(sent.as_slice()),
+            strip,
+            &mut labels,
+        );
         match outcome {
             Outcome::Same => out.extend_from_slice(field.whole),
             Outcome::Dropped => changed = true,
@@ -213,11 +228,12 @@ pub(super) fn v2(raw: &[u8], relabelling: &Relabelling, strip: Option<&str>) -> 
                 _ => text = false,
             }
         }
-        // A series with a label that is not UTF-8 goes on as sent, as on 1.0.
-        let outcome = match text {
-            true => relabelling.outcome(&sent, strip, &mut labels),
-            false => Outcome::Same,
-        };
+        let outcome = wire_outcome(
+            relabelling,
+            text.then_some(sent.as_slice()),
+            strip,
+            &mut labels,
+        );
         match outcome {
             Outcome::Same => out.extend_from_slice(field.whole),
             Outcome::Dropped => changed = true,
