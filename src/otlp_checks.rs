@@ -301,9 +301,9 @@ fn refuse_metadata(
     let conversion = otlp::Conversion::of(validation.translation());
     for metric in otlp::metadata_metrics(request, validation.translation()) {
         let family = translate::family_name(translate::Naming::of(metric), conversion);
-        let entry = prompb::MetricMetadata {
-            metric_family_name: family.map(Cow::into_owned).unwrap_or_default(),
-            unit: translate::unit_name(&metric.unit),
+        let entry = prompb::RawMetricMetadata {
+            metric_family_name: family.map(Cow::into_owned).unwrap_or_default().into_bytes(),
+            unit: translate::unit_name(&metric.unit).into_bytes(),
             ..Default::default()
         };
         if let MetadataVerdict::Refuse(reason, message) =
@@ -360,7 +360,7 @@ fn exemplar_cuts(
     let mut series: BTreeMap<(Place, usize), Vec<ExemplarSeen>> = BTreeMap::new();
     for exemplar in exemplars.iter().filter(|e| !cut.contains(&e.point)) {
         let labels = exemplar.labels.iter();
-        let labels = labels.map(|(name, value)| (name.as_str(), value.as_str()));
+        let labels = labels.map(|(name, value)| (name.as_bytes(), value.as_bytes()));
         series
             .entry((exemplar.point, exemplar.series))
             .or_default()

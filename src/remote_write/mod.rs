@@ -263,8 +263,9 @@ fn scan_validating(
                     counts.metadata += 1;
                     continue;
                 };
+                // Read as bytes, as the exemplars are.
                 let decoded =
-                    <prompb::MetricMetadata as prost::Message>::decode(metadata).map_err(bad)?;
+                    <prompb::RawMetricMetadata as prost::Message>::decode(metadata).map_err(bad)?;
                 match validate::check_metadata(decoded, &validation.limits) {
                     MetadataVerdict::Keep => counts.metadata += 1,
                     MetadataVerdict::Rewrite(with) => {
@@ -360,10 +361,11 @@ fn scan_series<'a>(
                 let exemplar = field(&mut buf, wire_type, "exemplars")?;
                 match validating.as_mut() {
                     None => check::<prompb::Exemplar>(exemplar),
-                    Some((_, seen)) => <prompb::Exemplar as prost::Message>::decode(exemplar)
+                    // Read as bytes: its checks do not refuse text that is not UTF-8, as Mimir's.
+                    Some((_, seen)) => <prompb::RawExemplar as prost::Message>::decode(exemplar)
                         .map(|decoded| {
                             let labels = decoded.labels.iter();
-                            let labels = labels.map(|l| (l.name.as_str(), l.value.as_str()));
+                            let labels = labels.map(|l| (&l.name[..], &l.value[..]));
                             seen.exemplars.push(ExemplarSeen {
                                 field: field_start..series.len() - buf.len(),
                                 timestamp: decoded.timestamp,
@@ -1437,6 +1439,76 @@ mod tests {
             decode(&body, usize::MAX, Format::V1),
             Err(DecodeError::Protobuf(reason)) if reason.contains("not valid UTF-8")
         ));
+    }
+
+    /// Mimir checks an exemplar's labels and a metadata entry without reading them as UTF-8:
+    /// such a label value or help passes, counted and forwarded as sent. Without a validation
+    /// the scan still holds them to prost's decode.
+    #[test]
+    fn exemplar_labels_and_metadata_that_are_not_utf8_pass_as_in_mimir() {
+        let exemplar = |value: &str| Exemplar {
+            labels: vec![Label {
+                name: "trace_id".into(),
+                value: value.into(),
+            }],
+            value: 1.0,
+            timestamp: NOW,
+        };
+        let request = WriteRequest {
+            timeseries: vec![TimeSeries {
+                exemplars: vec![
+                    exemplar("BAD"),
+                    exemplar(&format!("BAD{}", "x".repeat(117))),
+                ],
+                ..at_now(&[("__name__", "up")])
+            }],
+            metadata: vec![MetricMetadata {
+                r#type: 1,
+                metric_family_name: "up".into(),
+                help: "BAD help".into(),
+                unit: String::new(),
+            }],
+        };
+        let body = with_bytes(&request, b"BAD", b"B\xffD");
+        let on = Validation::new(
+            runtime_config::ValidationLimits {
+                max_global_exemplars_per_user: 100_000,
+                ..runtime_config::ValidationLimits::default()
+            },
+            NOW,
+        );
+        let decoded = decode_validated(&body, usize::MAX, &on).unwrap();
+        assert!(decoded.refused.is_none(), "{:?}", decoded.refused);
+        let counts = &decoded.counts;
+        assert_eq!(
+            (counts.samples, counts.exemplars, counts.metadata),
+            (1, 2, 1)
+        );
+        assert_eq!(decoded.dropped_exemplars, DroppedExemplars::default());
+        assert!(
+            matches!(decoded.forward, Forward::Unchanged),
+            "{:?}",
+            decoded.forward
+        );
+        // One character more (128 + 1, the bad byte one of them) and the second goes.
+        let longer = WriteRequest {
+            timeseries: vec![TimeSeries {
+                exemplars: vec![
+                    exemplar("BAD"),
+                    exemplar(&format!("BAD{}", "x".repeat(118))),
+                ],
+                ..request.timeseries[0].clone()
+            }],
+            ..request.clone()
+        };
+        let body = with_bytes(&longer, b"BAD", b"B\xffD");
+        let decoded = decode_validated(&body, usize::MAX, &on).unwrap();
+        assert_eq!(decoded.counts.exemplars, 1);
+        let strict = decode(&body, usize::MAX, Format::V1);
+        assert!(
+            matches!(&strict, Err(DecodeError::Protobuf(reason)) if reason.contains("UTF-8")),
+            "{strict:?}"
+        );
     }
 
     /// The UTF-8 check is Mimir's, in its order: after the metric name, the label name and its

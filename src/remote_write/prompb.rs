@@ -53,6 +53,27 @@ pub struct Exemplar {
     pub timestamp: i64,
 }
 
+/// An [`Exemplar`] whose label text is read as bytes: what the checks read, as Mimir reads a
+/// body without checking that its text is UTF-8.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct RawExemplar {
+    #[prost(message, repeated, tag = "1")]
+    pub labels: Vec<RawLabel>,
+    #[prost(double, tag = "2")]
+    pub value: f64,
+    #[prost(int64, tag = "3")]
+    pub timestamp: i64,
+}
+
+/// A [`Label`] read as bytes.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct RawLabel {
+    #[prost(bytes = "vec", tag = "1")]
+    pub name: Vec<u8>,
+    #[prost(bytes = "vec", tag = "2")]
+    pub value: Vec<u8>,
+}
+
 /// A native histogram, every field of `prompb/types.proto`'s `Histogram`: the scan checks each
 /// histogram against this type, so it refuses exactly what a full decode refuses.
 #[derive(Clone, PartialEq, prost::Message)]
@@ -123,6 +144,31 @@ pub struct MetricMetadata {
     pub help: String,
     #[prost(string, tag = "5")]
     pub unit: String,
+}
+
+/// A [`MetricMetadata`] whose text is read as bytes (see [`RawExemplar`]); the same on the
+/// wire.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct RawMetricMetadata {
+    #[prost(int32, tag = "1")]
+    pub r#type: i32,
+    #[prost(bytes = "vec", tag = "2")]
+    pub metric_family_name: Vec<u8>,
+    #[prost(bytes = "vec", tag = "4")]
+    pub help: Vec<u8>,
+    #[prost(bytes = "vec", tag = "5")]
+    pub unit: Vec<u8>,
+}
+
+impl From<MetricMetadata> for RawMetricMetadata {
+    fn from(metadata: MetricMetadata) -> Self {
+        RawMetricMetadata {
+            r#type: metadata.r#type,
+            metric_family_name: metadata.metric_family_name.into_bytes(),
+            help: metadata.help.into_bytes(),
+            unit: metadata.unit.into_bytes(),
+        }
+    }
 }
 
 impl WriteRequest {

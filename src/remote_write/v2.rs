@@ -284,19 +284,18 @@ impl Found {
         if !first && self.refused_families.contains(&hash) {
             return (false, Some(MetadataEdit::Cut));
         }
-        let text = |bytes: &[u8]| String::from_utf8_lossy(bytes).into_owned();
         // The entry Mimir makes of it: the family's name, the help and unit symbols.
-        let entry = super::prompb::MetricMetadata {
+        let entry = super::prompb::RawMetricMetadata {
             r#type: metadata.fields.metric_type as i32,
-            metric_family_name: text(family),
-            help: text(metadata.help),
-            unit: text(metadata.unit),
+            metric_family_name: family.to_vec(),
+            help: metadata.help.to_vec(),
+            unit: metadata.unit.to_vec(),
         };
         match check_metadata(entry, limits) {
             MetadataVerdict::Keep => (first, None),
             MetadataVerdict::Rewrite(body) => {
-                let help = <super::prompb::MetricMetadata as prost::Message>::decode(&body[..])
-                    .map(|cut| cut.help.into_bytes())
+                let help = <super::prompb::RawMetricMetadata as prost::Message>::decode(&body[..])
+                    .map(|cut| cut.help)
                     .unwrap_or_default();
                 let edit = MetadataEdit::Help {
                     fields: metadata.fields,
@@ -986,12 +985,8 @@ fn judge_exemplar(
         <v2_proto::Exemplar as prost::Message>::decode(exemplar).map_err(|e| e.to_string())?;
     let mut labels = Vec::with_capacity(decoded.labels_refs.len() / 2);
     for pair in decoded.labels_refs.chunks_exact(2) {
-        let text = |reference: u32| {
-            symbols
-                .get(u64::from(reference), || "labels_refs".to_string())
-                // A symbol that is not UTF-8 reads as empty: the exemplar's checks drop it.
-                .map(|bytes| std::str::from_utf8(bytes).unwrap_or_default())
-        };
+        // As bytes: text that is not UTF-8 is not the exemplar checks' to refuse, as on 1.0.
+        let text = |reference: u32| symbols.get(u64::from(reference), || "labels_refs".to_string());
         labels.push((text(pair[0])?, text(pair[1])?));
     }
     seen.exemplars.push(ExemplarSeen {
@@ -2596,6 +2591,66 @@ mod tests {
         let in_order = with(vec![at(vec![3, 4], NOW - 30_000), at(vec![3, 4], NOW)]);
         let answer = super::decode_validated(&in_order.encode_snappy(), usize::MAX, &on).unwrap();
         assert_eq!(answer.forward, Forward::Unchanged);
+    }
+
+    /// An exemplar label or a help whose symbol is not UTF-8 passes, as on 1.0: Mimir's checks
+    /// read them as they are. (Before, such an exemplar label read as empty and was dropped.)
+    #[test]
+    fn an_exemplar_label_or_help_that_is_not_utf8_passes_as_in_mimir() {
+        let request = Request {
+            symbols: symbols(&["", "__name__", "up", "trace_id", "BAD", "BAD help"]),
+            timeseries: vec![TimeSeries {
+                samples: sample_at(NOW),
+                exemplars: vec![Exemplar {
+                    labels_refs: vec![3, 4],
+                    value: 1.0,
+                    timestamp: NOW,
+                }],
+                metadata: Some(Metadata {
+                    r#type: MetricType::Gauge as i32,
+                    help_ref: 5,
+                    unit_ref: 0,
+                }),
+                ..series(vec![1, 2])
+            }],
+        };
+        let body = replaced(raw(&request), b"BAD", b"B\xffD");
+        let compressed = snap::raw::Encoder::new().compress_vec(&body).unwrap();
+        let on = Validation::new(
+            runtime_config::ValidationLimits {
+                max_global_exemplars_per_user: 100_000,
+                ..runtime_config::ValidationLimits::default()
+            },
+            NOW,
+        );
+        let answer = super::decode_validated(&compressed, usize::MAX, &on).unwrap();
+        assert!(answer.refused.is_none(), "{:?}", answer.refused);
+        let counts = &answer.counts;
+        assert_eq!(
+            (counts.samples, counts.exemplars, counts.metadata),
+            (1, 1, 1)
+        );
+        assert_eq!(answer.forward, Forward::Unchanged);
+        // A help over the limit is cut as its bytes are, not as a lossy copy of them: the
+        // new symbol is its first five bytes, the bad one among them.
+        let short = Validation::new(
+            runtime_config::ValidationLimits {
+                max_metadata_length: 5,
+                ..on.limits
+            },
+            NOW,
+        );
+        let answer = super::decode_validated(&compressed, usize::MAX, &short).unwrap();
+        let Forward::Rewritten(rewritten) = answer.forward else {
+            panic!("{:?}", answer.forward)
+        };
+        let raw = snap::raw::Decoder::new()
+            .decompress_vec(&rewritten)
+            .unwrap();
+        let forwarded =
+            <Request as prost::Message>::decode(&replaced(raw, b"B\xffD", b"BAD")[..]).unwrap();
+        let help_ref = forwarded.timeseries[0].metadata.as_ref().unwrap().help_ref;
+        assert_eq!(forwarded.symbols[help_ref as usize], "BAD h");
     }
 
     #[test]

@@ -18,7 +18,7 @@ use runtime_config::validation::{
 };
 use runtime_config::ValidationLimits;
 
-use super::prompb::{BucketSpan, Histogram, MetricMetadata};
+use super::prompb::{BucketSpan, Histogram, RawMetricMetadata};
 use super::wire::is_utf8;
 use crate::counts::{ExemplarReason, MetadataReason, SeriesReason};
 
@@ -257,15 +257,16 @@ pub(crate) struct ExemplarSeen {
 
 /// Mimir's checks of one exemplar's own content (its distributor's `validateExemplar`), in
 /// its order: no labels, no timestamp, labels over 128 characters (names and values
-/// together, in Unicode scalar values), no label with both a name and a value.
+/// together, counted as Go counts runes: see [`go_runes`]), no label with both a name and a
+/// value. Text that is not UTF-8 is not refused here, as in Mimir.
 pub(crate) fn exemplar_content<'l>(
-    labels: impl Iterator<Item = (&'l str, &'l str)>,
+    labels: impl Iterator<Item = (&'l [u8], &'l [u8])>,
     timestamp: i64,
 ) -> Option<ExemplarReason> {
     let (mut count, mut length, mut any_whole) = (0usize, 0usize, false);
     for (name, value) in labels {
         count += 1;
-        length += name.chars().count() + value.chars().count();
+        length += go_runes(name) + go_runes(value);
         any_whole |= !name.is_empty() && !value.is_empty();
     }
     if count == 0 {
@@ -279,6 +280,36 @@ pub(crate) fn exemplar_content<'l>(
     } else {
         None
     }
+}
+
+/// How many runes Go's `utf8.RuneCount` finds in `text`: its characters, and each byte that
+/// is not part of one (Rust's `utf8_chunks` ends an invalid piece where Go's decoder resumes).
+pub(crate) fn go_runes(text: &[u8]) -> usize {
+    if let Ok(text) = std::str::from_utf8(text) {
+        return text.chars().count();
+    }
+    text.utf8_chunks()
+        .map(|chunk| chunk.valid().chars().count() + chunk.invalid().len())
+        .sum()
+}
+
+/// Where Mimir cuts a text over `max` bytes: at the last rune that starts at or before `max`
+/// (Go's `for i := range text`, each byte that is not part of a character a rune of its own),
+/// so no character is split.
+fn cut_at_rune(text: &[u8], max: usize) -> usize {
+    let (mut at, mut cut) = (0, 0);
+    for chunk in text.utf8_chunks() {
+        let starts = chunk.valid().char_indices().map(|(i, _)| i);
+        let starts = starts.chain(chunk.valid().len()..chunk.valid().len() + chunk.invalid().len());
+        for start in starts {
+            if at + start > max {
+                return cut;
+            }
+            cut = at + start;
+        }
+        at += chunk.valid().len() + chunk.invalid().len();
+    }
+    cut
 }
 
 /// Characters an exemplar's labels may hold, names and values together (OpenMetrics').
@@ -1263,9 +1294,10 @@ pub(crate) enum MetadataVerdict {
 
 /// Mimir's `cleanAndValidateMetadata`: an entry without a metric name is refused (with
 /// `enforce_metadata_metric_name`); a help over `max_metadata_length` bytes is cut, at a
-/// character boundary, to fit; a metric name or unit over it refuses the entry.
+/// character boundary, to fit; a metric name or unit over it refuses the entry. Its text is
+/// read as bytes: Mimir does not refuse text that is not UTF-8 here.
 pub(crate) fn check_metadata(
-    mut metadata: MetricMetadata,
+    mut metadata: RawMetricMetadata,
     limits: &ValidationLimits,
 ) -> MetadataVerdict {
     let max = limits.max_metadata_length as usize;
@@ -1284,7 +1316,7 @@ pub(crate) fn check_metadata(
             format!(
                 "received a metric metadata whose metric name length exceeds the limit, metric \
                  name: '{}' (err-weir-metric-name-too-long).{raise}",
-                clip(&metadata.metric_family_name)
+                clip(&String::from_utf8_lossy(&metadata.metric_family_name))
             ),
         );
     }
@@ -1294,16 +1326,13 @@ pub(crate) fn check_metadata(
             format!(
                 "received a metric metadata whose unit name length exceeds the limit, unit: \
                  '{}' metric name: '{}' (err-weir-unit-too-long).{raise}",
-                clip(&metadata.unit),
-                clip(&metadata.metric_family_name)
+                clip(&String::from_utf8_lossy(&metadata.unit)),
+                clip(&String::from_utf8_lossy(&metadata.metric_family_name))
             ),
         );
     }
     if metadata.help.len() > max {
-        let mut keep = max;
-        while !metadata.help.is_char_boundary(keep) {
-            keep -= 1;
-        }
+        let keep = cut_at_rune(&metadata.help, max);
         metadata.help.truncate(keep);
         return MetadataVerdict::Rewrite(prost::Message::encode_to_vec(&metadata));
     }
@@ -1932,13 +1961,61 @@ mod tests {
         }
     }
 
+    /// Text that is not UTF-8 is measured as Go measures it: each byte outside a character is
+    /// a rune of its own (a character cut short is as many runes as its bytes, where a lossy
+    /// read would make it one), and a cut falls on a rune's start.
+    #[test]
+    fn text_that_is_not_utf8_is_measured_as_go_measures_it() {
+        assert_eq!(go_runes(b"abc"), 3);
+        assert_eq!(go_runes("\u{e9}t\u{e9}".as_bytes()), 3);
+        assert_eq!(go_runes(b"B\xe2\x82D"), 4);
+        assert_eq!(go_runes(b"\xff\xfe\xc3\xa9"), 3);
+        assert_eq!(cut_at_rune("abcd\u{e9}f".as_bytes(), 5), 4);
+        assert_eq!(cut_at_rune(b"abcd\xffgh", 5), 5);
+        assert_eq!(cut_at_rune(b"abc\xe2\x82gh", 4), 4);
+        assert_eq!(cut_at_rune(b"abcdefgh", 5), 5);
+        // 128 runes of labels pass, 129 are too long, a character cut short counting two.
+        let value = |ascii: usize| [vec![b'x'; ascii], b"\xe2\x82".to_vec()].concat();
+        let content = |value: &[u8]| exemplar_content([(&b"trace_id"[..], value)].into_iter(), 1);
+        assert_eq!(content(&value(118)), None);
+        assert_eq!(content(&value(119)), Some(ExemplarReason::LabelsTooLong));
+        // A help over the limit that is not UTF-8 is cut, not refused; a name or unit is
+        // held to the limit in bytes.
+        let limits = ValidationLimits {
+            max_metadata_length: 5,
+            ..ValidationLimits::default()
+        };
+        let entry = |name: &[u8], help: &[u8]| RawMetricMetadata {
+            r#type: 1,
+            metric_family_name: name.to_vec(),
+            help: help.to_vec(),
+            unit: Vec::new(),
+        };
+        let MetadataVerdict::Rewrite(body) =
+            check_metadata(entry(b"up", b"ab\xffd\xffgh"), &limits)
+        else {
+            panic!("help over the limit is cut")
+        };
+        let cut: RawMetricMetadata = prost::Message::decode(body.as_slice()).unwrap();
+        assert_eq!(cut, entry(b"up", b"ab\xffd\xff"));
+        assert_eq!(
+            check_metadata(entry(b"u\xffp", b"h\xff"), &limits),
+            MetadataVerdict::Keep
+        );
+        assert!(matches!(
+            check_metadata(entry(b"u\xff\xff\xffpp", b""), &limits),
+            MetadataVerdict::Refuse(MetadataReason::MetricNameTooLong, message)
+                if message.contains("'u\u{fffd}\u{fffd}\u{fffd}pp'")
+        ));
+    }
+
     #[test]
     fn metadata_help_is_cut_and_long_names_and_units_are_refused() {
         let limits = ValidationLimits {
             max_metadata_length: 5,
             ..ValidationLimits::default()
         };
-        let metadata = |name: &str, help: &str, unit: &str| MetricMetadata {
+        let metadata = |name: &str, help: &str, unit: &str| RawMetricMetadata {
             r#type: 1,
             metric_family_name: name.into(),
             help: help.into(),
@@ -1953,7 +2030,7 @@ mod tests {
         else {
             panic!("help over the limit is cut")
         };
-        let cut: MetricMetadata = prost::Message::decode(body.as_slice()).unwrap();
+        let cut: RawMetricMetadata = prost::Message::decode(body.as_slice()).unwrap();
         assert_eq!(cut, metadata("up", "abcd", "s"));
         let reason = |verdict| match verdict {
             MetadataVerdict::Refuse(reason, message) => {
