@@ -143,6 +143,30 @@ async fn an_ha_pair_is_charged_and_forwarded_once() {
         60.0
     );
 
+    // b again, a label value in it not UTF-8: Mimir reads the body all the same and answers
+    // 202 before its checks; the deduplicated count takes its 3 samples.
+    let mut raw = prost::Message::encode_to_vec(&pair_push(Some("c1"), Some("b"), 3));
+    let at = raw.windows(6).position(|bytes| bytes == b"host-1").unwrap();
+    raw[at + 4] = 0xff;
+    let body = snap::raw::Encoder::new().compress_vec(&raw).unwrap();
+    let base = format!("http://{}", weir.http);
+    let response = common::push_request(&client, &base, Some("ha"), body)
+        .send()
+        .await
+        .unwrap();
+    let status = response.status().as_u16();
+    assert_eq!(status, 202, "{}", response.text().await.unwrap());
+    assert!(receiver.take_bodies().is_empty());
+    assert_eq!(
+        metric(
+            &client,
+            &weir,
+            r#"weir_distributor_deduped_samples_total{cluster="c1",user="ha"}"#
+        )
+        .await,
+        63.0
+    );
+
     // Without both labels: not HA, forwarded byte for byte, counted as non-HA.
     tokio::time::sleep(Duration::from_millis(1100)).await;
     let plain = pair_push(Some("c1"), None, 10);

@@ -482,8 +482,13 @@ pub fn decode_validated(
 ) -> Result<Decoded, DecodeError> {
     decompressed(body, max_size, |raw| {
         let earliest = |raw: &[u8]| earliest_sample_ms(raw, 1, 4);
-        let (ha, validation) = match ha_first(raw, validation, first_series_labels, scan, earliest)?
-        {
+        let (ha, validation) = match ha_first(
+            raw,
+            validation,
+            first_series_labels,
+            count_unchecked,
+            earliest,
+        )? {
             HaStep::Done(decoded) => return Ok(decoded),
             HaStep::Go(ha, validation) => (ha, validation),
         };
@@ -560,7 +565,7 @@ fn edited(raw: &[u8], edits: &[Edit]) -> Vec<u8> {
 
 /// Where a push stands after the HA tracker ([`ha_first`]).
 pub(super) enum HaStep<'v> {
-    /// Deduplicated, or a cluster too many: the push was only checked and counted.
+    /// Deduplicated, or a cluster too many: the push was only read and counted.
     Done(Decoded),
     /// On to validation, with this validation: the tenant's, dropping the replica label too
     /// when the push is from the elected replica.
@@ -568,13 +573,13 @@ pub(super) enum HaStep<'v> {
 }
 
 /// The HA tracker first, on the first series' labels (`labels` reads them, for 1.0 or 2.0),
-/// as Mimir's distributor does: a push it does not accept is only checked and counted
-/// (`scan`).
+/// as Mimir's distributor does: a push it does not accept is only read and counted
+/// (`count`, for 1.0 [`count_unchecked`]).
 pub(super) fn ha_first<'v>(
     raw: &[u8],
     validation: &'v Validation,
     labels: for<'a> fn(&'a [u8], &str, &str) -> Result<FirstLabels<'a>, DecodeError>,
-    scan: fn(&[u8]) -> Result<WriteCounts, DecodeError>,
+    count: fn(&[u8], &Validation) -> Result<WriteCounts, DecodeError>,
     earliest: fn(&[u8]) -> Option<i64>,
 ) -> Result<HaStep<'v>, DecodeError> {
     let Some(check) = &validation.ha else {
@@ -589,7 +594,7 @@ pub(super) fn ha_first<'v>(
     match validation.after_ha(&ha) {
         Some(validation) => Ok(HaStep::Go(ha, validation)),
         None => Ok(HaStep::Done(Decoded {
-            counts: scan(raw)?,
+            counts: count(raw, validation)?,
             forward: Forward::Nothing,
             refused: None,
             dropped_exemplars: DroppedExemplars::default(),
@@ -598,6 +603,40 @@ pub(super) fn ha_first<'v>(
             untranslated: 0,
             ha,
         })),
+    }
+}
+
+/// Every sample and histogram of a push the HA tracker does not accept, which Mimir counts
+/// and answers before its checks: the plain scan's count, or, for a body whose text is not
+/// all UTF-8 (which the plain scan holds to prost's decode, and Mimir reads all the same),
+/// the validating scan's, with what its checks would take out added back.
+fn count_unchecked(raw: &[u8], validation: &Validation) -> Result<WriteCounts, DecodeError> {
+    scan(raw).or_else(|strict| {
+        let mut found = RefusedSeries::default();
+        let kept = scan_validating(raw, Some(validation), &mut found).map_err(|_| strict)?;
+        Ok(every_sample(
+            kept,
+            &found.discarded,
+            found.repeated,
+            &found.unlabelled,
+        ))
+    })
+}
+
+/// `kept` with the samples and histograms a validation took out added back: those it refused
+/// (by reason), repeated timestamps, and series with no label left. Those go into `samples`,
+/// the checks keeping no tally of which were histograms; the sum, which the HA tracker counts,
+/// is exact.
+pub(super) fn every_sample(
+    kept: WriteCounts,
+    discarded: &Discarded,
+    repeated: u64,
+    unlabelled: &WriteCounts,
+) -> WriteCounts {
+    WriteCounts {
+        samples: kept.samples + discarded.samples() + repeated + unlabelled.samples,
+        histograms: kept.histograms + unlabelled.histograms,
+        ..kept
     }
 }
 

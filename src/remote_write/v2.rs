@@ -82,6 +82,23 @@ pub fn scan(body: &[u8]) -> Result<WriteCounts, DecodeError> {
         .map(|(counts, _)| counts)
 }
 
+/// Every sample and histogram of a push the HA tracker does not accept, as 1.0's
+/// `count_unchecked`: the plain scan's count, or, for a body with a symbol that is not UTF-8,
+/// the validating scan's with what its checks would take out added back.
+fn count_unchecked(raw: &[u8], validation: &Validation) -> Result<WriteCounts, DecodeError> {
+    scan(raw).or_else(|strict| {
+        let (kept, found) =
+            with_tables(|symbols, families| scan_with(raw, symbols, families, Some(validation)))
+                .map_err(|_| strict)?;
+        Ok(super::every_sample(
+            kept,
+            &found.discarded,
+            found.repeated,
+            &found.unlabelled,
+        ))
+    })
+}
+
 /// [`super::decode`] of a remote-write 2.0 body with series validation and `drop_labels`:
 /// the counts of what passed, what to forward (the client's bytes when nothing changed), and
 /// what was refused. As [`super::decode_validated`] does for 1.0.
@@ -93,8 +110,13 @@ pub fn decode_validated(
     super::decompressed(body, max_size, |raw| {
         // The HA tracker first, as for 1.0.
         let earliest = |raw: &[u8]| super::earliest_sample_ms(raw, 5, 3);
-        let (ha, validation) = match ha_first(raw, validation, first_series_labels, scan, earliest)?
-        {
+        let (ha, validation) = match ha_first(
+            raw,
+            validation,
+            first_series_labels,
+            count_unchecked,
+            earliest,
+        )? {
             HaStep::Done(decoded) => return Ok(decoded),
             HaStep::Go(ha, validation) => (ha, validation),
         };
@@ -2217,6 +2239,38 @@ mod tests {
             <Request as prost::Message>::decode(&replaced(raw, b"B\xffD", b"BAD")[..]).unwrap();
         assert_eq!(forwarded.symbols, request.symbols);
         assert_eq!(forwarded.timeseries, vec![request.timeseries[1].clone()]);
+    }
+
+    /// A push the HA tracker does not accept is counted whole, as Mimir counts it before its
+    /// checks: a series whose label value is not UTF-8, and one a check would refuse, too.
+    #[test]
+    fn a_push_only_counted_takes_text_that_is_not_utf8() {
+        let request = Request {
+            symbols: symbols(&["", "__name__", "up", "job", "BAD", "good", "1up"]),
+            timeseries: vec![
+                TimeSeries {
+                    samples: vec![Sample::default(); 2],
+                    ..series(vec![1, 2, 3, 4])
+                },
+                TimeSeries {
+                    samples: sample_at(NOW),
+                    ..series(vec![1, 6, 3, 5])
+                },
+                TimeSeries {
+                    samples: sample_at(NOW),
+                    ..series(vec![1, 2, 3, 5])
+                },
+            ],
+        };
+        let body = replaced(raw(&request), b"BAD", b"B\xffD");
+        assert!(scan(&body).is_err());
+        let counts = count_unchecked(&body, &tight()).unwrap();
+        assert_eq!(counts.samples + counts.histograms, 4);
+        let plain = raw(&request);
+        assert_eq!(
+            count_unchecked(&plain, &tight()).unwrap(),
+            scan(&plain).unwrap()
+        );
     }
 
     #[test]
