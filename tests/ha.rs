@@ -167,6 +167,33 @@ async fn an_ha_pair_is_charged_and_forwarded_once() {
         63.0
     );
 
+    // A replica named in bytes that are not UTF-8 is another replica, deduplicated as Mimir's
+    // tracker takes it (202), not a push without HA labels.
+    let mut raw = prost::Message::encode_to_vec(&pair_push(Some("c1"), Some("b"), 2));
+    // The value `b` (field 2, one byte) of each series' `__replica__`.
+    let mut replaced = 0;
+    for at in 0..raw.len() - 2 {
+        if &raw[at..at + 3] == b"\x12\x01b" {
+            raw[at + 2] = 0xff;
+            replaced += 1;
+        }
+    }
+    assert_eq!(replaced, 2);
+    let body = snap::raw::Encoder::new().compress_vec(&raw).unwrap();
+    let response = common::push_request(&client, &base, Some("ha"), body)
+        .send()
+        .await
+        .unwrap();
+    let (status, text) = (response.status().as_u16(), response.text().await.unwrap());
+    assert_eq!(
+        (status, text.trim()),
+        (
+            202,
+            "replicas did not match, rejecting sample: replica=\u{fffd}, elected=a"
+        )
+    );
+    assert!(receiver.take_bodies().is_empty());
+
     // Without both labels: not HA, forwarded byte for byte, counted as non-HA.
     tokio::time::sleep(Duration::from_millis(1100)).await;
     let plain = pair_push(Some("c1"), None, 10);

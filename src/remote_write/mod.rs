@@ -590,7 +590,12 @@ pub(super) fn ha_first<'v>(
     };
     let settings = &check.settings;
     let (cluster, replica) = labels(raw, &settings.ha_cluster_label, &settings.ha_replica_label)?;
-    let ha = check.outcome(cluster, replica, validation.now_ms, || earliest(raw));
+    let ha = check.outcome(
+        cluster.as_deref(),
+        replica.as_deref(),
+        validation.now_ms,
+        || earliest(raw),
+    );
     match validation.after_ha(&ha) {
         Some(validation) => Ok(HaStep::Go(ha, validation)),
         None => Ok(HaStep::Done(Decoded {
@@ -699,8 +704,13 @@ pub(super) fn earliest_sample_ms(raw: &[u8], series: u32, histograms: u32) -> Op
     earliest
 }
 
-/// The values of a request's HA cluster and replica labels in its first series.
-pub(super) type FirstLabels<'a> = (Option<&'a str>, Option<&'a str>);
+/// The values of a request's HA cluster and replica labels in its first series. A value that
+/// is not UTF-8 is read lossily (each bad piece U+FFFD): Mimir's tracker takes it as it is,
+/// and its series is then refused by the checks if the push is accepted.
+pub(super) type FirstLabels<'a> = (
+    Option<std::borrow::Cow<'a, str>>,
+    Option<std::borrow::Cow<'a, str>>,
+);
 
 /// The values of the labels `cluster` and `replica` in the request's first series (what
 /// Mimir's HA tracker reads), each `None` when the series lacks it.
@@ -726,9 +736,7 @@ fn first_series_labels<'a>(
             let label = embedded(&mut series, wire_type, "timeseries[0].labels")?;
             let (name, value, _) = label_parts(label)
                 .map_err(|reason| DecodeError::Protobuf(format!("timeseries[0]: {reason}")))?;
-            // A value that is not UTF-8 names no cluster or replica; the series checks refuse
-            // its series.
-            let value = std::str::from_utf8(value).ok();
+            let value = Some(String::from_utf8_lossy(value));
             if name == cluster.as_bytes() {
                 cluster_value = value;
             } else if name == replica.as_bytes() {

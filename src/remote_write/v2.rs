@@ -206,16 +206,13 @@ fn first_series_labels<'a>(
                 .map_err(|e| error(format!("timeseries[0]: field {tag}: {e}")))?,
         }
     }
-    let symbol = |reference: u32| {
-        symbols
-            .get(reference as usize)
-            .and_then(|text| std::str::from_utf8(text).ok())
-    };
+    let symbol = |reference: u32| symbols.get(reference as usize).copied();
+    let value = |reference: u32| symbol(reference).map(String::from_utf8_lossy);
     let (mut cluster_value, mut replica_value) = (None, None);
     for pair in references.chunks_exact(2) {
         match symbol(pair[0]) {
-            Some(name) if name == cluster => cluster_value = symbol(pair[1]),
-            Some(name) if name == replica => replica_value = symbol(pair[1]),
+            Some(name) if name == cluster.as_bytes() => cluster_value = value(pair[1]),
+            Some(name) if name == replica.as_bytes() => replica_value = value(pair[1]),
             _ => {}
         }
     }
