@@ -77,13 +77,32 @@ fn label(name: &str, value: &str) -> Label {
 }
 
 async fn push(client: &reqwest::Client, replica: &Replica, body: &WriteRequest) -> (u16, String) {
+    push_body(client, replica, body.encode_snappy()).await
+}
+
+/// A push of `body`, already compressed.
+async fn push_body(client: &reqwest::Client, replica: &Replica, body: Vec<u8>) -> (u16, String) {
     let base = format!("http://{}", replica.http);
-    let response = common::push_request(client, &base, Some("ha"), body.encode_snappy())
+    let response = common::push_request(client, &base, Some("ha"), body)
         .send()
         .await
         .unwrap();
     let status = response.status().as_u16();
     (status, response.text().await.unwrap())
+}
+
+/// `request` encoded and compressed with each `from` in its bytes made `to` (of one length),
+/// `times` of them: how a label that is not UTF-8, which prost's `String` cannot hold, is sent.
+fn with_bytes(request: &WriteRequest, from: &[u8], to: &[u8], times: usize) -> Vec<u8> {
+    assert!(from.len() == to.len() && from != to);
+    let mut raw = prost::Message::encode_to_vec(request);
+    let mut found = 0;
+    while let Some(at) = raw.windows(from.len()).position(|bytes| bytes == from) {
+        raw[at..at + from.len()].copy_from_slice(to);
+        found += 1;
+    }
+    assert_eq!(found, times, "{from:?} in the request");
+    snap::raw::Encoder::new().compress_vec(&raw).unwrap()
 }
 
 async fn metric(client: &reqwest::Client, replica: &Replica, series: &str) -> f64 {
@@ -145,17 +164,14 @@ async fn an_ha_pair_is_charged_and_forwarded_once() {
 
     // b again, a label value in it not UTF-8: Mimir reads the body all the same and answers
     // 202 before its checks; the deduplicated count takes its 3 samples.
-    let mut raw = prost::Message::encode_to_vec(&pair_push(Some("c1"), Some("b"), 3));
-    let at = raw.windows(6).position(|bytes| bytes == b"host-1").unwrap();
-    raw[at + 4] = 0xff;
-    let body = snap::raw::Encoder::new().compress_vec(&raw).unwrap();
-    let base = format!("http://{}", weir.http);
-    let response = common::push_request(&client, &base, Some("ha"), body)
-        .send()
-        .await
-        .unwrap();
-    let status = response.status().as_u16();
-    assert_eq!(status, 202, "{}", response.text().await.unwrap());
+    let body = with_bytes(
+        &pair_push(Some("c1"), Some("b"), 3),
+        b"host-1",
+        b"host\xff1",
+        1,
+    );
+    let (status, text) = push_body(&client, &weir, body).await;
+    assert_eq!(status, 202, "{text}");
     assert!(receiver.take_bodies().is_empty());
     assert_eq!(
         metric(
@@ -169,22 +185,14 @@ async fn an_ha_pair_is_charged_and_forwarded_once() {
 
     // A replica named in bytes that are not UTF-8 is another replica, deduplicated as Mimir's
     // tracker takes it (202), not a push without HA labels.
-    let mut raw = prost::Message::encode_to_vec(&pair_push(Some("c1"), Some("b"), 2));
     // The value `b` (field 2, one byte) of each series' `__replica__`.
-    let mut replaced = 0;
-    for at in 0..raw.len() - 2 {
-        if &raw[at..at + 3] == b"\x12\x01b" {
-            raw[at + 2] = 0xff;
-            replaced += 1;
-        }
-    }
-    assert_eq!(replaced, 2);
-    let body = snap::raw::Encoder::new().compress_vec(&raw).unwrap();
-    let response = common::push_request(&client, &base, Some("ha"), body)
-        .send()
-        .await
-        .unwrap();
-    let (status, text) = (response.status().as_u16(), response.text().await.unwrap());
+    let body = with_bytes(
+        &pair_push(Some("c1"), Some("b"), 2),
+        b"\x12\x01b",
+        b"\x12\x01\xff",
+        2,
+    );
+    let (status, text) = push_body(&client, &weir, body).await;
     assert_eq!(
         (status, text.trim()),
         (
