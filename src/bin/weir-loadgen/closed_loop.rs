@@ -39,7 +39,9 @@ use serde::Serialize;
 use tokio::sync::{watch, Notify};
 use weir::remote_write::prompb::WriteRequest;
 
-use crate::common::{error_chain, http_client, percentile, Down, Route, Splitter};
+use crate::common::{
+    error_chain, http_client, percentile, progress, progress_done, Down, Route, Splitter,
+};
 
 /// The closed-loop sender's flags (Prometheus' `queue_config` names where it has one).
 #[derive(Debug, Clone, clap::Args)]
@@ -803,11 +805,11 @@ async fn run(plan: &Plan) -> anyhow::Result<Report> {
                         refused += stats.counts.refused_samples;
                         attempted += stats.counts.attempted_samples;
                     }
-                    eprint!(
-                        "\r[{:>5.1}s] delivered {delivered:>10} refused {refused:>9} of {attempted:>10} attempted, lag now {:>6.2}s   ",
+                    progress(format_args!(
+                        "[{:>5.1}s] delivered {delivered:>10} refused {refused:>9} of {attempted:>10} attempted, lag now {:>6.2}s",
                         now.duration_since(start).as_secs_f64(),
                         lags.iter().max().copied().unwrap_or_default().as_secs_f64(),
-                    );
+                    ));
                 }
             }
         })
@@ -830,7 +832,7 @@ async fn run(plan: &Plan) -> anyhow::Result<Report> {
     while senders.join_next().await.is_some() {}
     let lag_max = monitor.await?;
     if !plan.quiet {
-        eprintln!();
+        progress_done();
     }
 
     let mut report = build_report(

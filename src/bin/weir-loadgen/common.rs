@@ -26,6 +26,25 @@ pub fn push_urls(targets: &[String]) -> anyhow::Result<Vec<String>> {
         .collect()
 }
 
+/// A once-a-second progress line on stderr: written over the last on a terminal, one line
+/// each otherwise (a log, a pipe), so a captured run reads line by line.
+pub fn progress(line: std::fmt::Arguments<'_>) {
+    use std::io::IsTerminal;
+    if std::io::stderr().is_terminal() {
+        eprint!("\r{line}   ");
+    } else {
+        eprintln!("{line}");
+    }
+}
+
+/// Ends the progress lines: on a terminal the last is still open.
+pub fn progress_done() {
+    use std::io::IsTerminal;
+    if std::io::stderr().is_terminal() {
+        eprintln!();
+    }
+}
+
 /// The client both modes send with. `idle` is how many idle connections to keep per host.
 pub fn http_client(timeout: Duration, idle: usize) -> anyhow::Result<reqwest::Client> {
     Ok(reqwest::Client::builder()

@@ -713,7 +713,7 @@ async fn main() -> anyhow::Result<()> {
         progress.abort();
         // Wait until it is gone: it holds a reference to the stats.
         let _ = progress.await;
-        eprintln!();
+        common::progress_done();
     }
 
     let mut stats = Arc::try_unwrap(stats)
@@ -820,14 +820,14 @@ fn spawn_progress(
             let per_target: Vec<String> = (0..targets)
                 .map(|t| stats.targets[t].admitted_samples.to_string())
                 .collect();
-            eprint!(
-                "\r[{:>5.1}s] offered {:>9}/s admitted {:>9}/s rejected {:>9}/s | admitted per target (total): {}   ",
+            common::progress(format_args!(
+                "[{:>5.1}s] offered {:>9}/s admitted {:>9}/s rejected {:>9}/s | admitted per target (total): {}",
                 start.elapsed().as_secs_f64(),
                 now.0 - last.0,
                 now.1 - last.1,
                 now.2 - last.2,
                 per_target.join(" "),
-            );
+            ));
             last = now;
         }
     })
