@@ -12,9 +12,14 @@
 //! sent, unknown ones included. On 2.0 a label text the request has no symbol for is appended
 //! to its symbols, at the end of the body (repeated fields concatenate in stream order).
 //!
+//! A label that is not UTF-8 is read lossily for the rules, each bad piece U+FFFD, since
+//! Mimir's rules see it as a Go string: a rule may drop such a series or the label. A series
+//! that still carries such text afterwards goes on as sent, for the series checks to refuse.
+//!
 //! The body that comes out is the one the scan then checks, counts and forwards. A body this
 //! walk cannot read is left as it is: the scan refuses it with its own message.
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::sync::Arc;
 
@@ -57,9 +62,53 @@ impl Relabelling {
         strip: Option<&str>,
         labels: &mut Labels<'a>,
     ) -> Outcome {
+        let sent = sent
+            .iter()
+            .map(|&(name, value)| (Cow::Borrowed(name), Cow::Borrowed(value)));
+        self.run(sent, strip, labels)
+    }
+
+    /// [`Self::outcome`] for labels of which some are not UTF-8. Mimir's rules see them as Go
+    /// strings, so they are read lossily here (each bad piece U+FFFD) for the rules to match
+    /// on: a rule may drop such a series, or drop the label. A series that still carries such
+    /// text after the rules goes on as sent, for the series checks to refuse as Mimir's do;
+    /// written again, it would carry U+FFFD in place of the bytes sent.
+    fn outcome_lossy<'a>(
+        &'a self,
+        sent: &[(&'a [u8], &'a [u8])],
+        strip: Option<&str>,
+        labels: &mut Labels<'a>,
+    ) -> Outcome {
+        let sent = sent.iter().map(|&(name, value)| {
+            (
+                String::from_utf8_lossy(name),
+                String::from_utf8_lossy(value),
+            )
+        });
+        match self.run(sent, strip, labels) {
+            Outcome::Changed
+                if labels.iter().any(|(name, value)| {
+                    name.contains(char::REPLACEMENT_CHARACTER)
+                        || value.contains(char::REPLACEMENT_CHARACTER)
+                }) =>
+            {
+                Outcome::Same
+            }
+            outcome => outcome,
+        }
+    }
+
+    fn run<'a>(
+        &'a self,
+        sent: impl Iterator<Item = (Cow<'a, str>, Cow<'a, str>)> + Clone,
+        strip: Option<&str>,
+        labels: &mut Labels<'a>,
+    ) -> Outcome {
         labels.clear();
-        for &(name, value) in sent {
+        let mut count = 0;
+        for (name, value) in sent.clone() {
             labels.set(name, value);
+            count += 1;
         }
         if let Some(replica) = strip {
             labels.remove(replica);
@@ -69,8 +118,11 @@ impl Relabelling {
             return Outcome::Dropped;
         }
         labels.remove(TENANT_LABEL);
-        let unchanged = labels.len() == sent.len()
-            && labels.iter().zip(sent).all(|(label, sent)| label == *sent);
+        let unchanged = labels.len() == count
+            && labels
+                .iter()
+                .zip(sent)
+                .all(|(label, (name, value))| label == (&*name, &*value));
         if unchanged {
             Outcome::Same
         } else {
@@ -79,19 +131,19 @@ impl Relabelling {
     }
 }
 
-/// [`Relabelling::outcome`] for a series read from the wire; `sent` is `None` when one of its
-/// labels is not UTF-8. Such a series goes on as sent: the series checks refuse it
-/// (`label_invalid` or `label_value_invalid`) whatever a rule would make of it.
+/// [`Relabelling::outcome`] for a series read from the wire. `sent` is `None` when one of its
+/// labels is not UTF-8: then `bytes` reads them as bytes (a walk again, off the usual path).
 fn wire_outcome<'a>(
     relabelling: &'a Relabelling,
     sent: Option<&[(&'a str, &'a str)]>,
+    bytes: impl FnOnce() -> Option<Vec<(&'a [u8], &'a [u8])>>,
     strip: Option<&str>,
     labels: &mut Labels<'a>,
-) -> Outcome {
-    match sent {
+) -> Option<Outcome> {
+    Some(match sent {
         Some(sent) => relabelling.outcome(sent, strip, labels),
-        None => Outcome::Same,
-    }
+        None => relabelling.outcome_lossy(&bytes()?, strip, labels),
+    })
 }
 
 fn write_field(out: &mut Vec<u8>, tag: u32, payload: &[u8]) {
@@ -125,12 +177,21 @@ pub(super) fn v1(raw: &[u8], relabelling: &Relabelling, strip: Option<&str>) -> 
                 }
             }
         }
+        let bytes = || {
+            Fields(field.payload)
+                .filter_map(|part| match part {
+                    Some(part) if part.tag != 1 => None,
+                    part => Some(part.and_then(|part| v1_label(&part))),
+                })
+                .collect()
+        };
         let outcome = wire_outcome(
             relabelling,
             text.then_some(sent.as_slice()),
+            bytes,
             strip,
             &mut labels,
-        );
+        )?;
         match outcome {
             Outcome::Same => out.extend_from_slice(field.whole),
             Outcome::Dropped => changed = true,
@@ -172,8 +233,8 @@ fn v1_label<'a>(field: &Field<'a>) -> Option<(&'a [u8], &'a [u8])> {
 /// The rules on a remote-write 2.0 `Request`, as [`v1`]: series' `labels_refs` are resolved
 /// through the symbols, and a changed series points at the symbols of its new labels.
 pub(super) fn v2(raw: &[u8], relabelling: &Relabelling, strip: Option<&str>) -> Option<Vec<u8>> {
-    // Each symbol's text; `None` for one that is not UTF-8.
-    let mut symbols: Vec<Option<&str>> = Vec::new();
+    // Each symbol's text; `None` for one that is not UTF-8, whose bytes are in `raw_symbols`.
+    let (mut symbols, mut raw_symbols): (Vec<Option<&str>>, Vec<&[u8]>) = (Vec::new(), Vec::new());
     for field in Fields(raw) {
         let field = field?;
         if field.tag == 4 {
@@ -181,6 +242,7 @@ pub(super) fn v2(raw: &[u8], relabelling: &Relabelling, strip: Option<&str>) -> 
                 return None;
             }
             symbols.push(std::str::from_utf8(field.payload).ok());
+            raw_symbols.push(field.payload);
         }
     }
     let mut out = Vec::with_capacity(raw.len());
@@ -228,12 +290,20 @@ pub(super) fn v2(raw: &[u8], relabelling: &Relabelling, strip: Option<&str>) -> 
                 _ => text = false,
             }
         }
+        let bytes = || {
+            let symbol = |reference: &u32| raw_symbols.get(*reference as usize).copied();
+            references
+                .chunks_exact(2)
+                .map(|pair| Some((symbol(&pair[0])?, symbol(&pair[1])?)))
+                .collect()
+        };
         let outcome = wire_outcome(
             relabelling,
             text.then_some(sent.as_slice()),
+            bytes,
             strip,
             &mut labels,
-        );
+        )?;
         match outcome {
             Outcome::Same => out.extend_from_slice(field.whole),
             Outcome::Dropped => changed = true,
@@ -556,6 +626,89 @@ mod tests {
         let mut broken = v2_request(&[&[("__name__", "m")]]);
         broken.timeseries[0].labels_refs[1] = 99;
         assert_eq!(v2(&broken.encode_to_vec(), &env, None), None);
+    }
+
+    /// Rules that see text that is not UTF-8 as Mimir's do, each bad byte a character: the
+    /// first drops by name, the second by the bad value itself (`.` matching it), the third
+    /// drops a label so that the series is left clean, the fourth copies such text into a
+    /// new label, which leaves the series with it.
+    const SEEING: &str = "- source_labels: [__name__]\n  regex: go_.*\n  action: drop\n\
+                          - source_labels: [a]\n  regex: B.D\n  action: drop\n\
+                          - regex: bad\n  action: labeldrop\n\
+                          - source_labels: [c]\n  target_label: copy\n";
+
+    /// The series [`SEEING`] is run on, each value `BAD` to be made `B\xffD`.
+    const SEEN: [&[(&str, &str)]; 5] = [
+        &[("__name__", "go_gc"), ("z", "BAD")],
+        &[("__name__", "up"), ("a", "BAD")],
+        &[("__name__", "up"), ("bad", "BAD")],
+        &[("__name__", "up"), ("c", "BAD")],
+        &[("__name__", "up"), ("d", "ok")],
+    ];
+
+    /// Every `from` in `bytes` made `to`, of the same length.
+    fn flip_all(mut bytes: Vec<u8>, from: &[u8], to: &[u8]) -> Vec<u8> {
+        let mut at = 0;
+        while let Some(found) = bytes[at..].windows(from.len()).position(|w| w == from) {
+            bytes[at + found..at + found + from.len()].copy_from_slice(to);
+            at += found + from.len();
+        }
+        bytes
+    }
+
+    /// What [`SEEING`] leaves of [`SEEN`]: two dropped, one rewritten clean, the one that
+    /// still carries the bad text as sent (the checks refuse it), the clean one as sent.
+    fn seen_forwarded() -> Vec<Vec<(String, String)>> {
+        [
+            &[("__name__", "up")][..],
+            &[("__name__", "up"), ("c", "BAD")],
+            &[("__name__", "up"), ("d", "ok")],
+        ]
+        .iter()
+        .map(|labels| {
+            labels
+                .iter()
+                .map(|(name, value)| (name.to_string(), value.to_string()))
+                .collect()
+        })
+        .collect()
+    }
+
+    #[test]
+    fn the_rules_see_a_v1_label_that_is_not_utf8_as_mimirs_do() {
+        let request = WriteRequest {
+            timeseries: SEEN.iter().map(|labels| series(labels, 1.0)).collect(),
+            metadata: vec![],
+        };
+        let raw = flip_all(request.encode_to_vec(), b"BAD", b"B\xffD");
+        let out = v1(&raw, &relabelling(SEEING), None).expect("the rules drop and change");
+        let forwarded = WriteRequest::decode(&flip_all(out.clone(), b"B\xffD", b"BAD")[..]);
+        let labels: Vec<Vec<(String, String)>> = forwarded
+            .unwrap()
+            .timeseries
+            .iter()
+            .map(|series| {
+                let labels = series.labels.iter();
+                labels.map(|l| (l.name.clone(), l.value.clone())).collect()
+            })
+            .collect();
+        assert_eq!(labels, seen_forwarded());
+        let fourth = Fields(&raw).nth(3).unwrap().unwrap().whole;
+        assert!(
+            out.windows(fourth.len()).any(|w| w == fourth),
+            "the series that still carries the bad bytes goes on byte for byte"
+        );
+    }
+
+    #[test]
+    fn the_rules_see_a_v2_symbol_that_is_not_utf8_as_mimirs_do() {
+        let request = v2_request(&SEEN);
+        let raw = flip_all(request.encode_to_vec(), b"BAD", b"B\xffD");
+        let out = v2(&raw, &relabelling(SEEING), None).expect("the rules drop and change");
+        let forwarded = v2_proto::Request::decode(&flip_all(out, b"B\xffD", b"BAD")[..]);
+        let forwarded = forwarded.unwrap();
+        assert_eq!(v2_labels(&forwarded), seen_forwarded());
+        assert_eq!(forwarded.symbols, request.symbols, "no symbol appended");
     }
 
     proptest::proptest! {
