@@ -19,7 +19,6 @@
 //! The body that comes out is the one the scan then checks, counts and forwards. A body this
 //! walk cannot read is left as it is: the scan refuses it with its own message.
 
-use std::borrow::Cow;
 use std::collections::HashMap;
 use std::sync::Arc;
 
@@ -62,54 +61,53 @@ impl Relabelling {
         strip: Option<&str>,
         labels: &mut Labels<'a>,
     ) -> Outcome {
-        let sent = sent
-            .iter()
-            .map(|&(name, value)| (Cow::Borrowed(name), Cow::Borrowed(value)));
-        self.run(sent, strip, labels)
+        labels.clear();
+        for &(name, value) in sent {
+            labels.set(name, value);
+        }
+        self.run(strip, labels, |labels| {
+            labels.len() == sent.len()
+                && labels.iter().zip(sent).all(|(label, sent)| label == *sent)
+        })
     }
 
     /// [`Self::outcome`] for labels of which some are not UTF-8. Mimir's rules see them as Go
     /// strings, so they are read lossily here (each bad piece U+FFFD) for the rules to match
     /// on: a rule may drop such a series, or drop the label. A series that still carries such
     /// text after the rules goes on as sent, for the series checks to refuse as Mimir's do;
-    /// written again, it would carry U+FFFD in place of the bytes sent.
+    /// written again, it would carry U+FFFD in place of the bytes sent. One left without it
+    /// has changed.
+    #[cold]
     fn outcome_lossy<'a>(
         &'a self,
         sent: &[(&'a [u8], &'a [u8])],
         strip: Option<&str>,
         labels: &mut Labels<'a>,
     ) -> Outcome {
-        let sent = sent.iter().map(|&(name, value)| {
-            (
+        labels.clear();
+        for &(name, value) in sent {
+            labels.set(
                 String::from_utf8_lossy(name),
                 String::from_utf8_lossy(value),
-            )
-        });
-        match self.run(sent, strip, labels) {
-            Outcome::Changed
-                if labels.iter().any(|(name, value)| {
-                    name.contains(char::REPLACEMENT_CHARACTER)
-                        || value.contains(char::REPLACEMENT_CHARACTER)
-                }) =>
-            {
-                Outcome::Same
-            }
-            outcome => outcome,
+            );
         }
+        let carries_it = |labels: &Labels| {
+            labels.iter().any(|(name, value)| {
+                name.contains(char::REPLACEMENT_CHARACTER)
+                    || value.contains(char::REPLACEMENT_CHARACTER)
+            })
+        };
+        self.run(strip, labels, carries_it)
     }
 
+    /// The rules on `labels` as read: `strip` removed and the tenant's label set first.
+    /// `same`: whether what they left is to go on as sent.
     fn run<'a>(
         &'a self,
-        sent: impl Iterator<Item = (Cow<'a, str>, Cow<'a, str>)> + Clone,
         strip: Option<&str>,
         labels: &mut Labels<'a>,
+        same: impl FnOnce(&Labels) -> bool,
     ) -> Outcome {
-        labels.clear();
-        let mut count = 0;
-        for (name, value) in sent.clone() {
-            labels.set(name, value);
-            count += 1;
-        }
         if let Some(replica) = strip {
             labels.remove(replica);
         }
@@ -118,32 +116,12 @@ impl Relabelling {
             return Outcome::Dropped;
         }
         labels.remove(TENANT_LABEL);
-        let unchanged = labels.len() == count
-            && labels
-                .iter()
-                .zip(sent)
-                .all(|(label, (name, value))| label == (&*name, &*value));
-        if unchanged {
+        if same(labels) {
             Outcome::Same
         } else {
             Outcome::Changed
         }
     }
-}
-
-/// [`Relabelling::outcome`] for a series read from the wire. `sent` is `None` when one of its
-/// labels is not UTF-8: then `bytes` reads them as bytes (a walk again, off the usual path).
-fn wire_outcome<'a>(
-    relabelling: &'a Relabelling,
-    sent: Option<&[(&'a str, &'a str)]>,
-    bytes: impl FnOnce() -> Option<Vec<(&'a [u8], &'a [u8])>>,
-    strip: Option<&str>,
-    labels: &mut Labels<'a>,
-) -> Option<Outcome> {
-    Some(match sent {
-        Some(sent) => relabelling.outcome(sent, strip, labels),
-        None => relabelling.outcome_lossy(&bytes()?, strip, labels),
-    })
 }
 
 fn write_field(out: &mut Vec<u8>, tag: u32, payload: &[u8]) {
@@ -177,21 +155,11 @@ pub(super) fn v1(raw: &[u8], relabelling: &Relabelling, strip: Option<&str>) -> 
                 }
             }
         }
-        let bytes = || {
-            Fields(field.payload)
-                .filter_map(|part| match part {
-                    Some(part) if part.tag != 1 => None,
-                    part => Some(part.and_then(|part| v1_label(&part))),
-                })
-                .collect()
+        let outcome = if text {
+            relabelling.outcome(&sent, strip, &mut labels)
+        } else {
+            relabelling.outcome_lossy(&v1_labels(field.payload)?, strip, &mut labels)
         };
-        let outcome = wire_outcome(
-            relabelling,
-            text.then_some(sent.as_slice()),
-            bytes,
-            strip,
-            &mut labels,
-        )?;
         match outcome {
             Outcome::Same => out.extend_from_slice(field.whole),
             Outcome::Dropped => changed = true,
@@ -228,6 +196,30 @@ fn v1_label<'a>(field: &Field<'a>) -> Option<(&'a [u8], &'a [u8])> {
         let (name, value, _) = any_label(field.payload).ok()?;
         Some((name, value))
     })
+}
+
+/// A 1.0 series' labels as bytes, for [`Relabelling::outcome_lossy`]: off the usual path.
+#[cold]
+fn v1_labels(series: &[u8]) -> Option<Vec<(&[u8], &[u8])>> {
+    Fields(series)
+        .filter_map(|part| match part {
+            Some(part) if part.tag != 1 => None,
+            part => Some(part.and_then(|part| v1_label(&part))),
+        })
+        .collect()
+}
+
+/// A 2.0 series' labels as bytes, through the symbols, as [`v1_labels`].
+#[cold]
+fn v2_labels_sent<'a>(
+    references: &[u32],
+    symbols: &[&'a [u8]],
+) -> Option<Vec<(&'a [u8], &'a [u8])>> {
+    let symbol = |reference: u32| symbols.get(reference as usize).copied();
+    references
+        .chunks_exact(2)
+        .map(|pair| Some((symbol(pair[0])?, symbol(pair[1])?)))
+        .collect()
 }
 
 /// The rules on a remote-write 2.0 `Request`, as [`v1`]: series' `labels_refs` are resolved
@@ -290,20 +282,12 @@ pub(super) fn v2(raw: &[u8], relabelling: &Relabelling, strip: Option<&str>) -> 
                 _ => text = false,
             }
         }
-        let bytes = || {
-            let symbol = |reference: &u32| raw_symbols.get(*reference as usize).copied();
-            references
-                .chunks_exact(2)
-                .map(|pair| Some((symbol(&pair[0])?, symbol(&pair[1])?)))
-                .collect()
+        let outcome = if text {
+            relabelling.outcome(&sent, strip, &mut labels)
+        } else {
+            let labels_sent = v2_labels_sent(&references, &raw_symbols)?;
+            relabelling.outcome_lossy(&labels_sent, strip, &mut labels)
         };
-        let outcome = wire_outcome(
-            relabelling,
-            text.then_some(sent.as_slice()),
-            bytes,
-            strip,
-            &mut labels,
-        )?;
         match outcome {
             Outcome::Same => out.extend_from_slice(field.whole),
             Outcome::Dropped => changed = true,
