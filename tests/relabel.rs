@@ -8,7 +8,8 @@
 //! - the series checks see the labels the rules made: a rule that adds a label past
 //!   `max_label_names_per_series` gets the series refused with Mimir's reason;
 //! - a push whose every series a rule drops is answered 200 and nothing is forwarded;
-//! - a tenant without rules, or with `metric_relabeling_enabled: false`, is forwarded as sent.
+//! - a tenant without rules, or with `metric_relabeling_enabled: false`, is forwarded as sent;
+//! - a label value that is not UTF-8 is seen by the rules as text, as Mimir's rules see it.
 
 mod common;
 
@@ -191,4 +192,35 @@ async fn rules_drop_and_change_series_before_they_are_checked_charged_and_forwar
         })
         .collect();
     assert_eq!(labels, [("__name__", "up"), ("tenant", "r")]);
+
+    // A label value that is not UTF-8: the rules see it as Mimir's do, as text. A rule may
+    // drop its series, or drop the label and leave the series clean to be forwarded; a series
+    // that still carries it is refused by the checks.
+    tokio::time::sleep(std::time::Duration::from_millis(1_200)).await;
+    let not_utf8 = |timeseries: Vec<TimeSeries>| {
+        let mut raw = prost::Message::encode_to_vec(&WriteRequest {
+            timeseries,
+            metadata: vec![],
+        });
+        while let Some(at) = raw.windows(3).position(|bytes| bytes == b"BAD") {
+            raw[at + 1] = 0xff;
+        }
+        snap::raw::Encoder::new().compress_vec(&raw).unwrap()
+    };
+    let cleaned = not_utf8(vec![
+        series(&[("__name__", "up"), ("pod", "BAD")], &[now]),
+        series(&[("__name__", "go_gc"), ("z", "BAD")], &[now]),
+    ]);
+    let (status, text) = push(&client, &base, "r", cleaned).await;
+    assert_eq!(status, 200, "{text}");
+    assert_eq!(
+        decoded(&receiver.take_bodies()[0]).timeseries,
+        vec![series(&[("__name__", "up"), ("tenant", "r")], &[now])],
+        "pod dropped with its bad bytes, go_gc dropped"
+    );
+    let carried = not_utf8(vec![series(&[("__name__", "up"), ("job", "BAD")], &[now])]);
+    let (status, text) = push(&client, &base, "r", carried).await;
+    assert_eq!(status, 400, "{text}");
+    assert!(text.contains("label-value-invalid"), "{text}");
+    assert!(receiver.take_bodies().is_empty(), "nothing left to forward");
 }
