@@ -540,19 +540,7 @@ fn edited(raw: &[u8], edits: &[Edit]) -> Vec<u8> {
                 splices,
             } => {
                 out.extend_from_slice(&raw[from..field.start]);
-                let message = &raw[body.clone()];
-                let length = splices.iter().fold(message.len(), |length, splice| {
-                    length - splice.range.len() + splice.with.len()
-                });
-                prost::encoding::encode_key(*tag, WireType::LengthDelimited, &mut out);
-                prost::encoding::encode_varint(length as u64, &mut out);
-                let mut at = 0;
-                for splice in splices {
-                    out.extend_from_slice(&message[at..splice.range.start]);
-                    out.extend_from_slice(&splice.with);
-                    at = splice.range.end;
-                }
-                out.extend_from_slice(&message[at..]);
+                Splice::write(&mut out, *tag, &raw[body.clone()], splices);
                 from = field.end;
             }
         }

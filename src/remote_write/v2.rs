@@ -1189,18 +1189,7 @@ fn edited(raw: &[u8], edits: &[Edit], appended: &Appended) -> Result<Vec<u8>, De
                 splices,
             } => {
                 out.extend_from_slice(&raw[from..field.start]);
-                let series = &raw[series.clone()];
-                let removed: usize = splices.iter().map(|splice| splice.range.len()).sum();
-                let added: usize = splices.iter().map(|splice| splice.with.len()).sum();
-                encode_key(5, WireType::LengthDelimited, &mut out);
-                encode_varint((series.len() - removed + added) as u64, &mut out);
-                let mut at = 0;
-                for splice in splices {
-                    out.extend_from_slice(&series[at..splice.range.start]);
-                    out.extend_from_slice(&splice.with);
-                    at = splice.range.end;
-                }
-                out.extend_from_slice(&series[at..]);
+                Splice::write(&mut out, 5, &raw[series.clone()], splices);
                 from = field.end;
             }
         }

@@ -484,6 +484,25 @@ pub(crate) struct Splice {
     pub with: Vec<u8>,
 }
 
+impl Splice {
+    /// `message` written to `out` as field `tag` of its parent with `splices` made (in order;
+    /// their ranges in `message`): its key, its new length, its bytes.
+    pub(crate) fn write(out: &mut Vec<u8>, tag: u32, message: &[u8], splices: &[Splice]) {
+        let length = splices.iter().fold(message.len(), |length, splice| {
+            length - splice.range.len() + splice.with.len()
+        });
+        prost::encoding::encode_key(tag, prost::encoding::WireType::LengthDelimited, out);
+        prost::encoding::encode_varint(length as u64, out);
+        let mut at = 0;
+        for splice in splices {
+            out.extend_from_slice(&message[at..splice.range.start]);
+            out.extend_from_slice(&splice.with);
+            at = splice.range.end;
+        }
+        out.extend_from_slice(&message[at..]);
+    }
+}
+
 /// Why a histogram over `max_native_histogram_buckets` refuses its series.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum HistogramProblem {
