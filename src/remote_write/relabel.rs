@@ -213,9 +213,12 @@ fn v1_labels(series: &[u8]) -> Option<Vec<(&[u8], &[u8])>> {
 #[cold]
 fn v2_labels_sent<'a>(
     references: &[u32],
-    symbols: &[&'a [u8]],
+    symbols: &[Result<&'a str, &'a [u8]>],
 ) -> Option<Vec<(&'a [u8], &'a [u8])>> {
-    let symbol = |reference: u32| symbols.get(reference as usize).copied();
+    let symbol = |reference: u32| match *symbols.get(reference as usize)? {
+        Ok(text) => Some(text.as_bytes()),
+        Err(bytes) => Some(bytes),
+    };
     references
         .chunks_exact(2)
         .map(|pair| Some((symbol(pair[0])?, symbol(pair[1])?)))
@@ -225,16 +228,15 @@ fn v2_labels_sent<'a>(
 /// The rules on a remote-write 2.0 `Request`, as [`v1`]: series' `labels_refs` are resolved
 /// through the symbols, and a changed series points at the symbols of its new labels.
 pub(super) fn v2(raw: &[u8], relabelling: &Relabelling, strip: Option<&str>) -> Option<Vec<u8>> {
-    // Each symbol's text; `None` for one that is not UTF-8, whose bytes are in `raw_symbols`.
-    let (mut symbols, mut raw_symbols): (Vec<Option<&str>>, Vec<&[u8]>) = (Vec::new(), Vec::new());
+    // Each symbol's text, or its bytes when it is not UTF-8.
+    let mut symbols: Vec<Result<&str, &[u8]>> = Vec::new();
     for field in Fields(raw) {
         let field = field?;
         if field.tag == 4 {
             if field.wire_type != WireType::LengthDelimited {
                 return None;
             }
-            symbols.push(std::str::from_utf8(field.payload).ok());
-            raw_symbols.push(field.payload);
+            symbols.push(std::str::from_utf8(field.payload).map_err(|_| field.payload));
         }
     }
     let mut out = Vec::with_capacity(raw.len());
@@ -278,14 +280,14 @@ pub(super) fn v2(raw: &[u8], relabelling: &Relabelling, strip: Option<&str>) -> 
         for pair in references.chunks_exact(2) {
             let symbol = |reference: u32| symbols.get(reference as usize).copied();
             match (symbol(pair[0])?, symbol(pair[1])?) {
-                (Some(name), Some(value)) => sent.push((name, value)),
+                (Ok(name), Ok(value)) => sent.push((name, value)),
                 _ => text = false,
             }
         }
         let outcome = if text {
             relabelling.outcome(&sent, strip, &mut labels)
         } else {
-            let labels_sent = v2_labels_sent(&references, &raw_symbols)?;
+            let labels_sent = v2_labels_sent(&references, &symbols)?;
             relabelling.outcome_lossy(&labels_sent, strip, &mut labels)
         };
         match outcome {
@@ -296,7 +298,7 @@ pub(super) fn v2(raw: &[u8], relabelling: &Relabelling, strip: Option<&str>) -> 
                 let index = index.get_or_insert_with(|| {
                     let mut index = HashMap::with_capacity(symbols.len());
                     for (at, text) in symbols.iter().enumerate() {
-                        if let Some(text) = text {
+                        if let Ok(text) = text {
                             index.entry(text.to_string()).or_insert(at as u32);
                         }
                     }
