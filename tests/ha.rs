@@ -105,6 +105,9 @@ fn with_bytes(request: &WriteRequest, from: &[u8], to: &[u8], times: usize) -> V
     snap::raw::Encoder::new().compress_vec(&raw).unwrap()
 }
 
+/// Cluster `c1`'s deduplicated samples for tenant `ha`.
+const DEDUPED_C1: &str = r#"weir_distributor_deduped_samples_total{cluster="c1",user="ha"}"#;
+
 async fn metric(client: &reqwest::Client, replica: &Replica, series: &str) -> f64 {
     common::metric_at(client, &format!("http://{}", replica.http), series)
         .await
@@ -152,15 +155,7 @@ async fn an_ha_pair_is_charged_and_forwarded_once() {
     let (status, text) = push(&client, &weir, &pair_push(Some("c1"), Some("a"), 40)).await;
     assert_eq!(status, 200, "b's push was charged: {text}");
     assert_eq!(receiver.take_bodies().len(), 1);
-    assert_eq!(
-        metric(
-            &client,
-            &weir,
-            r#"weir_distributor_deduped_samples_total{cluster="c1",user="ha"}"#
-        )
-        .await,
-        60.0
-    );
+    assert_eq!(metric(&client, &weir, DEDUPED_C1).await, 60.0);
 
     // b again, a label value in it not UTF-8: Mimir reads the body all the same and answers
     // 202 before its checks; the deduplicated count takes its 3 samples.
@@ -173,15 +168,7 @@ async fn an_ha_pair_is_charged_and_forwarded_once() {
     let (status, text) = push_body(&client, &weir, body).await;
     assert_eq!(status, 202, "{text}");
     assert!(receiver.take_bodies().is_empty());
-    assert_eq!(
-        metric(
-            &client,
-            &weir,
-            r#"weir_distributor_deduped_samples_total{cluster="c1",user="ha"}"#
-        )
-        .await,
-        63.0
-    );
+    assert_eq!(metric(&client, &weir, DEDUPED_C1).await, 63.0);
 
     // A replica named in bytes that are not UTF-8 is another replica, deduplicated as Mimir's
     // tracker takes it (202), not a push without HA labels.
@@ -403,7 +390,6 @@ async fn ha_series_go_with_the_election_and_the_tenant() {
     )
     .await;
     let client = reqwest::Client::new();
-    let deduped = r#"weir_distributor_deduped_samples_total{cluster="c1",user="ha"}"#;
     let changes = r#"weir_ha_tracker_elected_replica_changes_total{cluster="c1",user="ha"}"#;
     let non_ha = r#"weir_distributor_non_ha_samples_received_total{user="ha"}"#;
     let listed = |series: &'static str| {
@@ -430,7 +416,7 @@ async fn ha_series_go_with_the_election_and_the_tenant() {
             .0,
         200
     );
-    assert_eq!(listed(deduped).await, Some(5.0));
+    assert_eq!(listed(DEDUPED_C1).await, Some(5.0));
     assert_eq!(listed(changes).await, Some(1.0));
     assert_eq!(listed(non_ha).await, Some(7.0));
 
@@ -440,7 +426,7 @@ async fn ha_series_go_with_the_election_and_the_tenant() {
     common::wait_until(
         "the cluster's series leave /metrics",
         Duration::from_secs(10),
-        || async { listed(deduped).await.is_none() && listed(changes).await.is_none() },
+        || async { listed(DEDUPED_C1).await.is_none() && listed(changes).await.is_none() },
     )
     .await;
     // Idle for 2 s: the tenant's state is dropped, and its series with it.
