@@ -224,4 +224,29 @@ async fn every_dashboard_query_returns_data_from_real_replicas() {
         let answer = query(&prometheus, &expr).await;
         assert_eq!(answer["status"], "success", "{alert}: {expr}: {answer}");
     }
+    // The panels that show a tenant's fleet-wide limit read the 2 000 items/s configured,
+    // not a sum over the two replicas (each of which enforces the whole of it, `weighted`).
+    for legend in ["{{user}} configured", "{{user}} fleet"] {
+        let expr = dashboard_target(legend).replace("$tenant", "dash");
+        let answer = query(&prometheus, &expr).await;
+        let series = answer["data"]["result"].as_array().unwrap();
+        assert_eq!(series.len(), 1, "{legend}: {expr}: {answer}");
+        assert_eq!(series[0]["value"][1], "2000", "{legend}: {expr}: {answer}");
+    }
+}
+
+/// The dashboard's query drawn with this legend (there is one).
+fn dashboard_target(legend: &str) -> String {
+    let text = std::fs::read_to_string(Path::new(OPERATIONS).join("dashboard.json")).unwrap();
+    let dashboard: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let exprs: Vec<String> = dashboard["panels"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|panel| panel["targets"].as_array().unwrap())
+        .filter(|target| target["legendFormat"] == legend)
+        .map(|target| target["expr"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(exprs.len(), 1, "{legend}: {exprs:?}");
+    exprs.into_iter().next().unwrap()
 }

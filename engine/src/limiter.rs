@@ -59,8 +59,9 @@ pub trait TenantHooks: Send + Sync + 'static {
     fn create(&self, tenant: &str) -> Self::Data;
     /// The tenant's state was dropped after its idle timeout.
     fn evicted(&self, _tenant: &str) {}
-    /// The tenant's local limits changed (a reload, a membership change, or its creation).
-    fn local_limits(&self, _data: &Self::Data, _local: &LocalLimits) {}
+    /// The tenant's limits changed (a reload, a membership change, or its creation): as
+    /// configured, fleet-wide, and as this replica enforces them.
+    fn limits(&self, _data: &Self::Data, _configured: &TenantLimits, _local: &LocalLimits) {}
     /// The number of tracked tenants changed.
     fn tracked(&self, _tenants: usize) {}
 }
@@ -484,7 +485,7 @@ impl<H: TenantHooks, C: Clock + Clone> Limiter<H, C> {
                     .store(totals.refunded(kind), Ordering::Relaxed);
             }
         }
-        self.hooks.local_limits(&tenant.data, &local);
+        self.hooks.limits(&tenant.data, &limits, &local);
         Arc::new(tenant)
     }
 
@@ -920,7 +921,7 @@ impl<H: TenantHooks, C: Clock + Clone> Limiter<H, C> {
             limits,
             local,
         };
-        self.hooks.local_limits(&tenant.data, &local);
+        self.hooks.limits(&tenant.data, &limits, &local);
         tenant.state.store(Arc::new(rebuilt));
     }
 

@@ -15,7 +15,20 @@ impl engine::TenantHooks for TenantSeries {
         TenantMetrics::default()
     }
 
-    fn local_limits(&self, series: &TenantMetrics, local: &engine::LocalLimits) {
+    fn limits(
+        &self,
+        series: &TenantMetrics,
+        configured: &runtime_config::TenantLimits,
+        local: &engine::LocalLimits,
+    ) {
+        // As configured: `request_rate: 0` is unlimited, `ingestion_rate: 0` refuses all.
+        let request = if configured.request_rate == 0.0 {
+            f64::INFINITY
+        } else {
+            configured.request_rate
+        };
+        series.request_rate.set(request);
+        series.ingestion_rate.set(configured.ingestion_rate);
         series.local_request_rate.set(local.request.per_second());
         series
             .local_ingestion_rate

@@ -565,6 +565,7 @@ mod tests {
                     metrics.received_samples.inc_by(i as u64);
                     metrics.discard(DiscardReason::RateLimited, 7);
                     metrics.local_ingestion_rate.set(f64::INFINITY);
+                    metrics.ingestion_rate.set(3e4);
                     (format!("tenant-{i}"), metrics)
                 })
                 .collect(),
@@ -584,9 +585,12 @@ mod tests {
         assert!(text.contains(
             "weir_limiter_local_limit{user=\"tenant-0\",limit=\"ingestion_rate\"} +Inf\n"
         ));
+        assert!(
+            text.contains("weir_limiter_limit{user=\"tenant-0\",limit=\"ingestion_rate\"} 30000\n")
+        );
         // Every family's series of the tenant: the discarded-request reasons are written
         // whatever their count (7), the samples' only when they count samples (3).
-        assert_eq!(text.matches("user=\"tenant-1\"").count(), 17);
+        assert_eq!(text.matches("user=\"tenant-1\"").count(), 19);
     }
 
     #[test]
