@@ -41,8 +41,12 @@ pub const OTLP_PARSE_ERROR: &str = "otlp parse error: ";
 /// Why a body was refused. Each message is meant for the client that sent it.
 #[derive(Debug, thiserror::Error, PartialEq)]
 pub enum DecodeError {
-    #[error("decompressed body is {size} bytes, over the limit of {limit} bytes")]
-    TooLarge { size: usize, limit: usize },
+    /// `size` when known before inflating (snappy says it; gzip stops at the limit).
+    #[error(
+        "decompressed body is {}over the limit of {limit} bytes",
+        .size.map(|size| format!("{size} bytes, ")).unwrap_or_default()
+    )]
+    TooLarge { size: Option<usize>, limit: usize },
     #[error("invalid snappy block: {0}")]
     Snappy(String),
     #[error("invalid protobuf WriteRequest: {0}")]

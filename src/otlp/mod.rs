@@ -202,7 +202,9 @@ pub fn decode_full(
     count(&request, &OtlpTranslation::default())
 }
 
-/// The body as sent, or gunzipped into at most `max_size` bytes.
+/// The body as sent, or gunzipped into at most `max_size` bytes. Every gzip member is read,
+/// as Go's reader (Mimir's) reads them: a body of several members is one export, charged and
+/// held to the size limit whole. Bytes after the last member that are not one are an error.
 pub fn inflate(
     body: &[u8],
     max_size: usize,
@@ -212,13 +214,13 @@ pub fn inflate(
         return Ok(Cow::Borrowed(body));
     }
     let mut out = Vec::new();
-    flate2::read::GzDecoder::new(body)
+    flate2::read::MultiGzDecoder::new(body)
         .take(max_size as u64 + 1)
         .read_to_end(&mut out)
         .map_err(|err| DecodeError::Otlp(format!("invalid gzip body: {err}")))?;
     if out.len() > max_size {
         return Err(DecodeError::TooLarge {
-            size: out.len(),
+            size: None,
             limit: max_size,
         });
     }

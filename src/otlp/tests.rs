@@ -759,6 +759,37 @@ fn bad_bodies_are_clear_errors() {
     assert!(matches!(err, DecodeError::TooLarge { .. }), "{err}");
 }
 
+/// A gzip body of several members is one export, as Go's reader (Mimir's) reads it: every
+/// member is charged and held to the size limit, and bytes after the last are an error.
+#[test]
+fn every_gzip_member_is_read_charged_and_held_to_the_limit() {
+    let gzipped = OtlpFormat {
+        json: false,
+        gzip: true,
+    };
+    let one = request(&[], vec![gauge("one", 1, 1)]).encode_to_vec();
+    let fifty = request(&[], vec![gauge("fifty", 50, 1)]).encode_to_vec();
+    let members = [gzip(&one), gzip(&fifty)].concat();
+    let whole = [one.clone(), fifty.clone()].concat();
+    let counts = decode(&members, 1 << 20, gzipped).unwrap();
+    assert_eq!(counts.samples, 51, "{counts:?}");
+    assert_eq!(counts, decode(&whole, 1 << 20, protobuf()).unwrap());
+
+    // Each member under the limit, the two together over it.
+    let limit = whole.len() - 1;
+    assert!(one.len() <= limit && fifty.len() <= limit);
+    let err = decode(&members, limit, gzipped).unwrap_err();
+    assert_eq!(err, DecodeError::TooLarge { size: None, limit });
+    assert_eq!(
+        err.to_string(),
+        format!("decompressed body is over the limit of {limit} bytes")
+    );
+
+    let trailing = [gzip(&one), b"not gzip".to_vec()].concat();
+    let err = decode(&trailing, 1 << 20, gzipped).unwrap_err();
+    assert!(err.to_string().contains("invalid gzip body"), "{err}");
+}
+
 /// The client hears that its OTLP export is invalid, not a remote-write request.
 #[test]
 fn a_refused_export_is_called_otlp() {

@@ -116,7 +116,7 @@ fn decompressed<T>(
         snap::raw::decompress_len(body).map_err(|err| DecodeError::Snappy(err.to_string()))?;
     if size > max_size {
         return Err(DecodeError::TooLarge {
-            size,
+            size: Some(size),
             limit: max_size,
         });
     }
