@@ -432,7 +432,7 @@ async fn admit(
     let written = match &state.upstream {
         // The receiver's own account of what it wrote, when it gives one, is the truth.
         Some(upstream) => match upstream
-            .forward(tenant_name, format, &parts.headers, body, &state.metrics)
+            .forward(tenant_name, format, body, &state.metrics)
             .await
         {
             Ok(written) => written.unwrap_or_else(|| Written::of(&counts)),

@@ -189,9 +189,11 @@ impl PushError {
             PushError::Auth(crate::auth::Denied::Throttled { retry_after }) => {
                 Some(retry_after.as_secs_f64().ceil().max(1.0) as u64)
             }
-            // A slot frees in milliseconds, and the upstream's own recovery is unknown: no
-            // header, so the client uses its own backoff (Prometheus: 30 ms doubling, by
-            // default), which is nearer the truth than any whole second.
+            // The receiver said when to come back: passed on as it said it.
+            PushError::Upstream(err) => err.retry_after(),
+            // A slot frees in milliseconds, and the upstream's own recovery, when it does not
+            // say, is unknown: no header, so the client uses its own backoff (Prometheus:
+            // 30 ms doubling, by default), which is nearer the truth than any whole second.
             _ => None,
         }
     }

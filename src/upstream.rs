@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
 
-use axum::http::{header, HeaderMap, HeaderName, HeaderValue, Method, Request, StatusCode, Uri};
+use axum::http::{header, HeaderName, HeaderValue, Method, Request, StatusCode, Uri};
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::connect::HttpConnector;
@@ -69,17 +69,40 @@ fn build_pools(
         .collect()
 }
 
-/// The headers that matter to a remote-write receiver, with what to send when the client
-/// did not say.
-const PASSED_THROUGH: &[(&str, Option<&str>)] = &[
-    ("content-encoding", Some("snappy")),
-    ("content-type", Some("application/x-protobuf")),
-    ("x-prometheus-remote-write-version", Some("0.1.0")),
-];
-
-/// An OTLP export's: its own `Content-Type` and `Content-Encoding`, only when it sent them.
-const OTLP_PASSED_THROUGH: &[(&str, Option<&str>)] =
-    &[("content-encoding", None), ("content-type", None)];
+/// The headers that matter to a receiver, written for the format weir read the body as, not
+/// copied from the client: what weir charged is what the receiver is told it gets. A client's
+/// `Content-Type: application/json; charset=utf-8`, `Content-Encoding: GZIP` or `proto=` with
+/// a space before it is read as its format, and a receiver that matches these headers
+/// exactly (Mimir does) must not refuse, after weir has charged it, what weir accepted.
+fn forwarded_headers(format: Format) -> &'static [(&'static str, &'static str)] {
+    match format {
+        Format::V1 => &[
+            ("content-encoding", "snappy"),
+            ("content-type", "application/x-protobuf"),
+            ("x-prometheus-remote-write-version", "0.1.0"),
+        ],
+        Format::V2 => &[
+            ("content-encoding", "snappy"),
+            (
+                "content-type",
+                "application/x-protobuf;proto=io.prometheus.write.v2.Request",
+            ),
+            ("x-prometheus-remote-write-version", "2.0.0"),
+        ],
+        Format::Otlp(otlp) => match (otlp.json, otlp.gzip) {
+            (false, false) => &[("content-type", "application/x-protobuf")],
+            (true, false) => &[("content-type", "application/json")],
+            (false, true) => &[
+                ("content-encoding", "gzip"),
+                ("content-type", "application/x-protobuf"),
+            ],
+            (true, true) => &[
+                ("content-encoding", "gzip"),
+                ("content-type", "application/json"),
+            ],
+        },
+    }
+}
 
 /// Upstream answers kept in a pass-through body, at most.
 const MAX_UPSTREAM_BODY: usize = 4096;
@@ -89,13 +112,22 @@ const MAX_UPSTREAM_BODY: usize = 4096;
 pub enum ForwardError {
     /// The receiver refused the data (4xx): the client must not retry it as is.
     #[error("{body}")]
-    Rejected { status: StatusCode, body: String },
+    Rejected {
+        status: StatusCode,
+        body: String,
+        /// The receiver's `Retry-After`, in seconds, if it gave one.
+        retry_after: Option<u64>,
+    },
     /// The receiver failed (5xx): worth a retry.
-    #[error("the upstream remote-write receiver failed with {status}: {body}")]
-    Failed { status: StatusCode, body: String },
-    #[error("the upstream remote-write receiver did not answer within {0:?}")]
+    #[error("the upstream receiver failed with {status}: {body}")]
+    Failed {
+        status: StatusCode,
+        body: String,
+        retry_after: Option<u64>,
+    },
+    #[error("the upstream receiver did not answer within {0:?}")]
     Timeout(Duration),
-    #[error("cannot reach the upstream remote-write receiver: {0}")]
+    #[error("cannot reach the upstream receiver: {0}")]
     Unreachable(String),
 }
 
@@ -121,6 +153,16 @@ impl ForwardError {
             ForwardError::Failed { .. }
             | ForwardError::Timeout(_)
             | ForwardError::Unreachable(_) => true,
+        }
+    }
+
+    /// The receiver's own `Retry-After`, in seconds: when it will take data again is its
+    /// to say.
+    pub fn retry_after(&self) -> Option<u64> {
+        match self {
+            ForwardError::Rejected { retry_after, .. }
+            | ForwardError::Failed { retry_after, .. } => *retry_after,
+            ForwardError::Timeout(_) | ForwardError::Unreachable(_) => None,
         }
     }
 
@@ -233,18 +275,18 @@ impl Upstream {
         &self.otlp_url
     }
 
-    /// Sends `body` (the client's bytes, unchanged) for `tenant`, and maps the answer. On
+    /// Sends `body` (the client's bytes, or weir's edit of them) for `tenant`, as `format`,
+    /// and maps the answer. On
     /// success, what the receiver says it wrote, if it says (remote-write 2.0 receivers do).
     pub async fn forward(
         &self,
         tenant: &str,
         format: Format,
-        client_headers: &HeaderMap,
         body: Bytes,
         metrics: &Metrics,
     ) -> Result<Option<Written>, ForwardError> {
         let started = Instant::now();
-        let result = self.send(tenant, format, client_headers, body).await;
+        let result = self.send(tenant, format, body).await;
         let class = match &result {
             Ok(_) => "2xx",
             Err(err) => err.class(),
@@ -260,26 +302,18 @@ impl Upstream {
         &self,
         tenant: &str,
         format: Format,
-        client_headers: &HeaderMap,
         body: Bytes,
     ) -> Result<Option<Written>, ForwardError> {
         let otlp = matches!(format, Format::Otlp(_));
-        let passed_through = if otlp {
-            OTLP_PASSED_THROUGH
-        } else {
-            PASSED_THROUGH
-        };
         let mut request = Request::new(Full::new(body));
         *request.method_mut() = Method::POST;
         let headers = request.headers_mut();
         headers.insert(header::USER_AGENT, USER_AGENT);
-        for &(name, default) in passed_through {
-            let value = match (client_headers.get(name), default) {
-                (Some(value), _) => value.clone(),
-                (None, Some(default)) => HeaderValue::from_static(default),
-                (None, None) => continue,
-            };
-            headers.insert(HeaderName::from_static(name), value);
+        for &(name, value) in forwarded_headers(format) {
+            headers.insert(
+                HeaderName::from_static(name),
+                HeaderValue::from_static(value),
+            );
         }
         let tenant = HeaderValue::from_str(tenant).map_err(|_| {
             ForwardError::Unreachable(format!("the tenant ID {tenant:?} is not a header value"))
@@ -296,6 +330,12 @@ impl Upstream {
                 .await
                 .map_err(|err| transport_error(&*err))?;
             let status = response.status();
+            // Delta-seconds only; an HTTP date is left to the client's own backoff.
+            let retry_after = response
+                .headers()
+                .get(header::RETRY_AFTER)
+                .and_then(|value| value.to_str().ok())
+                .and_then(|value| value.trim().parse::<u64>().ok());
             let written = if status.is_success() && !otlp {
                 Written::from_headers(response.headers())
             } else {
@@ -310,9 +350,9 @@ impl Upstream {
             };
             let body = read_body(response.into_body(), keep).await?;
             lease.finished();
-            Ok((status, written, body))
+            Ok((status, written, body, retry_after))
         };
-        let (status, written, body) = tokio::time::timeout(self.timeout, exchange)
+        let (status, written, body, retry_after) = tokio::time::timeout(self.timeout, exchange)
             .await
             .map_err(|_| ForwardError::Timeout(self.timeout))??;
         if status.is_success() {
@@ -320,9 +360,17 @@ impl Upstream {
         }
         let body = String::from_utf8_lossy(&body).trim_end().to_string();
         if status.is_client_error() {
-            Err(ForwardError::Rejected { status, body })
+            Err(ForwardError::Rejected {
+                status,
+                body,
+                retry_after,
+            })
         } else {
-            Err(ForwardError::Failed { status, body })
+            Err(ForwardError::Failed {
+                status,
+                body,
+                retry_after,
+            })
         }
     }
 }

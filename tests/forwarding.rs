@@ -22,17 +22,23 @@ struct Receiver {
     received: Arc<Mutex<Vec<(HeaderMap, Bytes)>>>,
     /// What to answer, and how long to wait first.
     answer: Arc<Mutex<(StatusCode, &'static str, Duration)>>,
+    /// A `Retry-After` to answer with, if any.
+    retry_after: Arc<Mutex<Option<&'static str>>>,
 }
 
 async fn receive(
     State(receiver): State<Receiver>,
     headers: HeaderMap,
     body: Bytes,
-) -> (StatusCode, &'static str) {
+) -> (StatusCode, HeaderMap, &'static str) {
     receiver.received.lock().unwrap().push((headers, body));
     let (status, text, delay) = *receiver.answer.lock().unwrap();
+    let mut headers = HeaderMap::new();
+    if let Some(seconds) = *receiver.retry_after.lock().unwrap() {
+        headers.insert("retry-after", seconds.parse().unwrap());
+    }
     tokio::time::sleep(delay).await;
-    (status, text)
+    (status, headers, text)
 }
 
 async fn start_receiver() -> (SocketAddr, Receiver) {
@@ -40,6 +46,7 @@ async fn start_receiver() -> (SocketAddr, Receiver) {
     *receiver.answer.lock().unwrap() = (StatusCode::NO_CONTENT, "", Duration::ZERO);
     let app = Router::new()
         .route("/api/v1/write", post(receive))
+        .route("/api/v1/otlp/v1/metrics", post(receive))
         .with_state(receiver.clone());
     (serve_on_loopback(app).await, receiver)
 }
@@ -148,11 +155,30 @@ async fn upstream_answers_are_mapped() {
     assert!(!response.headers().contains_key("retry-after"));
     let text = response.text().await.unwrap();
     assert!(
-        text.contains(
-            "upstream remote-write receiver failed with 503 Service Unavailable: tsdb closed"
-        ),
+        text.contains("upstream receiver failed with 503 Service Unavailable: tsdb closed"),
         "{text}"
     );
+
+    // The receiver says when to come back: weir passes it on, on a 429 and on a 5xx (502).
+    *receiver.retry_after.lock().unwrap() = Some("7");
+    *receiver.answer.lock().unwrap() = (StatusCode::TOO_MANY_REQUESTS, "slow down", Duration::ZERO);
+    let response = weir.push("t", 1).await;
+    assert_eq!(response.status(), 429);
+    assert_eq!(response.headers()["retry-after"], "7");
+    *receiver.answer.lock().unwrap() = (
+        StatusCode::SERVICE_UNAVAILABLE,
+        "tsdb closed",
+        Duration::ZERO,
+    );
+    let response = weir.push("t", 1).await;
+    assert_eq!(response.status(), 502);
+    assert_eq!(response.headers()["retry-after"], "7");
+    // An HTTP date is not passed on: the client's own backoff decides.
+    *receiver.retry_after.lock().unwrap() = Some("Wed, 21 Oct 2026 07:28:00 GMT");
+    let response = weir.push("t", 1).await;
+    assert_eq!(response.status(), 502);
+    assert!(!response.headers().contains_key("retry-after"));
+    *receiver.retry_after.lock().unwrap() = None;
 
     // Too slow: 504 after the timeout, never later, and the wait counts as in flight.
     *receiver.answer.lock().unwrap() = (StatusCode::OK, "", Duration::from_secs(5));
@@ -176,7 +202,7 @@ async fn upstream_answers_are_mapped() {
         .unwrap()
         .contains("did not answer within 500ms"));
 
-    for (class, count) in [("4xx", 1.0), ("5xx", 1.0), ("timeout", 1.0)] {
+    for (class, count) in [("4xx", 2.0), ("5xx", 3.0), ("timeout", 1.0)] {
         let series = format!("weir_upstream_requests_total{{status_class=\"{class}\"}}");
         assert_eq!(weir.metric(&series).await, Some(count), "{class}");
     }
@@ -199,7 +225,7 @@ async fn unreachable_upstream_is_a_502_with_the_reason() {
     assert_eq!(response.status(), 502);
     let text = response.text().await.unwrap();
     assert!(
-        text.contains("cannot reach the upstream remote-write receiver"),
+        text.contains("cannot reach the upstream receiver"),
         "{text}"
     );
     assert!(text.to_lowercase().contains("refused"), "{text}");

@@ -526,6 +526,65 @@ async fn json_and_gzip_are_counted_and_forwarded_to_the_otlp_path_without_exempl
     assert_eq!(admitted(&weir, "json-tenant").await, [22, 0, 7]);
 }
 
+/// An export is charged as weir reads it and forwarded under the headers of what it read:
+/// every member of a gzip body (Go's reader, Mimir's, reads them all), and a media type or an
+/// encoding spelt otherwise than a receiver that matches them exactly (Mimir) would take.
+#[tokio::test]
+async fn an_export_is_charged_whole_and_forwarded_under_the_headers_weir_read_it_by() {
+    let (addr, receiver) = start_receiver().await;
+    let weir = forwarding_to(addr, "").await;
+    let now = now_ns();
+    let first = one_scope(vec![gauge_of_one("a".into(), String::new(), now)]);
+    let rest = one_scope(
+        (0..5)
+            .map(|i| gauge_of_one(format!("b{i}"), String::new(), now))
+            .collect(),
+    );
+    let members = [gzip(&first), gzip(&rest)].concat();
+    let response = reqwest::Client::new()
+        .post(weir.url("/otlp/v1/metrics"))
+        .header("X-Scope-OrgID", "members")
+        .header("Content-Type", "Application/X-Protobuf; foo=bar")
+        .header("Content-Encoding", "GZIP")
+        .body(members.clone())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    assert_eq!(
+        admitted(&weir, "members").await[0],
+        6,
+        "both members charged"
+    );
+    let (_, headers, forwarded) = receiver.received.lock().unwrap().remove(0);
+    assert_eq!(
+        forwarded.as_ref(),
+        &members[..],
+        "the client's bytes, unchanged"
+    );
+    assert_eq!(headers["content-type"], "application/x-protobuf");
+    assert_eq!(headers["content-encoding"], "gzip");
+
+    let body = format!(
+        r#"{{"resourceMetrics":[{{"scopeMetrics":[{{"metrics":[{{"name":"j","gauge":{{"dataPoints":[{{"asDouble":1,"timeUnixNano":"{now}"}}]}}}}]}}]}}]}}"#
+    );
+    let response = reqwest::Client::new()
+        .post(weir.url("/otlp/v1/metrics"))
+        .header("X-Scope-OrgID", "charset")
+        .header("Content-Type", "application/json; charset=utf-8")
+        .header("Content-Encoding", "identity")
+        .body(body.clone())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    assert_eq!(admitted(&weir, "charset").await[0], 1);
+    let (_, headers, forwarded) = receiver.received.lock().unwrap().remove(0);
+    assert_eq!(forwarded.as_ref(), body.as_bytes());
+    assert_eq!(headers["content-type"], "application/json");
+    assert!(headers.get("content-encoding").is_none(), "{headers:?}");
+}
+
 #[tokio::test]
 async fn bad_requests_get_the_right_status_and_an_rpc_status_body() {
     let weir = Weir::with_overrides("").await;

@@ -279,5 +279,29 @@ async fn a_2_0_body_is_forwarded_unchanged_and_the_receiver_s_count_is_passed_ba
     assert_eq!(forwarded.as_ref(), body.as_slice());
     assert_eq!(headers["content-type"], V2);
     assert_eq!(headers["x-prometheus-remote-write-version"], "2.0.0");
+
+    // A 2.0 body with the media type spelt otherwise (a space, the value quoted, upper
+    // case) and no version header is forwarded under the headers of what weir read it as:
+    // a receiver that matches them exactly (Mimir) takes what weir charged as 2.0.
+    let response = weir
+        .client
+        .post(weir.url("/api/v1/push"))
+        .header("Content-Encoding", "SNAPPY")
+        .header(
+            "Content-Type",
+            "Application/X-Protobuf; proto=\"io.prometheus.write.v2.Request\"",
+        )
+        .header("X-Scope-OrgID", "t")
+        .body(body.clone())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    let received = receiver.received.lock().unwrap().clone();
+    let (headers, forwarded) = &received[1];
+    assert_eq!(forwarded.as_ref(), body.as_slice());
+    assert_eq!(headers["content-type"], V2);
+    assert_eq!(headers["content-encoding"], "snappy");
+    assert_eq!(headers["x-prometheus-remote-write-version"], "2.0.0");
     weir.stop().await.unwrap();
 }

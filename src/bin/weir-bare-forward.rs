@@ -57,7 +57,8 @@ struct Args {
     pin_workers: weir::affinity::PinWorkers,
 }
 
-/// The headers a remote-write receiver reads, passed on as weir passes them.
+/// The headers a remote-write receiver reads, copied from the client (weir writes its own,
+/// for the format it read the body as: as many headers).
 const FORWARDED: [&str; 4] = [
     "content-type",
     "content-encoding",
