@@ -71,10 +71,13 @@ fn check_key(key: &str) -> Result<(), NameError> {
 
 /// A batch's tenants, each checked as [`authorized_tenant`] and [`check_names`] check one:
 /// an item naming the tenant the item before it named, and passed, takes that answer (a
-/// batch names one tenant again and again; the caller is the same for the whole batch).
+/// batch names one tenant again and again; the caller is the same for the whole batch). The
+/// batch's refusals spend one failure of the caller's budget between them, as one request.
 #[derive(Default)]
 pub struct BatchTenants<'a> {
     last: Option<(&'a str, std::borrow::Cow<'a, str>)>,
+    /// Whether an item has spent the batch's one failure.
+    spent: bool,
 }
 
 impl<'a> BatchTenants<'a> {
@@ -92,7 +95,9 @@ impl<'a> BatchTenants<'a> {
                 return Ok(authorized.clone());
             }
         }
-        let authorized = authorized_tenant(auth, door, source, tenant)?;
+        let allowed =
+            auth.authorize_item(door, source, Some(tenant.as_bytes()), &mut self.spent)?;
+        let authorized = as_allowed(allowed, tenant);
         check_names(&authorized, key)?;
         self.last = Some((tenant, authorized.clone()));
         Ok(authorized)
@@ -139,9 +144,15 @@ pub fn authorized_tenant<'a>(
     source: Source<'_>,
     tenant: &'a str,
 ) -> Result<std::borrow::Cow<'a, str>, Denied> {
-    match auth.authorize(door, source, Some(tenant.as_bytes()))? {
-        Allowed::AsNamed => Ok(std::borrow::Cow::Borrowed(tenant)),
-        Allowed::Tenant(only) => Ok(std::borrow::Cow::Owned(only)),
+    let allowed = auth.authorize(door, source, Some(tenant.as_bytes()))?;
+    Ok(as_allowed(allowed, tenant))
+}
+
+/// The tenant a call goes on as: the one it named, or the one its credentials allow.
+fn as_allowed(allowed: Allowed, named: &str) -> std::borrow::Cow<'_, str> {
+    match allowed {
+        Allowed::AsNamed => std::borrow::Cow::Borrowed(named),
+        Allowed::Tenant(only) => std::borrow::Cow::Owned(only),
     }
 }
 

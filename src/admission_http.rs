@@ -152,6 +152,9 @@ pub struct ApiError {
     code: Code,
     reason: &'static str,
     message: String,
+    /// `Retry-After`, in whole seconds, for a throttled caller: a header, not in the body.
+    #[serde(skip)]
+    retry_after: Option<u64>,
 }
 
 fn code_name<S: serde::Serializer>(code: &Code, serializer: S) -> Result<S::Ok, S::Error> {
@@ -164,6 +167,7 @@ impl ApiError {
             code,
             reason,
             message: message.into(),
+            retry_after: None,
         }
     }
 
@@ -199,7 +203,12 @@ impl From<NameError> for ApiError {
 
 impl From<Denied> for ApiError {
     fn from(denied: Denied) -> Self {
-        ApiError::new(denied.grpc_code(), denied.api_reason(), denied.to_string())
+        let mut err = ApiError::new(denied.grpc_code(), denied.api_reason(), denied.to_string());
+        if let Denied::Throttled { retry_after } = denied {
+            // As the push path says it (`PushError::retry_after`).
+            err.retry_after = Some(retry_after.as_secs_f64().ceil().max(1.0) as u64);
+        }
+        err
     }
 }
 
@@ -220,7 +229,14 @@ impl From<JsonRejection> for ApiError {
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let status = self.status();
+        let retry_after = self.retry_after;
         let mut response = (status, Json(self)).into_response();
+        if let Some(seconds) = retry_after {
+            response.headers_mut().insert(
+                axum::http::header::RETRY_AFTER,
+                axum::http::HeaderValue::from(seconds),
+            );
+        }
         if status == StatusCode::UNAUTHORIZED {
             response.headers_mut().insert(
                 axum::http::header::WWW_AUTHENTICATE,

@@ -764,10 +764,39 @@ impl Authenticator {
         named: Option<&[u8]>,
         now: Instant,
     ) -> Result<Allowed, Denied> {
+        self.authorize_item_at(door, source, named, &mut false, now)
+    }
+
+    /// [`Authenticator::authorize`] for one item of a batch. The batch is one request, so
+    /// its items spend at most one failure of the source's budget between them: `spent` says
+    /// whether one has. (Otherwise a batch of 21 items naming another tenant would lock its
+    /// source out of every door at once.)
+    pub fn authorize_item(
+        &self,
+        door: Door,
+        source: Source<'_>,
+        named: Option<&[u8]>,
+        spent: &mut bool,
+    ) -> Result<Allowed, Denied> {
         if self.mode == Mode::Header {
             return Ok(Allowed::AsNamed);
         }
-        self.checked(door, source, now, |grant| {
+        self.authorize_item_at(door, source, named, spent, Instant::now())
+    }
+
+    /// [`Authenticator::authorize_item`] with the clock as an input.
+    pub fn authorize_item_at(
+        &self,
+        door: Door,
+        source: Source<'_>,
+        named: Option<&[u8]>,
+        spent: &mut bool,
+        now: Instant,
+    ) -> Result<Allowed, Denied> {
+        if self.mode == Mode::Header {
+            return Ok(Allowed::AsNamed);
+        }
+        self.checked(door, source, now, spent, |grant| {
             tenant_of(grant, named.filter(|named| !named.is_empty()))
         })
     }
@@ -778,15 +807,17 @@ impl Authenticator {
         if self.mode == Mode::Header {
             return Ok(());
         }
-        self.checked(door, source, Instant::now(), |_| Ok(()))
+        self.checked(door, source, Instant::now(), &mut false, |_| Ok(()))
     }
 
-    /// The throttle, the credential, then `then` with its grant; refusals counted.
+    /// The throttle, the credential, then `then` with its grant; refusals counted, and a
+    /// failure spent from the source's budget unless `spent` (then set).
     fn checked<T>(
         &self,
         door: Door,
         source: Source<'_>,
         now: Instant,
+        spent: &mut bool,
         then: impl FnOnce(&Grant) -> Result<T, Denied>,
     ) -> Result<T, Denied> {
         let from = source_of(source.peer.and_then(|peer| peer.addr));
@@ -799,7 +830,7 @@ impl Authenticator {
                 .failures
                 .with_label_values(&[door.as_str(), denied.reason()])
                 .inc();
-            if denied.counts_as_failure() {
+            if denied.counts_as_failure() && !std::mem::replace(spent, true) {
                 self.failures.record(from, now);
                 self.metrics.sources.set(self.failures.len() as i64);
             }
@@ -991,6 +1022,53 @@ mod tests {
             check(None, Some("team-a")),
             Err(Denied::Missing(_))
         ));
+    }
+
+    #[test]
+    fn a_batch_spends_one_failure_however_many_items_it_refuses() {
+        let (auth, _dir) = authenticator(Mode::Tokens);
+        let peer = Peer {
+            addr: Some("10.0.0.11:1".parse().unwrap()),
+            certificate: None,
+        };
+        let a = bearer(TOKEN_A);
+        let source = Source {
+            peer: Some(&peer),
+            authorization: Some(&a),
+        };
+        let start = Instant::now();
+        // Two batches of 10 items naming another tenant: each item refused as forbidden, none
+        // throttled (the budget is 5), and the caller's own tenant still passes after them.
+        for _ in 0..2 {
+            let mut spent = false;
+            for _ in 0..10 {
+                let item = auth.authorize_item_at(
+                    Door::AdmissionGrpc,
+                    source,
+                    Some(b"team-b"),
+                    &mut spent,
+                    start,
+                );
+                assert_eq!(item, Err(Denied::Forbidden));
+            }
+            assert!(spent);
+        }
+        let own = auth.authorize_at(Door::Push, source, Some(b"team-a"), start);
+        assert_eq!(own, Ok(Allowed::AsNamed));
+        // Five batches spend the budget of five, as five requests would.
+        for _ in 0..3 {
+            let mut spent = false;
+            let item = auth.authorize_item_at(
+                Door::AdmissionGrpc,
+                source,
+                Some(b"team-b"),
+                &mut spent,
+                start,
+            );
+            assert_eq!(item, Err(Denied::Forbidden));
+        }
+        let own = auth.authorize_at(Door::Push, source, Some(b"team-a"), start);
+        assert!(matches!(own, Err(Denied::Throttled { .. })), "{own:?}");
     }
 
     #[test]

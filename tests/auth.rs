@@ -477,7 +477,41 @@ print(json.dumps(results))
     let (status, answer) = weir.push(121, Some("team-a"), &["-H", &a], &[]);
     assert_eq!(status, 429, "throttled whatever it presents: {answer}");
     assert!(answer.to_lowercase().contains("retry-after:"), "{answer}");
+    // The JSON twin says when too, as the push path does.
+    let allow = |from: &str, path: &str, body: &str| {
+        curl(&[
+            "--interface",
+            from,
+            "-H",
+            &a,
+            "-H",
+            "Content-Type: application/json",
+            "--data-binary",
+            body,
+            &format!("{}{path}", weir.http),
+        ])
+    };
+    let (status, answer) = allow(
+        "127.0.0.121",
+        "/api/v1/allow",
+        r#"{"tenant":"team-a","key":"k"}"#,
+    );
+    assert_eq!(status, 429, "{answer}");
+    assert!(answer.contains("AUTH_THROTTLED"), "{answer}");
+    assert!(answer.to_lowercase().contains("retry-after:"), "{answer}");
     assert_eq!(weir.push(122, Some("team-a"), &["-H", &a], &[]).0, 200);
+    // A batch is one request: 30 items naming another tenant spend one failure of the
+    // source's 20 between them, so none is throttled and the caller's own pushes pass.
+    let items = vec![r#"{"tenant":"team-b","key":"k"}"#; 30].join(",");
+    let (status, answer) = allow(
+        "127.0.0.123",
+        "/api/v1/allow_batch",
+        &format!(r#"{{"requests":[{items}]}}"#),
+    );
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(answer.matches("TENANT_FORBIDDEN").count(), 30, "{answer}");
+    assert!(!answer.contains("AUTH_THROTTLED"), "{answer}");
+    assert_eq!(weir.push(123, Some("team-a"), &["-H", &a], &[]).0, 200);
     assert!(
         weir.metric("weir_auth_failures_total", &[("reason", "throttled")])
             .await
