@@ -237,6 +237,11 @@ pub async fn run_with_clock(
         spawn_ha_publisher(Arc::clone(&state), Arc::clone(&ring)),
         spawn_lease_returner(Arc::clone(&state)),
         spawn_lease_sweep(Arc::clone(&state)),
+        // The breaker closes when the store is back, with no `shared` traffic to probe it.
+        tokio::spawn({
+            let state = Arc::clone(&state);
+            async move { state.limiter.probe_store().await }
+        }),
         spawn_every(COARSE_CLOCK_TICK, {
             let state = Arc::clone(&state);
             move || {

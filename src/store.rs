@@ -154,4 +154,11 @@ impl Store for ConnectingStore {
             None => Box::pin(std::future::ready(Err(not_connected()))),
         }
     }
+
+    fn ping(&self) -> StoreFuture<'_, ()> {
+        match self.connected.load_full() {
+            Some(redis) => Box::pin(async move { redis.ping().await }),
+            None => Box::pin(std::future::ready(Err(not_connected()))),
+        }
+    }
 }

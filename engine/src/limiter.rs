@@ -365,6 +365,14 @@ impl<H: TenantHooks, C: Clock + Clone> Limiter<H, C> {
         self.core.shared()
     }
 
+    /// Probes the shared store while its breaker is not closed ([`Shared::probe_while_open`]),
+    /// for good; returns at once without a store.
+    pub async fn probe_store(&self) {
+        if let Some(shared) = self.core.shared() {
+            shared.probe_while_open(|| self.now()).await;
+        }
+    }
+
     /// Caps how many tenants are tracked at once: beyond it, new tenants are refused until
     /// idle ones are evicted. Bounds memory against floods of random tenant IDs.
     pub fn with_max_tenants(mut self, max_tenants: usize) -> Self {

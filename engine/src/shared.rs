@@ -93,7 +93,12 @@ pub struct Shared {
     pub breaker: Breaker,
     pub config: SharedConfig,
     pub observer: Box<dyn StoreObserver>,
+    /// Told when the breaker leaves closed, for [`Shared::probe_while_open`].
+    opened: tokio::sync::Notify,
 }
+
+/// How often [`Shared::probe_while_open`] asks the breaker whether it may probe.
+const PROBE_EVERY: Duration = Duration::from_millis(250);
 
 impl Shared {
     pub fn new(
@@ -106,6 +111,24 @@ impl Shared {
             breaker: Breaker::new(config.breaker),
             config,
             observer,
+            opened: tokio::sync::Notify::new(),
+        }
+    }
+
+    /// Probes the store with a `PING` whenever the breaker lets one out, for as long as it
+    /// is not closed, so that it closes, and its gauge says so, when the store is back, with
+    /// no traffic to make the probe; while it is closed, waits. Runs for good.
+    pub async fn probe_while_open(&self, now: impl Fn() -> u64) {
+        loop {
+            if self.breaker.state() == BreakerState::Closed {
+                self.opened.notified().await;
+                continue;
+            }
+            if self.permit(now()) == Permit::Probe {
+                // The outcome goes to the breaker; nothing else needs it.
+                let _ = self.call("ping", &now, self.store.ping()).await;
+            }
+            tokio::time::sleep(PROBE_EVERY).await;
         }
     }
 
@@ -134,6 +157,9 @@ impl Shared {
         if before != after {
             tracing::warn!(from = ?before, to = ?after, "shared store circuit breaker");
             self.observer.breaker(after);
+            if before == BreakerState::Closed {
+                self.opened.notify_one();
+            }
         }
         result
     }

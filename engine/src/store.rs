@@ -146,6 +146,9 @@ pub trait Store: Send + Sync + 'static {
         lease: &'a str,
         ttl: Duration,
     ) -> StoreFuture<'a, bool>;
+
+    /// Whether the store answers at all: the breaker's probe when no other call makes one.
+    fn ping(&self) -> StoreFuture<'_, ()>;
 }
 
 /// A bucket as the store keeps it: tokens, and when they were last refilled (microseconds on
@@ -370,6 +373,10 @@ where
             None => false,
         };
         Box::pin(std::future::ready(Ok(renewed)))
+    }
+
+    fn ping(&self) -> StoreFuture<'_, ()> {
+        Box::pin(std::future::ready(Ok(())))
     }
 }
 

@@ -501,6 +501,7 @@ fn tenant_cap_refuses_only_new_tenants_until_idle_ones_go() {
 mod shared_tests {
     use super::*;
     use crate::algorithms::Decision;
+    use crate::breaker::BreakerState;
     use crate::shared::{Shared, SharedConfig, StoreObserver};
     use crate::store::{
         Acquired, BucketKey, Grant, KeyName, MemoryStore, Store, StoreError, StoreFuture,
@@ -566,6 +567,13 @@ mod shared_tests {
             ttl: Duration,
         ) -> StoreFuture<'a, bool> {
             self.inner.renew(key, lease, ttl)
+        }
+        fn ping(&self) -> StoreFuture<'_, ()> {
+            self.calls.fetch_add(1, Ordering::Relaxed);
+            if self.down.load(Ordering::Relaxed) {
+                return Box::pin(std::future::ready(Err(StoreError::Failed("down".into()))));
+            }
+            self.inner.ping()
         }
     }
 
@@ -695,6 +703,40 @@ mod shared_tests {
         store.down.store(false, Ordering::Relaxed);
         clock.advance(Duration::from_secs(1));
         assert_eq!(admit(&limiter, "closed", 1).await, Ok(()));
+    }
+
+    /// With no `shared` traffic to make a probe, the replica probes the store itself while
+    /// the breaker is open, so the breaker (and its gauge, and the alert on it) closes when the
+    /// store is back, and only then.
+    #[tokio::test(start_paused = true)]
+    async fn with_no_traffic_the_breaker_closes_when_the_store_is_back() {
+        let clock = FakeRelativeClock::default();
+        let store = store(&clock);
+        let limiter = replica(Arc::clone(&store), &clock, Arc::default());
+        let breaker = || limiter.shared().unwrap().breaker.state();
+        store.down.store(true, Ordering::Relaxed);
+        for _ in 0..10 {
+            let _ = admit(&limiter, "closed", 1).await;
+        }
+        assert_eq!(breaker(), BreakerState::Open);
+        // Still down: the probes fail and it stays open.
+        clock.advance(Duration::from_secs(2));
+        let calls = store.calls.load(Ordering::Relaxed);
+        let _ = tokio::time::timeout(Duration::from_secs(1), limiter.probe_store()).await;
+        assert!(
+            store.calls.load(Ordering::Relaxed) > calls,
+            "a probe went out"
+        );
+        assert_ne!(breaker(), BreakerState::Closed);
+        // Back: the next probe closes it, with no admission asked.
+        store.down.store(false, Ordering::Relaxed);
+        clock.advance(Duration::from_secs(2));
+        let _ = tokio::time::timeout(Duration::from_secs(1), limiter.probe_store()).await;
+        assert_eq!(breaker(), BreakerState::Closed);
+        // Closed, it waits: no more calls.
+        let calls = store.calls.load(Ordering::Relaxed);
+        let _ = tokio::time::timeout(Duration::from_secs(5), limiter.probe_store()).await;
+        assert_eq!(store.calls.load(Ordering::Relaxed), calls);
     }
 
     #[tokio::test]

@@ -388,4 +388,9 @@ impl Store for RedisStore {
             Ok(renewed == 1)
         })
     }
+
+    fn ping(&self) -> StoreFuture<'_, ()> {
+        // The inherent `PING`, which `/ready` and the keep-alive also send.
+        Box::pin(RedisStore::ping(self))
+    }
 }
