@@ -808,7 +808,7 @@ fn spawn_usage_publisher(state: Arc<AppState>, ring: Arc<Ring>) -> JoinHandle<()
             }
             let reports: Vec<ring::UsageEntry> = state
                 .limiter
-                .usage_reports()
+                .usage_reports_first(ring.usage_entries_max())
                 .into_iter()
                 .map(|report| ring::UsageEntry {
                     tenant: report.tenant,

@@ -1076,13 +1076,20 @@ impl<H: TenantHooks, C: Clock + Clone> Limiter<H, C> {
     /// that with more tenants than one message holds every tenant is still listed in turn.
     /// Call [`Limiter::mark_listed`] with the ones that were sent.
     pub fn usage_reports(&self) -> Vec<UsageReport> {
+        self.usage_reports_first(usize::MAX)
+    }
+
+    /// The first `most` of [`Limiter::usage_reports`]: what one message can hold. A replica
+    /// with many idle tenants ranks them all by two counters each, then writes out only the
+    /// reports it sends (a name, a level), where sorting and writing out every one cost it 9 %
+    /// of a core at 20 000 idle tenants in a ring of two.
+    pub fn usage_reports_first(&self, most: usize) -> Vec<UsageReport> {
         let now = self.now();
-        let mut reports: Vec<(u64, u64, UsageReport)> = self
-            .tenants
-            .pin()
+        let tenants = self.tenants.pin();
+        // The tenants' rank first, without a name copied or a state read.
+        let mut ranked: Vec<(u64, u64, &str, &Arc<Tenant<H::Data, C>>)> = tenants
             .iter()
             .filter_map(|(name, tenant)| {
-                let state = tenant.state.load();
                 let [request, ingestion] = &tenant.usage;
                 let requests = request.admitted.load(Ordering::Relaxed);
                 let items = ingestion.admitted.load(Ordering::Relaxed);
@@ -1093,22 +1100,41 @@ impl<H: TenantHooks, C: Clock + Clone> Limiter<H, C> {
                 let unpublished = requests
                     .saturating_sub(request.published.load(Ordering::Relaxed))
                     + items.saturating_sub(ingestion.published.load(Ordering::Relaxed));
-                let level = |bucket: &KindBucket<C>| {
-                    let fleet = bucket.view()?;
-                    Some(fleet.level(now)).filter(|level| *level < fleet.rate().burst as f64)
+                let listed_at = tenant.listed_at.load(Ordering::Relaxed);
+                Some((unpublished, listed_at, &**name, tenant))
+            })
+            .collect();
+        // Most news first, then least recently listed (the tenants listed in one round tie),
+        // then by where the tenant lives: one order, so the first `most` are the head of the
+        // whole list. (By name, the ties' string compares cost a sixth of the ranking.)
+        let order = |a: (u64, u64, usize), b: (u64, u64, usize)| {
+            b.0.cmp(&a.0).then(a.1.cmp(&b.1)).then(a.2.cmp(&b.2))
+        };
+        let at = |tenant: &Arc<Tenant<H::Data, C>>| Arc::as_ptr(tenant) as usize;
+        if ranked.len() > most {
+            ranked.select_nth_unstable_by(most, |a, b| {
+                order((a.0, a.1, at(a.3)), (b.0, b.1, at(b.3)))
+            });
+            ranked.truncate(most);
+        }
+        let level = |bucket: &KindBucket<C>| {
+            let fleet = bucket.view()?;
+            Some(fleet.level(now)).filter(|level| *level < fleet.rate().burst as f64)
+        };
+        let mut reports: Vec<(u64, u64, usize, UsageReport)> = ranked
+            .into_iter()
+            .map(|(unpublished, listed_at, name, tenant)| {
+                let state = tenant.state.load();
+                let [request, ingestion] = &tenant.usage;
+                let report = UsageReport {
+                    tenant: name.to_string(),
+                    requests: request.admitted.load(Ordering::Relaxed),
+                    items: ingestion.admitted.load(Ordering::Relaxed),
+                    requests_level: level(&state.buckets[0]),
+                    items_level: level(&state.buckets[1]),
+                    in_flight: 0,
                 };
-                Some((
-                    unpublished,
-                    tenant.listed_at.load(Ordering::Relaxed),
-                    UsageReport {
-                        tenant: name.to_string(),
-                        requests,
-                        items,
-                        requests_level: level(&state.buckets[0]),
-                        items_level: level(&state.buckets[1]),
-                        in_flight: 0,
-                    },
-                ))
+                (unpublished, listed_at, at(tenant), report)
             })
             .collect();
         // Admission keys: their admitted cost as items, and the leases held here; a key
@@ -1118,6 +1144,8 @@ impl<H: TenantHooks, C: Clock + Clone> Limiter<H, C> {
                 (
                     unpublished + in_flight,
                     0,
+                    // Keys tie among themselves in the map's order (the sort is stable).
+                    usize::MAX,
                     UsageReport {
                         tenant: name,
                         requests: 0,
@@ -1129,8 +1157,12 @@ impl<H: TenantHooks, C: Clock + Clone> Limiter<H, C> {
                 )
             },
         ));
-        reports.sort_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
-        reports.into_iter().map(|(_, _, report)| report).collect()
+        reports.sort_by(|a, b| order((a.0, a.1, a.2), (b.0, b.1, b.2)));
+        reports.truncate(most);
+        reports
+            .into_iter()
+            .map(|(_, _, _, report)| report)
+            .collect()
     }
 
     /// Records that these reports — (tenant, requests, items, in flight) — were sent.

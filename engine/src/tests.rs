@@ -432,6 +432,38 @@ fn usage_reports_list_unpublished_admissions_first_and_rotate_the_rest() {
     assert_eq!(names, ["b", "a"]);
 }
 
+/// The first `k` reports are the first `k` of all of them, whatever `k`: the bounded list
+/// ranks every tenant before it writes out the few it sends.
+#[test]
+fn the_first_reports_are_the_head_of_all_of_them() {
+    let (limiter, clock) = limiter("");
+    for i in 0..40u64 {
+        check(&limiter, &format!("t{i:02}"), 1 + i % 7).unwrap();
+    }
+    // Some listed already, some later: ranks by news, then by when last listed.
+    let all = limiter.usage_reports();
+    limiter.mark_listed(
+        all[..15]
+            .iter()
+            .map(|r| (r.tenant.as_str(), r.requests, r.items, r.in_flight)),
+    );
+    clock.advance(Duration::from_secs(1));
+    limiter.tick();
+    for i in (0..40u64).step_by(3) {
+        check(&limiter, &format!("t{i:02}"), 2).unwrap();
+    }
+    let all = limiter.usage_reports();
+    assert_eq!(all.len(), 40);
+    let names = |reports: &[UsageReport]| -> Vec<String> {
+        reports.iter().map(|r| r.tenant.clone()).collect()
+    };
+    for k in [0, 1, 5, 14, 39, 40, 100] {
+        let first = limiter.usage_reports_first(k);
+        assert_eq!(names(&first), names(&all[..k.min(40)]), "k = {k}");
+        assert_eq!(first, all[..k.min(40)], "k = {k}");
+    }
+}
+
 #[test]
 fn idle_tenants_are_evicted_only_once_their_buckets_are_full() {
     // Burst 1000 at 10/s takes 100 s to refill, longer than the 60 s idle timeout.

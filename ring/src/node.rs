@@ -223,15 +223,24 @@ impl Ring {
     /// Publishes this replica's per-tenant usage (for `weighted`), in the order given, as
     /// many entries as fit the cap; returns how many were published. See [`usage`].
     pub async fn publish_usage(&self, entries: &[UsageEntry]) -> usize {
-        // Every replica's key travels in the same datagrams: the more replicas, the smaller
-        // each key, so one round still carries every replica's news.
-        let healthy = self.membership_rx.borrow().healthy.max(1);
-        let cap = (MAX_USAGE_BYTES_ALL / healthy).clamp(MIN_USAGE_BYTES, MAX_USAGE_BYTES);
-        let (value, listed) = usage::encode(entries, cap);
+        let (value, listed) = usage::encode(entries, self.usage_cap());
         self.handle
             .with_chitchat(|chitchat| chitchat.self_node_state().set(USAGE_KEY, &value))
             .await;
         listed
+    }
+
+    /// The most entries [`Ring::publish_usage`] can publish now: its cap over the shortest
+    /// line an entry makes. More need not be written out.
+    pub fn usage_entries_max(&self) -> usize {
+        self.usage_cap() / usage::SHORTEST_LINE
+    }
+
+    /// The usage key's size cap. Every replica's key travels in the same datagrams: the more
+    /// replicas, the smaller each key, so one round still carries every replica's news.
+    fn usage_cap(&self) -> usize {
+        let healthy = self.membership_rx.borrow().healthy.max(1);
+        (MAX_USAGE_BYTES_ALL / healthy).clamp(MIN_USAGE_BYTES, MAX_USAGE_BYTES)
     }
 
     /// Publishes the HA elections this replica has seen traffic for, in the order given, as

@@ -86,6 +86,10 @@ fn encode_name(name: &str, line: &mut String) {
     }
 }
 
+/// The shortest line an entry makes: a newline, a name of one character, and five fields of
+/// one character each after a space.
+pub const SHORTEST_LINE: usize = 12;
+
 /// Encodes entries in order until the next would take the value past `max_bytes`; returns
 /// the value and how many entries it holds.
 pub fn encode(entries: &[UsageEntry], max_bytes: usize) -> (String, usize) {
@@ -495,6 +499,22 @@ impl UsageAggregate {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    #[test]
+    fn no_entry_is_shorter_than_the_shortest_line() {
+        let entry = UsageEntry {
+            tenant: "a".into(),
+            requests: 0,
+            items: 0,
+            requests_level: None,
+            items_level: Some(1.0),
+            in_flight: 0,
+        };
+        let (empty, _) = encode(&[], usize::MAX);
+        let (one, listed) = encode(&[entry], usize::MAX);
+        assert_eq!(listed, 1);
+        assert_eq!(one.len() - empty.len(), SHORTEST_LINE);
+    }
 
     fn entry(tenant: &str, requests: u64, items: u64, items_level: Option<f64>) -> UsageEntry {
         UsageEntry {
