@@ -59,9 +59,6 @@ pub trait TenantHooks: Send + Sync + 'static {
     fn create(&self, tenant: &str) -> Self::Data;
     /// The tenant's state was dropped after its idle timeout.
     fn evicted(&self, _tenant: &str) {}
-    /// The tenant's limits changed (a reload, a membership change, or its creation): as
-    /// configured, fleet-wide, and as this replica enforces them.
-    fn limits(&self, _data: &Self::Data, _configured: &TenantLimits, _local: &LocalLimits) {}
     /// The number of tracked tenants changed.
     fn tracked(&self, _tenants: usize) {}
 }
@@ -493,7 +490,6 @@ impl<H: TenantHooks, C: Clock + Clone> Limiter<H, C> {
                     .store(totals.refunded(kind), Ordering::Relaxed);
             }
         }
-        self.hooks.limits(&tenant.data, &limits, &local);
         Arc::new(tenant)
     }
 
@@ -929,7 +925,6 @@ impl<H: TenantHooks, C: Clock + Clone> Limiter<H, C> {
             limits,
             local,
         };
-        self.hooks.limits(&tenant.data, &limits, &local);
         tenant.state.store(Arc::new(rebuilt));
     }
 
@@ -1087,7 +1082,7 @@ impl<H: TenantHooks, C: Clock + Clone> Limiter<H, C> {
         let now = self.now();
         let tenants = self.tenants.pin();
         // The tenants' rank first, without a name copied or a state read.
-        let mut ranked: Vec<(u64, u64, &str, &Arc<Tenant<H::Data, C>>)> = tenants
+        let mut ranked: Vec<_> = tenants
             .iter()
             .filter_map(|(name, tenant)| {
                 let [request, ingestion] = &tenant.usage;
@@ -1257,6 +1252,18 @@ impl<H: TenantHooks, C: Clock + Clone> Limiter<H, C> {
     pub fn for_each_tenant(&self, mut visit: impl FnMut(&str, &H::Data)) {
         for (name, tenant) in self.tenants.pin().iter() {
             visit(name, &tenant.data);
+        }
+    }
+
+    /// [`Limiter::for_each_tenant`] with each tenant's limits, as configured and as this
+    /// replica enforces them: a read of its state too, so only for what shows them.
+    pub fn for_each_tenant_limits(
+        &self,
+        mut visit: impl FnMut(&str, &H::Data, &TenantLimits, &LocalLimits),
+    ) {
+        for (name, tenant) in self.tenants.pin().iter() {
+            let state = tenant.state.load();
+            visit(name, &tenant.data, &state.limits, &state.local);
         }
     }
 

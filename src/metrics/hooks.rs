@@ -1,8 +1,9 @@
 //! The limit engine's observers, fed into the registry: a tenant's series live and die with
-//! its limiter state, and the store reports its calls, leases and breaker.
+//! its limiter state (which a scrape reads its limits from), and the store reports its calls,
+//! leases and breaker.
 
 use super::registry::Metrics;
-use super::tenant::{TenantMetrics, TenantSource};
+use super::tenant::{TenantMetrics, TenantRates, TenantSource};
 
 /// The limit engine's hooks: a tenant's series live and die with its limiter state.
 #[derive(Clone)]
@@ -13,26 +14,6 @@ impl engine::TenantHooks for TenantSeries {
 
     fn create(&self, _tenant: &str) -> TenantMetrics {
         TenantMetrics::default()
-    }
-
-    fn limits(
-        &self,
-        series: &TenantMetrics,
-        configured: &runtime_config::TenantLimits,
-        local: &engine::LocalLimits,
-    ) {
-        // As configured: `request_rate: 0` is unlimited, `ingestion_rate: 0` refuses all.
-        let request = if configured.request_rate == 0.0 {
-            f64::INFINITY
-        } else {
-            configured.request_rate
-        };
-        series.request_rate.set(request);
-        series.ingestion_rate.set(configured.ingestion_rate);
-        series.local_request_rate.set(local.request.per_second());
-        series
-            .local_ingestion_rate
-            .set(local.ingestion.per_second());
     }
 
     fn evicted(&self, tenant: &str) {
@@ -80,7 +61,29 @@ impl engine::StoreObserver for StoreSeries {
 
 /// The limiter keeps the tenants' series: the scrape walks them there.
 impl TenantSource for engine::Limiter<TenantSeries> {
-    fn for_each_tenant(&self, visit: &mut dyn FnMut(&str, &TenantMetrics)) {
-        engine::Limiter::for_each_tenant(self, |name, data| visit(name, data));
+    fn for_each_tenant(
+        &self,
+        rates: bool,
+        visit: &mut dyn FnMut(&str, &TenantMetrics, TenantRates),
+    ) {
+        if !rates {
+            let rates = TenantRates::default();
+            return engine::Limiter::for_each_tenant(self, |name, data| visit(name, data, rates));
+        }
+        engine::Limiter::for_each_tenant_limits(self, |name, data, configured, local| {
+            // As configured: `request_rate: 0` is unlimited, `ingestion_rate: 0` refuses all.
+            let request = if configured.request_rate == 0.0 {
+                f64::INFINITY
+            } else {
+                configured.request_rate
+            };
+            let rates = TenantRates {
+                request,
+                ingestion: configured.ingestion_rate,
+                local_request: local.request.per_second(),
+                local_ingestion: local.ingestion.per_second(),
+            };
+            visit(name, data, rates)
+        });
     }
 }

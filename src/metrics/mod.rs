@@ -18,4 +18,4 @@ mod tenant;
 pub use hooks::{StoreSeries, TenantSeries};
 pub use reasons::{DiscardReason, InstanceLimit};
 pub use registry::{Metrics, SCRAPE_CHUNK_BYTES};
-pub use tenant::{Counter, Gauge64, TenantMetrics, TenantSource};
+pub use tenant::{Counter, TenantMetrics, TenantRates, TenantSource};

@@ -517,9 +517,9 @@ impl Metrics {
         for family in &TENANT_FAMILIES {
             let _ = writeln!(out, "# HELP {} {}", family.name, family.help);
             let _ = writeln!(out, "# TYPE {} {}", family.name, family.kind);
-            tenants.for_each_tenant(&mut |user, metrics| {
+            tenants.for_each_tenant(family.rates, &mut |user, metrics, rates| {
                 if open {
-                    (family.write)(&mut out, family.name, user, metrics);
+                    (family.write)(&mut out, family.name, user, metrics, rates);
                     flush(&mut out, &mut open, SCRAPE_CHUNK_BYTES);
                 }
             });
@@ -543,16 +543,24 @@ impl Default for Metrics {
 #[cfg(test)]
 mod tests {
     use super::super::reasons::DiscardReason;
-    use super::super::tenant::{sample, TenantMetrics};
+    use super::super::tenant::{sample, TenantMetrics, TenantRates};
     use super::*;
 
     /// Tenants kept in a plain list, as the limiter's map would hand them out.
     struct Tenants(Vec<(String, TenantMetrics)>);
 
     impl TenantSource for Tenants {
-        fn for_each_tenant(&self, visit: &mut dyn FnMut(&str, &TenantMetrics)) {
+        fn for_each_tenant(
+            &self,
+            _: bool,
+            visit: &mut dyn FnMut(&str, &TenantMetrics, TenantRates),
+        ) {
             for (name, metrics) in &self.0 {
-                visit(name, metrics);
+                let rates = TenantRates {
+                    ingestion: 3e4,
+                    ..TenantRates::default()
+                };
+                visit(name, metrics, rates);
             }
         }
     }
@@ -564,8 +572,6 @@ mod tests {
                     let metrics = TenantMetrics::default();
                     metrics.received_samples.inc_by(i as u64);
                     metrics.discard(DiscardReason::RateLimited, 7);
-                    metrics.local_ingestion_rate.set(f64::INFINITY);
-                    metrics.ingestion_rate.set(3e4);
                     (format!("tenant-{i}"), metrics)
                 })
                 .collect(),

@@ -29,21 +29,29 @@ impl Counter {
     }
 }
 
-/// A per-tenant gauge: an `f64` in an atomic.
-#[derive(Debug, Default)]
-pub struct Gauge64(AtomicU64);
+/// A tenant's limits as a scrape shows them, per second (+Inf: unlimited): as configured,
+/// fleet-wide, and as this replica enforces them. Read from the limiter's state at the scrape,
+/// not kept with the tenant's counters.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct TenantRates {
+    pub request: f64,
+    pub ingestion: f64,
+    pub local_request: f64,
+    pub local_ingestion: f64,
+}
 
-impl Gauge64 {
-    pub fn set(&self, value: f64) {
-        self.0.store(value.to_bits(), Ordering::Relaxed);
-    }
-
-    pub fn get(&self) -> f64 {
-        f64::from_bits(self.0.load(Ordering::Relaxed))
+impl Default for TenantRates {
+    fn default() -> Self {
+        TenantRates {
+            request: f64::INFINITY,
+            ingestion: f64::INFINITY,
+            local_request: f64::INFINITY,
+            local_ingestion: f64::INFINITY,
+        }
     }
 }
 
-/// One tenant's series: 33 atomics (264 bytes) and a pointer to 8 more for the drops that
+/// One tenant's series: 29 atomics (232 bytes) and a pointer to 8 more for the drops that
 /// refuse nothing, kept with its limiter state.
 #[derive(Debug, Default)]
 pub struct TenantMetrics {
@@ -52,12 +60,6 @@ pub struct TenantMetrics {
     pub received_samples: Counter,
     pub received_exemplars: Counter,
     pub received_metadata: Counter,
-    /// The tenant's request and ingestion rates as configured, fleet-wide (+Inf: unlimited).
-    pub request_rate: Gauge64,
-    pub ingestion_rate: Gauge64,
-    /// This replica's share of the tenant's request and ingestion rates (+Inf: unlimited).
-    pub local_request_rate: Gauge64,
-    pub local_ingestion_rate: Gauge64,
     discarded_requests: [Counter; DiscardReason::ALL.len()],
     /// Only for the reasons decided after the body was decoded (see
     /// [`DiscardReason::COUNTS_SAMPLES`]); the others never know a sample count.
@@ -171,12 +173,18 @@ impl TenantMetrics {
 /// Every tenant's series, visited by whoever keeps them (the limiter): the scrape walks them
 /// once per family.
 pub trait TenantSource {
-    fn for_each_tenant(&self, visit: &mut dyn FnMut(&str, &TenantMetrics));
+    /// Visits every tenant; with `rates`, each with its limits (otherwise
+    /// [`TenantRates::default`]), which cost a read of the limiter's state a tenant.
+    fn for_each_tenant(
+        &self,
+        rates: bool,
+        visit: &mut dyn FnMut(&str, &TenantMetrics, TenantRates),
+    );
 }
 
 /// No tenants (a registry without a limiter, e.g. in tests of the other families).
 impl TenantSource for () {
-    fn for_each_tenant(&self, _visit: &mut dyn FnMut(&str, &TenantMetrics)) {}
+    fn for_each_tenant(&self, _: bool, _: &mut dyn FnMut(&str, &TenantMetrics, TenantRates)) {}
 }
 
 /// A per-tenant family: its name, help, type, and how to write its series for one tenant.
@@ -184,7 +192,9 @@ pub(super) struct TenantFamily {
     pub name: &'static str,
     pub help: &'static str,
     pub kind: &'static str,
-    pub write: fn(&mut String, &'static str, &str, &TenantMetrics),
+    pub write: fn(&mut String, &'static str, &str, &TenantMetrics, TenantRates),
+    /// Whether `write` reads the [`TenantRates`].
+    pub rates: bool,
 }
 
 pub(super) const TENANT_FAMILIES: [TenantFamily; 11] = [
@@ -192,39 +202,45 @@ pub(super) const TENANT_FAMILIES: [TenantFamily; 11] = [
         name: "weir_distributor_requests_in_total",
         help: "Push requests received per tenant, including rejected ones.",
         kind: "counter",
-        write: |out, name, user, m| per_user(out, name, user, &m.requests_in),
+        rates: false,
+        write: |out, name, user, m, _| per_user(out, name, user, &m.requests_in),
     },
     TenantFamily {
         name: "weir_distributor_received_requests_total",
         help: "Push requests admitted per tenant (not those given back when the forward \
                wrote nothing).",
         kind: "counter",
-        write: |out, name, user, m| per_user(out, name, user, &m.received_requests),
+        rates: false,
+        write: |out, name, user, m, _| per_user(out, name, user, &m.received_requests),
     },
     TenantFamily {
         name: "weir_distributor_received_samples_total",
         help: "Samples and histograms admitted per tenant (not those given back when the \
                forward wrote nothing).",
         kind: "counter",
-        write: |out, name, user, m| per_user(out, name, user, &m.received_samples),
+        rates: false,
+        write: |out, name, user, m, _| per_user(out, name, user, &m.received_samples),
     },
     TenantFamily {
         name: "weir_distributor_received_exemplars_total",
         help: "Exemplars admitted per tenant.",
         kind: "counter",
-        write: |out, name, user, m| per_user(out, name, user, &m.received_exemplars),
+        rates: false,
+        write: |out, name, user, m, _| per_user(out, name, user, &m.received_exemplars),
     },
     TenantFamily {
         name: "weir_distributor_received_metadata_total",
         help: "Metadata entries admitted per tenant.",
         kind: "counter",
-        write: |out, name, user, m| per_user(out, name, user, &m.received_metadata),
+        rates: false,
+        write: |out, name, user, m, _| per_user(out, name, user, &m.received_metadata),
     },
     TenantFamily {
         name: "weir_discarded_requests_total",
         help: "Push requests discarded per tenant, by reason.",
         kind: "counter",
-        write: |out, name, user, m| {
+        rates: false,
+        write: |out, name, user, m, _| {
             for (reason, counter) in DiscardReason::ALL.iter().zip(&m.discarded_requests) {
                 let labels = [("reason", reason.as_str()), ("user", user)];
                 sample(out, name, &labels, counter.get() as f64);
@@ -235,7 +251,8 @@ pub(super) const TENANT_FAMILIES: [TenantFamily; 11] = [
         name: "weir_discarded_samples_total",
         help: "Samples, histograms, exemplars and metadata discarded per tenant, by reason.",
         kind: "counter",
-        write: |out, name, user, m| {
+        rates: false,
+        write: |out, name, user, m, _| {
             for (reason, counter) in DiscardReason::COUNTS_SAMPLES
                 .iter()
                 .zip(&m.discarded_samples)
@@ -272,7 +289,8 @@ pub(super) const TENANT_FAMILIES: [TenantFamily; 11] = [
         name: "weir_discarded_metadata_total",
         help: "Metadata entries refused by validation per tenant, by reason.",
         kind: "counter",
-        write: |out, name, user, m| {
+        rates: false,
+        write: |out, name, user, m, _| {
             // Only once one counted something, as validation's sample reasons.
             for (reason, counter) in MetadataReason::ALL.iter().zip(&m.invalid_metadata) {
                 if counter.get() > 0 {
@@ -289,7 +307,8 @@ pub(super) const TENANT_FAMILIES: [TenantFamily; 11] = [
         name: "weir_discarded_exemplars_total",
         help: "Exemplars dropped by validation per tenant, by reason.",
         kind: "counter",
-        write: |out, name, user, m| {
+        rates: false,
+        write: |out, name, user, m, _| {
             // Only once one was dropped, as validation's sample reasons.
             let Some(drops) = m.drops.get() else {
                 return;
@@ -308,10 +327,11 @@ pub(super) const TENANT_FAMILIES: [TenantFamily; 11] = [
         help: "A tenant's fleet-wide limit as configured, per second (+Inf: unlimited), by \
                limit (request_rate, ingestion_rate): the same on every replica.",
         kind: "gauge",
-        write: |out, name, user, m| {
+        rates: true,
+        write: |out, name, user, _, rates| {
             let limits = [
-                ("request_rate", m.request_rate.get()),
-                ("ingestion_rate", m.ingestion_rate.get()),
+                ("request_rate", rates.request),
+                ("ingestion_rate", rates.ingestion),
             ];
             for (limit, value) in limits {
                 sample(out, name, &[("user", user), ("limit", limit)], value);
@@ -324,10 +344,11 @@ pub(super) const TENANT_FAMILIES: [TenantFamily; 11] = [
                (+Inf: unlimited), by limit (request_rate, ingestion_rate): its share under \
                divided, the whole limit (one fleet bucket) under weighted and shared.",
         kind: "gauge",
-        write: |out, name, user, m| {
+        rates: true,
+        write: |out, name, user, _, rates| {
             let limits = [
-                ("request_rate", m.local_request_rate.get()),
-                ("ingestion_rate", m.local_ingestion_rate.get()),
+                ("request_rate", rates.local_request),
+                ("ingestion_rate", rates.local_ingestion),
             ];
             for (limit, value) in limits {
                 sample(out, name, &[("user", user), ("limit", limit)], value);
