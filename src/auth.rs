@@ -102,8 +102,8 @@ pub enum Denied {
     #[error("these credentials may not use this tenant")]
     Forbidden,
     #[error(
-        "these credentials may use several tenants: name one in the {TENANT_HEADER} header (or \
-         the request's tenant field)"
+        "these credentials may use several tenants: name one (a push: the {TENANT_HEADER} \
+         header; the admission API: the request's tenant field)"
     )]
     Ambiguous,
     #[error("too many failed authentications from this address; retry in {}s", retry_after.as_secs().max(1))]

@@ -121,6 +121,32 @@ fn duration(value: Duration) -> prost_types::Duration {
     }
 }
 
+/// A request's `ttl`: `default` when it sends none; a negative one is `BAD_TTL`, as the JSON
+/// twin answers it (before, it was taken for no `ttl`).
+fn ttl_of(value: Option<&prost_types::Duration>, default: Duration) -> Result<Duration, BadTtl> {
+    let Some(value) = value else {
+        return Ok(default);
+    };
+    from_duration(Some(value)).ok_or(BadTtl(*value))
+}
+
+/// A negative `ttl`, as sent.
+struct BadTtl(prost_types::Duration);
+
+impl From<BadTtl> for Status {
+    fn from(BadTtl(ttl): BadTtl) -> Status {
+        Status::with_error_details(
+            Code::InvalidArgument,
+            format!(
+                "ttl must be ≥ 0, got {} s and {} ns (a slot's ttl is held between 0.001 and \
+                 86400)",
+                ttl.seconds, ttl.nanos
+            ),
+            ErrorDetails::with_error_info("BAD_TTL", "weir", no_metadata()),
+        )
+    }
+}
+
 fn from_duration(value: Option<&prost_types::Duration>) -> Option<Duration> {
     let value = value?;
     (value.seconds >= 0 && value.nanos >= 0)
@@ -303,7 +329,7 @@ impl api::admission_server::Admission for AdmissionService {
             &request.tenant,
         )?;
         check_names(&tenant, &request.key)?;
-        let ttl = from_duration(request.ttl.as_ref()).unwrap_or(DEFAULT_LEASE_TTL);
+        let ttl = ttl_of(request.ttl.as_ref(), DEFAULT_LEASE_TTL)?;
         let client = request
             .limit
             .as_ref()
@@ -351,7 +377,7 @@ impl api::admission_server::Admission for AdmissionService {
             .authenticate(Door::AdmissionGrpc, source(&request))?;
         let request = request.get_ref();
         check_lease_id(&request.lease_id)?;
-        let ttl = from_duration(request.ttl.as_ref()).unwrap_or(DEFAULT_LEASE_TTL);
+        let ttl = ttl_of(request.ttl.as_ref(), DEFAULT_LEASE_TTL)?;
         self.state
             .limiter
             .renew(&request.lease_id, ttl)
@@ -382,7 +408,7 @@ impl api::admission_server::Admission for AdmissionService {
             check_lease_id(&request.previous_lease_id)?;
             Some((request.previous_lease_id.as_str(), request.spent))
         };
-        let ttl = from_duration(request.ttl.as_ref()).unwrap_or(DEFAULT_TOKEN_LEASE_TTL);
+        let ttl = ttl_of(request.ttl.as_ref(), DEFAULT_TOKEN_LEASE_TTL)?;
         let lent = self
             .state
             .limiter

@@ -291,6 +291,31 @@ async fn bad_requests_and_unknown_leases_get_clear_statuses() {
         (Code::NotFound, "UNKNOWN_LEASE")
     );
 
+    // A negative ttl is refused, as the JSON twin refuses it, on Acquire and on Renew; it
+    // is not taken for no ttl (the 30 s default).
+    let negative = prost_types::Duration {
+        seconds: -5,
+        nanos: 0,
+    };
+    let mut request = acquire("slots", Duration::from_secs(1));
+    request.ttl = Some(negative);
+    let err = client.acquire(request).await.unwrap_err();
+    assert_eq!(
+        (err.code(), reason(&err).as_str()),
+        (Code::InvalidArgument, "BAD_TTL")
+    );
+    let err = client
+        .renew(api::RenewRequest {
+            lease_id: short.lease_id.clone(),
+            ttl: Some(negative),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(
+        (err.code(), reason(&err).as_str()),
+        (Code::InvalidArgument, "BAD_TTL")
+    );
+
     let foreign = format!("L{:032x}@some-other-replica", 7);
     let err = client
         .release(api::ReleaseRequest { lease_id: foreign })

@@ -18,6 +18,10 @@ use std::time::Duration;
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
+/// The longest window a spec may have: a window is counted in nanoseconds, and past about
+/// 584 years their count no longer fits; a century is room for any quota.
+pub const MAX_WINDOW: Duration = Duration::from_secs(100 * 365 * 86_400);
+
 /// How a key's rate is counted.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default, Hash)]
 #[serde(rename_all = "snake_case")]
@@ -117,6 +121,13 @@ impl LimitSpec {
         crate::limits::check_refill("rate", self.rate, self.burst)?;
         if self.algorithm == Algorithm::SlidingWindow && self.window.is_zero() {
             return Err("window must be > 0 for a sliding window".to_string());
+        }
+        if self.window > MAX_WINDOW {
+            return Err(format!(
+                "window must be at most 100 years ({} s), got {} s",
+                MAX_WINDOW.as_secs(),
+                self.window.as_secs()
+            ));
         }
         if self.algorithm == Algorithm::SlidingWindow && self.rate > 0.0 {
             let per_window = self.rate * self.window.as_secs_f64();
@@ -301,5 +312,18 @@ mod tests {
         };
         assert!(tiny.validate().is_err());
         assert_eq!(LimitSpec::rate(2.5).burst, 3);
+        // A window whose nanoseconds would not fit (2^64 ns, about 584.5 years) is refused,
+        // not wrapped round to a few nanoseconds; a century passes.
+        let window = |window: Duration| LimitSpec {
+            algorithm: Algorithm::SlidingWindow,
+            window,
+            ..LimitSpec::rate(1.0)
+        };
+        let wraps = window(Duration::from_nanos(u64::MAX) + Duration::from_nanos(1));
+        assert!(wraps.validate().unwrap_err().contains("at most 100 years"));
+        assert_eq!(window(MAX_WINDOW).validate(), Ok(()));
+        assert!(window(MAX_WINDOW + Duration::from_secs(1))
+            .validate()
+            .is_err());
     }
 }
