@@ -771,7 +771,7 @@ fn spawn_membership_applier(
                             requests_refunded: usage.requests_refunded,
                             items_refunded: usage.items_refunded,
                         };
-                        (tenant.clone(), totals)
+                        (Arc::clone(tenant), totals)
                     })
                     .collect();
                 state.limiter.apply_peer_usage(Arc::new(totals), backdate);

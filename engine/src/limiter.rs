@@ -225,7 +225,7 @@ impl<H: TenantHooks, C: Clock + Clone> Limiter<H, C> {
                 .hasher(foldhash::fast::RandomState::default())
                 .build(),
             core: Core::new(config, clock),
-            peers: ArcSwap::from_pointee(PeerUsage::new()),
+            peers: ArcSwap::from_pointee(PeerUsage::default()),
             peers_at: AtomicU64::new(0),
             idle_timeout,
             max_tenants: 0,
@@ -992,7 +992,7 @@ impl<H: TenantHooks, C: Clock + Clone> Limiter<H, C> {
                 self.keys().apply_admission_usage(name, totals, at, now);
                 continue;
             }
-            let Some(tenant) = tenants.get(name.as_str()) else {
+            let Some(tenant) = tenants.get(&**name) else {
                 continue;
             };
             let state = tenant.state.load();
@@ -1228,7 +1228,7 @@ impl<H: TenantHooks, C: Clock + Clone> Limiter<H, C> {
             .map(|(name, tenant)| {
                 let state = tenant.state.load();
                 let level = |bucket: &KindBucket<C>| bucket.view().map(|fleet| fleet.level(now));
-                let totals = peers.get(name.as_ref()).copied().unwrap_or_default();
+                let totals = peers.get(&**name).copied().unwrap_or_default();
                 TenantView {
                     tenant: name.to_string(),
                     limits: state.limits,

@@ -51,8 +51,8 @@ fn check(limiter: &TestLimiter, name: &str, cost: u64) -> Result<(), Rejection> 
 }
 
 fn peers(tenant: &str, items: u64, items_level: Option<f64>) -> Arc<PeerUsage> {
-    Arc::new(PeerUsage::from([(
-        tenant.to_string(),
+    Arc::new(PeerUsage::from_iter([(
+        tenant.into(),
         PeerTotals {
             items,
             items_level,
@@ -1170,8 +1170,8 @@ mod admission_tests {
         assert_eq!(granted, 4, "⌈10 ÷ 3⌉");
         // weighted: the peers hold one of two.
         limiter.apply_peer_usage(
-            Arc::new(PeerUsage::from([(
-                "a/POST%20%2Fu".to_string(),
+            Arc::new(PeerUsage::from_iter([(
+                "a/POST%20%2Fu".into(),
                 PeerTotals {
                     in_flight: 1,
                     ..PeerTotals::default()
@@ -1182,8 +1182,8 @@ mod admission_tests {
         // (the entry must exist for the peers' count to land)
         let _ = limiter.acquire("a", "POST /u", None, ttl).await;
         limiter.apply_peer_usage(
-            Arc::new(PeerUsage::from([(
-                "a/POST%20%2Fu".to_string(),
+            Arc::new(PeerUsage::from_iter([(
+                "a/POST%20%2Fu".into(),
                 PeerTotals {
                     in_flight: 1,
                     ..PeerTotals::default()
@@ -1210,8 +1210,8 @@ mod admission_tests {
         // 30 over 3: 10 here, whoever else holds what.
         assert_eq!(futures_acquire(&limiter, "a", "wide", 30, ttl).await, 10);
         let peers = |held: u64| {
-            Arc::new(PeerUsage::from([(
-                "a/wide".to_string(),
+            Arc::new(PeerUsage::from_iter([(
+                "a/wide".into(),
                 PeerTotals {
                     in_flight: held,
                     ..PeerTotals::default()
@@ -1480,9 +1480,9 @@ async fn peers_refunds_are_credited_and_a_new_key_starts_from_their_totals() {
     limiter.set_healthy_replicas(3);
     let remaining = |answer: Allowed| answer.decision.remaining;
     let peers = |items: u64, items_refunded: u64| {
-        Arc::new(PeerUsage::from([
+        Arc::new(PeerUsage::from_iter([
             (
-                "a/k".to_string(),
+                "a/k".into(),
                 PeerTotals {
                     items,
                     items_refunded,
@@ -1490,7 +1490,7 @@ async fn peers_refunds_are_credited_and_a_new_key_starts_from_their_totals() {
                 },
             ),
             (
-                "a/late".to_string(),
+                "a/late".into(),
                 PeerTotals {
                     items: 5_000,
                     ..PeerTotals::default()

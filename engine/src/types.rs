@@ -159,4 +159,6 @@ impl PeerTotals {
 }
 
 /// All tenants' [`PeerTotals`], as gossip last reported them.
-pub type PeerUsage = HashMap<String, PeerTotals>;
+/// By tenant (or admission key's entry name); names shared with the ring's view, so handing
+/// one over copies none.
+pub type PeerUsage = HashMap<std::sync::Arc<str>, PeerTotals, foldhash::fast::RandomState>;

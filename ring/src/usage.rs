@@ -32,6 +32,7 @@
 
 use std::collections::HashMap;
 use std::fmt::Write;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 pub const USAGE_KEY: &str = "usage";
@@ -53,6 +54,14 @@ const LEVEL_MAX_AGE: Duration = Duration::from_secs(2);
 /// the same incarnation after a partition or a false death; forgotten, its counts would be
 /// taken in again whole).
 const FORGET_AFTER: Duration = Duration::from_secs(3600);
+/// How often the tenants a peer stopped listing are looked for: a walk of every tenant, and
+/// forgetting is a matter of minutes, so not every round.
+const FORGET_EVERY: Duration = Duration::from_secs(1);
+
+/// The aggregate's maps, by tenant: a fast hash (foldhash) for keys peers send, as the
+/// limiter's own maps use; a round hashes every tenant a few times. Names are shared
+/// (`Arc<str>`), so a snapshot of every tenant copies no name.
+type Map<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
 
 /// One tenant's usage on one replica.
 #[derive(Debug, Clone, PartialEq)]
@@ -319,7 +328,7 @@ pub struct TenantUsage {
 }
 
 /// All tenants' [`TenantUsage`], as last aggregated.
-pub type PeerUsage = HashMap<String, TenantUsage>;
+pub type PeerUsage = Map<Arc<str>, TenantUsage>;
 
 /// A peer incarnation: node id and generation.
 pub type PeerKey = (String, u64);
@@ -370,10 +379,12 @@ fn change(now: u64, before: Option<u64>, away: bool) -> (u64, u64) {
 /// each side keeping a whole limit as Mimir's replicas would, and not after.
 #[derive(Debug)]
 pub struct UsageAggregate {
-    peers: HashMap<PeerKey, HashMap<String, PeerEntry>>,
+    peers: HashMap<PeerKey, Map<Arc<str>, PeerEntry>>,
     /// Peers no longer live: since when, and their last counts, kept for their return.
-    departed: HashMap<PeerKey, (Instant, HashMap<String, PeerEntry>)>,
-    tenants: HashMap<String, TenantState>,
+    departed: HashMap<PeerKey, (Instant, Map<Arc<str>, PeerEntry>)>,
+    tenants: Map<Arc<str>, TenantState>,
+    /// When tenants were last looked for to forget ([`FORGET_EVERY`]).
+    forgot_at: Option<Instant>,
     /// A tenant a live peer has not listed for this long is forgotten (of that peer; of all,
     /// once none has). Longer than the peers keep an idle tenant, so that by then the peer
     /// has dropped it and starts it again from zero: a tenant forgotten while the peer still
@@ -392,7 +403,8 @@ impl UsageAggregate {
         UsageAggregate {
             peers: HashMap::new(),
             departed: HashMap::new(),
-            tenants: HashMap::new(),
+            tenants: Map::default(),
+            forgot_at: None,
             forget_after,
         }
     }
@@ -407,10 +419,14 @@ impl UsageAggregate {
         let known = self.peers.entry(peer.clone()).or_default();
         for entry in entries {
             let counts = (entry.requests, entry.items);
-            let previous = known.get(&entry.tenant);
+            let previous = known.get(entry.tenant.as_str());
             let away = previous.is_some_and(|e| e.away);
             let previous = previous.map(|e| e.counts);
-            let state = self.tenants.entry(entry.tenant.clone()).or_default();
+            let name = match self.tenants.get_key_value(entry.tenant.as_str()) {
+                Some((name, _)) => Arc::clone(name),
+                None => Arc::from(entry.tenant.as_str()),
+            };
+            let state = self.tenants.entry(Arc::clone(&name)).or_default();
             let (requests, requests_refunded) = change(counts.0, previous.map(|p| p.0), away);
             let (items, items_refunded) = change(counts.1, previous.map(|p| p.1), away);
             state.totals.0 = state.totals.0.saturating_add(requests);
@@ -419,7 +435,7 @@ impl UsageAggregate {
             state.refunded.1 = state.refunded.1.saturating_add(items_refunded);
             state.last_reported = Some(now);
             known.insert(
-                entry.tenant.clone(),
+                name,
                 PeerEntry {
                     counts,
                     levels: (entry.requests_level, entry.items_level),
@@ -433,7 +449,7 @@ impl UsageAggregate {
 
     /// Sets aside peer incarnations that are no longer live (what they reported stays
     /// counted; their last counts wait an hour for their return), and forgets tenants a peer
-    /// has not listed for `forget_after`.
+    /// has not listed for `forget_after` (looked for at most once per [`FORGET_EVERY`]).
     pub fn retain_peers(&mut self, live: impl Fn(&PeerKey) -> bool, now: Instant) {
         let gone: Vec<PeerKey> = self.peers.keys().filter(|p| !live(p)).cloned().collect();
         for peer in gone {
@@ -444,6 +460,13 @@ impl UsageAggregate {
         }
         self.departed
             .retain(|_, (since, _)| now.duration_since(*since) < FORGET_AFTER);
+        if self
+            .forgot_at
+            .is_some_and(|at| now.saturating_duration_since(at) < FORGET_EVERY)
+        {
+            return;
+        }
+        self.forgot_at = Some(now);
         let forget_after = self.forget_after;
         self.tenants.retain(|_, state| {
             state
@@ -462,7 +485,7 @@ impl UsageAggregate {
             .iter()
             .map(|(tenant, state)| {
                 (
-                    tenant.clone(),
+                    Arc::clone(tenant),
                     TenantUsage {
                         requests: state.totals.0,
                         items: state.totals.1,
@@ -688,6 +711,26 @@ mod tests {
     /// The view holds the tenants listed within `forget_after`: one a live peer stopped
     /// listing is forgotten then, while another it keeps listing stays; a departed peer's
     /// counts wait the hour for its return either way.
+    /// Forgetting walks every tenant, so it is looked for once a second, not every round: a
+    /// tenant due is forgotten within a second of its time.
+    #[test]
+    fn tenants_are_looked_for_to_forget_once_a_second() {
+        let now = Instant::now();
+        let forget = Duration::from_secs(60);
+        let mut aggregate = UsageAggregate::new(forget);
+        aggregate.observe(&peer("a", 1), &[entry("idle", 0, 10, None)], now);
+        let live = |p: &PeerKey| p.0 == "a";
+        aggregate.retain_peers(live, now + forget - Duration::from_millis(500));
+        aggregate.retain_peers(live, now + forget);
+        assert_eq!(
+            aggregate.snapshot(now + forget).len(),
+            1,
+            "looked 0.5 s ago"
+        );
+        aggregate.retain_peers(live, now + forget + Duration::from_millis(500));
+        assert!(aggregate.snapshot(now + forget).is_empty());
+    }
+
     #[test]
     fn tenants_a_peer_stopped_listing_are_forgotten_after_forget_after() {
         let now = Instant::now();
@@ -708,7 +751,7 @@ mod tests {
         let past = now + forget;
         aggregate.retain_peers(|p| p.0 == "a", past);
         let view = aggregate.snapshot(past);
-        assert_eq!(view.keys().collect::<Vec<_>>(), ["busy"]);
+        assert_eq!(view.keys().map(|k| &**k).collect::<Vec<_>>(), ["busy"]);
         assert_eq!(view["busy"].items, 40);
         // "idle" comes back at the peer, started again from zero: counted from zero, not
         // as a fall from 10.
