@@ -522,14 +522,24 @@ impl rls::rate_limit_service_server::RateLimitService for RateLimitService {
                 .limiter
                 .allow_with_limit(domain.tenant(), &key, hits, spec)
                 .await;
+            let current_limit = Some(RateLimit {
+                name: matched.key.clone(),
+                requests_per_unit: matched.limit.requests_per_unit,
+                unit: Unit::try_from(matched.limit.unit.envoy_code()).unwrap_or(Unit::Unknown)
+                    as i32,
+            });
             let answer = match answer {
                 Ok(answer) => answer,
-                // A limit that a descriptor can never meet (hits over the limit) is over it.
+                // A limit that a descriptor can never meet (hits over the limit) is over it,
+                // for as long as a window: what Envoy puts in its X-RateLimit headers.
                 Err(AdmissionError::BadCost(_)) => {
                     overall = RlsCode::OverLimit;
                     statuses.push(DescriptorStatus {
                         code: RlsCode::OverLimit as i32,
-                        ..DescriptorStatus::default()
+                        current_limit,
+                        limit_remaining: 0,
+                        duration_until_reset: Some(duration(spec.window)),
+                        quota: None,
                     });
                     continue;
                 }
@@ -543,12 +553,7 @@ impl rls::rate_limit_service_server::RateLimitService for RateLimitService {
             };
             statuses.push(DescriptorStatus {
                 code: code as i32,
-                current_limit: Some(RateLimit {
-                    name: matched.key.clone(),
-                    requests_per_unit: matched.limit.requests_per_unit,
-                    unit: Unit::try_from(matched.limit.unit.envoy_code()).unwrap_or(Unit::Unknown)
-                        as i32,
-                }),
+                current_limit,
                 limit_remaining: answer.decision.remaining.min(u32::MAX as u64) as u32,
                 duration_until_reset: Some(duration(answer.decision.reset_after)),
                 quota: None,

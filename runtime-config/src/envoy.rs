@@ -136,12 +136,16 @@ impl EnvoyDomain {
         self.tenant.as_deref().unwrap_or(&self.domain)
     }
 
-    /// The deepest configured limit the descriptor's entries reach.
+    /// The limit of the config descriptor the request's last entry reaches, every entry
+    /// matching on the way: envoyproxy/ratelimit's rule, under which a request deeper or
+    /// shallower than the limit it passes on the way ("request depth does not match config
+    /// depth") has none.
     pub fn matches(&self, entries: &[(&str, &str)]) -> Option<Matched> {
         let mut level = &self.descriptors;
         let mut key = String::new();
         let mut found = None;
         for (name, value) in entries {
+            found = None;
             let node = level
                 .iter()
                 .find(|d| d.key == *name && d.value.as_deref() == Some(*value))
@@ -198,7 +202,7 @@ mod tests {
 
     fn domain() -> EnvoyDomain {
         serde_yaml_ng::from_str(
-            "domain: edge\ndescriptors:\n  - key: remote_address\n    rate_limit: {unit: second, requests_per_unit: 10}\n  - key: path\n    value: /search\n    rate_limit: {unit: minute, requests_per_unit: 100}\n    descriptors:\n      - key: client_id\n        rate_limit: {unit: second, requests_per_unit: 5}\n  - key: path\n    descriptors:\n      - key: client_id\n        value: vip\n        rate_limit: {unit: second, requests_per_unit: 50}\n",
+            "domain: edge\ndescriptors:\n  - key: remote_address\n    rate_limit: {unit: second, requests_per_unit: 10}\n  - key: path\n    value: /search\n    rate_limit: {unit: minute, requests_per_unit: 100}\n    descriptors:\n      - key: client_id\n        rate_limit: {unit: second, requests_per_unit: 5}\n      - key: region\n  - key: path\n    descriptors:\n      - key: client_id\n        value: vip\n        rate_limit: {unit: second, requests_per_unit: 50}\n",
         )
         .unwrap()
     }
@@ -223,6 +227,18 @@ mod tests {
             None
         );
         assert_eq!(domain.matches(&[("unknown", "x")]), None);
+        // The limit is the last entry's: one passed on the way does not count, as in
+        // envoyproxy/ratelimit; nor does a request deeper than the tree.
+        let shallow = domain.matches(&[("path", "/search")]).unwrap();
+        assert_eq!(shallow.limit.requests_per_unit, 100);
+        assert_eq!(
+            domain.matches(&[("path", "/search"), ("region", "eu")]),
+            None
+        );
+        assert_eq!(
+            domain.matches(&[("path", "/search"), ("client_id", "a"), ("extra", "1")]),
+            None
+        );
         assert_eq!(domain.tenant(), "edge");
         let spec = matched.limit.spec();
         assert_eq!(spec.per_window(), 10.0);

@@ -114,6 +114,14 @@ def check(address):
     response = envoy.ShouldRateLimit(request)
     assert response.statuses[0].code == OVER and response.statuses[1].code == OK
     assert response.statuses[0].current_limit.requests_per_unit == 2
+    # More hits than the limit holds: over it, with the limit and the window, for Envoy's
+    # X-RateLimit headers.
+    heavy = envoy.ShouldRateLimit(rls_pb2.RateLimitRequest(domain="edge", hits_addend=5,
+        descriptors=[ratelimit_pb2.RateLimitDescriptor(
+            entries=[Entry(key="remote_address", value="10.0.0.2")])]))
+    assert heavy.overall_code == OVER, heavy
+    assert heavy.statuses[0].current_limit.requests_per_unit == 2, heavy
+    assert heavy.statuses[0].duration_until_reset.seconds > 0, heavy
     expect_error(lambda: envoy.ShouldRateLimit(rls_pb2.RateLimitRequest(domain="nowhere")),
                  grpc.StatusCode.NOT_FOUND, "UNKNOWN_DOMAIN")
     print("ok")
