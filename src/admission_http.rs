@@ -438,6 +438,8 @@ pub async fn acquire(
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct LeaseBody {
+    /// Missing is as empty: `MISSING_FIELD`, as on gRPC.
+    #[serde(default)]
     lease_id: String,
     /// Renew only, seconds.
     #[serde(default)]

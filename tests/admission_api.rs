@@ -465,6 +465,15 @@ async fn the_json_twin_maps_to_the_same_engine() {
     let id = lease["lease_id"].as_str().unwrap();
     let (status, _) = post("/api/v1/renew", json!({"lease_id": id, "ttl": 10})).await;
     assert_eq!(status, 200);
+    // No lease id is a missing field, as on gRPC, not bad JSON.
+    for path in ["/api/v1/release", "/api/v1/renew"] {
+        let (status, body) = post(path, json!({})).await;
+        assert_eq!(
+            (status, body["reason"].as_str()),
+            (400, Some("MISSING_FIELD")),
+            "{path}: {body}"
+        );
+    }
     // A TTL no duration holds is refused, saying so (it once said "must be ≥ 0").
     for ttl in [1e308, -1.0] {
         let (status, body) = post("/api/v1/renew", json!({"lease_id": id, "ttl": ttl})).await;
