@@ -1037,35 +1037,24 @@ mod tests {
             authorization: Some(&a),
         };
         let start = Instant::now();
-        // Two batches of 10 items naming another tenant: each item refused as forbidden, none
-        // throttled (the budget is 5), and the caller's own tenant still passes after them.
+        // An item of a batch naming another tenant: refused as forbidden, and not throttled
+        // while the budget of 5 lasts (each batch spends one failure).
+        let other = |spent: &mut bool| {
+            let item =
+                auth.authorize_item_at(Door::AdmissionGrpc, source, Some(b"team-b"), spent, start);
+            assert_eq!(item, Err(Denied::Forbidden));
+        };
+        // Two batches of 10 such items; the caller's own tenant still passes after them.
         for _ in 0..2 {
             let mut spent = false;
-            for _ in 0..10 {
-                let item = auth.authorize_item_at(
-                    Door::AdmissionGrpc,
-                    source,
-                    Some(b"team-b"),
-                    &mut spent,
-                    start,
-                );
-                assert_eq!(item, Err(Denied::Forbidden));
-            }
+            (0..10).for_each(|_| other(&mut spent));
             assert!(spent);
         }
         let own = auth.authorize_at(Door::Push, source, Some(b"team-a"), start);
         assert_eq!(own, Ok(Allowed::AsNamed));
         // Five batches spend the budget of five, as five requests would.
         for _ in 0..3 {
-            let mut spent = false;
-            let item = auth.authorize_item_at(
-                Door::AdmissionGrpc,
-                source,
-                Some(b"team-b"),
-                &mut spent,
-                start,
-            );
-            assert_eq!(item, Err(Denied::Forbidden));
+            other(&mut false);
         }
         let own = auth.authorize_at(Door::Push, source, Some(b"team-a"), start);
         assert!(matches!(own, Err(Denied::Throttled { .. })), "{own:?}");

@@ -329,13 +329,7 @@ pub(super) const TENANT_FAMILIES: [TenantFamily; 11] = [
         kind: "gauge",
         rates: true,
         write: |out, name, user, _, rates| {
-            let limits = [
-                ("request_rate", rates.request),
-                ("ingestion_rate", rates.ingestion),
-            ];
-            for (limit, value) in limits {
-                sample(out, name, &[("user", user), ("limit", limit)], value);
-            }
+            limits(out, name, user, rates.request, rates.ingestion);
         },
     },
     TenantFamily {
@@ -346,16 +340,17 @@ pub(super) const TENANT_FAMILIES: [TenantFamily; 11] = [
         kind: "gauge",
         rates: true,
         write: |out, name, user, _, rates| {
-            let limits = [
-                ("request_rate", rates.local_request),
-                ("ingestion_rate", rates.local_ingestion),
-            ];
-            for (limit, value) in limits {
-                sample(out, name, &[("user", user), ("limit", limit)], value);
-            }
+            limits(out, name, user, rates.local_request, rates.local_ingestion);
         },
     },
 ];
+
+/// A tenant's request and ingestion rates, a series each, labelled by `limit`.
+fn limits(out: &mut String, name: &str, user: &str, request: f64, ingestion: f64) {
+    for (limit, value) in [("request_rate", request), ("ingestion_rate", ingestion)] {
+        sample(out, name, &[("user", user), ("limit", limit)], value);
+    }
+}
 
 /// A family with one series per tenant, labelled `user` only.
 fn per_user(out: &mut String, name: &str, user: &str, counter: &Counter) {
