@@ -1546,13 +1546,14 @@ impl<'a, C: Clock + Clone> Keys<'a, C> {
         rate * (age + self.backdate()) as f64 / 1e9
     }
 
-    /// Admission entries for the usage key: (name, admitted, in flight).
-    pub(crate) fn admission_reports(&self) -> Vec<(String, u64, u64, u64)> {
+    /// Admission entries for the usage key, each with what it admitted, what it holds and
+    /// its news; a name is written out only for the reports sent ([`KeyReport::name`]).
+    pub(crate) fn admission_reports(&self) -> Vec<KeyReport> {
         self.admission()
             .map
             .pin()
             .iter()
-            .filter_map(|(name, entry)| {
+            .filter_map(|(_, entry)| {
                 let admitted = entry.admitted.load(Ordering::Relaxed);
                 let in_flight = entry.in_flight.load(Ordering::Relaxed);
                 let published_in_flight = entry.published_in_flight.load(Ordering::Relaxed);
@@ -1560,7 +1561,12 @@ impl<'a, C: Clock + Clone> Keys<'a, C> {
                 (admitted > 0 || in_flight > 0 || published_in_flight > 0).then(|| {
                     let unpublished = admitted - entry.published.load(Ordering::Relaxed)
                         + in_flight.abs_diff(published_in_flight);
-                    (name.to_string(), admitted, in_flight, unpublished)
+                    KeyReport {
+                        entry: Arc::clone(entry),
+                        admitted,
+                        in_flight,
+                        news: unpublished + in_flight,
+                    }
                 })
             })
             .collect()
@@ -1670,6 +1676,27 @@ fn carry(old: &Meter, spec: &LimitSpec, share: f64, now: u64) -> Meter {
             Meter::TokenBucket(old.reshaped(new.rate(), now))
         }
         (_, new) => new,
+    }
+}
+
+/// An admission entry for the usage key ([`Keys::admission_reports`]).
+pub(crate) struct KeyReport {
+    entry: Arc<Entry>,
+    pub(crate) admitted: u64,
+    pub(crate) in_flight: u64,
+    /// Unpublished admissions, and the holders (a key with holders is news each round).
+    pub(crate) news: u64,
+}
+
+impl KeyReport {
+    /// The entry's name, as the usage key carries it.
+    pub(crate) fn name(&self) -> String {
+        entry_name(&self.entry.tenant, &self.entry.key)
+    }
+
+    /// Where the entry lives: ties among keys broken the same way every time.
+    pub(crate) fn at(&self) -> usize {
+        Arc::as_ptr(&self.entry) as usize
     }
 }
 

@@ -1079,9 +1079,15 @@ impl<H: TenantHooks, C: Clock + Clone> Limiter<H, C> {
     /// reports it sends (a name, a level), where sorting and writing out every one cost it 9 %
     /// of a core at 20 000 idle tenants in a ring of two.
     pub fn usage_reports_first(&self, most: usize) -> Vec<UsageReport> {
+        /// A tenant or an admission key, ranked before its report is written out.
+        enum Candidate<'g, T> {
+            Tenant(&'g str, &'g T),
+            Key(crate::admission::KeyReport),
+        }
         let now = self.now();
         let tenants = self.tenants.pin();
-        // The tenants' rank first, without a name copied or a state read.
+        // Everything's rank first, without a name copied or a state read: (news, when last
+        // listed, where it lives, what).
         let mut ranked: Vec<_> = tenants
             .iter()
             .filter_map(|(name, tenant)| {
@@ -1096,67 +1102,63 @@ impl<H: TenantHooks, C: Clock + Clone> Limiter<H, C> {
                     .saturating_sub(request.published.load(Ordering::Relaxed))
                     + items.saturating_sub(ingestion.published.load(Ordering::Relaxed));
                 let listed_at = tenant.listed_at.load(Ordering::Relaxed);
-                Some((unpublished, listed_at, &**name, tenant))
-            })
-            .collect();
-        // Most news first, then least recently listed (the tenants listed in one round tie),
-        // then by where the tenant lives: one order, so the first `most` are the head of the
-        // whole list. (By name, the ties' string compares cost a sixth of the ranking.)
-        let order = |a: (u64, u64, usize), b: (u64, u64, usize)| {
-            b.0.cmp(&a.0).then(a.1.cmp(&b.1)).then(a.2.cmp(&b.2))
-        };
-        let at = |tenant: &Arc<Tenant<H::Data, C>>| Arc::as_ptr(tenant) as usize;
-        if ranked.len() > most {
-            ranked.select_nth_unstable_by(most, |a, b| {
-                order((a.0, a.1, at(a.3)), (b.0, b.1, at(b.3)))
-            });
-            ranked.truncate(most);
-        }
-        let level = |bucket: &KindBucket<C>| {
-            let fleet = bucket.view()?;
-            Some(fleet.level(now)).filter(|level| *level < fleet.rate().burst as f64)
-        };
-        let mut reports: Vec<(u64, u64, usize, UsageReport)> = ranked
-            .into_iter()
-            .map(|(unpublished, listed_at, name, tenant)| {
-                let state = tenant.state.load();
-                let [request, ingestion] = &tenant.usage;
-                let report = UsageReport {
-                    tenant: name.to_string(),
-                    requests: request.admitted.load(Ordering::Relaxed),
-                    items: ingestion.admitted.load(Ordering::Relaxed),
-                    requests_level: level(&state.buckets[0]),
-                    items_level: level(&state.buckets[1]),
-                    in_flight: 0,
-                };
-                (unpublished, listed_at, at(tenant), report)
+                let at = Arc::as_ptr(tenant) as usize;
+                Some((
+                    unpublished,
+                    listed_at,
+                    at,
+                    Candidate::Tenant(name, tenant),
+                ))
             })
             .collect();
         // Admission keys: their admitted cost as items, and the leases held here; a key
         // whose holders changed counts as news.
-        reports.extend(self.keys().admission_reports().into_iter().map(
-            |(name, items, in_flight, unpublished)| {
-                (
-                    unpublished + in_flight,
-                    0,
-                    // Keys tie among themselves in the map's order (the sort is stable).
-                    usize::MAX,
-                    UsageReport {
-                        tenant: name,
-                        requests: 0,
-                        items,
-                        requests_level: None,
-                        items_level: None,
-                        in_flight,
-                    },
-                )
-            },
-        ));
-        reports.sort_by(|a, b| order((a.0, a.1, a.2), (b.0, b.1, b.2)));
-        reports.truncate(most);
-        reports
+        ranked.extend(
+            self.keys()
+                .admission_reports()
+                .into_iter()
+                .map(|key| (key.news, 0, key.at(), Candidate::Key(key))),
+        );
+        // Most news first, then least recently listed (the tenants listed in one round tie),
+        // then by where each lives: one order, so the first `most` are the head of the whole
+        // list. (By name, the ties' string compares cost a sixth of the ranking.)
+        let order = |a: &(u64, u64, usize, _), b: &(u64, u64, usize, _)| {
+            b.0.cmp(&a.0).then(a.1.cmp(&b.1)).then(a.2.cmp(&b.2))
+        };
+        if ranked.len() > most {
+            ranked.select_nth_unstable_by(most, order);
+            ranked.truncate(most);
+        }
+        ranked.sort_unstable_by(order);
+        let level = |bucket: &KindBucket<C>| {
+            let fleet = bucket.view()?;
+            Some(fleet.level(now)).filter(|level| *level < fleet.rate().burst as f64)
+        };
+        ranked
             .into_iter()
-            .map(|(_, _, _, report)| report)
+            .map(|(_, _, _, candidate)| match candidate {
+                Candidate::Tenant(name, tenant) => {
+                    let tenant: &Arc<Tenant<H::Data, C>> = tenant;
+                    let state = tenant.state.load();
+                    let [request, ingestion] = &tenant.usage;
+                    UsageReport {
+                        tenant: name.to_string(),
+                        requests: request.admitted.load(Ordering::Relaxed),
+                        items: ingestion.admitted.load(Ordering::Relaxed),
+                        requests_level: level(&state.buckets[0]),
+                        items_level: level(&state.buckets[1]),
+                        in_flight: 0,
+                    }
+                }
+                Candidate::Key(key) => UsageReport {
+                    tenant: key.name(),
+                    requests: 0,
+                    items: key.admitted,
+                    requests_level: None,
+                    items_level: None,
+                    in_flight: key.in_flight,
+                },
+            })
             .collect()
     }
 
