@@ -1103,12 +1103,7 @@ impl<H: TenantHooks, C: Clock + Clone> Limiter<H, C> {
                     + items.saturating_sub(ingestion.published.load(Ordering::Relaxed));
                 let listed_at = tenant.listed_at.load(Ordering::Relaxed);
                 let at = Arc::as_ptr(tenant) as usize;
-                Some((
-                    unpublished,
-                    listed_at,
-                    at,
-                    Candidate::Tenant(name, tenant),
-                ))
+                Some((unpublished, listed_at, at, Candidate::Tenant(name, tenant)))
             })
             .collect();
         // Admission keys: their admitted cost as items, and the leases held here; a key
