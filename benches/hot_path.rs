@@ -369,7 +369,7 @@ fn now_or_never<F: std::future::Future>(future: F) -> F::Output {
 /// (`scan+checks+refusal`: decoded, translated, checked, cut and encoded again).
 fn otlp(c: &mut Criterion) {
     use weir::otlp::proto::{common, metrics, resource, ExportMetricsServiceRequest};
-    use weir::otlp::OtlpFormat;
+    use weir::otlp::{Compression, OtlpFormat};
     let attribute = |key: &str, value: String| common::KeyValue {
         key: key.into(),
         value: Some(common::AnyValue {
@@ -481,8 +481,14 @@ fn otlp(c: &mut Criterion) {
             b.iter(|| weir::otlp::decode(black_box(body), 100 << 20, OtlpFormat::PROTOBUF).unwrap())
         },
     );
-    for (name, body, gzip) in [("protobuf", &raw, false), ("protobuf+gzip", &gzipped, true)] {
-        let format = OtlpFormat { json: false, gzip };
+    for (name, body, compression) in [
+        ("protobuf", &raw, Compression::None),
+        ("protobuf+gzip", &gzipped, Compression::Gzip),
+    ] {
+        let format = OtlpFormat {
+            json: false,
+            compression,
+        };
         group.bench_with_input(BenchmarkId::new("scan", name), body, |b, body| {
             b.iter(|| weir::otlp::decode(black_box(body), 100 << 20, format).unwrap())
         });

@@ -393,13 +393,9 @@ fn as_sent(raw: &[u8], strip: bool, format: OtlpFormat) -> Result<Forward, Decod
     }
 }
 
-/// The forwarded bytes in the request's encoding: gzip stays gzip.
+/// The forwarded bytes in the request's encoding: gzip stays gzip, and so on.
 fn compressed(bytes: Vec<u8>, format: OtlpFormat) -> Vec<u8> {
-    if format.gzip {
-        gzip(&bytes)
-    } else {
-        bytes
-    }
+    otlp::compress(bytes, format.compression)
 }
 
 fn decoded(
@@ -423,17 +419,6 @@ fn decoded(
         untranslated: 0,
         ha: HaOutcome::Off,
     }
-}
-
-fn gzip(bytes: &[u8]) -> Vec<u8> {
-    use std::io::Write;
-    let mut encoder = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
-    encoder
-        .write_all(bytes)
-        .expect("gzip writes into memory without error");
-    encoder
-        .finish()
-        .expect("gzip writes into memory without error")
 }
 
 /// Whether any series of an export measured as `bounds` could fail a check, or lose a label
@@ -1071,6 +1056,7 @@ pub(crate) mod tests {
     use super::*;
     use crate::counts::SeriesReason;
     use crate::otlp::proto::{common, metrics, resource};
+    use crate::otlp::Compression;
 
     /// Now, for the checks (Unix milliseconds), and a point's time a second before it.
     pub(crate) const NOW_MS: i64 = 1_750_000_000_000;
@@ -1146,7 +1132,7 @@ pub(crate) mod tests {
     const PROTOBUF: OtlpFormat = OtlpFormat::PROTOBUF;
     const JSON: OtlpFormat = OtlpFormat {
         json: true,
-        gzip: false,
+        compression: Compression::None,
     };
 
     /// The request as OTLP/JSON, written apart from weir's decoder (the mapping's names).
@@ -1373,13 +1359,17 @@ pub(crate) mod tests {
             );
             let mut kept_without = kept.clone();
             assert!(otlp::edit::clear_exemplars(&mut kept_without));
-            for gzipped in [false, true] {
+            for compression in [
+                Compression::None,
+                Compression::Gzip,
+                Compression::Lz4,
+                Compression::Zstd,
+            ] {
                 let format = OtlpFormat {
                     json: false,
-                    gzip: gzipped,
+                    compression,
                 };
-                let raw = request.encode_to_vec();
-                let body = if gzipped { gzip(&raw) } else { raw };
+                let body = otlp::compress(request.encode_to_vec(), compression);
                 let forwarded = |decoded: &Decoded| {
                     let Forward::Rewritten(bytes) = &decoded.forward else {
                         panic!("not rewritten: {:?}", decoded.forward);
@@ -1813,8 +1803,9 @@ pub(crate) mod tests {
         g.data_points.push(point(vec![], POINT_NS));
         let gzip = OtlpFormat {
             json: false,
-            gzip: true,
+            compression: Compression::Gzip,
         };
+        // Written apart from weir's `compress`, which the forward uses.
         let mut encoder = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
         std::io::Write::write_all(&mut encoder, &two.encode_to_vec()).unwrap();
         let body = encoder.finish().unwrap();

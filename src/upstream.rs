@@ -17,6 +17,7 @@ pub use pool::Pool;
 
 use crate::format::Format;
 use crate::metrics::Metrics;
+use crate::otlp::Compression;
 use crate::remote_write::Written;
 use crate::tls::{ClientFiles, ClientTls};
 
@@ -89,18 +90,23 @@ fn forwarded_headers(format: Format) -> &'static [(&'static str, &'static str)] 
             ),
             ("x-prometheus-remote-write-version", "2.0.0"),
         ],
-        Format::Otlp(otlp) => match (otlp.json, otlp.gzip) {
-            (false, false) => &[("content-type", "application/x-protobuf")],
-            (true, false) => &[("content-type", "application/json")],
-            (false, true) => &[
-                ("content-encoding", "gzip"),
-                ("content-type", "application/x-protobuf"),
-            ],
-            (true, true) => &[
-                ("content-encoding", "gzip"),
-                ("content-type", "application/json"),
-            ],
-        },
+        Format::Otlp(otlp) => {
+            const PROTOBUF: (&str, &str) = ("content-type", "application/x-protobuf");
+            const JSON: (&str, &str) = ("content-type", "application/json");
+            const GZIP: (&str, &str) = ("content-encoding", "gzip");
+            const LZ4: (&str, &str) = ("content-encoding", "lz4");
+            const ZSTD: (&str, &str) = ("content-encoding", "zstd");
+            match (otlp.json, otlp.compression) {
+                (false, Compression::None) => &[PROTOBUF],
+                (true, Compression::None) => &[JSON],
+                (false, Compression::Gzip) => &[GZIP, PROTOBUF],
+                (true, Compression::Gzip) => &[GZIP, JSON],
+                (false, Compression::Lz4) => &[LZ4, PROTOBUF],
+                (true, Compression::Lz4) => &[LZ4, JSON],
+                (false, Compression::Zstd) => &[ZSTD, PROTOBUF],
+                (true, Compression::Zstd) => &[ZSTD, JSON],
+            }
+        }
     }
 }
 

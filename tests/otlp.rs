@@ -585,6 +585,107 @@ async fn an_export_is_charged_whole_and_forwarded_under_the_headers_weir_read_it
     assert!(headers.get("content-encoding").is_none(), "{headers:?}");
 }
 
+/// LZ4 and Zstandard exports, which Mimir reads: every frame charged, the client's bytes
+/// forwarded under their encoding, and an export weir edits (exemplars cut for a tenant with
+/// them off) forwarded in the encoding it came in.
+#[tokio::test]
+async fn lz4_and_zstd_exports_are_charged_whole_and_forwarded_in_their_encoding() {
+    use std::io::{Read, Write};
+    let (addr, receiver) = start_receiver().await;
+    let weir = forwarding_to(addr, "").await;
+    let lz4 = |raw: &[u8]| {
+        let mut encoder = lz4_flex::frame::FrameEncoder::new(Vec::new());
+        encoder.write_all(raw).unwrap();
+        encoder.finish().unwrap()
+    };
+    let unlz4 = |compressed: &[u8]| {
+        let mut raw = Vec::new();
+        lz4_flex::frame::FrameDecoder::new(compressed)
+            .read_to_end(&mut raw)
+            .unwrap();
+        raw
+    };
+    let zstd = |raw: &[u8]| zstd::encode_all(raw, 3).unwrap();
+    let unzstd = |compressed: &[u8]| zstd::decode_all(compressed).unwrap();
+    type Codec<'a> = (
+        &'a str,
+        &'a dyn Fn(&[u8]) -> Vec<u8>,
+        &'a dyn Fn(&[u8]) -> Vec<u8>,
+    );
+    let codecs: [Codec; 2] = [("lz4", &lz4, &unlz4), ("zstd", &zstd, &unzstd)];
+
+    let now = now_ns();
+    let first = one_scope(vec![gauge_of_one("a".into(), String::new(), now)]);
+    let rest = one_scope(
+        (0..5)
+            .map(|i| gauge_of_one(format!("b{i}"), String::new(), now))
+            .collect(),
+    );
+    for (name, compress, decompress) in codecs {
+        let tenant = format!("frames-{name}");
+        let frames = [compress(&first), compress(&rest)].concat();
+        let response = reqwest::Client::new()
+            .post(weir.url("/otlp/v1/metrics"))
+            .header("X-Scope-OrgID", &tenant)
+            .header("Content-Type", "application/x-protobuf")
+            .header("Content-Encoding", name)
+            .body(frames.clone())
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 200, "{name}");
+        assert_eq!(admitted(&weir, &tenant).await[0], 6, "{name}: both frames");
+        let (path, headers, forwarded) = receiver.received.lock().unwrap().remove(0);
+        assert_eq!(path, "/otlp/v1/metrics");
+        assert_eq!(
+            forwarded.as_ref(),
+            &frames[..],
+            "{name}: the client's bytes"
+        );
+        assert_eq!(headers["content-encoding"], name);
+        assert_eq!(headers["content-type"], "application/x-protobuf");
+
+        // Mimir's default tenant has exemplars off: the export is edited, then compressed
+        // again as it came.
+        let tenant = format!("json-{name}");
+        let response = reqwest::Client::new()
+            .post(weir.url("/otlp/v1/metrics"))
+            .header("X-Scope-OrgID", &tenant)
+            .header("Content-Type", "application/json")
+            .header("Content-Encoding", name)
+            .body(compress(SAMPLE))
+            .send()
+            .await
+            .unwrap();
+        // `sample.empty` has no data points: charged and forwarded without it, answered 400.
+        assert_eq!(response.status(), 400, "{name}");
+        assert_eq!(admitted(&weir, &tenant).await, [22, 0, 7], "{name}");
+        let (_, headers, forwarded) = receiver.received.lock().unwrap().remove(0);
+        assert_eq!(headers["content-encoding"], name);
+        assert_eq!(headers["content-type"], "application/json");
+        let json: serde_json::Value = serde_json::from_slice(&decompress(&forwarded)).unwrap();
+        assert!(json["resourceMetrics"]
+            .as_array()
+            .is_some_and(|r| !r.is_empty()));
+        fn exemplars(value: &serde_json::Value) -> usize {
+            match value {
+                serde_json::Value::Object(fields) => fields
+                    .iter()
+                    .map(|(key, value)| {
+                        let here = value.as_array().filter(|_| key == "exemplars");
+                        here.map_or(0, Vec::len) + exemplars(value)
+                    })
+                    .sum(),
+                serde_json::Value::Array(items) => items.iter().map(exemplars).sum(),
+                _ => 0,
+            }
+        }
+        assert_eq!(exemplars(&json), 0, "{name}: {json}");
+        let sent: serde_json::Value = serde_json::from_slice(SAMPLE).unwrap();
+        assert_eq!(exemplars(&sent), 3);
+    }
+}
+
 #[tokio::test]
 async fn bad_requests_get_the_right_status_and_an_rpc_status_body() {
     let weir = Weir::with_overrides("").await;
@@ -607,10 +708,12 @@ async fn bad_requests_get_the_right_status_and_an_rpc_status_body() {
     let status = RpcStatus::decode(response.bytes().await.unwrap()).unwrap();
     assert!(status.message.contains("application/json"), "{status:?}");
 
-    let response = send("application/x-protobuf", Some("zstd"), b"x".to_vec())
+    let response = send("application/x-protobuf", Some("br"), b"x".to_vec())
         .await
         .unwrap();
     assert_eq!(response.status(), 415);
+    let status = RpcStatus::decode(response.bytes().await.unwrap()).unwrap();
+    assert!(status.message.contains("gzip, lz4, zstd"), "{status:?}");
 
     let response = send("application/json", None, b"{not json".to_vec())
         .await
@@ -632,10 +735,17 @@ async fn bad_requests_get_the_right_status_and_an_rpc_status_body() {
     let status = RpcStatus::decode(response.bytes().await.unwrap()).unwrap();
     assert!(status.message.contains("invalid protobuf"), "{status:?}");
 
-    let response = send("application/x-protobuf", Some("gzip"), b"not gzip".to_vec())
-        .await
-        .unwrap();
-    assert_eq!(response.status(), 400);
+    for encoding in ["gzip", "lz4", "zstd"] {
+        let response = send("application/x-protobuf", Some(encoding), b"not it".to_vec())
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 400, "{encoding}");
+        let status = RpcStatus::decode(response.bytes().await.unwrap()).unwrap();
+        assert!(
+            status.message.contains(&format!("invalid {encoding} body")),
+            "{status:?}"
+        );
+    }
 
     // Only delta temporality: nothing Mimir would ingest, so nothing is charged: 400.
     let delta = br#"{"resourceMetrics":[{"scopeMetrics":[{"metrics":[{"name":"d","sum":{"aggregationTemporality":1,"dataPoints":[{"asInt":"1"}]}}]}]}]}"#;

@@ -1,4 +1,5 @@
-//! OTLP/HTTP metrics (`POST /otlp/v1/metrics`): the body's encoding from its headers, gzip,
+//! OTLP/HTTP metrics (`POST /otlp/v1/metrics`): the body's encoding from its headers, its
+//! compression (gzip, lz4, zstd),
 //! and what an `ExportMetricsServiceRequest` costs, counted the way Grafana Mimir charges it.
 //!
 //! Mimir translates OTLP into Prometheus series and charges the tenant's ingestion rate with
@@ -67,30 +68,54 @@ use translate::{Meta, MetadataEntries, MetricType, Naming};
 pub struct OtlpFormat {
     /// `application/json` (OTLP/JSON); otherwise `application/x-protobuf`.
     pub json: bool,
-    /// `Content-Encoding: gzip`.
-    pub gzip: bool,
+    /// Its `Content-Encoding`.
+    pub compression: Compression,
+}
+
+/// The `Content-Encoding`s Mimir's OTLP handler reads, and so weir: none, gzip, and the LZ4
+/// and Zstandard frame formats.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Compression {
+    None,
+    Gzip,
+    Lz4,
+    Zstd,
+}
+
+impl Compression {
+    /// The `Content-Encoding` header's value, or none for an uncompressed body.
+    pub fn header(self) -> Option<&'static str> {
+        match self {
+            Compression::None => None,
+            Compression::Gzip => Some("gzip"),
+            Compression::Lz4 => Some("lz4"),
+            Compression::Zstd => Some("zstd"),
+        }
+    }
 }
 
 impl OtlpFormat {
     /// Uncompressed protobuf: OTLP's default encoding.
     pub const PROTOBUF: OtlpFormat = OtlpFormat {
         json: false,
-        gzip: false,
+        compression: Compression::None,
     };
 
     pub fn from_headers(
         content_type: Option<&[u8]>,
         content_encoding: Option<&[u8]>,
     ) -> Result<OtlpFormat, UnsupportedMedia> {
-        let gzip = match content_encoding.map(|value| String::from_utf8_lossy(value)) {
-            None => false,
+        let compression = match content_encoding.map(|value| String::from_utf8_lossy(value)) {
+            None => Compression::None,
             Some(encoding) => match encoding.trim().to_ascii_lowercase().as_str() {
-                "" | "identity" => false,
-                "gzip" => true,
+                "" | "identity" => Compression::None,
+                "gzip" => Compression::Gzip,
+                "lz4" => Compression::Lz4,
+                "zstd" => Compression::Zstd,
                 other => {
                     return Err(UnsupportedMedia(format!(
-                        "unsupported Content-Encoding {other:?} for OTLP: weir accepts gzip or \
-                         no compression"
+                        "unsupported Content-Encoding {other:?} for OTLP: weir accepts gzip, \
+                         lz4, zstd or no compression"
                     )))
                 }
             },
@@ -109,7 +134,7 @@ impl OtlpFormat {
                  application/x-protobuf and application/json"
             )));
         };
-        Ok(OtlpFormat { json, gzip })
+        Ok(OtlpFormat { json, compression })
     }
 
     /// The `Content-Type` of answers to this request: OTLP/HTTP answers in the request's.
@@ -168,7 +193,7 @@ pub fn grpc_code(status: u16) -> i32 {
     }
 }
 
-/// Decompresses (gzip, at most `max_size` bytes out) and counts an OTLP metrics body under
+/// Decompresses (at most `max_size` bytes out) and counts an OTLP metrics body under
 /// Mimir's default translation: a protobuf body with [`scan`], without decoding it; OTLP/JSON
 /// decoded in full and [`count`]ed.
 pub fn decode(
@@ -202,22 +227,54 @@ pub fn decode_full(
     count(&request, &OtlpTranslation::default())
 }
 
-/// The body as sent, or gunzipped into at most `max_size` bytes. Every gzip member is read,
-/// as Go's reader (Mimir's) reads them: a body of several members is one export, charged and
-/// held to the size limit whole. Bytes after the last member that are not one are an error.
+/// The body as sent, or decompressed into at most `max_size` bytes. Every gzip member, LZ4
+/// frame or Zstandard frame is read, as Go's readers (Mimir's) read them: a body of several is
+/// one export, charged and held to the size limit whole. Bytes after the last that are not one
+/// are an error.
 pub fn inflate(
     body: &[u8],
     max_size: usize,
     format: OtlpFormat,
 ) -> Result<Cow<'_, [u8]>, DecodeError> {
-    if !format.gzip {
-        return Ok(Cow::Borrowed(body));
-    }
+    let name = match format.compression.header() {
+        None => return Ok(Cow::Borrowed(body)),
+        Some(name) => name,
+    };
+    let invalid =
+        |err: &dyn std::fmt::Display| DecodeError::Otlp(format!("invalid {name} body: {err}"));
     let mut out = Vec::new();
-    flate2::read::MultiGzDecoder::new(body)
-        .take(max_size as u64 + 1)
-        .read_to_end(&mut out)
-        .map_err(|err| DecodeError::Otlp(format!("invalid gzip body: {err}")))?;
+    // Reads `reader` to its end into `out`, one byte past the limit at most.
+    let read = |reader: &mut dyn Read, out: &mut Vec<u8>| {
+        let room = (max_size + 1).saturating_sub(out.len()) as u64;
+        reader
+            .take(room)
+            .read_to_end(out)
+            .map_err(|err| invalid(&err))
+    };
+    match format.compression {
+        Compression::None => unreachable!("returned above"),
+        Compression::Gzip => {
+            read(&mut flate2::read::MultiGzDecoder::new(body), &mut out)?;
+        }
+        Compression::Zstd => {
+            let mut decoder =
+                zstd::stream::read::Decoder::with_buffer(body).map_err(|err| invalid(&err))?;
+            read(&mut decoder, &mut out)?;
+        }
+        Compression::Lz4 => {
+            // lz4_flex's decoder ends with its frame; Go's reads on into the next.
+            let mut rest = body;
+            while !rest.is_empty() && out.len() <= max_size {
+                let before = rest.len();
+                let read_now = read(&mut lz4_flex::frame::FrameDecoder::new(&mut rest), &mut out)?;
+                // Fewer bytes than any frame is long, taken for nothing: a frame cut short
+                // after its magic number, which the decoder reads as the end.
+                if read_now == 0 && before - rest.len() < LZ4_SHORTEST_FRAME {
+                    return Err(invalid(&"a frame cut short"));
+                }
+            }
+        }
+    }
     if out.len() > max_size {
         return Err(DecodeError::TooLarge {
             size: None,
@@ -225,6 +282,31 @@ pub fn inflate(
         });
     }
     Ok(Cow::Owned(out))
+}
+
+/// Magic number, frame descriptor and end mark: an empty LZ4 frame.
+const LZ4_SHORTEST_FRAME: usize = 4 + 3 + 4;
+
+/// `bytes` compressed as `compression` compresses them: how an edited export is forwarded in
+/// the encoding its client sent.
+pub fn compress(bytes: Vec<u8>, compression: Compression) -> Vec<u8> {
+    use std::io::Write;
+    const IN_MEMORY: &str = "compressing into memory does not fail";
+    match compression {
+        Compression::None => bytes,
+        Compression::Gzip => {
+            let mut encoder =
+                flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+            encoder.write_all(&bytes).expect(IN_MEMORY);
+            encoder.finish().expect(IN_MEMORY)
+        }
+        Compression::Lz4 => {
+            let mut encoder = lz4_flex::frame::FrameEncoder::new(Vec::new());
+            encoder.write_all(&bytes).expect(IN_MEMORY);
+            encoder.finish().expect(IN_MEMORY)
+        }
+        Compression::Zstd => zstd::bulk::compress(&bytes, 1).expect(IN_MEMORY),
+    }
 }
 
 /// What the request costs, as Mimir's translation under the tenant's `settings` and its

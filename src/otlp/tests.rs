@@ -25,14 +25,21 @@ const SAMPLE: &[u8] = include_bytes!("../../tests/otlp/sample.json");
 fn protobuf() -> OtlpFormat {
     OtlpFormat {
         json: false,
-        gzip: false,
+        compression: Compression::None,
     }
 }
 
 fn json() -> OtlpFormat {
     OtlpFormat {
         json: true,
-        gzip: false,
+        compression: Compression::None,
+    }
+}
+
+fn gzipped(json: bool) -> OtlpFormat {
+    OtlpFormat {
+        json,
+        compression: Compression::Gzip,
     }
 }
 
@@ -41,6 +48,23 @@ fn gzip(raw: &[u8]) -> Vec<u8> {
     encoder.write_all(raw).unwrap();
     encoder.finish().unwrap()
 }
+
+/// `raw` as one frame or member of `compression`, written with each codec's own crate, apart
+/// from weir's [`compress`].
+fn compressed_apart(raw: &[u8], compression: Compression) -> Vec<u8> {
+    match compression {
+        Compression::None => raw.to_vec(),
+        Compression::Gzip => gzip(raw),
+        Compression::Lz4 => {
+            let mut encoder = lz4_flex::frame::FrameEncoder::new(Vec::new());
+            encoder.write_all(raw).unwrap();
+            encoder.finish().unwrap()
+        }
+        Compression::Zstd => zstd::encode_all(raw, 3).unwrap(),
+    }
+}
+
+const COMPRESSED: [Compression; 3] = [Compression::Gzip, Compression::Lz4, Compression::Zstd];
 
 /// The fixture's charge, worked out by hand and by `tests/otlp/mimir_charge.py` (its
 /// `exemplars_enabled` figures: weir charges exemplars, as in remote write).
@@ -61,11 +85,13 @@ fn sample_counts(counts: WriteCounts) {
 #[test]
 fn the_json_fixture_costs_what_mimir_charges() {
     sample_counts(decode(SAMPLE, 1 << 20, json()).unwrap());
-    let gzipped = OtlpFormat {
-        json: true,
-        gzip: true,
-    };
-    sample_counts(decode(&gzip(SAMPLE), 1 << 20, gzipped).unwrap());
+    for compression in COMPRESSED {
+        let format = OtlpFormat {
+            json: true,
+            compression,
+        };
+        sample_counts(decode(&compressed_apart(SAMPLE, compression), 1 << 20, format).unwrap());
+    }
 }
 
 /// A tenant's translation settings: classic histograms as native ones, delta taken.
@@ -747,47 +773,90 @@ fn bad_bodies_are_clear_errors() {
         let err = decode(body, 1 << 20, format).unwrap_err();
         assert!(err.to_string().contains(expected), "{err} for {body:?}");
     }
-    let gzipped = OtlpFormat {
-        json: false,
-        gzip: true,
-    };
-    let err = decode(b"not gzip", 1 << 20, gzipped).unwrap_err();
-    assert!(err.to_string().contains("invalid gzip"), "{err}");
-    // A small gzip body that inflates past the limit is refused as too large.
-    let bomb = gzip(&vec![0u8; 2 << 20]);
-    let err = decode(&bomb, 1 << 20, gzipped).unwrap_err();
-    assert!(matches!(err, DecodeError::TooLarge { .. }), "{err}");
+    for compression in COMPRESSED {
+        let format = OtlpFormat {
+            json: false,
+            compression,
+        };
+        let name = compression.header().unwrap();
+        let err = decode(b"not compressed", 1 << 20, format).unwrap_err();
+        assert!(
+            err.to_string().contains(&format!("invalid {name} body")),
+            "{err}"
+        );
+        // A small body that inflates past the limit is refused as too large.
+        let bomb = compressed_apart(&vec![0u8; 2 << 20], compression);
+        assert!(bomb.len() < 1 << 20, "{name}: {}", bomb.len());
+        let err = decode(&bomb, 1 << 20, format).unwrap_err();
+        assert_eq!(
+            err,
+            DecodeError::TooLarge {
+                size: None,
+                limit: 1 << 20
+            },
+            "{name}"
+        );
+    }
 }
 
-/// A gzip body of several members is one export, as Go's reader (Mimir's) reads it: every
-/// member is charged and held to the size limit, and bytes after the last are an error.
+/// A body of several gzip members, LZ4 frames or Zstandard frames is one export, as Go's
+/// readers (Mimir's) read it: every one is charged and held to the size limit, and bytes after
+/// the last are an error.
 #[test]
-fn every_gzip_member_is_read_charged_and_held_to_the_limit() {
-    let gzipped = OtlpFormat {
-        json: false,
-        gzip: true,
-    };
+fn every_member_or_frame_is_read_charged_and_held_to_the_limit() {
     let one = request(&[], vec![gauge("one", 1, 1)]).encode_to_vec();
     let fifty = request(&[], vec![gauge("fifty", 50, 1)]).encode_to_vec();
-    let members = [gzip(&one), gzip(&fifty)].concat();
     let whole = [one.clone(), fifty.clone()].concat();
-    let counts = decode(&members, 1 << 20, gzipped).unwrap();
-    assert_eq!(counts.samples, 51, "{counts:?}");
-    assert_eq!(counts, decode(&whole, 1 << 20, protobuf()).unwrap());
+    for compression in COMPRESSED {
+        let format = OtlpFormat {
+            json: false,
+            compression,
+        };
+        let name = compression.header().unwrap();
+        let parts = [
+            compressed_apart(&one, compression),
+            compressed_apart(&fifty, compression),
+        ]
+        .concat();
+        let counts = decode(&parts, 1 << 20, format).unwrap();
+        assert_eq!(counts.samples, 51, "{name}: {counts:?}");
+        assert_eq!(counts, decode(&whole, 1 << 20, protobuf()).unwrap());
 
-    // Each member under the limit, the two together over it.
-    let limit = whole.len() - 1;
-    assert!(one.len() <= limit && fifty.len() <= limit);
-    let err = decode(&members, limit, gzipped).unwrap_err();
-    assert_eq!(err, DecodeError::TooLarge { size: None, limit });
-    assert_eq!(
-        err.to_string(),
-        format!("decompressed body is over the limit of {limit} bytes")
-    );
+        // Each part under the limit, the two together over it.
+        let limit = whole.len() - 1;
+        assert!(one.len() <= limit && fifty.len() <= limit);
+        let err = decode(&parts, limit, format).unwrap_err();
+        assert_eq!(err, DecodeError::TooLarge { size: None, limit }, "{name}");
+        assert_eq!(
+            err.to_string(),
+            format!("decompressed body is over the limit of {limit} bytes")
+        );
 
-    let trailing = [gzip(&one), b"not gzip".to_vec()].concat();
-    let err = decode(&trailing, 1 << 20, gzipped).unwrap_err();
-    assert!(err.to_string().contains("invalid gzip body"), "{err}");
+        for after in [&b"not it"[..], b"abcd", b"a"] {
+            let trailing = [compressed_apart(&one, compression), after.to_vec()].concat();
+            let err = decode(&trailing, 1 << 20, format).unwrap_err();
+            assert!(
+                err.to_string().contains(&format!("invalid {name} body")),
+                "{name}, {after:?} after: {err}"
+            );
+        }
+    }
+}
+
+/// What weir forwards after an edit is in the client's encoding, and reads back whole.
+#[test]
+fn an_edited_export_is_compressed_as_it_came() {
+    let raw = request(&[], vec![gauge("fifty", 50, 1)]).encode_to_vec();
+    for compression in COMPRESSED {
+        let format = OtlpFormat {
+            json: false,
+            compression,
+        };
+        let forwarded = compress(raw.clone(), compression);
+        assert_ne!(forwarded, raw);
+        assert_eq!(inflate(&forwarded, 1 << 20, format).unwrap(), &raw[..]);
+    }
+    assert_eq!(compress(raw.clone(), Compression::None), raw);
 }
 
 /// The client hears that its OTLP export is invalid, not a remote-write request.
@@ -816,11 +885,21 @@ fn headers_choose_the_encoding_or_415() {
     assert_eq!(parse("application/json; charset=utf-8", None), Ok(json()));
     assert_eq!(
         parse("application/x-protobuf", Some("gzip")),
-        Ok(OtlpFormat {
-            json: false,
-            gzip: true
-        })
+        Ok(gzipped(false))
     );
+    for (encoding, compression) in [
+        ("lz4", Compression::Lz4),
+        ("ZSTD", Compression::Zstd),
+        ("identity", Compression::None),
+    ] {
+        assert_eq!(
+            parse("application/json", Some(encoding)),
+            Ok(OtlpFormat {
+                json: true,
+                compression
+            })
+        );
+    }
     for (content_type, encoding) in [
         ("text/plain", None),
         ("application/x-protobuf", Some("deflate")),
@@ -883,11 +962,13 @@ fn the_scan_counts_the_fixture_as_mimir_charges() {
     let raw = json::decode(SAMPLE).unwrap().encode_to_vec();
     sample_counts(scanned(&raw).unwrap());
     sample_counts(decode_full(&raw, 1 << 20, protobuf()).unwrap());
-    let gzipped = OtlpFormat {
-        json: false,
-        gzip: true,
-    };
-    sample_counts(decode(&gzip(&raw), 1 << 20, gzipped).unwrap());
+    for compression in COMPRESSED {
+        let format = OtlpFormat {
+            json: false,
+            compression,
+        };
+        sample_counts(decode(&compressed_apart(&raw, compression), 1 << 20, format).unwrap());
+    }
 }
 
 /// Hand-written protobuf, for what prost's encoder never writes: fields repeated, packed and
