@@ -38,8 +38,9 @@ pub enum ConfigError {
     Invalid { place: String, message: String },
 }
 
-/// The top level of the file. Unknown keys are caught in `other` and checked against
-/// Mimir's runtime-config sections, so a Mimir file loads and a typo does not.
+/// The top level of the file. Unknown keys are collected in `other` (a pass of their own,
+/// [`decode_single_document`]) and checked against Mimir's runtime-config sections, so a Mimir
+/// file loads and a typo does not.
 #[derive(Debug, Default, Deserialize)]
 struct FileContent {
     #[serde(default)]
@@ -50,8 +51,18 @@ struct FileContent {
     admission: Option<AdmissionDefaults>,
     #[serde(default)]
     envoy_domains: Vec<crate::envoy::EnvoyDomain>,
-    #[serde(flatten)]
-    other: BTreeMap<String, Value>,
+    #[serde(skip)]
+    other: Vec<String>,
+}
+
+impl FileContent {
+    /// The top-level keys [`FileContent`] reads.
+    const KEYS: [&'static str; 4] = [
+        "overrides",
+        "distributor_limits",
+        "admission",
+        "envoy_domains",
+    ];
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -209,7 +220,7 @@ impl RuntimeConfig {
         let file = decode_single_document(content)?;
         let mut keys = KeySorter::default();
 
-        for (key, _) in file.other {
+        for key in file.other {
             match mimir_keys::section(&key) {
                 Some(standing) => keys.mimir(key, standing),
                 None => {
@@ -618,18 +629,50 @@ fn decode_single_document(content: &str) -> Result<FileContent, ConfigError> {
         return Ok(FileContent::default());
     };
     // An empty or all-comment document decodes as unit; treat it as "no overrides".
-    let value = Value::deserialize(first).map_err(|e| ConfigError::Yaml(e.to_string()))?;
+    let mut value = Value::deserialize(first).map_err(|e| ConfigError::Yaml(e.to_string()))?;
     if documents.next().is_some() {
         return Err(ConfigError::MultipleDocuments);
     }
     if value.is_null() {
         return Ok(FileContent::default());
     }
-    // The value has lost its lines; the path names the key instead.
-    serde_path_to_error::deserialize(value).map_err(|e| match e.path().to_string() {
-        path if path == "." => ConfigError::Yaml(e.inner().to_string()),
-        path => ConfigError::Yaml(format!("{path}: {}", e.inner())),
-    })
+    // Mimir's reader (yaml.v3) takes YAML's merge keys (`<<: *base`); the file is read on
+    // from the merged document, written out again.
+    let merged;
+    let text = if has_merge_key(&value) {
+        value
+            .apply_merge()
+            .map_err(|e| ConfigError::Yaml(format!("merge key `<<`: {e}")))?;
+        merged = serde_yaml_ng::to_string(&value).expect("a value read from YAML writes out");
+        merged.as_str()
+    } else {
+        content
+    };
+    // Read from the text, not the value: yaml.v3 reads a scalar into a map's string key as it
+    // is written, so `123456:` in `overrides` is the tenant "123456", where the value would
+    // have made it a number (and `0x1F` 31).
+    let keys: BTreeMap<String, serde::de::IgnoredAny> =
+        serde_yaml_ng::from_str(text).map_err(|e| ConfigError::Yaml(e.to_string()))?;
+    // The error names the key's path, and its line in `text`.
+    let mut file: FileContent =
+        serde_yaml_ng::from_str(text).map_err(|e| ConfigError::Yaml(e.to_string()))?;
+    file.other = keys
+        .into_keys()
+        .filter(|key| !FileContent::KEYS.contains(&key.as_str()))
+        .collect();
+    Ok(file)
+}
+
+/// Whether a mapping anywhere in `value` has a merge key, `<<`.
+fn has_merge_key(value: &Value) -> bool {
+    match value {
+        Value::Mapping(mapping) => mapping
+            .iter()
+            .any(|(key, value)| key.as_str() == Some("<<") || has_merge_key(value)),
+        Value::Sequence(items) => items.iter().any(has_merge_key),
+        Value::Tagged(tagged) => has_merge_key(&tagged.value),
+        _ => false,
+    }
 }
 
 fn to_value<T: serde::Serialize + ?Sized>(value: &T) -> Value {
@@ -667,6 +710,61 @@ mod tests {
         assert_eq!(limits.ingestion_burst_size, 200_000);
         assert_eq!(limits.rate_limit_strategy, RateLimitStrategy::Weighted);
         assert_eq!(config.tenant_limits("other"), &TenantLimits::default());
+    }
+
+    /// A tenant is named as its key is written, as yaml.v3 (Mimir's reader) reads a scalar into
+    /// a string key: numeric tenant IDs, unquoted, are common in Mimir's files.
+    #[test]
+    fn a_tenant_key_is_its_text_whatever_yaml_would_make_of_it() {
+        let config = parse(
+            "overrides:\n  123456:\n    ingestion_rate: 1\n  0x1F:\n    ingestion_rate: 2\n  \
+             1e3:\n    ingestion_rate: 3\n  true:\n    ingestion_rate: 4\n  007:\n    \
+             ingestion_rate: 5\n  \"quoted\":\n    ingestion_rate: 6\n",
+        )
+        .unwrap();
+        for (tenant, rate) in [
+            ("123456", 1.0),
+            ("0x1F", 2.0),
+            ("1e3", 3.0),
+            ("true", 4.0),
+            ("007", 5.0),
+            ("quoted", 6.0),
+        ] {
+            assert_eq!(
+                config.tenant_limits(tenant).ingestion_rate,
+                rate,
+                "{tenant}"
+            );
+        }
+        assert_eq!(config.overrides.len(), 6);
+        assert_eq!(config.tenant_limits("31"), &TenantLimits::default());
+    }
+
+    /// YAML's merge keys, which yaml.v3 reads: a tenant's entry built on an anchored one, its
+    /// own keys first.
+    #[test]
+    fn merge_keys_build_a_tenant_on_another() {
+        let config = parse(
+            "overrides:\n  base: &base\n    ingestion_rate: 100\n    ingestion_burst_size: 500\n  \
+             t2:\n    <<: *base\n    ingestion_rate: 200\n  42:\n    <<: *base\n",
+        )
+        .unwrap();
+        let t2 = config.tenant_limits("t2");
+        assert_eq!((t2.ingestion_rate, t2.ingestion_burst_size), (200.0, 500));
+        let numeric = config.tenant_limits("42");
+        assert_eq!(
+            (numeric.ingestion_rate, numeric.ingestion_burst_size),
+            (100.0, 500)
+        );
+        // A typo in a merged entry is still one.
+        let err = parse("overrides:\n  b: &b\n    ingestion_rat: 1\n  c:\n    <<: *b\n")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("ingestion_rat"), "{err}");
+        let err = parse("overrides:\n  c:\n    <<: 5\n")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("merge key"), "{err}");
     }
 
     #[test]
@@ -994,7 +1092,7 @@ mod tests {
             ),
             (
                 "distributor_limits:\n  max_inflight_push_requests: -1\n",
-                "invalid YAML: distributor_limits.max_inflight_push_requests: invalid value",
+                "invalid YAML: distributor_limits.max_inflight_push_requests: invalid type: integer `-1`",
             ),
         ] {
             let err = parse(content).unwrap_err().to_string();
