@@ -77,6 +77,9 @@ pub struct InflightGuard {
     bytes: u64,
 }
 
+/// One tenant may hold this share (1 / `HELD_SHARE`) of the in-flight cap in held pushes.
+const HELD_SHARE: u64 = 10;
+
 /// Mimir's EWMA weight for the ingestion rate, ticked every second.
 pub const INGESTION_RATE_ALPHA: f64 = 0.2;
 pub const INGESTION_RATE_TICK: Duration = Duration::from_secs(1);
@@ -137,6 +140,17 @@ impl InstanceLimiter {
     pub fn tick(&self) {
         self.ingestion_rate.tick();
         self.metrics.ingestion_rate.set(self.ingestion_rate.rate());
+    }
+
+    /// How many of one tenant's pushes may be held (`--max-admission-delay`) on this replica
+    /// at once: a tenth of `max_inflight_push_requests`, at least one; no bound without that
+    /// cap. A held push stays in flight, so without this one tenant over its limit could fill
+    /// the replica with held pushes and have every other tenant's refused.
+    pub fn max_held_per_tenant(&self) -> u64 {
+        match self.limits.load().max_inflight_push_requests {
+            0 => u64::MAX,
+            max => (max / HELD_SHARE).max(1),
+        }
     }
 
     pub fn inflight_requests(&self) -> u64 {

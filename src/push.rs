@@ -6,6 +6,7 @@
 //! headers too; only then is the body read, decompressed and scanned, and only a decoded body
 //! can be charged to the ingestion rate.
 
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -293,7 +294,8 @@ async fn admit(
     // 5. Tenant request rate: one token per request, still before the body is read, so a
     //    tenant over its request rate costs no decompression. Here and at 7, a push that
     //    would pass within --max-admission-delay is held until then instead of refused.
-    let request_taken = admit_held(state, &tenant, LimitKind::Request, 1)
+    let hold_until = tokio::time::Instant::now() + state.config.max_admission_delay;
+    let request_taken = admit_held(state, &tenant, LimitKind::Request, 1, hold_until)
         .await
         .map_err(|rejection| discard(PushError::RateLimited(rejection), 0))?;
 
@@ -416,7 +418,7 @@ async fn admit(
 
     // 7. Tenant ingestion rate: the cost is every item the request carries.
     let cost = counts.cost();
-    let ingestion_taken = admit_held(state, &tenant, LimitKind::Ingestion, cost)
+    let ingestion_taken = admit_held(state, &tenant, LimitKind::Ingestion, cost, hold_until)
         .await
         .map_err(|rejection| {
             let err = PushError::RateLimited(rejection);
@@ -511,30 +513,41 @@ pub(crate) fn log_ha_change(state: &AppState, change: &crate::ha::Change, how: &
     );
 }
 
-/// Takes `cost` tokens of the tenant's `kind` limit. A push that would pass within
-/// `--max-admission-delay` is held until then instead of refused. Under `weighted` its
-/// tokens are reserved at once (the fleet view queues reservations in order of arrival, at
-/// most the delay's refill ahead), and it waits for them; under the other strategies it
-/// sleeps the wait and is checked again, as often as the wait still ends within the delay.
-/// So a refusal always means a wait longer than the delay, which its `Retry-After` states.
+/// Takes `cost` tokens of the tenant's `kind` limit. A push that would pass by `deadline`
+/// (`--max-admission-delay` from its first check, so its two holds together wait no longer)
+/// is held until then instead of refused. Under `weighted` its tokens are reserved at once
+/// (the fleet view queues reservations in order of arrival, at most the delay's refill
+/// ahead), and it waits for them; under the other strategies it sleeps the wait and is
+/// checked again, as often as the wait still ends by the deadline. So a refusal always means
+/// a wait past the deadline, which its `Retry-After` states. A tenant with its share of
+/// held pushes here already ([`crate::instance::InstanceLimiter::max_held_per_tenant`]) holds no more: its
+/// push is answered at once, as Mimir answers every one.
 async fn admit_held(
     state: &AppState,
     tenant: &engine::Tenant<<crate::metrics::TenantSeries as engine::TenantHooks>::Data>,
     kind: LimitKind,
     cost: u64,
+    deadline: tokio::time::Instant,
 ) -> Result<engine::Taken, engine::Rejection> {
-    let max = state.config.max_admission_delay;
     let started = tokio::time::Instant::now();
-    let mut held = false;
+    let mut hold: Option<Held> = None;
+    let may_hold = |hold: &Option<Held>| {
+        hold.is_some()
+            || tenant.data.held.load(Ordering::Relaxed) < state.instance.max_held_per_tenant()
+    };
     loop {
-        let left = max.saturating_sub(started.elapsed());
+        let left = if may_hold(&hold) {
+            deadline.saturating_duration_since(tokio::time::Instant::now())
+        } else {
+            Duration::ZERO
+        };
         let rejection = match state.limiter.admit_within(tenant, kind, cost, left).await {
             Ok(admitted) => {
                 if !admitted.wait.is_zero() {
-                    held = true;
+                    hold.get_or_insert_with(|| Held::new(&tenant.data));
                     tokio::time::sleep(admitted.wait).await;
                 }
-                if held {
+                if hold.is_some() {
                     state
                         .metrics
                         .admission_delay
@@ -548,11 +561,28 @@ async fn admit_held(
             return Err(rejection);
         };
         let wait = wait.max(MIN_RECHECK);
-        if started.elapsed() + wait > max {
+        if tokio::time::Instant::now() + wait > deadline || !may_hold(&hold) {
             return Err(rejection);
         }
-        held = true;
+        hold.get_or_insert_with(|| Held::new(&tenant.data));
         tokio::time::sleep(wait).await;
+    }
+}
+
+/// One of a tenant's pushes held now, counted in [`crate::metrics::TenantMetrics::held`]
+/// until dropped, however the hold ends (the client may hang up while it waits).
+struct Held<'a>(&'a crate::metrics::TenantMetrics);
+
+impl<'a> Held<'a> {
+    fn new(tenant: &'a crate::metrics::TenantMetrics) -> Self {
+        tenant.held.fetch_add(1, Ordering::Relaxed);
+        Held(tenant)
+    }
+}
+
+impl Drop for Held<'_> {
+    fn drop(&mut self) {
+        self.0.held.fetch_sub(1, Ordering::Relaxed);
     }
 }
 

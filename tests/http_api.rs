@@ -359,6 +359,88 @@ async fn a_push_that_would_pass_within_the_delay_is_held_not_refused() {
     weir.stop().await.unwrap();
 }
 
+/// A push held for its request token and then for its ingestion tokens waits no longer than
+/// --max-admission-delay in all: the second hold has what the first left of it.
+#[tokio::test]
+async fn a_push_held_twice_waits_no_longer_than_the_delay_in_all() {
+    let weir = Weir::start(Options {
+        overrides: "overrides:\n  d:\n    request_rate: 1\n    request_burst_size: 1\n    \
+                    ingestion_rate: 50\n    ingestion_burst_size: 100\n"
+            .into(),
+        configure: Box::new(|config| config.max_admission_delay = Duration::from_millis(1500)),
+        ..Options::default()
+    })
+    .await;
+    assert_eq!(weir.status("d", 100).await, 200);
+    // About 1 s for a request token (held), then 2 s from the start for 100 samples at 50/s:
+    // past the delay, so refused when the second wait is known, not held to 2 s.
+    let started = std::time::Instant::now();
+    let response = weir.push("d", 100).await;
+    let answered = started.elapsed();
+    assert_eq!(response.status(), 429);
+    assert!(
+        answered >= Duration::from_millis(800) && answered < Duration::from_millis(1400),
+        "held for the request token, then refused: {answered:?}"
+    );
+    assert_eq!(
+        response.headers()["ratelimit-policy"],
+        "\"tenant-ingestion-rate\";q=50;w=1"
+    );
+    weir.stop().await.unwrap();
+}
+
+/// One tenant over its limit cannot fill the replica with held pushes: it holds at most a
+/// tenth of the in-flight cap (here 1 of 4), the rest of its pushes are answered at once,
+/// and another tenant's push still finds room.
+#[tokio::test]
+async fn one_tenant_s_held_pushes_leave_room_for_the_others() {
+    let weir = Weir::start(Options {
+        overrides:
+            "overrides:\n  noisy:\n    ingestion_rate: 10\n    ingestion_burst_size: 10\n    \
+                    request_rate: 0\ndistributor_limits:\n  max_inflight_push_requests: 4\n"
+                .into(),
+        configure: Box::new(|config| config.max_admission_delay = Duration::from_secs(5)),
+        ..Options::default()
+    })
+    .await;
+    assert_eq!(weir.status("noisy", 10).await, 200);
+    // Each of these needs 1 s more of the refill: without the bound, four would be held and
+    // fill the in-flight cap.
+    let weir = std::sync::Arc::new(weir);
+    let mut pushes = tokio::task::JoinSet::new();
+    for _ in 0..6 {
+        let weir = std::sync::Arc::clone(&weir);
+        pushes.spawn(async move {
+            let started = std::time::Instant::now();
+            let status = weir.push("noisy", 10).await.status();
+            (status, started.elapsed())
+        });
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let victim = weir.push("victim", 1).await.status();
+    let noisy = pushes.join_all().await;
+    assert_eq!(
+        victim, 200,
+        "another tenant's push is not refused: {noisy:?}"
+    );
+    let held: Vec<_> = noisy.iter().filter(|(status, _)| *status == 200).collect();
+    let refused: Vec<_> = noisy.iter().filter(|(status, _)| *status == 429).collect();
+    assert_eq!(held.len() + refused.len(), 6, "{noisy:?}");
+    assert_eq!(
+        held.len(),
+        1,
+        "one held (a tenth of 4, at least one): {noisy:?}"
+    );
+    assert!(
+        refused
+            .iter()
+            .all(|(_, took)| *took < Duration::from_millis(500)),
+        "the rest answered at once: {noisy:?}"
+    );
+    let weir = std::sync::Arc::into_inner(weir).expect("every push answered");
+    weir.stop().await.unwrap();
+}
+
 /// Ingestion bucket: 10 samples/s, burst 30. Request bucket: 2/s, burst 3.
 #[tokio::test]
 async fn exact_token_sequence_over_http() {

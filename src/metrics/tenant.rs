@@ -52,9 +52,12 @@ impl Default for TenantRates {
 }
 
 /// One tenant's series: 29 atomics (232 bytes) and a pointer to 8 more for the drops that
-/// refuse nothing, kept with its limiter state.
+/// refuse nothing, kept with its limiter state; and one more atomic, its pushes held here now.
 #[derive(Debug, Default)]
 pub struct TenantMetrics {
+    /// The tenant's pushes held on this replica now (`--max-admission-delay`): not a series,
+    /// the count [`crate::push`] bounds so that one tenant cannot fill the replica with them.
+    pub held: AtomicU64,
     pub requests_in: Counter,
     pub received_requests: Counter,
     pub received_samples: Counter,
