@@ -805,9 +805,14 @@ impl<H: TenantHooks, C: Clock + Clone> Limiter<H, C> {
                     if cost > rate.burst {
                         return Err(Outcome::TooLarge);
                     }
-                    // The fleet view may need longer than the share: the answer is the later.
+                    // The share stops counting once the tenant has settled, and the fleet view
+                    // alone decides: the request may pass then, not when the share would
+                    // have grown to it (for L = 10, B = 100 on two replicas, 15 s where the
+                    // fleet view needed 2). The fleet view may need longer: the later.
+                    let settled_in =
+                        Duration::from_nanos(self.settling_until(tenant).saturating_sub(now));
                     return Err(Outcome::Denied {
-                        wait: share_wait(spent).max(fleet.wait(cost, now)),
+                        wait: share_wait(spent).min(settled_in).max(fleet.wait(cost, now)),
                         available: (budget - spent as f64).max(0.0) as u64,
                     });
                 }
@@ -836,8 +841,11 @@ impl<H: TenantHooks, C: Clock + Clone> Limiter<H, C> {
         } else {
             0.0
         };
-        let remaining = max_delay.saturating_sub(settling_wait.as_nanos() as u64);
-        match fleet.reserve_within(cost, reserve, remaining, now) {
+        // The two waits run together, and the answer is the later: the fleet view may
+        // promise as far ahead as any request's (a reservation it could not make in the delay
+        // left after the share's wait was refused, then slept and checked again, and the
+        // pushes of a new tenant's first burst were admitted out of their order).
+        match fleet.reserve_within(cost, reserve, max_delay, now) {
             Ok(wait) => {
                 usage.admitted.fetch_add(cost, Ordering::Relaxed);
                 if !wait.is_zero() {

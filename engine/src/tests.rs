@@ -338,11 +338,52 @@ fn settling_reservations_wait_for_the_share_and_the_first_request_waits_for_noth
         (Duration::from_millis(2_999)..=Duration::from_millis(3_000)).contains(&wait),
         "{wait:?}"
     );
-    // And one more would wait longer than that: refused, saying how long.
+    // And one more does not fit the share within 3 s: refused, and told to come back when the
+    // tenant has settled (1 s), when the fleet view alone decides, not when the share would
+    // have grown to it.
     assert!(matches!(
         within(1).unwrap_err().cause,
-        RejectionCause::RateLimited { wait } if wait > Duration::from_secs(3)
+        RejectionCause::RateLimited { wait } if wait == Duration::from_secs(1)
     ));
+}
+
+/// A refusal while the tenant settles says when it can pass: once settled, by the fleet view,
+/// not when the share would have grown to it. L = 10, B = 100 on two replicas: the share is
+/// 50, and 60 more after 60 would wait 14 s for it, where the fleet view needs 2.
+#[test]
+fn a_refusal_while_settling_waits_for_the_fleet_view_not_the_share() {
+    let (limiter, clock) =
+        limiter("overrides:\n  w:\n    ingestion_rate: 10\n    ingestion_burst_size: 100\n");
+    limiter.set_healthy_replicas(2);
+    assert_eq!(check(&limiter, "w", 60), Ok(()));
+    let RejectionCause::RateLimited { wait } = check(&limiter, "w", 60).unwrap_err().cause else {
+        panic!("rate limited");
+    };
+    assert_eq!(wait, Duration::from_secs(2), "40 left, 20 more at 10/s");
+    clock.advance(wait);
+    assert_eq!(check(&limiter, "w", 60), Ok(()), "not early");
+}
+
+/// The pushes of a new tenant's first burst, held, are admitted in their order: each reserves
+/// the fleet view's tokens as far ahead as the delay, whatever its share's wait.
+#[test]
+fn a_new_tenant_s_held_burst_is_reserved_in_order() {
+    let (limiter, clock) =
+        limiter("overrides:\n  w:\n    ingestion_rate: 1\n    ingestion_burst_size: 1\n");
+    let tenant = limiter.tenant("w").unwrap();
+    let within =
+        |cost| limiter.check_within(&tenant, LimitKind::Ingestion, cost, Duration::from_secs(3));
+    let mut waits = Vec::new();
+    for _ in 0..4 {
+        waits.push(within(1).expect("within 3 s"));
+        clock.advance(Duration::from_millis(100));
+    }
+    let expected: Vec<Duration> = [0, 900, 1_800, 2_700]
+        .into_iter()
+        .map(Duration::from_millis)
+        .collect();
+    assert_eq!(waits, expected);
+    assert!(within(1).is_err(), "3.6 s away: refused");
 }
 
 #[test]
