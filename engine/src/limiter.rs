@@ -989,8 +989,18 @@ impl<H: TenantHooks, C: Clock + Clone> Limiter<H, C> {
     /// `backdate`: about how long ago the reported admissions happened.
     pub fn apply_peer_usage(&self, usage: Arc<PeerUsage>, backdate: Duration) {
         let now = self.now();
-        let at = now.saturating_sub(backdate.as_nanos() as u64);
-        let since = now.saturating_sub(self.peers_at.load(Ordering::Acquire));
+        let previous = self.peers_at.load(Ordering::Acquire);
+        let since = now.saturating_sub(previous);
+        // A report after a silence (this replica was stopped, or cut off from its peers)
+        // carries what they admitted over all of it: charged from when the silence began, the
+        // refill over it counts, as it did for them. Charged as of now, it put the view in a
+        // debt as deep as the silence was long, and a resumed replica held or refused a
+        // tenant under its limit for seconds after.
+        let back = match backdate.as_nanos() as u64 {
+            back if since > CONTENTION_MEMORY => back.max(since),
+            back => back,
+        };
+        let at = now.saturating_sub(back);
         let seconds = (since as f64 / 1e9).max(1e-3);
         // Exponential smoothing over about a second, in step with the reports.
         let weight = (seconds / PEER_RATE_SMOOTHING).min(1.0);

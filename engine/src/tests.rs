@@ -321,6 +321,27 @@ fn a_backdated_report_counts_the_refill_since() {
     assert_eq!(limiter.tenant_views()[0].fleet_level.1, Some(100.0));
 }
 
+/// A replica stopped for 8 s hears on its return what its peers admitted meanwhile, 0.6 L a
+/// second under the limit: charged over the silence, with its refill, the view is full, not
+/// in a debt of 4.8 s of the limit that refused the tenant for seconds after.
+#[test]
+fn a_report_after_a_silence_is_charged_over_it() {
+    let (limiter, clock) = limiter(WEIGHTED);
+    limiter.set_healthy_replicas(3);
+    limiter.apply_peer_usage(peers("w", 0, None), Duration::ZERO);
+    check(&limiter, "w", 1).unwrap();
+    clock.advance(Duration::from_secs(8));
+    limiter.apply_peer_usage(peers("w", 480, None), Duration::from_millis(150));
+    assert_eq!(limiter.tenant_views()[0].fleet_level.1, Some(100.0));
+    assert_eq!(check(&limiter, "w", 100), Ok(()));
+    // Over the limit while this replica was away (1.5 L for 8 s, their views' debt and all):
+    // the view starts empty, as the fleet's bucket is.
+    clock.advance(Duration::from_secs(8));
+    limiter.apply_peer_usage(peers("w", 480 + 1_200, None), Duration::from_millis(150));
+    let level = limiter.tenant_views()[0].fleet_level.1.unwrap();
+    assert!(level <= 0.0, "{level}");
+}
+
 /// A held push reserves from the settling share too, and waits for it; but the first request
 /// of a tenant new to the fleet fits at once, however much larger than the share it is.
 #[test]
