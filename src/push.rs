@@ -433,10 +433,17 @@ async fn admit(
     state.instance.record_admitted(cost);
     let written = match &state.upstream {
         // The receiver's own account of what it wrote, when it gives one, is the truth.
-        Some(upstream) => match upstream
-            .forward(tenant_name, format, body, &state.metrics)
-            .await
-        {
+        Some(upstream) => match {
+            // A client that hangs up while the receiver has not answered drops this future:
+            // the push may have been written, and its tokens stay charged, so it is counted
+            // received, as one whose forward failed after writing is.
+            let hung_up = CountOnDrop(Some((&tenant.data, &counts)));
+            let forwarded = upstream
+                .forward(tenant_name, format, body, &state.metrics)
+                .await;
+            hung_up.disarm();
+            forwarded
+        } {
             Ok(written) => written.unwrap_or_else(|| Written::of(&counts)),
             Err(err) => {
                 // 9. Nothing reached the backend: the tokens go back, so the client's retry
@@ -467,6 +474,28 @@ async fn admit(
         return Err(PushError::InvalidSeries(refused.first));
     }
     Ok(written)
+}
+
+/// Counts a push received when dropped armed: its client hung up while it was forwarded.
+struct CountOnDrop<'a>(
+    Option<(
+        &'a crate::metrics::TenantMetrics,
+        &'a crate::counts::WriteCounts,
+    )>,
+);
+
+impl CountOnDrop<'_> {
+    fn disarm(mut self) {
+        self.0 = None;
+    }
+}
+
+impl Drop for CountOnDrop<'_> {
+    fn drop(&mut self) {
+        if let Some((tenant, counts)) = self.0.take() {
+            tenant.count_received(counts);
+        }
+    }
 }
 
 /// What is left of a tenant's artificial delay `target` after the push took `elapsed`, give

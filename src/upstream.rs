@@ -110,6 +110,21 @@ fn forwarded_headers(format: Format) -> &'static [(&'static str, &'static str)] 
     }
 }
 
+/// A forward's count in `weir_upstream_requests_total`, made when it ends however it ends.
+struct Outcome<'a> {
+    metrics: &'a Metrics,
+    class: &'static str,
+}
+
+impl Drop for Outcome<'_> {
+    fn drop(&mut self) {
+        self.metrics
+            .upstream_requests
+            .with_label_values(&[self.class])
+            .inc();
+    }
+}
+
 /// Upstream answers kept in a pass-through body, at most.
 const MAX_UPSTREAM_BODY: usize = 4096;
 
@@ -292,12 +307,17 @@ impl Upstream {
         metrics: &Metrics,
     ) -> Result<Option<Written>, ForwardError> {
         let started = Instant::now();
+        // Dropped before the answer (the client hung up): counted as abandoned.
+        let mut outcome = Outcome {
+            metrics,
+            class: "abandoned",
+        };
         let result = self.send(tenant, format, body).await;
-        let class = match &result {
+        outcome.class = match &result {
             Ok(_) => "2xx",
             Err(err) => err.class(),
         };
-        metrics.upstream_requests.with_label_values(&[class]).inc();
+        drop(outcome);
         metrics
             .upstream_duration
             .observe(started.elapsed().as_secs_f64());

@@ -14,7 +14,7 @@ use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::routing::post;
 use axum::Router;
-use common::{serve_on_loopback, Options, Weir};
+use common::{push_request, serve_on_loopback, Options, Weir};
 use weir::remote_write::prompb::WriteRequest;
 
 #[derive(Clone, Default)]
@@ -206,6 +206,49 @@ async fn upstream_answers_are_mapped() {
         let series = format!("weir_upstream_requests_total{{status_class=\"{class}\"}}");
         assert_eq!(weir.metric(&series).await, Some(count), "{class}");
     }
+    weir.stop().await.unwrap();
+}
+
+/// A client that hangs up while the receiver has not answered: the receiver gets the push
+/// and its tokens stay charged, so it is counted received, and the forward abandoned.
+#[tokio::test]
+async fn a_push_whose_client_hangs_up_during_the_forward_is_counted() {
+    let (addr, receiver) = start_receiver().await;
+    *receiver.answer.lock().unwrap() = (StatusCode::NO_CONTENT, "", Duration::from_secs(1));
+    let weir = weir_forwarding_to(
+        format!("http://{addr}/api/v1/write"),
+        Duration::from_secs(5),
+    )
+    .await;
+    let client = reqwest::Client::builder()
+        .timeout(Duration::from_millis(200))
+        .build()
+        .unwrap();
+    let body = WriteRequest::synthetic(5, 1, 1).encode_snappy();
+    let hung_up = push_request(&client, &weir.url(""), Some("gone"), body)
+        .send()
+        .await;
+    assert!(hung_up.is_err_and(|err| err.is_timeout()));
+    assert!(
+        weir.eventually(Duration::from_secs(3), || async {
+            weir.metric(r#"weir_upstream_requests_total{status_class="abandoned"}"#)
+                .await
+                == Some(1.0)
+        })
+        .await,
+        "the forward counted abandoned"
+    );
+    assert_eq!(receiver.received.lock().unwrap().len(), 1);
+    assert_eq!(
+        weir.metric(r#"weir_distributor_received_requests_total{user="gone"}"#)
+            .await,
+        Some(1.0)
+    );
+    assert_eq!(
+        weir.metric(r#"weir_distributor_received_samples_total{user="gone"}"#)
+            .await,
+        Some(5.0)
+    );
     weir.stop().await.unwrap();
 }
 

@@ -145,7 +145,7 @@ impl Metrics {
             upstream_requests: counter_vec(
                 r,
                 "weir_upstream_requests_total",
-                "Forwards to the upstream receiver, by outcome: 2xx, 4xx, 5xx, timeout, error.",
+                "Forwards to the upstream receiver, by outcome: 2xx, 4xx, 5xx, timeout, error, abandoned (the client hung up first).",
                 &["status_class"],
             ),
             upstream_duration: Histogram::with_opts(
