@@ -132,6 +132,22 @@ async fn skewed_traffic_gets_the_whole_fleet_limit() {
 async fn even_traffic_over_the_limit_is_held_to_the_limit() {
     let report = three_times_the_limit(17, "weighted-even", &[]).await;
     assert_held_to_the_limit(&report, "the load spread over three replicas");
+    // And each replica admits about its third: none takes the refill from the others. When
+    // each held back what its peers were measured to admit, the replica admitting most held
+    // back least and took more, and a replica's senders could get under a tenth of the limit.
+    let timeline = report["timeline"].as_array().unwrap();
+    let steady = &timeline[3..];
+    for replica in 0..3 {
+        let admitted: f64 = steady
+            .iter()
+            .map(|second| second["admitted_per_target"][replica].as_f64().unwrap())
+            .sum();
+        let share = admitted / steady.len() as f64 / LIMIT;
+        assert!(
+            share >= 0.15,
+            "replica {replica} admitted {share:.3} L a second of the even load"
+        );
+    }
 }
 
 /// 3 L of 100-series requests for 8 s on a fresh fleet, split as `split` says (evenly when

@@ -43,8 +43,6 @@ use crate::types::{
 };
 pub use crate::types::{PeerTotals, PeerUsage};
 
-/// Seconds over which the peers' admission rate is smoothed.
-const PEER_RATE_SMOOTHING: f64 = 1.0;
 /// How long (nanoseconds) a refusal marks a tenant as contended on this replica.
 const CONTENTION_MEMORY: u64 = 1_000_000_000;
 
@@ -146,8 +144,6 @@ struct KindUsage {
     peers_refunded: AtomicU64,
     /// Spent from the settling budget.
     settling_spent: AtomicU64,
-    /// The peers' admissions per second, smoothed over about a second (f64 bits).
-    peer_rate: AtomicU64,
     /// When this replica last refused one (engine nanoseconds + 1; 0: never).
     refused_at: AtomicU64,
 }
@@ -830,12 +826,21 @@ impl<H: TenantHooks, C: Clock + Clone> Limiter<H, C> {
         // No report for a second: the peers have admitted nothing since (they publish every
         // change), and a stale rate must not hold tokens back.
         let reserve = if contended && unreported < CONTENTION_MEMORY {
-            let peer_rate = f64::from_bits(usage.peer_rate.load(Ordering::Relaxed));
+            // The peers' part of the refill since their last report is taken as the limit's
+            // rate times (N − 1) ÷ N: the same on every replica, not the rate the peers were
+            // measured at. Held back by a measured rate, the replica admitting most saw its
+            // peers' rates lowest, held back least, took the refill first and so admitted more:
+            // a tenant spread evenly over three replicas at 3 L was admitted 0.18, 0.34 and
+            // 0.49 L by them. Held back alike, each replica takes the refill as its requests
+            // come, in proportion to its share of the tenant's traffic.
+            let rate = fleet.rate();
+            let healthy = self.core.healthy_replicas().max(1) as f64;
+            let peers_rate = rate.per_second * (healthy - 1.0) / healthy;
             // Never so much that this request could not pass even from a full bucket: a
             // request near the burst (vmagent's blocks of 10 000 rows against B = 10 000)
             // would otherwise wait for a level above the burst, which never comes.
-            let burst = fleet.rate().burst;
-            (peer_rate * unreported as f64 / 1e9)
+            let burst = rate.burst;
+            (peers_rate * unreported as f64 / 1e9)
                 .min(burst as f64 / 2.0)
                 .min(burst.saturating_sub(cost) as f64)
         } else {
@@ -1001,9 +1006,6 @@ impl<H: TenantHooks, C: Clock + Clone> Limiter<H, C> {
             back => back,
         };
         let at = now.saturating_sub(back);
-        let seconds = (since as f64 / 1e9).max(1e-3);
-        // Exponential smoothing over about a second, in step with the reports.
-        let weight = (seconds / PEER_RATE_SMOOTHING).min(1.0);
         let tenants = self.tenants.pin();
         for (name, totals) in usage.iter() {
             if name.contains('/') {
@@ -1030,11 +1032,6 @@ impl<H: TenantHooks, C: Clock + Clone> Limiter<H, C> {
                 if let (true, Some(fleet)) = (credit > 0, state.buckets[kind.index()].view()) {
                     fleet.refund(credit);
                 }
-                let rate = f64::from_bits(kind_usage.peer_rate.load(Ordering::Relaxed));
-                let rate = rate + (spent as f64 / seconds - rate) * weight;
-                kind_usage
-                    .peer_rate
-                    .store(rate.to_bits(), Ordering::Relaxed);
             }
         }
         self.keys().set_peer_usage(Arc::clone(&usage));
