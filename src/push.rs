@@ -433,17 +433,17 @@ async fn admit(
     state.instance.record_admitted(cost);
     let written = match &state.upstream {
         // The receiver's own account of what it wrote, when it gives one, is the truth.
-        Some(upstream) => match {
-            // A client that hangs up while the receiver has not answered drops this future:
-            // the push may have been written, and its tokens stay charged, so it is counted
-            // received, as one whose forward failed after writing is.
-            let hung_up = CountOnDrop(Some((&tenant.data, &counts)));
-            let forwarded = upstream
-                .forward(tenant_name, format, body, &state.metrics)
-                .await;
-            hung_up.disarm();
-            forwarded
-        } {
+        Some(upstream) => match forward_counted(
+            upstream,
+            state,
+            tenant_name,
+            format,
+            body,
+            &tenant.data,
+            &counts,
+        )
+        .await
+        {
             Ok(written) => written.unwrap_or_else(|| Written::of(&counts)),
             Err(err) => {
                 // 9. Nothing reached the backend: the tokens go back, so the client's retry
@@ -474,6 +474,26 @@ async fn admit(
         return Err(PushError::InvalidSeries(refused.first));
     }
     Ok(written)
+}
+
+/// Forwards a push. A client that hangs up while the receiver has not answered drops this
+/// future: the push may have been written, and its tokens stay charged, so it is counted
+/// received, as one whose forward failed after writing is.
+async fn forward_counted(
+    upstream: &crate::upstream::Upstream,
+    state: &AppState,
+    tenant_name: &str,
+    format: Format,
+    body: bytes::Bytes,
+    tenant: &crate::metrics::TenantMetrics,
+    counts: &crate::counts::WriteCounts,
+) -> Result<Option<Written>, crate::upstream::ForwardError> {
+    let hung_up = CountOnDrop(Some((tenant, counts)));
+    let forwarded = upstream
+        .forward(tenant_name, format, body, &state.metrics)
+        .await;
+    hung_up.disarm();
+    forwarded
 }
 
 /// Counts a push received when dropped armed: its client hung up while it was forwarded.
