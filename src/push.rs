@@ -249,7 +249,8 @@ async fn admit(
     let named = parts
         .headers
         .get(TENANT_HEADER)
-        .map(|value| value.as_bytes());
+        .map(|value| value.as_bytes())
+        .filter(|value| !value.is_empty());
     let source = Source {
         peer: parts.extensions.get::<Peer>(),
         authorization: parts

@@ -30,14 +30,24 @@ pub fn resolve<'a>(
     no_auth_tenant: Option<&'a str>,
 ) -> Result<&'a str, TenantError> {
     match header {
-        Some(bytes) => validate(std::str::from_utf8(bytes).map_err(|_| TenantError::NotUtf8)?),
-        None => no_auth_tenant.ok_or(TenantError::Missing),
+        // An empty header names no tenant, as in dskit (Mimir's): 401, or the default.
+        Some(bytes) if !bytes.is_empty() => {
+            validate(std::str::from_utf8(bytes).map_err(|_| TenantError::NotUtf8)?)
+        }
+        _ => no_auth_tenant.ok_or(TenantError::Missing),
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_empty_header_names_no_tenant() {
+        assert_eq!(resolve(Some(b""), None), Err(TenantError::Missing));
+        assert_eq!(resolve(Some(b""), Some("anonymous")), Ok("anonymous"));
+        assert_eq!(resolve(Some(b"a"), Some("anonymous")), Ok("a"));
+    }
 
     #[test]
     fn mimir_rules_from_the_shared_check() {
