@@ -183,9 +183,9 @@ impl TenantLimits {
         }
         if self.request_rate > 0.0 && self.request_burst_size == 0 {
             return Err(format!(
-                "request_burst_size is 0 while request_rate is {}: no request could ever pass \
-                 (Mimir rejects every request in this case); set request_burst_size ≥ 1, or \
-                 request_rate: 0 for unlimited",
+                "request_burst_size is 0 while request_rate is {}: Mimir reads this as a burst \
+                 without bound, so no limit at all, which is surely not meant; set \
+                 request_burst_size ≥ 1, or request_rate: 0 for unlimited",
                 self.request_rate
             ));
         }
