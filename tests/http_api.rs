@@ -208,7 +208,7 @@ async fn request_rate_429_names_the_fleet_limit_with_headers() {
         "{body}"
     );
     assert_eq!(
-        weir.metric("weir_discarded_requests_total{reason=\"request_rate_limited\",user=\"t\"}")
+        weir.metric("weir_discarded_requests_total{reason=\"rate_limited\",user=\"t\"}")
             .await,
         Some(1.0)
     );
@@ -475,6 +475,17 @@ async fn exact_token_sequence_over_http() {
         "1 request token and 5 samples refilled"
     );
     assert_eq!(weir.status("t", 0).await, 429, "no request token left");
+    // Mimir's reasons: `rate_limited` for the request rate; a push refused for its samples is
+    // weir's `ingestion_rate_limited` (Mimir counts only its samples).
+    for (reason, refused) in [("rate_limited", 2.0), ("ingestion_rate_limited", 1.0)] {
+        let series = format!("weir_discarded_requests_total{{reason=\"{reason}\",user=\"t\"}}");
+        assert_eq!(weir.metric(&series).await, Some(refused), "{reason}");
+    }
+    assert_eq!(
+        weir.metric("weir_discarded_samples_total{reason=\"rate_limited\",user=\"t\"}")
+            .await,
+        Some(6.0)
+    );
     weir.stop().await.unwrap();
 }
 

@@ -37,6 +37,17 @@ impl DiscardReason {
         DiscardReason::TooManyHaClusters,
     ];
 
+    /// The `reason` of `weir_discarded_requests_total`: Mimir's `rate_limited` there is the
+    /// request rate's; a push refused for its samples, which Mimir leaves out of that family,
+    /// is `ingestion_rate_limited`. Elsewhere, [`DiscardReason::as_str`].
+    pub fn request_reason(self) -> &'static str {
+        match self {
+            DiscardReason::RateLimited => "ingestion_rate_limited",
+            DiscardReason::RequestRateLimited => "rate_limited",
+            other => other.as_str(),
+        }
+    }
+
     pub fn as_str(self) -> &'static str {
         match self {
             DiscardReason::RateLimited => "rate_limited",

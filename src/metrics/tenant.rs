@@ -245,7 +245,7 @@ pub(super) const TENANT_FAMILIES: [TenantFamily; 11] = [
         rates: false,
         write: |out, name, user, m, _| {
             for (reason, counter) in DiscardReason::ALL.iter().zip(&m.discarded_requests) {
-                let labels = [("reason", reason.as_str()), ("user", user)];
+                let labels = [("reason", reason.request_reason()), ("user", user)];
                 sample(out, name, &labels, counter.get() as f64);
             }
         },
