@@ -200,6 +200,9 @@ pub type DroppedExemplars = [u64; ExemplarReason::ALL.len()];
 pub struct Discarded {
     pub samples: [u64; SeriesReason::ALL.len()],
     pub metadata: [u64; MetadataReason::ALL.len()],
+    /// What Mimir's `discarded_samples_total` counts of them: one per refused series, however
+    /// many samples it carries (its checks count once, at the first that fails).
+    pub series: [u64; SeriesReason::ALL.len()],
 }
 
 impl Discarded {

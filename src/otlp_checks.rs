@@ -619,6 +619,7 @@ fn check_points(
             series: 0,
         });
         refused.samples.samples[reason as usize] += translated.items;
+        refused.samples.series[reason as usize] += translated.series.len() as u64;
         refused.series += translated.series.len() as u64;
         match translated.place {
             place @ Place::Point { .. } => {
@@ -667,6 +668,7 @@ fn check_points(
             };
             if edits.points.insert(translated.place) {
                 refused.samples.samples[*reason as usize] += translated.items;
+                refused.samples.series[*reason as usize] += translated.series.len() as u64;
                 refused.series += translated.series.len() as u64;
             }
         }

@@ -67,7 +67,8 @@ pub struct TenantMetrics {
     /// Only for the reasons decided after the body was decoded (see
     /// [`DiscardReason::COUNTS_SAMPLES`]); the others never know a sample count.
     discarded_samples: [Counter; DiscardReason::COUNTS_SAMPLES.len()],
-    /// Samples and histograms of series refused by validation, per [`SeriesReason`].
+    /// Series refused by validation, per [`SeriesReason`]: Mimir counts each once in its
+    /// `discarded_samples_total`, whatever its samples.
     invalid_samples: [Counter; SeriesReason::ALL.len()],
     /// Metadata entries refused by validation, per [`MetadataReason`].
     invalid_metadata: [Counter; MetadataReason::ALL.len()],
@@ -91,10 +92,11 @@ struct Drops {
 }
 
 impl TenantMetrics {
-    /// What validation refused: samples and histograms of series, per [`SeriesReason`], and
+    /// What validation refused, as Mimir counts it: one per refused series, per
+    /// [`SeriesReason`] (Mimir's checks count a series once, whatever its samples), and
     /// metadata entries, per [`MetadataReason`].
     pub fn discard_series(&self, discarded: &Discarded) {
-        let counters = self.invalid_samples.iter().zip(&discarded.samples);
+        let counters = self.invalid_samples.iter().zip(&discarded.series);
         for (counter, items) in
             counters.chain(self.invalid_metadata.iter().zip(&discarded.metadata))
         {

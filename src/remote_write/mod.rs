@@ -246,6 +246,7 @@ fn scan_validating(
                         refused.edits.push(Edit::Cut(field));
                         refused.refused += 1;
                         refused.discarded.samples[reason as usize] += own.samples + own.histograms;
+                        refused.discarded.series[reason as usize] += 1;
                         refused.first.get_or_insert(message);
                     }
                 }

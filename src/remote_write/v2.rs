@@ -554,6 +554,7 @@ fn scan_with(
                 found.edits.push(Edit::Cut(field));
                 found.refused += 1;
                 found.discarded.samples[reason as usize] += own.samples + own.histograms;
+                found.discarded.series[reason as usize] += 1;
                 found.first.get_or_insert(message);
             }
         }
