@@ -552,7 +552,9 @@ fn edited(raw: &[u8], edits: &[Edit]) -> Vec<u8> {
         .expect("snappy compresses any buffer that fits in memory")
 }
 
-/// Where a push stands after the HA tracker ([`ha_first`]).
+/// Where a push stands after the HA tracker ([`ha_first`]). One a push, on the stack, and
+/// moved once: the variants' sizes matter less than a box each push would cost.
+#[allow(clippy::large_enum_variant)]
 pub(super) enum HaStep<'v> {
     /// Deduplicated, or a cluster too many: the push was only read and counted.
     Done(Decoded),
