@@ -403,13 +403,16 @@ async fn admit(
     tenant
         .data
         .count_drops(&dropped_exemplars, repeated_timestamps);
+    // Nothing valid left, or nothing sent (no sample, histogram or metadata entry): nothing
+    // to charge or forward. Refused series answer 400 with the first refusal; series with no
+    // labels, the only other cut, go silently, and the push is answered as written, as
+    // Mimir's distributor answers it, before its ingestion limit (so a tenant whose limit is
+    // 0 is not refused an empty push).
+    let nothing = counts.samples + counts.histograms + counts.metadata == 0;
     let body = match forward {
-        Forward::Unchanged => body,
-        Forward::Rewritten(rewritten) => rewritten,
-        // Nothing valid left: nothing to charge or forward. Refused series answer 400 with
-        // the first refusal; series with no labels, the only other cut, go silently, and the
-        // push is answered as written, as Mimir's distributor answers it.
-        Forward::Nothing => {
+        Forward::Unchanged if !nothing => body,
+        Forward::Rewritten(rewritten) if !nothing => rewritten,
+        _ => {
             return match refused {
                 Some(refused) => Err(PushError::InvalidSeries(refused.first)),
                 None => Ok(Written::of(&counts)),

@@ -443,6 +443,17 @@ async fn one_tenant_s_held_pushes_leave_room_for_the_others() {
     weir.stop().await.unwrap();
 }
 
+/// A push with nothing in it is answered before the ingestion limit, as Mimir answers it:
+/// 200 even for a tenant whose limit is 0, which refuses any sample.
+#[tokio::test]
+async fn an_empty_push_is_answered_before_the_ingestion_limit() {
+    let weir = Weir::with_overrides("overrides:\n  blocked:\n    ingestion_rate: 0\n").await;
+    let empty = WriteRequest::default().encode_snappy();
+    assert_eq!(weir.push_body(Some("blocked"), empty).await.status(), 200);
+    assert_eq!(weir.status("blocked", 1).await, 429);
+    weir.stop().await.unwrap();
+}
+
 /// Ingestion bucket: 10 samples/s, burst 30. Request bucket: 2/s, burst 3.
 #[tokio::test]
 async fn exact_token_sequence_over_http() {
