@@ -132,6 +132,34 @@ async fn each_tenant_follows_its_policy_when_redis_dies_and_recovers_after() {
     weir.stop().await.unwrap();
 }
 
+/// Redis dies while no `shared` push comes: the replica's own pings open the breaker, so its
+/// gauge (and the alert on it) tells the outage, as `/ready` does, with no push to find it.
+#[tokio::test]
+async fn with_no_traffic_a_dead_redis_opens_the_breaker() {
+    let mut redis = RedisServer::start();
+    let weir = weir_with_store(redis.url()).await;
+    wait_until_stored(&weir).await;
+    assert_eq!(weir.metric("weir_store_breaker_state").await, Some(0.0));
+    redis.kill();
+    assert!(
+        weir.eventually(Duration::from_secs(15), || async {
+            weir.metric("weir_store_breaker_state").await == Some(2.0)
+        })
+        .await,
+        "the breaker stayed closed with Redis dead and no traffic"
+    );
+    assert!(
+        weir.metric(r#"weir_store_calls_total{op="ping",outcome="error"}"#)
+            .await
+            .is_some_and(|n| n >= 1.0)
+            || weir
+                .metric(r#"weir_store_calls_total{op="ping",outcome="timeout"}"#)
+                .await
+                .is_some_and(|n| n >= 1.0)
+    );
+    weir.stop().await.unwrap();
+}
+
 /// A paused Redis (SIGSTOP) is slow, not down: treated the same, within the timeout.
 #[tokio::test]
 async fn a_paused_redis_is_treated_like_a_dead_one() {

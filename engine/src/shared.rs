@@ -95,10 +95,15 @@ pub struct Shared {
     pub observer: Box<dyn StoreObserver>,
     /// Told when the breaker leaves closed, for [`Shared::probe_while_open`].
     opened: tokio::sync::Notify,
+    /// When (engine nanoseconds) the store was last called.
+    last_call: AtomicU64,
 }
 
 /// How often [`Shared::probe_while_open`] asks the breaker whether it may probe.
 const PROBE_EVERY: Duration = Duration::from_millis(250);
+
+/// A store that no call has reached for this long is pinged while the breaker is closed.
+const IDLE_PING: Duration = Duration::from_secs(1);
 
 impl Shared {
     pub fn new(
@@ -112,16 +117,26 @@ impl Shared {
             config,
             observer,
             opened: tokio::sync::Notify::new(),
+            last_call: AtomicU64::new(0),
         }
     }
 
     /// Probes the store with a `PING` whenever the breaker lets one out, for as long as it
     /// is not closed, so that it closes, and its gauge says so, when the store is back, with
-    /// no traffic to make the probe; while it is closed, waits. Runs for good.
+    /// no traffic to make the probe. While it is closed, pings a store that no call has
+    /// reached for [`IDLE_PING`], so that an outage with no `shared` traffic opens the breaker
+    /// (its gauge and alert), as `/ready` already tells, before a push has to find it out.
+    /// Runs for good.
     pub async fn probe_while_open(&self, now: impl Fn() -> u64) {
         loop {
             if self.breaker.state() == BreakerState::Closed {
-                self.opened.notified().await;
+                let _ = tokio::time::timeout(IDLE_PING, self.opened.notified()).await;
+                let idle = now().saturating_sub(self.last_call.load(Ordering::Relaxed));
+                if self.breaker.state() == BreakerState::Closed
+                    && idle >= IDLE_PING.as_nanos() as u64
+                {
+                    let _ = self.call("ping", &now, self.store.ping()).await;
+                }
                 continue;
             }
             if self.permit(now()) == Permit::Probe {
@@ -140,6 +155,7 @@ impl Shared {
         call: impl std::future::Future<Output = Result<T, StoreError>>,
     ) -> Result<T, StoreError> {
         let started = Instant::now();
+        self.last_call.store(now(), Ordering::Relaxed);
         let result = match tokio::time::timeout(self.config.store_timeout, call).await {
             Ok(result) => result,
             Err(_) => Err(StoreError::Timeout(self.config.store_timeout)),

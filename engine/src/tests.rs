@@ -827,10 +827,28 @@ mod shared_tests {
         clock.advance(Duration::from_secs(2));
         let _ = tokio::time::timeout(Duration::from_secs(1), limiter.probe_store()).await;
         assert_eq!(breaker(), BreakerState::Closed);
-        // Closed, it waits: no more calls.
+        // Closed, and the store called within the last second: it waits, no more calls.
         let calls = store.calls.load(Ordering::Relaxed);
         let _ = tokio::time::timeout(Duration::from_secs(5), limiter.probe_store()).await;
         assert_eq!(store.calls.load(Ordering::Relaxed), calls);
+    }
+
+    /// With no `shared` traffic at all, a store that goes down opens the breaker (its gauge
+    /// and alert) from the replica's own pings, as `/ready` tells, and no push finds it out.
+    #[tokio::test(start_paused = true)]
+    async fn with_no_traffic_a_store_going_down_opens_the_breaker() {
+        let clock = FakeRelativeClock::default();
+        let store = store(&clock);
+        let limiter = replica(Arc::clone(&store), &clock, Arc::default());
+        let breaker = || limiter.shared().unwrap().breaker.state();
+        store.down.store(true, Ordering::Relaxed);
+        assert_eq!(breaker(), BreakerState::Closed);
+        for _ in 0..10 {
+            clock.advance(Duration::from_secs(1));
+            let _ = tokio::time::timeout(Duration::from_millis(1_100), limiter.probe_store()).await;
+        }
+        assert_ne!(breaker(), BreakerState::Closed, "opened by its pings");
+        assert!(store.calls.load(Ordering::Relaxed) >= 5);
     }
 
     #[tokio::test]

@@ -256,8 +256,8 @@ impl Metrics {
             store_calls: counter_vec(
                 r,
                 "weir_store_calls_total",
-                "Calls to the shared store by operation (take, give_back) and outcome (ok, \
-                 error, timeout).",
+                "Calls to the shared store by operation (take, give_back, meter, acquire, \
+                 release, renew, ping) and outcome (ok, error, timeout).",
                 &["op", "outcome"],
             ),
             cell_syncs: counter_vec(
