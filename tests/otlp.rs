@@ -363,6 +363,18 @@ fn now_ns() -> u64 {
         .as_nanos() as u64
 }
 
+/// An export of six gauges at now, in two parts: one gauge, then five.
+fn one_and_five_gauges() -> (Vec<u8>, Vec<u8>) {
+    let now = now_ns();
+    let first = one_scope(vec![gauge_of_one("a".into(), String::new(), now)]);
+    let rest = one_scope(
+        (0..5)
+            .map(|i| gauge_of_one(format!("b{i}"), String::new(), now))
+            .collect(),
+    );
+    (first, rest)
+}
+
 /// A string attribute.
 /// How many data points each metric of an encoded export's first scope has (gauges and sums).
 fn points_of(export: &[u8]) -> Vec<usize> {
@@ -533,13 +545,8 @@ async fn json_and_gzip_are_counted_and_forwarded_to_the_otlp_path_without_exempl
 async fn an_export_is_charged_whole_and_forwarded_under_the_headers_weir_read_it_by() {
     let (addr, receiver) = start_receiver().await;
     let weir = forwarding_to(addr, "").await;
+    let (first, rest) = one_and_five_gauges();
     let now = now_ns();
-    let first = one_scope(vec![gauge_of_one("a".into(), String::new(), now)]);
-    let rest = one_scope(
-        (0..5)
-            .map(|i| gauge_of_one(format!("b{i}"), String::new(), now))
-            .collect(),
-    );
     let members = [gzip(&first), gzip(&rest)].concat();
     let response = reqwest::Client::new()
         .post(weir.url("/otlp/v1/metrics"))
@@ -614,13 +621,7 @@ async fn lz4_and_zstd_exports_are_charged_whole_and_forwarded_in_their_encoding(
     );
     let codecs: [Codec; 2] = [("lz4", &lz4, &unlz4), ("zstd", &zstd, &unzstd)];
 
-    let now = now_ns();
-    let first = one_scope(vec![gauge_of_one("a".into(), String::new(), now)]);
-    let rest = one_scope(
-        (0..5)
-            .map(|i| gauge_of_one(format!("b{i}"), String::new(), now))
-            .collect(),
-    );
+    let (first, rest) = one_and_five_gauges();
     for (name, compress, decompress) in codecs {
         let tenant = format!("frames-{name}");
         let frames = [compress(&first), compress(&rest)].concat();

@@ -80,7 +80,7 @@ struct TenantEntry {
     #[serde(default)]
     metric_relabel_configs: Option<Vec<crate::relabel::RuleConfig>>,
     /// Mimir's `metric_relabeling_enabled` (default true): false turns the rules off.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "crate::scalars::boolean")]
     metric_relabeling_enabled: Option<bool>,
     /// Mimir's `ingestion_artificial_delay`: how long a push to this tenant takes at least
     /// before it is answered (0, the default, is off).
@@ -740,6 +740,26 @@ mod tests {
         assert_eq!(config.tenant_limits("31"), &TenantLimits::default());
     }
 
+    /// Counts written as whole floats and YAML 1.1's words for booleans, which yaml.v3 (Mimir's
+    /// reader) takes into typed keys, load as Mimir loads them.
+    #[test]
+    fn whole_floats_and_yaml_1_1_booleans_load_as_mimir_loads_them() {
+        let config = parse(
+            "overrides:\n  t:\n    ingestion_burst_size: 1e6\n    max_label_names_per_series: 40.0\n    \
+             accept_ha_samples: yes\n    ha_cluster_label: cluster\n    ha_replica_label: __replica__\n\
+             distributor_limits:\n  max_inflight_push_requests: 2e3\n",
+        )
+        .unwrap();
+        assert_eq!(config.tenant_limits("t").ingestion_burst_size, 1_000_000);
+        assert_eq!(config.validation_limits("t").max_label_names_per_series, 40);
+        assert!(config.ha_limits("t").is_some(), "accept_ha_samples: yes");
+        assert_eq!(config.instance.max_inflight_push_requests, 2_000);
+        let err = parse("overrides:\n  t:\n    ingestion_burst_size: 1.5\n")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("floating point `1.5`"), "{err}");
+    }
+
     /// YAML's merge keys, which yaml.v3 reads: a tenant's entry built on an anchored one, its
     /// own keys first.
     #[test]
@@ -1092,7 +1112,7 @@ mod tests {
             ),
             (
                 "distributor_limits:\n  max_inflight_push_requests: -1\n",
-                "invalid YAML: distributor_limits.max_inflight_push_requests: invalid type: integer `-1`",
+                "invalid YAML: distributor_limits.max_inflight_push_requests: invalid value: integer `-1`",
             ),
         ] {
             let err = parse(content).unwrap_err().to_string();

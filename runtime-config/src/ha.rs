@@ -84,9 +84,11 @@ impl HaLimits {
 /// The HA keys of a tenant's entry under `overrides:`; what is missing is inherited.
 #[derive(Debug, Default, Deserialize, Serialize)]
 pub(crate) struct HaOverride {
+    #[serde(default, deserialize_with = "crate::scalars::boolean")]
     pub accept_ha_samples: Option<bool>,
     pub ha_cluster_label: Option<String>,
     pub ha_replica_label: Option<String>,
+    #[serde(default, deserialize_with = "crate::scalars::count")]
     pub ha_max_clusters: Option<u32>,
     #[serde(default, deserialize_with = "optional_duration")]
     pub ha_tracker_update_timeout: Option<Duration>,

@@ -16,6 +16,7 @@
 //! - [`otlp`]: Mimir's OTLP translation keys per tenant that change the labels of the series
 //!   an export becomes (promoted resource attributes, identifying attributes kept).
 //! - [`validation`]: Mimir's series validation limits per tenant, with Mimir's defaults.
+//! - `scalars`: counts and booleans as Mimir's YAML reader takes them (`1e6`, `yes`).
 //! - `mimir_keys`: Mimir's keys weir accepts without enforcing them, each with the component
 //!   it belongs to or why weir does not enforce it yet ([`MimirKeys`] lists a file's).
 //!
@@ -30,6 +31,7 @@ mod mimir_keys;
 pub mod otlp;
 pub mod relabel;
 pub mod reload;
+mod scalars;
 pub mod tenant;
 pub mod validation;
 

@@ -106,15 +106,19 @@ impl Default for TenantLimits {
 #[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]
 pub(crate) struct TenantOverride {
     pub ingestion_rate: Option<f64>,
+    #[serde(default, deserialize_with = "crate::scalars::count")]
     pub ingestion_burst_size: Option<u64>,
     /// Mimir's `ingestion_burst_factor`: when above 0, the burst is the rate times this,
     /// whatever `ingestion_burst_size` says.
     pub ingestion_burst_factor: Option<f64>,
     pub request_rate: Option<f64>,
+    #[serde(default, deserialize_with = "crate::scalars::count")]
     pub request_burst_size: Option<u64>,
     pub rate_limit_strategy: Option<RateLimitStrategy>,
     pub on_store_failure: Option<StoreFailurePolicy>,
+    #[serde(default, deserialize_with = "crate::scalars::count")]
     pub store_shards: Option<u32>,
+    #[serde(default, deserialize_with = "crate::scalars::count")]
     pub max_inflight_push_requests: Option<u64>,
 }
 
@@ -218,7 +222,9 @@ impl Default for InstanceLimits {
 #[derive(Debug, Clone, Default, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct InstanceOverride {
+    #[serde(default, deserialize_with = "crate::scalars::count")]
     pub max_inflight_push_requests: Option<u64>,
+    #[serde(default, deserialize_with = "crate::scalars::count")]
     pub max_inflight_push_requests_bytes: Option<u64>,
     pub max_ingestion_rate: Option<f64>,
 }

@@ -192,13 +192,20 @@ impl OtlpTranslation {
 pub(crate) struct OtlpOverride {
     #[serde(default, deserialize_with = "optional_comma_separated")]
     pub promote_otel_resource_attributes: Option<Vec<String>>,
+    #[serde(default, deserialize_with = "crate::scalars::boolean")]
     pub otel_keep_identifying_resource_attributes: Option<bool>,
+    #[serde(default, deserialize_with = "crate::scalars::boolean")]
     pub otel_convert_histograms_to_nhcb: Option<bool>,
+    #[serde(default, deserialize_with = "crate::scalars::boolean")]
     pub otel_native_delta_ingestion: Option<bool>,
+    #[serde(default, deserialize_with = "crate::scalars::boolean")]
     pub otel_promote_scope_metadata: Option<bool>,
+    #[serde(default, deserialize_with = "crate::scalars::boolean")]
     pub otel_metric_suffixes_enabled: Option<bool>,
     pub otel_translation_strategy: Option<TranslationStrategy>,
+    #[serde(default, deserialize_with = "crate::scalars::boolean")]
     pub otel_label_name_underscore_sanitization: Option<bool>,
+    #[serde(default, deserialize_with = "crate::scalars::boolean")]
     pub otel_label_name_preserve_multiple_underscores: Option<bool>,
 }
 

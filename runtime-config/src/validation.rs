@@ -148,20 +148,30 @@ pub(crate) struct ValidationOverride(ValidationKeys);
 
 #[derive(Debug, Default, Deserialize, Serialize)]
 pub(crate) struct ValidationKeys {
+    #[serde(default, deserialize_with = "crate::scalars::count")]
     pub max_label_names_per_series: Option<u32>,
+    #[serde(default, deserialize_with = "crate::scalars::count")]
     pub max_label_names_per_info_series: Option<u32>,
+    #[serde(default, deserialize_with = "crate::scalars::count")]
     pub max_label_name_length: Option<u32>,
+    #[serde(default, deserialize_with = "crate::scalars::count")]
     pub max_label_value_length: Option<u32>,
     pub label_value_length_over_limit_strategy: Option<LabelValueLengthOverLimitStrategy>,
     #[serde(default, deserialize_with = "optional_duration")]
     pub creation_grace_period: Option<Duration>,
     #[serde(default, deserialize_with = "optional_duration")]
     pub past_grace_period: Option<Duration>,
+    #[serde(default, deserialize_with = "crate::scalars::count")]
     pub max_metadata_length: Option<u32>,
+    #[serde(default, deserialize_with = "crate::scalars::boolean")]
     pub enforce_metadata_metric_name: Option<bool>,
+    #[serde(default, deserialize_with = "crate::scalars::count")]
     pub max_native_histogram_buckets: Option<u32>,
+    #[serde(default, deserialize_with = "crate::scalars::boolean")]
     pub reduce_native_histogram_over_max_buckets: Option<bool>,
+    #[serde(default, deserialize_with = "crate::scalars::count")]
     pub max_global_exemplars_per_user: Option<u64>,
+    #[serde(default, deserialize_with = "crate::scalars::count")]
     pub max_exemplars_per_series_per_request: Option<u32>,
     pub name_validation_scheme: Option<NameValidationScheme>,
 }
