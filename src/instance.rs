@@ -68,6 +68,9 @@ pub struct InstanceLimiter {
     inflight_requests: AtomicU64,
     inflight_bytes: AtomicU64,
     ingestion_rate: Ewma,
+    /// [`InstanceLimiter::max_held_per_tenant`], kept beside the limits it follows so that
+    /// the check on every push is one relaxed load.
+    max_held_per_tenant: AtomicU64,
     metrics: Arc<Metrics>,
 }
 
@@ -80,6 +83,14 @@ pub struct InflightGuard {
 /// One tenant may hold this share (1 / `HELD_SHARE`) of the in-flight cap in held pushes.
 const HELD_SHARE: u64 = 10;
 
+/// [`InstanceLimiter::max_held_per_tenant`] under `limits`.
+fn held_bound(limits: &InstanceLimits) -> u64 {
+    match limits.max_inflight_push_requests {
+        0 => u64::MAX,
+        max => (max / HELD_SHARE).max(1),
+    }
+}
+
 /// Mimir's EWMA weight for the ingestion rate, ticked every second.
 pub const INGESTION_RATE_ALPHA: f64 = 0.2;
 pub const INGESTION_RATE_TICK: Duration = Duration::from_secs(1);
@@ -88,6 +99,7 @@ impl InstanceLimiter {
     pub fn new(limits: InstanceLimits, metrics: Arc<Metrics>) -> Arc<Self> {
         metrics.set_instance_limits(&limits);
         Arc::new(InstanceLimiter {
+            max_held_per_tenant: AtomicU64::new(held_bound(&limits)),
             limits: ArcSwap::from_pointee(limits),
             inflight_requests: AtomicU64::new(0),
             inflight_bytes: AtomicU64::new(0),
@@ -98,6 +110,8 @@ impl InstanceLimiter {
 
     pub fn set_limits(&self, limits: InstanceLimits) {
         self.metrics.set_instance_limits(&limits);
+        self.max_held_per_tenant
+            .store(held_bound(&limits), Ordering::Relaxed);
         self.limits.store(Arc::new(limits));
     }
 
@@ -147,10 +161,7 @@ impl InstanceLimiter {
     /// cap. A held push stays in flight, so without this one tenant over its limit could fill
     /// the replica with held pushes and have every other tenant's refused.
     pub fn max_held_per_tenant(&self) -> u64 {
-        match self.limits.load().max_inflight_push_requests {
-            0 => u64::MAX,
-            max => (max / HELD_SHARE).max(1),
-        }
+        self.max_held_per_tenant.load(Ordering::Relaxed)
     }
 
     pub fn inflight_requests(&self) -> u64 {
@@ -291,5 +302,27 @@ mod tests {
             limiter.start(None).err().map(|r| r.limit),
             Some(InstanceLimit::MaxIngestionRate)
         );
+    }
+
+    #[test]
+    fn held_bound_follows_the_inflight_cap_across_reloads() {
+        let uncapped = InstanceLimits {
+            max_inflight_push_requests: 0,
+            ..InstanceLimits::default()
+        };
+        let limiter = limiter(uncapped);
+        assert_eq!(limiter.max_held_per_tenant(), u64::MAX, "no cap, no bound");
+        limiter.set_limits(InstanceLimits {
+            max_inflight_push_requests: 45,
+            ..InstanceLimits::default()
+        });
+        assert_eq!(limiter.max_held_per_tenant(), 4);
+        limiter.set_limits(InstanceLimits {
+            max_inflight_push_requests: 3,
+            ..InstanceLimits::default()
+        });
+        assert_eq!(limiter.max_held_per_tenant(), 1, "at least one");
+        limiter.set_limits(uncapped);
+        assert_eq!(limiter.max_held_per_tenant(), u64::MAX);
     }
 }
