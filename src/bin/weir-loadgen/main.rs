@@ -353,6 +353,8 @@ struct Stats {
     second_latencies_us: Vec<Vec<u64>>,
     /// The first transport error, with its causes, to say why requests failed.
     first_error: Option<String>,
+    /// Samples admitted, by the whole second (from the start) their answer came in.
+    admitted_by_answer: Vec<u64>,
 }
 
 impl Stats {
@@ -433,7 +435,45 @@ struct Report {
     total: TargetReport,
     per_target: Vec<TargetReport>,
     timeline: Vec<Second>,
+    /// Samples admitted, by the second their answer came in. The timeline counts a push in
+    /// the second it was sent, which puts a push the server held for its tokens (up to
+    /// `--max-admission-delay`) in a second before it was admitted; this counts it when it was.
+    admitted_by_answer_second: Vec<u64>,
+    /// With an ideal bucket: the most the answers went over it in any span of whole seconds.
+    answer_time_excess: Option<Excess>,
     per_tenant: Vec<TenantReport>,
+}
+
+/// How far admissions went over the ideal buckets (`tenants × (B + L·t)`) in their worst
+/// span of whole seconds, counted when admitted.
+#[derive(Serialize, Debug, PartialEq)]
+struct Excess {
+    samples: f64,
+    from_second: usize,
+    to_second: usize,
+}
+
+/// The span of whole seconds (`from..=to`) in which `admitted` goes furthest over a bucket of
+/// `burst` refilling at `rate` a second: a token bucket admits at most `burst + rate × span`
+/// in any span, so a positive excess is admissions the bucket would have refused. One pass,
+/// as for the largest sum of a run of numbers (each second adds its admissions less `rate`).
+fn worst_excess(admitted: &[u64], rate: f64, burst: f64) -> Option<Excess> {
+    let mut best: Option<Excess> = None;
+    let (mut run, mut from) = (0.0f64, 0);
+    for (second, &samples) in admitted.iter().enumerate() {
+        if run < 0.0 {
+            (run, from) = (0.0, second);
+        }
+        run += samples as f64 - rate;
+        if best.as_ref().is_none_or(|best| run - burst > best.samples) {
+            best = Some(Excess {
+                samples: run - burst,
+                from_second: from,
+                to_second: second,
+            });
+        }
+    }
+    best
 }
 
 /// Replaces `per_minute` tenants a minute: slot k of n tenants gets its g-th successor
@@ -675,6 +715,7 @@ async fn main() -> anyhow::Result<()> {
         let failover = args.failover;
         tasks.spawn(async move {
             let sent = Instant::now();
+            let answered_at = || start.elapsed().as_secs() as usize;
             let mut error = None;
             let outcome = match request.send().await {
                 Ok(response) => {
@@ -703,6 +744,13 @@ async fn main() -> anyhow::Result<()> {
                 stats.first_error = error;
             }
             stats.record(&send, target, second, &outcome, ideal);
+            if matches!(outcome, Outcome::Status(200..=299)) {
+                let answered = answered_at();
+                if stats.admitted_by_answer.len() <= answered {
+                    stats.admitted_by_answer.resize(answered + 1, 0);
+                }
+                stats.admitted_by_answer[answered] += send.samples as u64;
+            }
             stats.latencies_us[target].push(latency);
             stats.second_latencies_us[second].push(latency);
         });
@@ -762,6 +810,11 @@ async fn main() -> anyhow::Result<()> {
                 }
             })
             .collect(),
+        answer_time_excess: ideal.and_then(|(rate, burst)| {
+            let fleet = tenants.len() as f64;
+            worst_excess(&stats.admitted_by_answer, rate * fleet, burst * fleet)
+        }),
+        admitted_by_answer_second: std::mem::take(&mut stats.admitted_by_answer),
         per_tenant: tenants
             .iter()
             .enumerate()
@@ -865,11 +918,36 @@ fn print_summary(report: &Report) {
             total.admitted_samples,
         );
     }
+    if let Some(excess) = &report.answer_time_excess {
+        println!(
+            "counted when admitted: at most {:.0} samples over the ideal buckets, in seconds {}-{} \
+             (negative: never over)",
+            excess.samples, excess.from_second, excess.to_second,
+        );
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn worst_excess_finds_the_span_most_over_the_bucket() {
+        // B = 10, L = 10: 30 in second 2 and 25 in second 3 are 55 in 2 s against 30.
+        let excess = worst_excess(&[10, 0, 30, 25, 0, 10], 10.0, 10.0).unwrap();
+        assert_eq!(
+            excess,
+            Excess {
+                samples: 25.0,
+                from_second: 2,
+                to_second: 3
+            }
+        );
+        // A bucket's own admissions never go over: a burst, then the rate.
+        let exact = worst_excess(&[20, 10, 10, 10], 10.0, 10.0).unwrap();
+        assert_eq!(exact.samples, 0.0);
+        assert!(worst_excess(&[], 10.0, 10.0).is_none());
+    }
 
     #[test]
     fn churn_replaces_the_tenants_one_slot_at_a_time() {
