@@ -28,6 +28,9 @@ use crate::types::{Outcome, Rate};
 #[derive(Debug)]
 pub struct FleetBucket {
     full_at: AtomicU64,
+    /// `full_at` just after the peers' last charge or refund: where this view's own
+    /// admissions since started from (see [`FleetBucket::charge_peers`]).
+    peers_charged: AtomicU64,
     /// Nanoseconds per token.
     period: f64,
     rate: Rate,
@@ -38,12 +41,13 @@ impl FleetBucket {
     pub fn with_level(rate: Rate, level: f64, now: u64) -> Self {
         let bucket = FleetBucket {
             full_at: AtomicU64::new(0),
+            peers_charged: AtomicU64::new(0),
             period: 1e9 / rate.per_second,
             rate,
         };
-        bucket
-            .full_at
-            .store(bucket.full_at_for(level, now), Ordering::Relaxed);
+        let full_at = bucket.full_at_for(level, now);
+        bucket.full_at.store(full_at, Ordering::Relaxed);
+        bucket.peers_charged.store(full_at, Ordering::Relaxed);
         bucket
     }
 
@@ -219,6 +223,59 @@ impl FleetBucket {
             });
     }
 
+    /// Charges `cost` tokens the peers spent at `at`, as [`FleetBucket::charge`] does, but in
+    /// their place in time: before the `here` tokens (admissions, less refunds) this view
+    /// took itself since the peers' last charge, when those came later.
+    ///
+    /// The state is one instant, so a charge lands after whatever moved it: charged at `at`
+    /// onto a state this view's own admissions have pushed past `at`, it stacks on them, and
+    /// the refill between `at` and those admissions, which their order would have used, is
+    /// lost. A replica stopped for 8 s, its view full, admitted the backlog of pushes its
+    /// sockets held on resume, and then heard of its peers' 8 s of admissions: charged after
+    /// the backlog, they put the view in a debt of 4.8 s of the limit, and the replica
+    /// refused the tenant, at 0.9 L, for 8 s.
+    ///
+    /// Taking `c` at `t` moves the state `F` to `max(F, t) + c`. Folded over a run of
+    /// takes in time order from `F₀`, that is the largest of `F₀ + Σc` and each take's
+    /// `tₖ + (its cost and all after it)`. With the peers' charge put first among this view's
+    /// takes since their last one (`F₀` = the state just after that one, `X` = those takes):
+    /// `max(F, max(F₀, at) + c + X)`, where `F` is the state now. That is exact when `at`
+    /// comes before those takes, and never less than the true order otherwise (each term of
+    /// the true fold is at most one of it); so is `max(F, at) + c`, the old charge. The view
+    /// takes the smaller: never less than the fleet spent, and no more than before.
+    pub fn charge_peers(&self, cost: u64, at: u64, here: u64) {
+        if cost == 0 {
+            return;
+        }
+        let charge = nanos(cost as f64 * self.period);
+        let here = nanos(here as f64 * self.period);
+        let from = self.peers_charged.load(Ordering::Acquire);
+        let mut charged = 0;
+        let _ = self
+            .full_at
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |full_at| {
+                let stacked = full_at.max(at).saturating_add(charge);
+                let in_order =
+                    full_at.max(from.max(at).saturating_add(charge).saturating_add(here));
+                charged = stacked.min(in_order);
+                Some(charged)
+            });
+        self.peers_charged.store(charged, Ordering::Release);
+    }
+
+    /// Credits `cost` tokens the peers took and gave back ([`FleetBucket::refund`]), and
+    /// marks where this view's own admissions start from, as [`FleetBucket::charge_peers`].
+    pub fn refund_peers(&self, cost: u64) {
+        let charge = nanos(cost as f64 * self.period);
+        let refunded = self
+            .full_at
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |full_at| {
+                Some(full_at.saturating_sub(charge))
+            })
+            .map_or(0, |full_at| full_at.saturating_sub(charge));
+        self.peers_charged.store(refunded, Ordering::Release);
+    }
+
     /// Gives back `cost` tokens taken by [`FleetBucket::check`] for a request that was then
     /// refused by another check, so it costs nothing.
     pub fn refund(&self, cost: u64) {
@@ -378,6 +435,61 @@ mod tests {
             let excess = admitted as f64 - (limit.burst as f64 + limit.per_second * now as f64 / 1e9);
             if excess > 0.0 {
                 for view in &views { prop_assert!(view.level(now) <= 1.0); }
+            }
+        }
+
+        /// The peers' charges, put in their place in time before this view's own takes:
+        /// never less than taking everything in the order it happened (so the view never
+        /// under-charges what the fleet spent), never more than stacking each charge on the
+        /// state as it arrives (the old charge), and exactly the order it happened when each
+        /// charge came before the takes since the last.
+        #[test]
+        fn peer_charges_are_ordered_before_later_takes_here(
+            events in prop::collection::vec((any::<bool>(), 1u64..400, 0u64..2_000, 0u64..3_000), 1..60),
+        ) {
+            let limit = rate(1000.0, 1000); // a token is 1 ms: the arithmetic is exact
+            let view = FleetBucket::full(limit, 0);
+            let stacked = FleetBucket::full(limit, 0);
+            // Everything taken, as (happened at, cost), to fold in the order it happened.
+            let mut happened: Vec<(u64, u64)> = Vec::new();
+            let (mut now, mut here, mut run) = (SECOND, 0, 0);
+            let mut exact = true;
+            let truth = |happened: &[(u64, u64)]| {
+                let mut ordered = happened.to_vec();
+                ordered.sort_by_key(|&(when, _)| when);
+                ordered
+                    .iter()
+                    .fold(FleetBucket::full(limit, 0).full_at(), |full_at, &(when, cost)| {
+                        full_at.max(when) + cost * MS
+                    })
+            };
+            for (peers, cost, gap_ms, back_ms) in events {
+                now += gap_ms * MS;
+                if peers {
+                    let at = now.saturating_sub(back_ms * MS);
+                    // Exact when the charge comes after all before the takes since the last
+                    // one, and before those takes.
+                    let (before, since) = happened.split_at(happened.len() - run);
+                    // (and the state was exact before it).
+                    exact &= before.iter().all(|&(when, _)| when <= at)
+                        && since.iter().all(|&(when, _)| when >= at);
+                    view.charge_peers(cost, at, here);
+                    stacked.charge(cost, at);
+                    happened.push((at, cost));
+                    (here, run) = (0, 0);
+                    if exact {
+                        prop_assert_eq!(view.full_at(), truth(&happened));
+                    }
+                } else {
+                    view.charge(cost, now);
+                    stacked.charge(cost, now);
+                    happened.push((now, cost));
+                    here += cost;
+                    run += 1;
+                }
+                let truth = truth(&happened);
+                prop_assert!(view.full_at() >= truth, "{} < {truth}", view.full_at());
+                prop_assert!(view.full_at() <= stacked.full_at());
             }
         }
 

@@ -142,6 +142,9 @@ struct KindUsage {
     peers_applied: AtomicU64,
     /// The peers' cumulative refunds already credited to the view.
     peers_refunded: AtomicU64,
+    /// `admitted` when the peers' admissions were last charged to the view: what this replica
+    /// took since is ordered after them ([`FleetBucket::charge_peers`]).
+    admitted_at_peers: AtomicU64,
     /// Spent from the settling budget.
     settling_spent: AtomicU64,
     /// When this replica last refused one (engine nanoseconds + 1; 0: never).
@@ -159,7 +162,7 @@ struct TenantState<C: Clock> {
 
 /// A push limit under its tenant's strategy: a governor bucket (`divided`) or a view of the
 /// fleet-wide bucket (`weighted`, `shared`). The governor bucket is boxed: it is 168 bytes
-/// where the view is 32, and the enum is as large as its largest variant, so inline it would
+/// where the view is 40, and the enum is as large as its largest variant, so inline it would
 /// make every `weighted` tenant (the default) pay for it twice.
 type KindBucket<C> = Kept<Box<Bucket<C>>, FleetBucket>;
 
@@ -1021,16 +1024,25 @@ impl<H: TenantHooks, C: Clock + Clone> Limiter<H, C> {
                 let kind_usage = &tenant.usage[kind.index()];
                 let applied = kind_usage.peers_applied.fetch_max(total, Ordering::AcqRel);
                 let spent = total.saturating_sub(applied);
-                if let (true, Some(fleet)) = (spent > 0, state.buckets[kind.index()].view()) {
-                    fleet.charge(spent, at);
-                }
                 let refunded = totals.refunded(kind);
                 let credited = kind_usage
                     .peers_refunded
                     .fetch_max(refunded, Ordering::AcqRel);
                 let credit = refunded.saturating_sub(credited);
-                if let (true, Some(fleet)) = (credit > 0, state.buckets[kind.index()].view()) {
-                    fleet.refund(credit);
+                let Some(fleet) = state.buckets[kind.index()].view() else {
+                    continue;
+                };
+                if spent > 0 {
+                    // Read before the charge: an admission counted after it is ordered after
+                    // the peers' next charge too, which is the cautious side.
+                    let admitted = kind_usage.admitted.load(Ordering::Acquire);
+                    let before = kind_usage
+                        .admitted_at_peers
+                        .swap(admitted, Ordering::AcqRel);
+                    fleet.charge_peers(spent, at, admitted.saturating_sub(before));
+                }
+                if credit > 0 {
+                    fleet.refund_peers(credit);
                 }
             }
         }

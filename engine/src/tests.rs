@@ -342,6 +342,36 @@ fn a_report_after_a_silence_is_charged_over_it() {
     assert!(level <= 0.0, "{level}");
 }
 
+/// The same replica, its sockets holding a backlog of pushes that it admits on resume before
+/// gossip reaches it: the peers' 8 s are charged before the backlog, when they happened. The
+/// fleet's bucket, full when the replica stopped (0.6 L spent of L), is then emptied by the
+/// backlog, not 4.8 s of the limit in debt, and the tenant's next pushes, 0.9 L in all,
+/// pass as the refill comes. Charged after the backlog, they were refused for 8 s.
+#[test]
+fn a_backlog_admitted_on_resume_is_ordered_after_the_silence() {
+    let (limiter, clock) = limiter(WEIGHTED);
+    limiter.set_healthy_replicas(3);
+    limiter.apply_peer_usage(peers("w", 0, None), Duration::ZERO);
+    check(&limiter, "w", 1).unwrap();
+    clock.advance(Duration::from_secs(8));
+    assert_eq!(
+        check(&limiter, "w", 100),
+        Ok(()),
+        "the backlog, from a full view"
+    );
+    limiter.apply_peer_usage(peers("w", 480, None), Duration::from_millis(150));
+    let level = limiter.tenant_views()[0].fleet_level.1.unwrap();
+    assert!((-1.0..=0.0).contains(&level), "{level}");
+    // The peers go on at 0.6 L, this replica at 0.3 L: each of its pushes passes.
+    for second in 1..=3 {
+        for _ in 0..10 {
+            clock.advance(Duration::from_millis(100));
+            assert_eq!(check(&limiter, "w", 3), Ok(()), "second {second}");
+        }
+        limiter.apply_peer_usage(peers("w", 480 + 60 * second, None), Duration::ZERO);
+    }
+}
+
 /// A held push reserves from the settling share too, and waits for it; but the first request
 /// of a tenant new to the fleet fits at once, however much larger than the share it is.
 #[test]
