@@ -81,6 +81,45 @@ async fn converge_crash_join_and_leave() {
     drop(leaver);
 }
 
+/// A replica stopped (SIGSTOP) long enough for its failure detector to give up on its peers
+/// never reads itself alone on resume: chitchat reads the peers dead until the next gossip
+/// round, and in that moment the replica would admit its sockets' backlog as a lone replica.
+#[tokio::test]
+async fn a_stopped_replica_does_not_read_itself_alone_on_resume() {
+    let addrs: Vec<SocketAddr> = (2..=4).map(|i| free_gossip_addr([127, 0, 0, i])).collect();
+    let replicas: Vec<Replica> = addrs
+        .iter()
+        .map(|addr| spawn(*addr, &addrs, "stopped", &[]))
+        .collect();
+    until_healthy(
+        &replicas.iter().collect::<Vec<_>>(),
+        3,
+        Duration::from_secs(10),
+    )
+    .await;
+    let stopped = &replicas[0];
+    let changes = || async {
+        let url = format!("http://{}/metrics", stopped.http);
+        let text = reqwest::get(url).await.unwrap().text().await.unwrap();
+        text.lines()
+            .find_map(|line| line.strip_prefix("weir_ring_healthy_replicas_changes_total "))
+            .map(|value| value.parse::<f64>().unwrap())
+            .unwrap()
+    };
+    let before = changes().await;
+    stopped.signal("-STOP");
+    // The peers give it up within 3 s (see above); so does its detector give up on them.
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    stopped.signal("-CONT");
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(stopped.healthy().await, Some(3));
+    assert_eq!(
+        changes().await,
+        before,
+        "the resumed replica's healthy count moved (it read its peers dead on resume)"
+    );
+}
+
 #[tokio::test]
 async fn replica_is_not_ready_until_it_has_seen_its_seeds() {
     let seed_addr = free_gossip_addr([127, 0, 0, 6]);

@@ -293,6 +293,32 @@ struct Observation {
     usage_forget_after: Duration,
 }
 
+impl Observation {
+    /// How long a gap between two observations means this process was stalled, and how long
+    /// after one the peers it saw before are kept: ten observations, at least a second.
+    fn stall_after(&self) -> Duration {
+        (self.period * 10).max(Duration::from_secs(1))
+    }
+}
+
+/// `members` as chitchat reads them now, with the peers of the membership before (`before`)
+/// that it no longer lists put back as they were. Just after this process was stalled,
+/// chitchat's failure detector reads every peer dead for want of a heartbeat it could not
+/// receive. A replica resumed after 8 s read one healthy replica, itself, for a millisecond:
+/// it admitted the pushes its sockets had queued as if alone, reserving ahead as a lone
+/// replica may, and a tenant at 0.9 L was refused there for 8 s while the debt was paid.
+fn carry_over(mut members: Vec<Member>, before: &[Member]) -> Vec<Member> {
+    for member in before.iter().filter(|member| !member.is_self) {
+        let listed = members
+            .iter()
+            .any(|m| m.node_id == member.node_id && m.generation == member.generation);
+        if !listed {
+            members.push(member.clone());
+        }
+    }
+    members
+}
+
 /// Reads the live nodes from chitchat every `period` and publishes the membership. Polling,
 /// not chitchat's own watcher, because that one fires only on key changes, and "last heard"
 /// needs every heartbeat. Alone (joined, no live peer), there is no heartbeat to follow: it
@@ -322,7 +348,10 @@ async fn observe(
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut live_changes = chitchat.lock().await.live_nodes_watcher();
     let mut alone = false;
+    let mut last_round = Instant::now();
+    let mut stalled_until: Option<Instant> = None;
     loop {
+        let waited_alone = alone;
         if alone {
             // No peer's heartbeat to follow: wake when chitchat's live set changes (a peer
             // joined through this replica, or this replica's own keys changed), or after
@@ -334,6 +363,13 @@ async fn observe(
             ticker.tick().await;
         }
         let now = Instant::now();
+        // This process did not run for a while (SIGSTOP, a paused VM, a starved host): chitchat
+        // has not heard from the peers for as long, and reads them dead until the next gossip
+        // round revives them. Until then they keep their place (see `carry_over`).
+        if !waited_alone && now.duration_since(last_round) > observation.stall_after() {
+            stalled_until = Some(now + observation.stall_after());
+        }
+        last_round = now;
         let mut usage_changed = false;
         let mut ha_changed = false;
         let members: Vec<Member> = {
@@ -420,6 +456,13 @@ async fn observe(
                     })
                 })
                 .collect()
+        };
+        let members = match stalled_until {
+            Some(until) if now < until => carry_over(members, &membership_tx.borrow().members),
+            _ => {
+                stalled_until = None;
+                members
+            }
         };
         heard.retain(|id, _| {
             members
