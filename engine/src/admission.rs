@@ -261,6 +261,9 @@ pub(crate) struct Entry {
     pub(crate) peers_applied: AtomicU64,
     /// The peers' refunds (tokens they lent and got back) already credited.
     pub(crate) peers_refunded: AtomicU64,
+    /// `admitted` when the peers' admissions were last charged: what this replica took since
+    /// is ordered after them ([`Meter::charge_peers`]).
+    admitted_at_peers: AtomicU64,
     /// Leases held on this replica, and what the peers report they hold.
     pub(crate) in_flight: AtomicU64,
     /// The holders this replica last told the peers of (what they count it for).
@@ -1429,6 +1432,7 @@ impl<'a, C: Clock + Clone> Keys<'a, C> {
                 published: AtomicU64::new(0),
                 peers_applied: AtomicU64::new(peers_before),
                 peers_refunded: AtomicU64::new(peers_refunded_before),
+                admitted_at_peers: AtomicU64::new(0),
                 in_flight: AtomicU64::new(0),
                 published_in_flight: AtomicU64::new(0),
                 peers_in_flight: AtomicU64::new(0),
@@ -1514,11 +1518,13 @@ impl<'a, C: Clock + Clone> Keys<'a, C> {
         let state = entry.state.load();
         if let Kept::Weighted(meter) = &state.meter {
             if spent > 0 {
-                meter.charge(spent, at, now);
+                let admitted = entry.admitted.load(Ordering::Acquire);
+                let before = entry.admitted_at_peers.swap(admitted, Ordering::AcqRel);
+                meter.charge_peers(spent, at, now, admitted.saturating_sub(before));
             }
             // Tokens the peers lent and got back (their meters credited them).
             if let (true, Meter::TokenBucket(bucket)) = (credit > 0, meter) {
-                bucket.refund(credit);
+                bucket.refund_peers(credit);
             }
         }
         // The peers' admission rate, smoothed over about a second, for the sliding window's

@@ -1636,6 +1636,42 @@ async fn peers_refunds_are_credited_and_a_new_key_starts_from_their_totals() {
     );
 }
 
+/// A key's token bucket orders the peers' charges before its own takes since their last, as a
+/// tenant's view does (`a_backlog_admitted_on_resume_is_ordered_after_the_silence`): after
+/// 8 s stopped, the calls queued meanwhile empty the view, and the peers' 8 s under the
+/// limit, reported after them, leave it empty, not 4.8 s in debt.
+#[tokio::test]
+async fn a_key_orders_the_peers_charges_before_its_own_backlog() {
+    let yaml = "overrides:\n  a:\n    limits:\n      k: {rate: 10, burst: 100}\n";
+    let (limiter, clock) = limiter(yaml);
+    limiter.set_healthy_replicas(3);
+    let peers = |items: u64| {
+        Arc::new(PeerUsage::from_iter([(
+            "a/k".into(),
+            PeerTotals {
+                items,
+                ..PeerTotals::default()
+            },
+        )]))
+    };
+    limiter.apply_peer_usage(peers(0), Duration::ZERO);
+    assert!(
+        limiter
+            .allow("a", "k", 1, None)
+            .await
+            .unwrap()
+            .decision
+            .allowed
+    );
+    clock.advance(Duration::from_secs(8));
+    let backlog = limiter.allow("a", "k", 100, None).await.unwrap();
+    assert!(backlog.decision.allowed, "the backlog, from a full view");
+    limiter.apply_peer_usage(peers(48), Duration::from_millis(150));
+    clock.advance(Duration::from_millis(200));
+    let next = limiter.allow("a", "k", 1, None).await.unwrap().decision;
+    assert!(next.allowed, "waited {:?}", next.retry_after);
+}
+
 /// A key's name in gossip and in the store: bytes outside `[A-Za-z0-9-_.~]` as `%XX`, upper
 /// case, one escape a byte of UTF-8 (peers of another build must read the same names).
 #[test]
