@@ -1499,6 +1499,7 @@ impl<'a, C: Clock + Clone> Keys<'a, C> {
         totals: &crate::types::PeerTotals,
         at: u64,
         now: u64,
+        over_silence: bool,
     ) {
         let map = self.admission().map.pin();
         let Some(entry) = map.get(name) else {
@@ -1519,12 +1520,16 @@ impl<'a, C: Clock + Clone> Keys<'a, C> {
         if let Kept::Weighted(meter) = &state.meter {
             if spent > 0 {
                 let admitted = entry.admitted.load(Ordering::Acquire);
-                let before = entry.admitted_at_peers.swap(admitted, Ordering::AcqRel);
-                meter.charge_peers(spent, at, now, admitted.saturating_sub(before));
+                let before = match over_silence {
+                    true => entry.admitted_at_peers.load(Ordering::Acquire),
+                    false => entry.admitted_at_peers.swap(admitted, Ordering::AcqRel),
+                };
+                let here = admitted.saturating_sub(before);
+                meter.charge_peers(spent, at, now, here, over_silence);
             }
             // Tokens the peers lent and got back (their meters credited them).
             if let (true, Meter::TokenBucket(bucket)) = (credit > 0, meter) {
-                bucket.refund_peers(credit);
+                bucket.refund_peers(credit, over_silence);
             }
         }
         // The peers' admission rate, smoothed over about a second, for the sliding window's

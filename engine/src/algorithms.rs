@@ -104,9 +104,9 @@ impl Meter {
     /// Charges what the peers admitted at `at` (≤ `now`); a token bucket puts it before the
     /// `here` tokens this meter took since their last charge ([`FleetBucket::charge_peers`]).
     /// A sliding window counts by when, and a leaky bucket as [`Meter::charge`] does.
-    pub fn charge_peers(&self, cost: u64, at: u64, now: u64, here: u64) {
+    pub fn charge_peers(&self, cost: u64, at: u64, now: u64, here: u64, over_silence: bool) {
         match self {
-            Meter::TokenBucket(bucket) => bucket.charge_peers(cost, at, here),
+            Meter::TokenBucket(bucket) => bucket.charge_peers(cost, at, here, over_silence),
             _ => self.charge(cost, at, now),
         }
     }

@@ -243,13 +243,23 @@ impl FleetBucket {
     /// comes before those takes, and never less than the true order otherwise (each term of
     /// the true fold is at most one of it); so is `max(F, at) + c`, the old charge. The view
     /// takes the smaller: never less than the fleet spent, and no more than before.
-    pub fn charge_peers(&self, cost: u64, at: u64, here: u64) {
+    ///
+    /// `over_silence`: the charge is what the peers admitted while this replica did not hear
+    /// from them, dated from when that began, and every take here since the peers' last
+    /// charge came after it. The next such charge is put before those takes too, so the mark
+    /// they start from moves by the charge alone: a resumed replica that admitted its backlog
+    /// between two peers' first reports had the second stacked on it otherwise.
+    pub fn charge_peers(&self, cost: u64, at: u64, here: u64, over_silence: bool) {
         if cost == 0 {
             return;
         }
         let charge = nanos(cost as f64 * self.period);
         let here = nanos(here as f64 * self.period);
         let from = self.peers_charged.load(Ordering::Acquire);
+        if over_silence {
+            self.peers_charged
+                .store(from.max(at).saturating_add(charge), Ordering::Release);
+        }
         let mut charged = 0;
         let _ = self
             .full_at
@@ -260,12 +270,14 @@ impl FleetBucket {
                 charged = stacked.min(in_order);
                 Some(charged)
             });
-        self.peers_charged.store(charged, Ordering::Release);
+        if !over_silence {
+            self.peers_charged.store(charged, Ordering::Release);
+        }
     }
 
     /// Credits `cost` tokens the peers took and gave back ([`FleetBucket::refund`]), and
     /// marks where this view's own admissions start from, as [`FleetBucket::charge_peers`].
-    pub fn refund_peers(&self, cost: u64) {
+    pub fn refund_peers(&self, cost: u64, over_silence: bool) {
         let charge = nanos(cost as f64 * self.period);
         let refunded = self
             .full_at
@@ -273,7 +285,14 @@ impl FleetBucket {
                 Some(full_at.saturating_sub(charge))
             })
             .map_or(0, |full_at| full_at.saturating_sub(charge));
-        self.peers_charged.store(refunded, Ordering::Release);
+        let mark = match over_silence {
+            true => self
+                .peers_charged
+                .load(Ordering::Acquire)
+                .saturating_sub(charge),
+            false => refunded,
+        };
+        self.peers_charged.store(mark, Ordering::Release);
     }
 
     /// Gives back `cost` tokens taken by [`FleetBucket::check`] for a request that was then
@@ -473,7 +492,7 @@ mod tests {
                     // (and the state was exact before it).
                     exact &= before.iter().all(|&(when, _)| when <= at)
                         && since.iter().all(|&(when, _)| when >= at);
-                    view.charge_peers(cost, at, here);
+                    view.charge_peers(cost, at, here, false);
                     stacked.charge(cost, at);
                     happened.push((at, cost));
                     (here, run) = (0, 0);

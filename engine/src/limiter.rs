@@ -197,6 +197,9 @@ pub struct Limiter<H: TenantHooks = NoHooks, C: Clock = EngineClock> {
     peers: ArcSwap<PeerUsage>,
     /// When `peers` was applied (engine nanoseconds), to refill the levels it reports.
     peers_at: AtomicU64,
+    /// The last silence (no report for over a second): when it began and when the first
+    /// report after it came (engine nanoseconds; 0, 0 before any).
+    silence: [AtomicU64; 2],
     idle_timeout: Duration,
     /// Most tenants tracked at once; 0 = no cap.
     max_tenants: usize,
@@ -226,6 +229,7 @@ impl<H: TenantHooks, C: Clock + Clone> Limiter<H, C> {
             core: Core::new(config, clock),
             peers: ArcSwap::from_pointee(PeerUsage::default()),
             peers_at: AtomicU64::new(0),
+            silence: Default::default(),
             idle_timeout,
             max_tenants: 0,
             settling: Duration::from_secs(1),
@@ -766,8 +770,15 @@ impl<H: TenantHooks, C: Clock + Clone> Limiter<H, C> {
         // last second. A replica that was stopped, cut off or is new would otherwise reserve
         // up to the delay's refill on top of the burst its stale view shows, before gossip
         // tells it what the others spent (a SIGSTOPped replica resumed at 1.37 L where the
-        // bound is 1.28). Without it the caller waits and checks again instead.
-        let heard = now.saturating_sub(self.peers_at.load(Ordering::Acquire)) < CONTENTION_MEMORY;
+        // bound is 1.28). Without it the caller waits and checks again instead. Nor for a
+        // second after a silence (see `apply_peer_usage`): a resumed replica reserved the
+        // backlog its sockets held 3 s ahead as soon as the first peer's report came, and the
+        // peers, which do not charge what a returning peer counts on its return (it may have
+        // admitted it while cut off), admitted as before while it refused its fresh pushes
+        // for 8 s to pay for it. Checked again instead, the backlog takes what the refill
+        // gives, as the peers' pushes do.
+        let heard = now.saturating_sub(self.peers_at.load(Ordering::Acquire)) < CONTENTION_MEMORY
+            && !self.back_from_silence(now);
         let max_delay = if self.core.healthy_replicas() > 1 && !heard {
             0
         } else {
@@ -870,6 +881,12 @@ impl<H: TenantHooks, C: Clock + Clone> Limiter<H, C> {
                 Err(outcome)
             }
         }
+    }
+
+    /// Whether the first report after the last silence came within the last second.
+    fn back_from_silence(&self, now: u64) -> bool {
+        let heard = self.silence[1].load(Ordering::Relaxed);
+        heard != 0 && now.saturating_sub(heard) < CONTENTION_MEMORY
     }
 
     /// Until then (engine nanoseconds) the tenant is settling: see [`settling_budget`].
@@ -1004,15 +1021,27 @@ impl<H: TenantHooks, C: Clock + Clone> Limiter<H, C> {
         // refill over it counts, as it did for them. Charged as of now, it put the view in a
         // debt as deep as the silence was long, and a resumed replica held or refused a
         // tenant under its limit for seconds after.
-        let back = match backdate.as_nanos() as u64 {
-            back if since > CONTENTION_MEMORY => back.max(since),
-            back => back,
+        // Each peer's first report after the silence may come in a round of its own, so the
+        // reports of the second after the first are charged from when it began too: charged as
+        // of their arrival, on top of the backlog a resumed replica admitted between two of
+        // them, they were a debt of seconds again.
+        let [began, heard] = &self.silence;
+        if since > CONTENTION_MEMORY {
+            began.store(previous, Ordering::Relaxed);
+            heard.store(now, Ordering::Relaxed);
+        }
+        let over_silence = self.back_from_silence(now);
+        let silence = match over_silence {
+            true => now.saturating_sub(began.load(Ordering::Relaxed)),
+            false => 0,
         };
+        let back = (backdate.as_nanos() as u64).max(silence);
         let at = now.saturating_sub(back);
         let tenants = self.tenants.pin();
         for (name, totals) in usage.iter() {
             if name.contains('/') {
-                self.keys().apply_admission_usage(name, totals, at, now);
+                self.keys()
+                    .apply_admission_usage(name, totals, at, now, over_silence);
                 continue;
             }
             let Some(tenant) = tenants.get(&**name) else {
@@ -1034,15 +1063,19 @@ impl<H: TenantHooks, C: Clock + Clone> Limiter<H, C> {
                 };
                 if spent > 0 {
                     // Read before the charge: an admission counted after it is ordered after
-                    // the peers' next charge too, which is the cautious side.
+                    // the peers' next charge too, which is the cautious side. Over a silence
+                    // the takes here since the last charge stay after the next one too.
                     let admitted = kind_usage.admitted.load(Ordering::Acquire);
-                    let before = kind_usage
-                        .admitted_at_peers
-                        .swap(admitted, Ordering::AcqRel);
-                    fleet.charge_peers(spent, at, admitted.saturating_sub(before));
+                    let before = match over_silence {
+                        true => kind_usage.admitted_at_peers.load(Ordering::Acquire),
+                        false => kind_usage
+                            .admitted_at_peers
+                            .swap(admitted, Ordering::AcqRel),
+                    };
+                    fleet.charge_peers(spent, at, admitted.saturating_sub(before), over_silence);
                 }
                 if credit > 0 {
-                    fleet.refund_peers(credit);
+                    fleet.refund_peers(credit, over_silence);
                 }
             }
         }

@@ -342,8 +342,9 @@ fn a_report_after_a_silence_is_charged_over_it() {
     assert!(level <= 0.0, "{level}");
 }
 
-/// The same replica, its sockets holding a backlog of pushes that it admits on resume before
-/// gossip reaches it: the peers' 8 s are charged before the backlog, when they happened. The
+/// The same replica, its sockets holding a backlog of pushes that it admits on resume between
+/// two peers' first reports: the peers' 8 s are charged before the backlog, when they
+/// happened, the second report's too (it came within a second of the first). The
 /// fleet's bucket, full when the replica stopped (0.6 L spent of L), is then emptied by the
 /// backlog, not 4.8 s of the limit in debt, and the tenant's next pushes, 0.9 L in all,
 /// pass as the refill comes. Charged after the backlog, they were refused for 8 s.
@@ -354,14 +355,30 @@ fn a_backlog_admitted_on_resume_is_ordered_after_the_silence() {
     limiter.apply_peer_usage(peers("w", 0, None), Duration::ZERO);
     check(&limiter, "w", 1).unwrap();
     clock.advance(Duration::from_secs(8));
+    // One peer's report comes first, the backlog is admitted, then the other peer's report.
+    limiter.apply_peer_usage(peers("w", 240, None), Duration::from_millis(150));
     assert_eq!(
         check(&limiter, "w", 100),
         Ok(()),
         "the backlog, from a full view"
     );
+    clock.advance(Duration::from_millis(50));
     limiter.apply_peer_usage(peers("w", 480, None), Duration::from_millis(150));
     let level = limiter.tenant_views()[0].fleet_level.1.unwrap();
-    assert!((-1.0..=0.0).contains(&level), "{level}");
+    assert!((0.0..=5.0).contains(&level), "{level}");
+    // The other order: the backlog first, then a report of a little, then the rest. The
+    // little one must not take the backlog into the mark the rest is put before.
+    let (other, clock2) = self::limiter(WEIGHTED);
+    other.set_healthy_replicas(3);
+    other.apply_peer_usage(peers("w", 0, None), Duration::ZERO);
+    check(&other, "w", 1).unwrap();
+    clock2.advance(Duration::from_secs(8));
+    assert_eq!(check(&other, "w", 100), Ok(()));
+    other.apply_peer_usage(peers("w", 10, None), Duration::from_millis(150));
+    clock2.advance(Duration::from_millis(50));
+    other.apply_peer_usage(peers("w", 480, None), Duration::from_millis(150));
+    let level = other.tenant_views()[0].fleet_level.1.unwrap();
+    assert!((0.0..=10.0).contains(&level), "{level}");
     // The peers go on at 0.6 L, this replica at 0.3 L: each of its pushes passes.
     for second in 1..=3 {
         for _ in 0..10 {
@@ -370,6 +387,41 @@ fn a_backlog_admitted_on_resume_is_ordered_after_the_silence() {
         }
         limiter.apply_peer_usage(peers("w", 480 + 60 * second, None), Duration::ZERO);
     }
+}
+
+/// For a second after the first report that ends a silence, the view promises nothing ahead:
+/// a resumed replica's backlog is checked again as the refill comes, not reserved 3 s ahead
+/// of the peers, which do not charge what a returning peer counts on its return.
+#[test]
+fn nothing_is_reserved_ahead_for_a_second_after_a_silence() {
+    let (limiter, clock) = limiter(WEIGHTED);
+    limiter.set_healthy_replicas(3);
+    limiter.apply_peer_usage(peers("w", 0, None), Duration::ZERO);
+    let tenant = limiter.tenant("w").unwrap();
+    let within =
+        |cost| limiter.check_within(&tenant, LimitKind::Ingestion, cost, Duration::from_secs(3));
+    assert_eq!(within(100), Ok(Duration::ZERO));
+    assert!(
+        within(50).unwrap() > Duration::ZERO,
+        "heard: reserved ahead"
+    );
+    clock.advance(Duration::from_secs(8));
+    limiter.apply_peer_usage(peers("w", 0, None), Duration::ZERO);
+    assert_eq!(within(100), Ok(Duration::ZERO), "the view refilled");
+    assert!(
+        within(50).is_err(),
+        "just back: checked again, not reserved"
+    );
+    for _ in 0..2 {
+        clock.advance(Duration::from_millis(600));
+        limiter.apply_peer_usage(peers("w", 0, None), Duration::ZERO);
+    }
+    assert_eq!(within(100), Ok(Duration::ZERO));
+    let wait = within(50).unwrap();
+    assert!(
+        wait > Duration::ZERO,
+        "back a second: reserved ahead ({wait:?})"
+    );
 }
 
 /// A held push reserves from the settling share too, and waits for it; but the first request
