@@ -512,6 +512,41 @@ mod tests {
             }
         }
 
+        /// After a silence, every report is dated from when it began, before all the view
+        /// took since its last charge before it (`over_silence`): however the reports and the
+        /// takes interleave on arrival, the view ends where the true order leaves it, the
+        /// peers' admissions first.
+        #[test]
+        fn charges_over_a_silence_all_go_before_the_takes_since(
+            start_level in -500i64..1000,
+            silence_ms in 0u64..10_000,
+            events in prop::collection::vec((any::<bool>(), 1u64..400, 0u64..300), 1..40),
+        ) {
+            let limit = rate(1000.0, 1000); // a token is 1 ms: the arithmetic is exact
+            let view = FleetBucket::with_level(limit, start_level as f64, 0);
+            let began = 0;
+            let mut now = silence_ms * MS;
+            let (mut peers, mut takes) = (0u64, Vec::new());
+            let mut here = 0;
+            for (from_peers, cost, gap_ms) in events {
+                now += gap_ms * MS;
+                if from_peers {
+                    view.charge_peers(cost, began, here, true);
+                    peers += cost;
+                } else {
+                    view.charge(cost, now);
+                    takes.push((now, cost));
+                    here += cost;
+                }
+            }
+            let after_peers = FleetBucket::with_level(limit, start_level as f64, 0).full_at().max(began)
+                + peers * MS;
+            let truth = takes
+                .iter()
+                .fold(after_peers, |full_at, &(when, cost)| full_at.max(when) + cost * MS);
+            prop_assert_eq!(view.full_at(), truth);
+        }
+
         /// Alone, a view is an exact token bucket: whatever the order of checks, it admits at
         /// most B + L·t over t.
         #[test]
