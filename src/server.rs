@@ -774,7 +774,11 @@ fn spawn_membership_applier(
                         (Arc::clone(tenant), totals)
                     })
                     .collect();
-                state.limiter.apply_peer_usage(Arc::new(totals), backdate);
+                state.limiter.apply_peer_usage(
+                    Arc::new(totals),
+                    backdate,
+                    membership.stalled_since,
+                );
             }
             for (member_state, count) in membership.count_by_state() {
                 state

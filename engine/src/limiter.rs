@@ -197,9 +197,9 @@ pub struct Limiter<H: TenantHooks = NoHooks, C: Clock = EngineClock> {
     peers: ArcSwap<PeerUsage>,
     /// When `peers` was applied (engine nanoseconds), to refill the levels it reports.
     peers_at: AtomicU64,
-    /// The last silence (no report for over a second): when it began and when the first
-    /// report after it came (engine nanoseconds; 0, 0 before any).
-    silence: [AtomicU64; 2],
+    /// When a report was last applied just after this process stalled (engine nanoseconds;
+    /// 0: never).
+    silence_heard: AtomicU64,
     idle_timeout: Duration,
     /// Most tenants tracked at once; 0 = no cap.
     max_tenants: usize,
@@ -229,7 +229,7 @@ impl<H: TenantHooks, C: Clock + Clone> Limiter<H, C> {
             core: Core::new(config, clock),
             peers: ArcSwap::from_pointee(PeerUsage::default()),
             peers_at: AtomicU64::new(0),
-            silence: Default::default(),
+            silence_heard: AtomicU64::new(0),
             idle_timeout,
             max_tenants: 0,
             settling: Duration::from_secs(1),
@@ -883,9 +883,9 @@ impl<H: TenantHooks, C: Clock + Clone> Limiter<H, C> {
         }
     }
 
-    /// Whether the first report after the last silence came within the last second.
+    /// Whether a report was applied just after this process stalled, within the last second.
     fn back_from_silence(&self, now: u64) -> bool {
-        let heard = self.silence[1].load(Ordering::Relaxed);
+        let heard = self.silence_heard.load(Ordering::Relaxed);
         heard != 0 && now.saturating_sub(heard) < CONTENTION_MEMORY
     }
 
@@ -1011,30 +1011,32 @@ impl<H: TenantHooks, C: Clock + Clone> Limiter<H, C> {
     }
 
     /// Charges the peers' admissions, as gossip reports them, to the tenants' fleet views.
-    /// `backdate`: about how long ago the reported admissions happened.
-    pub fn apply_peer_usage(&self, usage: Arc<PeerUsage>, backdate: Duration) {
+    /// `backdate`: about how long ago the reported admissions happened. `stalled_since`: set
+    /// by the ring for a second after this process did not run for a while (SIGSTOP, a paused
+    /// VM), how long ago that began.
+    pub fn apply_peer_usage(
+        &self,
+        usage: Arc<PeerUsage>,
+        backdate: Duration,
+        stalled_since: Option<Duration>,
+    ) {
         let now = self.now();
-        let previous = self.peers_at.load(Ordering::Acquire);
-        let since = now.saturating_sub(previous);
-        // A report after a silence (this replica was stopped, or cut off from its peers)
-        // carries what they admitted over all of it: charged from when the silence began, the
-        // refill over it counts, as it did for them. Charged as of now, it put the view in a
-        // debt as deep as the silence was long, and a resumed replica held or refused a
-        // tenant under its limit for seconds after.
-        // Each peer's first report after the silence may come in a round of its own, so the
-        // reports of the second after the first are charged from when it began too: charged as
-        // of their arrival, on top of the backlog a resumed replica admitted between two of
-        // them, they were a debt of seconds again.
-        let [began, heard] = &self.silence;
-        if since > CONTENTION_MEMORY {
-            began.store(previous, Ordering::Relaxed);
-            heard.store(now, Ordering::Relaxed);
+        // The reports that reach a replica just after it did not run carry what the peers
+        // admitted over all of that time: charged from when it began, the refill over it
+        // counts, as it did for them. Charged as of now, they put the view in a debt as deep
+        // as the stall was long, and a resumed replica held or refused a tenant under its
+        // limit for seconds after. Each peer's first report after it may come in a round of
+        // its own, with the backlog of pushes its sockets held admitted in between: all of
+        // them are put before what this replica took since its last charge before the stall
+        // (`over_silence`). Only the ring can say that this process stalled: a fleet with
+        // nothing to report is quiet as long, and the peers' first report after a quiet time
+        // is of what they admitted just now (dated from the start of the quiet time, a burst
+        // after it was admitted whole by every replica).
+        let over_silence = stalled_since.is_some();
+        if over_silence {
+            self.silence_heard.store(now, Ordering::Relaxed);
         }
-        let over_silence = self.back_from_silence(now);
-        let silence = match over_silence {
-            true => now.saturating_sub(began.load(Ordering::Relaxed)),
-            false => 0,
-        };
+        let silence = stalled_since.map_or(0, |since| since.as_nanos() as u64);
         let back = (backdate.as_nanos() as u64).max(silence);
         let at = now.saturating_sub(back);
         let tenants = self.tenants.pin();

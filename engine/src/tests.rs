@@ -248,11 +248,12 @@ async fn a_refund_gives_the_tokens_back_to_their_meter() {
     // counted and the 60 spent again make 100, nothing new.
     let (peer, _peer_clock) = limiter(WEIGHTED);
     peer.tenant("w").unwrap();
-    peer.apply_peer_usage(peers("w", 0, None), Duration::ZERO);
-    peer.apply_peer_usage(peers("w", 100, None), Duration::ZERO);
+    peer.apply_peer_usage(peers("w", 0, None), Duration::ZERO, None);
+    peer.apply_peer_usage(peers("w", 100, None), Duration::ZERO, None);
     peer.apply_peer_usage(
         peers("w", weighted.usage_reports()[0].items, None),
         Duration::ZERO,
+        None,
     );
     assert_eq!(peer.tenant_views()[0].fleet_level.1, Some(0.0));
 
@@ -276,17 +277,17 @@ fn peer_admissions_are_charged_and_the_view_waits_out_the_debt() {
     let (limiter, clock) = limiter(WEIGHTED);
     limiter.set_healthy_replicas(3);
     // The peers have served this tenant: it is known to the fleet, so it does not settle.
-    limiter.apply_peer_usage(peers("w", 0, None), Duration::ZERO);
+    limiter.apply_peer_usage(peers("w", 0, None), Duration::ZERO, None);
     assert_eq!(check(&limiter, "w", 60), Ok(()));
     // The peers report 150 more: the view owes 110.
-    limiter.apply_peer_usage(peers("w", 150, None), Duration::ZERO);
+    limiter.apply_peer_usage(peers("w", 150, None), Duration::ZERO, None);
     clock.advance(Duration::from_secs(1)); // +100
     assert!(check(&limiter, "w", 1).is_err(), "still 10 in debt");
     clock.advance(Duration::from_millis(200));
     assert_eq!(check(&limiter, "w", 10), Ok(()));
     // A report already applied is not charged twice; an older (smaller) one changes nothing.
-    limiter.apply_peer_usage(peers("w", 150, None), Duration::ZERO);
-    limiter.apply_peer_usage(peers("w", 100, None), Duration::ZERO);
+    limiter.apply_peer_usage(peers("w", 150, None), Duration::ZERO, None);
+    limiter.apply_peer_usage(peers("w", 100, None), Duration::ZERO, None);
     assert_eq!(limiter.tenant_views()[0].fleet_level.1, Some(0.0));
 }
 
@@ -297,14 +298,14 @@ fn peer_admissions_are_charged_and_the_view_waits_out_the_debt() {
 fn a_request_of_the_whole_burst_passes_from_a_full_bucket_while_contended() {
     let (limiter, clock) = limiter(WEIGHTED);
     limiter.set_healthy_replicas(3);
-    limiter.apply_peer_usage(peers("w", 0, None), Duration::ZERO);
+    limiter.apply_peer_usage(peers("w", 0, None), Duration::ZERO, None);
     assert_eq!(check(&limiter, "w", 1), Ok(()));
     clock.advance(Duration::from_millis(500));
     // The peers spend 50 in half a second: a rate of about 100/s.
-    limiter.apply_peer_usage(peers("w", 50, None), Duration::ZERO);
+    limiter.apply_peer_usage(peers("w", 50, None), Duration::ZERO, None);
     assert!(check(&limiter, "w", 100).is_err(), "50 left: contended now");
     clock.advance(Duration::from_millis(600)); // full again
-    limiter.apply_peer_usage(peers("w", 50, None), Duration::ZERO);
+    limiter.apply_peer_usage(peers("w", 50, None), Duration::ZERO, None);
     clock.advance(Duration::from_millis(100));
     assert_eq!(limiter.tenant_views()[0].fleet_level.1, Some(100.0), "full");
     assert_eq!(check(&limiter, "w", 100), Ok(()));
@@ -313,11 +314,11 @@ fn a_request_of_the_whole_burst_passes_from_a_full_bucket_while_contended() {
 #[test]
 fn a_backdated_report_counts_the_refill_since() {
     let (limiter, clock) = limiter(WEIGHTED);
-    limiter.apply_peer_usage(peers("w", 0, None), Duration::ZERO);
+    limiter.apply_peer_usage(peers("w", 0, None), Duration::ZERO, None);
     check(&limiter, "w", 1).unwrap();
     clock.advance(Duration::from_secs(2));
     // 100 spent by a peer about a second ago: the bucket has refilled since.
-    limiter.apply_peer_usage(peers("w", 100, None), Duration::from_secs(1));
+    limiter.apply_peer_usage(peers("w", 100, None), Duration::from_secs(1), None);
     assert_eq!(limiter.tenant_views()[0].fleet_level.1, Some(100.0));
 }
 
@@ -328,18 +329,42 @@ fn a_backdated_report_counts_the_refill_since() {
 fn a_report_after_a_silence_is_charged_over_it() {
     let (limiter, clock) = limiter(WEIGHTED);
     limiter.set_healthy_replicas(3);
-    limiter.apply_peer_usage(peers("w", 0, None), Duration::ZERO);
+    limiter.apply_peer_usage(peers("w", 0, None), Duration::ZERO, None);
     check(&limiter, "w", 1).unwrap();
     clock.advance(Duration::from_secs(8));
-    limiter.apply_peer_usage(peers("w", 480, None), Duration::from_millis(150));
+    limiter.apply_peer_usage(
+        peers("w", 480, None),
+        Duration::from_millis(150),
+        Some(Duration::from_secs(8)),
+    );
     assert_eq!(limiter.tenant_views()[0].fleet_level.1, Some(100.0));
     assert_eq!(check(&limiter, "w", 100), Ok(()));
     // Over the limit while this replica was away (1.5 L for 8 s, their views' debt and all):
     // the view starts empty, as the fleet's bucket is.
     clock.advance(Duration::from_secs(8));
-    limiter.apply_peer_usage(peers("w", 480 + 1_200, None), Duration::from_millis(150));
+    limiter.apply_peer_usage(
+        peers("w", 480 + 1_200, None),
+        Duration::from_millis(150),
+        Some(Duration::from_secs(8)),
+    );
     let level = limiter.tenant_views()[0].fleet_level.1.unwrap();
     assert!(level <= 0.0, "{level}");
+}
+
+/// A quiet fleet is not a stalled replica: a tenant idle for 5 s, then a peer admits a burst
+/// and reports it. That report is of now, not of the quiet time, and is charged whole: dated
+/// from the start of the quiet time, every replica admitted its own burst on top.
+#[test]
+fn a_report_after_a_quiet_time_is_charged_as_of_now() {
+    let (limiter, clock) = limiter(WEIGHTED);
+    limiter.set_healthy_replicas(3);
+    limiter.apply_peer_usage(peers("w", 0, None), Duration::ZERO, None);
+    check(&limiter, "w", 1).unwrap();
+    clock.advance(Duration::from_secs(5));
+    limiter.apply_peer_usage(peers("w", 100, None), Duration::from_millis(150), None);
+    let level = limiter.tenant_views()[0].fleet_level.1.unwrap();
+    assert!(level <= 15.0, "{level}");
+    assert!(check(&limiter, "w", 50).is_err(), "the peer took the burst");
 }
 
 /// The same replica, its sockets holding a backlog of pushes that it admits on resume between
@@ -352,31 +377,47 @@ fn a_report_after_a_silence_is_charged_over_it() {
 fn a_backlog_admitted_on_resume_is_ordered_after_the_silence() {
     let (limiter, clock) = limiter(WEIGHTED);
     limiter.set_healthy_replicas(3);
-    limiter.apply_peer_usage(peers("w", 0, None), Duration::ZERO);
+    limiter.apply_peer_usage(peers("w", 0, None), Duration::ZERO, None);
     check(&limiter, "w", 1).unwrap();
     clock.advance(Duration::from_secs(8));
     // One peer's report comes first, the backlog is admitted, then the other peer's report.
-    limiter.apply_peer_usage(peers("w", 240, None), Duration::from_millis(150));
+    limiter.apply_peer_usage(
+        peers("w", 240, None),
+        Duration::from_millis(150),
+        Some(Duration::from_secs(8)),
+    );
     assert_eq!(
         check(&limiter, "w", 100),
         Ok(()),
         "the backlog, from a full view"
     );
     clock.advance(Duration::from_millis(50));
-    limiter.apply_peer_usage(peers("w", 480, None), Duration::from_millis(150));
+    limiter.apply_peer_usage(
+        peers("w", 480, None),
+        Duration::from_millis(150),
+        Some(Duration::from_millis(8_050)),
+    );
     let level = limiter.tenant_views()[0].fleet_level.1.unwrap();
     assert!((0.0..=5.0).contains(&level), "{level}");
     // The other order: the backlog first, then a report of a little, then the rest. The
     // little one must not take the backlog into the mark the rest is put before.
     let (other, clock2) = self::limiter(WEIGHTED);
     other.set_healthy_replicas(3);
-    other.apply_peer_usage(peers("w", 0, None), Duration::ZERO);
+    other.apply_peer_usage(peers("w", 0, None), Duration::ZERO, None);
     check(&other, "w", 1).unwrap();
     clock2.advance(Duration::from_secs(8));
     assert_eq!(check(&other, "w", 100), Ok(()));
-    other.apply_peer_usage(peers("w", 10, None), Duration::from_millis(150));
+    other.apply_peer_usage(
+        peers("w", 10, None),
+        Duration::from_millis(150),
+        Some(Duration::from_secs(8)),
+    );
     clock2.advance(Duration::from_millis(50));
-    other.apply_peer_usage(peers("w", 480, None), Duration::from_millis(150));
+    other.apply_peer_usage(
+        peers("w", 480, None),
+        Duration::from_millis(150),
+        Some(Duration::from_millis(8_050)),
+    );
     let level = other.tenant_views()[0].fleet_level.1.unwrap();
     assert!((0.0..=10.0).contains(&level), "{level}");
     // The peers go on at 0.6 L, this replica at 0.3 L: each of its pushes passes.
@@ -385,7 +426,7 @@ fn a_backlog_admitted_on_resume_is_ordered_after_the_silence() {
             clock.advance(Duration::from_millis(100));
             assert_eq!(check(&limiter, "w", 3), Ok(()), "second {second}");
         }
-        limiter.apply_peer_usage(peers("w", 480 + 60 * second, None), Duration::ZERO);
+        limiter.apply_peer_usage(peers("w", 480 + 60 * second, None), Duration::ZERO, None);
     }
 }
 
@@ -396,7 +437,7 @@ fn a_backlog_admitted_on_resume_is_ordered_after_the_silence() {
 fn nothing_is_reserved_ahead_for_a_second_after_a_silence() {
     let (limiter, clock) = limiter(WEIGHTED);
     limiter.set_healthy_replicas(3);
-    limiter.apply_peer_usage(peers("w", 0, None), Duration::ZERO);
+    limiter.apply_peer_usage(peers("w", 0, None), Duration::ZERO, None);
     let tenant = limiter.tenant("w").unwrap();
     let within =
         |cost| limiter.check_within(&tenant, LimitKind::Ingestion, cost, Duration::from_secs(3));
@@ -406,7 +447,11 @@ fn nothing_is_reserved_ahead_for_a_second_after_a_silence() {
         "heard: reserved ahead"
     );
     clock.advance(Duration::from_secs(8));
-    limiter.apply_peer_usage(peers("w", 0, None), Duration::ZERO);
+    limiter.apply_peer_usage(
+        peers("w", 0, None),
+        Duration::ZERO,
+        Some(Duration::from_secs(8)),
+    );
     assert_eq!(within(100), Ok(Duration::ZERO), "the view refilled");
     assert!(
         within(50).is_err(),
@@ -414,7 +459,7 @@ fn nothing_is_reserved_ahead_for_a_second_after_a_silence() {
     );
     for _ in 0..2 {
         clock.advance(Duration::from_millis(600));
-        limiter.apply_peer_usage(peers("w", 0, None), Duration::ZERO);
+        limiter.apply_peer_usage(peers("w", 0, None), Duration::ZERO, None);
     }
     assert_eq!(within(100), Ok(Duration::ZERO));
     let wait = within(50).unwrap();
@@ -526,7 +571,7 @@ fn a_tenant_the_peers_report_starts_from_their_view_without_settling() {
     limiter.set_healthy_replicas(3);
     // A peer's view of the fleet bucket is at 20, and its admissions so far (5 000) are
     // history: they are not charged again.
-    limiter.apply_peer_usage(peers("w", 5_000, Some(20.0)), Duration::ZERO);
+    limiter.apply_peer_usage(peers("w", 5_000, Some(20.0)), Duration::ZERO, None);
     clock.advance(Duration::from_millis(100)); // +10 since the report
     assert_eq!(check(&limiter, "w", 30), Ok(()));
     assert!(check(&limiter, "w", 1).is_err());
@@ -635,9 +680,9 @@ fn idle_tenants_are_evicted_only_once_their_buckets_are_full() {
 #[test]
 fn a_fleet_view_in_debt_is_not_evicted() {
     let (limiter, clock) = limiter(WEIGHTED);
-    limiter.apply_peer_usage(peers("w", 0, None), Duration::ZERO);
+    limiter.apply_peer_usage(peers("w", 0, None), Duration::ZERO, None);
     check(&limiter, "w", 1).unwrap();
-    limiter.apply_peer_usage(peers("w", 100 * 100, None), Duration::ZERO); // 99 s of debt
+    limiter.apply_peer_usage(peers("w", 100 * 100, None), Duration::ZERO, None); // 99 s of debt
     clock.advance(Duration::from_secs(62));
     assert_eq!(limiter.evict_idle(), 0);
     clock.advance(Duration::from_secs(40));
@@ -1340,6 +1385,7 @@ mod admission_tests {
                 },
             )])),
             Duration::ZERO,
+            None,
         );
         // (the entry must exist for the peers' count to land)
         let _ = limiter.acquire("a", "POST /u", None, ttl).await;
@@ -1352,6 +1398,7 @@ mod admission_tests {
                 },
             )])),
             Duration::ZERO,
+            None,
         );
         assert!(
             !limiter
@@ -1381,7 +1428,7 @@ mod admission_tests {
             )]))
         };
         // Idle peers lend nothing: their share is theirs the moment their traffic comes.
-        limiter.apply_peer_usage(peers(0), Duration::ZERO);
+        limiter.apply_peer_usage(peers(0), Duration::ZERO, None);
         assert_eq!(futures_acquire(&limiter, "a", "wide", 30, ttl).await, 0);
         // 31 over 3 by rank: 11, 10, 10.
         let (first, _clock) = super::limiter(ADMISSION);
@@ -1664,14 +1711,14 @@ async fn peers_refunds_are_credited_and_a_new_key_starts_from_their_totals() {
         remaining(limiter.allow("a", "k", 1, None).await.unwrap()),
         99
     );
-    limiter.apply_peer_usage(peers(50, 0), Duration::ZERO);
+    limiter.apply_peer_usage(peers(50, 0), Duration::ZERO, None);
     assert_eq!(
         remaining(limiter.allow("a", "k", 1, None).await.unwrap()),
         48
     );
     // 30 of those 50 given back by the peers, and the same report seen twice.
-    limiter.apply_peer_usage(peers(50, 30), Duration::ZERO);
-    limiter.apply_peer_usage(peers(50, 30), Duration::ZERO);
+    limiter.apply_peer_usage(peers(50, 30), Duration::ZERO, None);
+    limiter.apply_peer_usage(peers(50, 30), Duration::ZERO, None);
     assert_eq!(
         remaining(limiter.allow("a", "k", 1, None).await.unwrap()),
         77
@@ -1681,7 +1728,7 @@ async fn peers_refunds_are_credited_and_a_new_key_starts_from_their_totals() {
         remaining(limiter.allow("a", "late", 1, None).await.unwrap()),
         99
     );
-    limiter.apply_peer_usage(peers(50, 30), Duration::ZERO);
+    limiter.apply_peer_usage(peers(50, 30), Duration::ZERO, None);
     assert_eq!(
         remaining(limiter.allow("a", "late", 1, None).await.unwrap()),
         98
@@ -1706,7 +1753,7 @@ async fn a_key_orders_the_peers_charges_before_its_own_backlog() {
             },
         )]))
     };
-    limiter.apply_peer_usage(peers(0), Duration::ZERO);
+    limiter.apply_peer_usage(peers(0), Duration::ZERO, None);
     assert!(
         limiter
             .allow("a", "k", 1, None)
@@ -1718,7 +1765,11 @@ async fn a_key_orders_the_peers_charges_before_its_own_backlog() {
     clock.advance(Duration::from_secs(8));
     let backlog = limiter.allow("a", "k", 100, None).await.unwrap();
     assert!(backlog.decision.allowed, "the backlog, from a full view");
-    limiter.apply_peer_usage(peers(48), Duration::from_millis(150));
+    limiter.apply_peer_usage(
+        peers(48),
+        Duration::from_millis(150),
+        Some(Duration::from_secs(8)),
+    );
     clock.advance(Duration::from_millis(200));
     let next = limiter.allow("a", "k", 1, None).await.unwrap().decision;
     assert!(next.allowed, "waited {:?}", next.retry_after);

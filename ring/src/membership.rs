@@ -96,6 +96,10 @@ pub struct Membership {
     pub peer_ha: std::sync::Arc<Vec<crate::HaEntry>>,
     /// Peer HA entries (or whole lists) that could not be read, cumulative.
     pub skipped_ha_entries: u64,
+    /// For a second after this process did not run for a while (SIGSTOP, a paused VM): how
+    /// long ago that began. The peers' reports of that second carry what they admitted over
+    /// it, and are charged from then.
+    pub stalled_since: Option<std::time::Duration>,
 }
 
 impl Membership {
@@ -124,6 +128,7 @@ impl Membership {
             rejected_gossip: Default::default(),
             peer_ha: Default::default(),
             skipped_ha_entries: 0,
+            stalled_since: None,
         }
     }
 
@@ -143,6 +148,7 @@ impl Membership {
             rejected_gossip: Default::default(),
             peer_ha: Default::default(),
             skipped_ha_entries: 0,
+            stalled_since: None,
         }
     }
 

@@ -350,6 +350,7 @@ async fn observe(
     let mut alone = false;
     let mut last_round = Instant::now();
     let mut stalled_until: Option<Instant> = None;
+    let mut stalled_from = Instant::now();
     loop {
         let waited_alone = alone;
         if alone {
@@ -368,6 +369,7 @@ async fn observe(
         // round revives them. Until then they keep their place (see `carry_over`).
         if !waited_alone && now.duration_since(last_round) > observation.stall_after() {
             stalled_until = Some(now + observation.stall_after());
+            stalled_from = last_round;
         }
         last_round = now;
         let mut usage_changed = false;
@@ -519,6 +521,7 @@ async fn observe(
         membership.peer_usage = Arc::clone(&peer_usage);
         membership.peer_ha = Arc::clone(&peer_ha);
         membership.skipped_ha_entries = skipped_ha;
+        membership.stalled_since = stalled_until.map(|_| now.duration_since(stalled_from));
         if !joined
             && (started.elapsed() >= observation.join_timeout
                 || membership.has_seen(&observation.seeds, observation.self_addr))
