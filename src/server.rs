@@ -236,7 +236,7 @@ pub async fn run_with_clock(
         spawn_usage_publisher(Arc::clone(&state), Arc::clone(&ring)),
         spawn_ha_publisher(Arc::clone(&state), Arc::clone(&ring)),
         spawn_lease_returner(Arc::clone(&state)),
-        spawn_lease_sweep(Arc::clone(&state)),
+        spawn_lease_sweep(Arc::clone(&state), Arc::clone(&ring)),
         // The breaker closes when the store is back, with no `shared` traffic to probe it.
         tokio::spawn({
             let state = Arc::clone(&state);
@@ -743,10 +743,17 @@ fn spawn_membership_applier(
                     );
                 }
                 healthy = membership.healthy;
-                state.limiter.set_healthy_replicas(healthy);
                 state.metrics.ring_healthy_replicas.set(healthy as i64);
             }
-            state.limiter.set_rank(membership.rank());
+            state.limiter.set_ring_place(
+                membership.healthy,
+                membership.rank(),
+                membership.joined,
+                engine::maths::LeaseHorizons {
+                    peers: membership.peers_lease_horizon,
+                    departed: membership.departed_lease_horizon,
+                },
+            );
             if !Arc::ptr_eq(&membership.peer_ha, &peer_ha) {
                 peer_ha = Arc::clone(&membership.peer_ha);
                 for change in state.ha.merge(&peer_ha) {
@@ -883,9 +890,13 @@ fn spawn_lease_returner(state: Arc<AppState>) -> JoinHandle<()> {
 
 /// While the admission API holds leases, frees those past their deadline every
 /// [`engine::admission::LEASE_SWEEP`]; while it holds none, sleeps.
-fn spawn_lease_sweep(state: Arc<AppState>) -> JoinHandle<()> {
+/// Each sweep also tells the ring how long the longest lease may still be held, so the
+/// peers keep this replica's share unused that long if it dies or leaves.
+fn spawn_lease_sweep(state: Arc<AppState>, ring: Arc<Ring>) -> JoinHandle<()> {
     tokio::spawn(async move {
         loop {
+            ring.publish_lease_horizon(state.limiter.lease_horizon())
+                .await;
             state.limiter.until_leases_held().await;
             tokio::time::sleep(engine::admission::LEASE_SWEEP).await;
             state.limiter.expire_leases();

@@ -45,6 +45,9 @@ fn overrides(strategy: &str) -> String {
 
 struct Fleet {
     replicas: Vec<Replica>,
+    gossip: Vec<std::net::SocketAddr>,
+    cluster: String,
+    args: Vec<String>,
     _dir: tempfile::TempDir,
     _serial: tokio::sync::MutexGuard<'static, ()>,
 }
@@ -77,6 +80,9 @@ async fn fleet(first_ip: u8, strategy: &str, extra: &[&str]) -> Fleet {
     .await;
     Fleet {
         replicas,
+        args: args.iter().map(ToString::to_string).collect(),
+        gossip,
+        cluster,
         _dir: dir,
         _serial: serial,
     }
@@ -235,5 +241,146 @@ async fn shared_holds_each_algorithm_and_the_cap_exactly_in_redis() {
     assert!(
         report["mean_in_flight"].as_f64().unwrap() > MAX_CONCURRENT as f64 * IN_USE_FLOOR,
         "{report}"
+    );
+}
+
+/// `POST /api/v1/{call}` on `replica` with `body`: the JSON answer.
+async fn call(replica: &Replica, call: &str, body: Value) -> Value {
+    let url = format!("http://{}/api/v1/{call}", replica.http);
+    let response = reqwest::Client::new()
+        .post(url)
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    let status = response.status();
+    let answer: Value = response.json().await.unwrap_or_default();
+    assert!(status.is_success(), "{call}: {status} {answer}");
+    answer
+}
+
+/// One slot of key `slots` on `replica` for `ttl` seconds: its lease id, if granted.
+async fn acquire(replica: &Replica, ttl: f64) -> Option<String> {
+    let answer = call(
+        replica,
+        "acquire",
+        serde_json::json!({"tenant": "t", "key": "slots", "ttl": ttl}),
+    )
+    .await;
+    answer["granted"]
+        .as_bool()
+        .unwrap()
+        .then(|| answer["lease_id"].as_str().unwrap().to_string())
+}
+
+/// A lease is held by its client, not by the replica that granted it: when that replica is
+/// `kill -9`ed, its holders are still at work until their deadlines. The survivors' shares of
+/// the cap grow only after the dead replica's leases may have ended (it published how long
+/// that is), and a replica that joins grants nothing while its peers hold more than their new
+/// shares. Before this, the survivors granted the dead replica's share again at once: 13
+/// holders for a cap of 10 in a probe (2026-12-06).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_replicas_share_is_not_granted_again_while_its_leases_may_be_held() {
+    let mut fleet = fleet(180, "weighted", &[]).await;
+    // 30 over 3: 10 each. The survivors' leases last the whole test; the doomed replica's 5 s.
+    let mut held: Vec<Vec<String>> = vec![Vec::new(), Vec::new()];
+    for (replica, leases) in fleet.replicas[..2].iter().zip(&mut held) {
+        for _ in 0..10 {
+            leases.push(acquire(replica, 60.0).await.expect("within the share"));
+        }
+        assert_eq!(acquire(replica, 60.0).await, None, "past the share");
+    }
+    for _ in 0..10 {
+        acquire(&fleet.replicas[2], 5.0)
+            .await
+            .expect("within the share");
+    }
+    let doomed_granted = std::time::Instant::now();
+    // The survivors have heard how long the doomed replica's leases may run.
+    let doomed_id = format!("{}-{}", fleet.cluster, fleet.gossip[2]);
+    common::wait_until(
+        "the survivors hear the lease horizon",
+        Duration::from_secs(10),
+        || async {
+            let ring = fleet.replicas[0].ring().await.unwrap_or_default();
+            ring["members"].as_array().is_some_and(|members| {
+                members.iter().any(|member| {
+                    member["node_id"] == doomed_id.as_str()
+                        && member["lease_horizon"].as_f64().unwrap_or(0.0) > 0.0
+                })
+            })
+        },
+    )
+    .await;
+    let doomed = fleet.replicas.pop().unwrap();
+    doomed.signal("-KILL");
+    drop(doomed);
+    let survivors: Vec<&Replica> = fleet.replicas.iter().collect();
+    until_healthy(&survivors, 2, Duration::from_secs(20)).await;
+
+    // Each survivor may grow to 15, but not before the dead replica's leases have ended.
+    let mut first_grown = None;
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while held.iter().any(|leases| leases.len() < 15) && std::time::Instant::now() < deadline {
+        for (replica, leases) in fleet.replicas.iter().zip(&mut held) {
+            if leases.len() < 15 {
+                if let Some(lease) = acquire(replica, 60.0).await {
+                    first_grown.get_or_insert_with(std::time::Instant::now);
+                    leases.push(lease);
+                }
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let grown_after = first_grown
+        .expect("the survivors' shares never grew")
+        .duration_since(doomed_granted);
+    assert!(
+        grown_after > Duration::from_secs(5),
+        "a survivor granted the dead replica's share {grown_after:?} after its leases of 5 s"
+    );
+    assert!(
+        held.iter().all(|leases| leases.len() == 15),
+        "the shares did not grow to 15 each: {:?}",
+        held.iter().map(Vec::len).collect::<Vec<_>>()
+    );
+
+    // It comes back (a new incarnation under its id): its share is 10, but the survivors
+    // hold 15 each, so it grants nothing while they do.
+    let args: Vec<&str> = fleet.args.iter().map(String::as_str).collect();
+    let back = spawn(fleet.gossip[2], &fleet.gossip, &fleet.cluster, &args);
+    fleet.replicas.push(back);
+    let all: Vec<&Replica> = fleet.replicas.iter().collect();
+    until_healthy(&all, 3, Duration::from_secs(20)).await;
+    for _ in 0..10 {
+        assert_eq!(
+            acquire(&fleet.replicas[2], 60.0).await,
+            None,
+            "a joining replica granted a slot while its peers held the whole cap"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // The survivors' holders finish: the fleet's horizon drops to 0, and it grants its 10.
+    for (replica, leases) in fleet.replicas.iter().zip(&held) {
+        for lease in leases {
+            call(replica, "release", serde_json::json!({"lease_id": lease})).await;
+        }
+    }
+    let mut granted = 0;
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while granted < 10 && std::time::Instant::now() < deadline {
+        while acquire(&fleet.replicas[2], 60.0).await.is_some() {
+            granted += 1;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(
+        granted, 10,
+        "the joined replica's share, once its peers released theirs"
+    );
+    assert_eq!(
+        acquire(&fleet.replicas[2], 60.0).await,
+        None,
+        "past its share"
     );
 }

@@ -1038,7 +1038,17 @@ impl<'a, C: Clock + Clone> Keys<'a, C> {
         // counts, which the peers see a round late, let 50-57 pushes in flight for a cap of
         // 30 with holds of 0.3-0.5 s. So outside the store every replica holds a fixed share,
         // and the shares sum to the cap exactly; `shared` follows skewed traffic exactly.
-        let cap = slot_share(state.enforced.max_concurrent, state.healthy, self.rank());
+        //
+        // A share grows only once the leases granted under the old shares may have ended
+        // (`SlotHolds`): a dead replica's holders are still at work. Not for pushes: a push in
+        // flight ends with its replica, and one that joins must take pushes at once.
+        let max = state.enforced.max_concurrent;
+        let mut cap = slot_share(max, state.healthy, self.rank());
+        if &*entry.key != PUSH_KEY {
+            if let Some(held) = self.held_slot_cap(max, self.now_nanos()) {
+                cap = cap.min(held);
+            }
+        }
         let taken = entry
             .in_flight
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |held| {
@@ -1187,6 +1197,26 @@ impl<'a, C: Clock + Clone> Keys<'a, C> {
             }
             (None, _) => Err(unknown()),
         }
+    }
+
+    /// How much longer the longest-running replica-local lease of a key (not a push's) may be
+    /// held: what the ring tells the peers, so the share this replica holds is not granted
+    /// again elsewhere while its holders may be at work after it dies or leaves (see
+    /// [`crate::maths::SlotHolds`]). A push slot ends with its replica, and is left out.
+    pub(crate) fn lease_horizon(&self) -> Duration {
+        let now = self.now_nanos();
+        let push = format!("/{PUSH_KEY}");
+        let latest = self
+            .admission()
+            .leases
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .values()
+            .filter(|(name, _)| !name.ends_with(&push))
+            .map(|(_, deadline)| *deadline)
+            .max()
+            .unwrap_or(0);
+        Duration::from_nanos(latest.saturating_sub(now))
     }
 
     /// Frees replica-local leases past their deadline (their holders crashed or forgot).

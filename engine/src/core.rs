@@ -14,7 +14,7 @@ use runtime_config::{RuntimeConfig, TenantLimits};
 use crate::bucket::nanos_between;
 use crate::cells::CellShares;
 use crate::clock::EngineClock;
-use crate::maths::{local_limits, LocalLimits};
+use crate::maths::{local_limits, LeaseHorizons, LocalLimits, SlotHolds};
 use crate::shared::Shared;
 
 /// The inputs of the limit maths, replaced as a whole when any of them changes.
@@ -66,6 +66,10 @@ pub(crate) struct Core<C: Clock = EngineClock> {
     /// This replica's place among the healthy replicas in the ring's order, for its share
     /// of fleet-wide in-flight caps.
     rank: AtomicUsize,
+    /// The shares of in-flight caps held before the ring last changed, still binding (see
+    /// [`SlotHolds`]); `slots_binding_until` says, in one load, whether any may bind now.
+    slot_holds: Mutex<SlotHolds>,
+    slots_binding_until: AtomicU64,
     /// Nanoseconds since `start`, refreshed by `tick`: a coarse clock for marking things
     /// used, so that costs no clock read.
     coarse_now: AtomicU64,
@@ -92,6 +96,8 @@ impl<C: Clock> Core<C> {
             inputs_writer: Mutex::new(()),
             healthy: AtomicUsize::new(1),
             rank: AtomicUsize::new(0),
+            slot_holds: Mutex::new(SlotHolds::default()),
+            slots_binding_until: AtomicU64::new(0),
             coarse_now: AtomicU64::new(0),
             start: clock.now(),
             clock,
@@ -141,6 +147,31 @@ impl<C: Clock> Core<C> {
 
     pub(crate) fn set_rank(&self, rank: usize) {
         self.rank.store(rank, Ordering::Relaxed);
+    }
+
+    /// The ring moved this replica (or said it again): see [`SlotHolds::moved`].
+    pub(crate) fn move_slots(
+        &self,
+        replicas: usize,
+        rank: usize,
+        joined: bool,
+        horizons: LeaseHorizons,
+    ) {
+        let now = self.now_nanos();
+        let mut holds = self.slot_holds.lock().unwrap_or_else(|e| e.into_inner());
+        holds.moved(replicas, rank, joined, horizons, now);
+        self.slots_binding_until
+            .store(holds.binding_until(), Ordering::Relaxed);
+    }
+
+    /// The most of an in-flight cap of `max` this replica may grant now when an earlier share
+    /// still binds; `None` when none does (its share where it stands applies).
+    pub(crate) fn held_slot_cap(&self, max: u64, now: u64) -> Option<u64> {
+        if self.slots_binding_until.load(Ordering::Relaxed) <= now {
+            return None;
+        }
+        let holds = self.slot_holds.lock().unwrap_or_else(|e| e.into_inner());
+        holds.cap(max, now)
     }
 
     /// About how long ago a peer's reported admissions happened when its report arrives.

@@ -1001,6 +1001,29 @@ impl<H: TenantHooks, C: Clock + Clone> Limiter<H, C> {
         self.core.set_rank(rank);
     }
 
+    /// Tells the limiter where the ring places it: `rank` of `healthy` replicas, whether it
+    /// has joined, and how long leases granted elsewhere may still run (`horizons`). The
+    /// healthy count divides the limits; the rank picks this replica's share of each in-flight
+    /// cap, which grows only once the leases it was carved from may have ended (see
+    /// [`crate::maths::SlotHolds`]).
+    pub fn set_ring_place(
+        &self,
+        healthy: usize,
+        rank: usize,
+        joined: bool,
+        horizons: crate::maths::LeaseHorizons,
+    ) {
+        self.set_healthy_replicas(healthy);
+        self.core.set_rank(rank);
+        self.core.move_slots(healthy, rank, joined, horizons);
+    }
+
+    /// How much longer this replica's longest-running in-flight lease of an admission key may
+    /// be held (push slots left out): for the ring to tell the peers.
+    pub fn lease_horizon(&self) -> Duration {
+        self.keys().lease_horizon()
+    }
+
     fn update_inputs(&self, next: impl FnOnce(&Inputs) -> NextInputs) {
         self.core.update_inputs(next);
         // In force from now, for idle tenants too: their tokens accrue under the new limits

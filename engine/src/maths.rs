@@ -17,6 +17,135 @@ pub fn slot_share(max: u64, replicas: usize, rank: usize) -> u64 {
     max / replicas + u64::from(rank < max % replicas)
 }
 
+/// How long leases granted elsewhere in the fleet may still be held, as the ring reports it.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct LeaseHorizons {
+    /// The longest a live peer says its leases (or a departed peer's it guards) may run: what
+    /// a replica that joins waits out before it grants.
+    pub peers: Duration,
+    /// The longest a peer that died or left lately said its leases may run: what a share it
+    /// freed waits out before it is granted again.
+    pub departed: Duration,
+}
+
+/// The shares of fleet-wide in-flight caps this replica held before the ring last changed,
+/// each binding until the leases granted under it may have ended. A lease is held by a client,
+/// not by the replica that granted it: when a replica dies or leaves, its holders are still at
+/// work until their deadlines, and a replica that joins finds its peers holding up to their
+/// old, larger shares. So a share shrinks at once and grows only after the leases that share
+/// was carved from may have ended; until then a replica grants the smallest share it held
+/// since. A probe before this (2026-12-06) held 13 slots for a cap of 10 after `kill -9` of a
+/// replica holding 3.
+///
+/// Pure: the ring's changes and the clock come in as arguments.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct SlotHolds {
+    /// Where this replica stands now: (healthy replicas, rank), once the ring has said.
+    place: Option<(usize, usize)>,
+    /// Earlier shares still binding (see [`Hold`]).
+    holds: Vec<Hold>,
+    joined: bool,
+}
+
+/// A share that binds until `until` (engine ns).
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Hold {
+    /// The place whose share binds; `None` grants nothing (a replica that has just joined).
+    place: Option<(usize, usize)>,
+    until: u64,
+    /// Whether the peers' leases (`true`: a replica that joined) or the departed peers' bound
+    /// it; a shorter horizon of that kind said later ends it sooner.
+    on_joining: bool,
+}
+
+/// More holds than this (a ring flapping faster than leases end) fold into one that grants
+/// nothing until the last of them ends: never more than any of them granted.
+const MOST_HOLDS: usize = 32;
+
+impl SlotHolds {
+    /// The ring says this replica is `rank` of `replicas`, `joined` or not, with `horizons`.
+    /// Before it has joined a replica grants nothing (it cannot know what its peers hold); on
+    /// joining, nothing until the peers' leases may have ended; on each move, its old share
+    /// binds until the departed peers' leases may have ended. A shorter horizon said later
+    /// ends a hold sooner (the holders released, or their leases lapsed).
+    pub fn moved(
+        &mut self,
+        replicas: usize,
+        rank: usize,
+        joined: bool,
+        horizons: LeaseHorizons,
+        now: u64,
+    ) {
+        let place = Some((replicas.max(1), rank));
+        if !joined {
+            self.place = place;
+            return;
+        }
+        let after = |horizon: Duration| now.saturating_add(horizon.as_nanos() as u64);
+        let (on_peers, on_departed) = (after(horizons.peers), after(horizons.departed));
+        if !self.joined {
+            self.joined = true;
+            self.holds.push(Hold {
+                place: None,
+                until: on_peers,
+                on_joining: true,
+            });
+        } else if self.place != place {
+            self.holds.push(Hold {
+                place: self.place,
+                until: on_departed,
+                on_joining: false,
+            });
+        }
+        self.place = place;
+        for hold in &mut self.holds {
+            hold.until = hold.until.min(if hold.on_joining {
+                on_peers
+            } else {
+                on_departed
+            });
+        }
+        self.holds.retain(|hold| hold.until > now);
+        if self.holds.len() > MOST_HOLDS {
+            let until = self.binding_until();
+            self.holds = vec![Hold {
+                place: None,
+                until,
+                on_joining: false,
+            }];
+        }
+    }
+
+    /// The share of a cap of `max` this replica may grant at `now`: its share where it stands,
+    /// and no more than any earlier share still binding. `None` until the ring has said
+    /// anything (a limiter outside a fleet: the caller's own count applies).
+    pub fn cap(&self, max: u64, now: u64) -> Option<u64> {
+        let (replicas, rank) = self.place?;
+        if !self.joined {
+            return Some(0);
+        }
+        let share = |place: Option<(usize, usize)>| {
+            place.map_or(0, |(replicas, rank)| slot_share(max, replicas, rank))
+        };
+        Some(
+            self.holds
+                .iter()
+                .filter(|hold| hold.until > now)
+                .map(|hold| share(hold.place))
+                .fold(slot_share(max, replicas, rank), u64::min),
+        )
+    }
+
+    /// Until when (engine ns) an earlier share may still bind: 0 when none does, and the
+    /// largest value before this replica has joined.
+    pub fn binding_until(&self) -> u64 {
+        if self.place.is_some() && !self.joined {
+            return u64::MAX;
+        }
+        self.holds.iter().map(|hold| hold.until).max().unwrap_or(0)
+    }
+}
+
 /// What one replica enforces for one limit of one tenant.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum LocalLimit {
@@ -203,6 +332,56 @@ mod tests {
         assert_eq!(slot_share(10, 0, 0), 10);
     }
 
+    /// A replica of three holding 4 of 10 (rank 0) when the third dies: it grants no more
+    /// than 4 until the dead one's leases may have ended, then 5. A replica that joins grants
+    /// nothing until its peers' leases may have ended.
+    #[test]
+    fn a_share_grows_only_after_the_horizon() {
+        let second = 1_000_000_000;
+        let seconds = |peers: u64, departed: u64| LeaseHorizons {
+            peers: Duration::from_secs(peers),
+            departed: Duration::from_secs(departed),
+        };
+        let mut holds = SlotHolds::default();
+        assert_eq!(holds.cap(10, 0), None, "no ring: no bound of its own");
+        holds.moved(1, 0, false, seconds(0, 0), 0);
+        assert_eq!(holds.cap(10, 0), Some(0), "not joined: nothing");
+        assert_eq!(holds.binding_until(), u64::MAX);
+        holds.moved(3, 0, true, seconds(5, 60), second);
+        assert_eq!(holds.cap(10, second), Some(0), "just joined: nothing");
+        assert_eq!(
+            holds.cap(10, 6 * second),
+            Some(4),
+            "the peers' horizon only"
+        );
+        // The peers' own leases do not hold a share back; a departed peer's do.
+        holds.moved(2, 0, true, seconds(60, 10), 7 * second);
+        assert_eq!(holds.cap(10, 7 * second), Some(4), "the old share binds");
+        assert_eq!(holds.cap(10, 17 * second - 1), Some(4));
+        assert_eq!(holds.cap(10, 17 * second), Some(5), "then it grows");
+        assert_eq!(holds.binding_until(), 17 * second);
+        // A shrinking move takes effect at once.
+        holds.moved(4, 3, true, seconds(60, 10), 20 * second);
+        assert_eq!(holds.cap(10, 20 * second), Some(2));
+        holds.moved(2, 1, true, seconds(60, 10), 21 * second);
+        assert_eq!(holds.cap(10, 22 * second), Some(2), "the old share binds");
+        // The departed peer's leases are done: the hold ends.
+        holds.moved(2, 1, true, seconds(60, 0), 23 * second);
+        assert_eq!(holds.cap(10, 23 * second), Some(5));
+        // A joiner's hold ends when its peers release.
+        let mut joiner = SlotHolds::default();
+        joiner.moved(3, 2, true, seconds(60, 0), 0);
+        assert_eq!(joiner.cap(10, second), Some(0));
+        joiner.moved(3, 2, true, seconds(0, 0), 2 * second);
+        assert_eq!(joiner.cap(10, 2 * second), Some(3));
+        // A fleet with no lease anywhere has horizons of 0: nothing binds.
+        let mut quiet = SlotHolds::default();
+        quiet.moved(3, 1, true, seconds(0, 0), 0);
+        quiet.moved(2, 1, true, seconds(0, 0), 1);
+        assert_eq!(quiet.cap(10, 1), Some(5));
+        assert_eq!(quiet.binding_until(), 0);
+    }
+
     /// Cases worked by hand, including ones that do not divide evenly.
     #[test]
     fn divided_and_settling_by_hand() {
@@ -272,6 +451,53 @@ mod tests {
             prop_assert_eq!(shares.iter().sum::<u64>(), max);
             let (low, high) = (shares.iter().min().unwrap(), shares.iter().max().unwrap());
             prop_assert!(high - low <= 1);
+        }
+
+        /// Whatever the ring does, a replica never grants more than a share it held while a
+        /// lease granted under it may still run (the departed peers' horizon said at each move
+        /// after it), nor anything while its peers' leases from before it joined may (their
+        /// horizon), nor more than its share now. The oracle keeps every place with the time
+        /// its leases may run until and takes the minimum of those still binding;
+        /// `slot_share` is the only shared piece.
+        #[test]
+        fn a_share_never_exceeds_one_held_within_the_horizon(
+            moves in proptest::collection::vec(
+                (1usize..6, 0usize..6, 0u64..50, 0u64..50, 1u64..20), 1..60,
+            ),
+            max in 0u64..40,
+        ) {
+            let mut holds = SlotHolds::default();
+            // (place, until) of each place, u64::MAX while it is current.
+            let mut history: Vec<((usize, usize), u64)> = Vec::new();
+            let mut joining_until: Option<u64> = None;
+            let mut now = 0;
+            for (replicas, rank, peers, departed, step) in moves {
+                now += step;
+                let horizons = LeaseHorizons {
+                    peers: Duration::from_nanos(peers),
+                    departed: Duration::from_nanos(departed),
+                };
+                holds.moved(replicas, rank, true, horizons, now);
+                let joining = joining_until.get_or_insert(now + peers);
+                *joining = (*joining).min(now + peers);
+                for held in history.iter_mut() {
+                    held.1 = held.1.min(now + departed);
+                }
+                if history.last().map(|held| held.0) != Some((replicas, rank)) {
+                    history.push(((replicas, rank), u64::MAX));
+                }
+                for probe in [now, now + 1, now + departed / 2, now + peers / 2, now + 50] {
+                    let cap = holds.cap(max, probe).unwrap();
+                    if joining_until.is_some_and(|until| until > probe) {
+                        prop_assert_eq!(cap, 0);
+                    }
+                    for ((replicas, rank), until) in &history {
+                        if *until > probe {
+                            prop_assert!(cap <= slot_share(max, *replicas, *rank));
+                        }
+                    }
+                }
+            }
         }
 
         /// Divided: each replica's rate is the fleet rate over N, the burst is whole. The

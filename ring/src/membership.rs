@@ -12,6 +12,9 @@ pub const KEY_STATE: &str = "state";
 pub const KEY_HTTP_ADDR: &str = "http_addr";
 pub const KEY_GRPC_ADDR: &str = "grpc_addr";
 pub const KEY_VERSION: &str = "version";
+/// How long (whole ms) the replica's longest-running in-flight lease may still be held, or a
+/// departed peer's it still guards (see [`Membership::slot_horizon`]).
+pub const KEY_LEASE_HORIZON: &str = "lease_horizon_ms";
 
 /// A replica's lifecycle state, as it announces it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -59,6 +62,10 @@ pub struct Member {
     /// Time since this replica last saw the member's heartbeat move (0 for itself).
     #[serde(serialize_with = "seconds")]
     pub last_heard: Duration,
+    /// How long a lease the member granted (or a departed peer's it knows of) may still be
+    /// held, as it last published; 0 when it holds none or does not say.
+    #[serde(serialize_with = "seconds")]
+    pub lease_horizon: Duration,
 }
 
 fn seconds<S: serde::Serializer>(duration: &Duration, serializer: S) -> Result<S::Ok, S::Error> {
@@ -100,6 +107,15 @@ pub struct Membership {
     /// long ago that began. The peers' reports of that second carry what they admitted over
     /// it, and are charged from then.
     pub stalled_since: Option<std::time::Duration>,
+    /// The longest a live peer says a lease it granted (or a departed peer's it guards) may
+    /// still be held: what this replica waits out on joining before it grants a slot of a
+    /// fleet-wide in-flight cap (leases are held by clients, not replicas).
+    #[serde(serialize_with = "seconds")]
+    pub peers_lease_horizon: Duration,
+    /// The longest a peer that died or left lately said its leases may still be held, while
+    /// that time runs: a share it freed is not granted again before then.
+    #[serde(serialize_with = "seconds")]
+    pub departed_lease_horizon: Duration,
 }
 
 impl Membership {
@@ -129,6 +145,8 @@ impl Membership {
             peer_ha: Default::default(),
             skipped_ha_entries: 0,
             stalled_since: None,
+            peers_lease_horizon: Duration::ZERO,
+            departed_lease_horizon: Duration::ZERO,
         }
     }
 
@@ -149,6 +167,8 @@ impl Membership {
             peer_ha: Default::default(),
             skipped_ha_entries: 0,
             stalled_since: None,
+            peers_lease_horizon: Duration::ZERO,
+            departed_lease_horizon: Duration::ZERO,
         }
     }
 
@@ -187,6 +207,7 @@ impl Membership {
                 &a.version,
                 a.state,
                 a.is_self,
+                a.lease_horizon,
             ) == (
                 &b.node_id,
                 b.generation,
@@ -196,6 +217,7 @@ impl Membership {
                 &b.version,
                 b.state,
                 b.is_self,
+                b.lease_horizon,
             )
         };
         self.members.len() == other.members.len()
@@ -213,6 +235,8 @@ impl Membership {
             && self.rejected_gossip == other.rejected_gossip
             && std::sync::Arc::ptr_eq(&self.peer_ha, &other.peer_ha)
             && self.skipped_ha_entries == other.skipped_ha_entries
+            && self.peers_lease_horizon == other.peers_lease_horizon
+            && self.departed_lease_horizon == other.departed_lease_horizon
     }
 
     /// Whether every address in `seeds` (other than `self_addr`) belongs to a live member.
@@ -253,6 +277,7 @@ mod tests {
             state,
             is_self,
             last_heard: Duration::ZERO,
+            lease_horizon: Duration::ZERO,
         }
     }
 

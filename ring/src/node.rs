@@ -3,6 +3,7 @@
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -17,7 +18,8 @@ use tokio::task::JoinHandle;
 
 use crate::ha::{HaEntry, HA_KEY};
 use crate::membership::{
-    Member, MemberState, Membership, KEY_GRPC_ADDR, KEY_HTTP_ADDR, KEY_STATE, KEY_VERSION,
+    Member, MemberState, Membership, KEY_GRPC_ADDR, KEY_HTTP_ADDR, KEY_LEASE_HORIZON, KEY_STATE,
+    KEY_VERSION,
 };
 use crate::usage::{self, PeerKey, UsageAggregate, UsageEntry, USAGE_KEY};
 
@@ -63,6 +65,7 @@ pub struct RingConfig {
 /// would.
 pub struct Ring {
     handle: ChitchatHandle,
+    horizon: Arc<Horizon>,
     membership_rx: watch::Receiver<Arc<Membership>>,
     observer: JoinHandle<()>,
     gossip_interval: Duration,
@@ -171,10 +174,12 @@ impl Ring {
             ..Membership::alone()
         };
         let (membership_tx, membership_rx) = watch::channel(Arc::new(first));
+        let horizon = Arc::new(Horizon::default());
         let observer = tokio::spawn(observe(
             handle.chitchat(),
             membership_tx,
             Observation {
+                horizon: Arc::clone(&horizon),
                 max_members: config.max_members,
                 rejected_gossip,
                 period: config.gossip_interval / 2,
@@ -190,6 +195,7 @@ impl Ring {
         );
         Ok(Ring {
             handle,
+            horizon,
             membership_rx,
             observer,
             gossip_interval: config.gossip_interval,
@@ -259,6 +265,21 @@ impl Ring {
         listed
     }
 
+    /// Publishes how much longer this replica's longest-running in-flight lease may be held
+    /// (see [`Membership::slot_horizon`]), rounded up to whole seconds. A longer one is
+    /// published at once; a shorter one only once it is under half of what was published,
+    /// so a fleet holding leases does not rewrite the key every second.
+    pub async fn publish_lease_horizon(&self, horizon: Duration) {
+        let ms = horizon.as_millis().div_ceil(1000) as u64 * 1000;
+        let published = self.horizon.own_ms.load(Ordering::Relaxed);
+        if ms > published || ms * 2 < published {
+            self.horizon.own_ms.store(ms, Ordering::Relaxed);
+            self.handle
+                .with_chitchat(|chitchat| self.horizon.publish(chitchat))
+                .await;
+        }
+    }
+
     /// Stops gossip. Peers see this replica's heartbeat stop and drop it.
     pub async fn shutdown(&self) {
         self.observer.abort();
@@ -283,7 +304,74 @@ const MAX_HA_BYTES: usize = 12 * 1024;
 /// How often a replica with no live peer observes gossip without being told of a change.
 const ALONE_PERIOD: Duration = Duration::from_secs(1);
 
+/// What this replica publishes as its lease horizon: the longer of its own leases' (set by
+/// [`Ring::publish_lease_horizon`]) and the departed peers' it still guards (set by the
+/// observer), so a replica that joins later learns of both.
+#[derive(Default)]
+struct Horizon {
+    own_ms: AtomicU64,
+    departed_ms: AtomicU64,
+}
+
+impl Horizon {
+    /// Writes the key if its value changed; called under chitchat's lock, so the last writer
+    /// writes the latest of both values.
+    fn publish(&self, chitchat: &mut chitchat::Chitchat) {
+        let ms = self
+            .own_ms
+            .load(Ordering::Relaxed)
+            .max(self.departed_ms.load(Ordering::Relaxed));
+        let value = ms.to_string();
+        let node = chitchat.self_node_state();
+        if node.get(KEY_LEASE_HORIZON).unwrap_or("0") != value {
+            node.set(KEY_LEASE_HORIZON, &value);
+        }
+    }
+}
+
+/// The peers that stopped counting as healthy (dead, gone, leaving) while they said their
+/// leases could run on: each with its horizon, guarded until it has passed. Pure, with the
+/// clock passed in.
+#[derive(Debug, Default)]
+struct Departed {
+    /// The healthy peers of the last observation, with their published horizons.
+    healthy: HashMap<PeerKey, Duration>,
+    /// (until, horizon) of each departed peer still guarded.
+    guarded: Vec<(Instant, Duration)>,
+}
+
+impl Departed {
+    /// Folds in this observation's members; returns the longest horizon guarded now (a
+    /// departed peer's whole horizon while it is guarded, so the value does not move every
+    /// observation).
+    fn observe(&mut self, members: &[Member], now: Instant) -> Duration {
+        let healthy: HashMap<PeerKey, Duration> = members
+            .iter()
+            .filter(|member| !member.is_self && member.state == MemberState::Active)
+            .map(|member| {
+                (
+                    (member.node_id.clone(), member.generation),
+                    member.lease_horizon,
+                )
+            })
+            .collect();
+        for (key, horizon) in &self.healthy {
+            if !horizon.is_zero() && !healthy.contains_key(key) {
+                self.guarded.push((now + *horizon, *horizon));
+            }
+        }
+        self.healthy = healthy;
+        self.guarded.retain(|(until, _)| *until > now);
+        self.guarded
+            .iter()
+            .map(|(_, horizon)| *horizon)
+            .max()
+            .unwrap_or_default()
+    }
+}
+
 struct Observation {
+    horizon: Arc<Horizon>,
     max_members: usize,
     rejected_gossip: Option<Arc<crate::auth::RejectedGossip>>,
     period: Duration,
@@ -351,6 +439,7 @@ async fn observe(
     let mut last_round = Instant::now();
     let mut stalled_until: Option<Instant> = None;
     let mut stalled_from = Instant::now();
+    let mut departed = Departed::default();
     loop {
         let waited_alone = alone;
         if alone {
@@ -455,6 +544,11 @@ async fn observe(
                         } else {
                             now.duration_since(entry.1)
                         },
+                        lease_horizon: state
+                            .get(KEY_LEASE_HORIZON)
+                            .and_then(|ms| ms.parse().ok())
+                            .map(Duration::from_millis)
+                            .unwrap_or_default(),
                     })
                 })
                 .collect()
@@ -510,7 +604,27 @@ async fn observe(
                 warned_members = true;
             }
         }
+        // A departed peer's leases are still out: guarded here, published for replicas that
+        // join later, and part of the horizon the shares keep to.
+        let departed_horizon = departed.observe(&members, now);
+        let departed_ms = departed_horizon.as_millis() as u64;
+        if observation
+            .horizon
+            .departed_ms
+            .swap(departed_ms, Ordering::Relaxed)
+            != departed_ms
+        {
+            observation.horizon.publish(&mut *chitchat.lock().await);
+        }
+        let peers_horizon = members
+            .iter()
+            .filter(|member| !member.is_self)
+            .map(|member| member.lease_horizon)
+            .max()
+            .unwrap_or_default();
         let mut membership = Membership::from_members(members, joined);
+        membership.peers_lease_horizon = peers_horizon;
+        membership.departed_lease_horizon = departed_horizon;
         membership.ignored_members = ignored;
         membership.rejected_usage_reports = rejected_total;
         membership.skipped_usage_entries = skipped_total;
@@ -539,5 +653,57 @@ async fn observe(
             *current = Arc::new(membership);
             news
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn member(id: &str, generation: u64, state: MemberState, horizon_s: u64) -> Member {
+        Member {
+            node_id: id.into(),
+            generation,
+            gossip_addr: SocketAddr::from(([127, 0, 0, 1], 1)),
+            http_addr: None,
+            grpc_addr: None,
+            version: None,
+            state,
+            is_self: false,
+            last_heard: Duration::ZERO,
+            lease_horizon: Duration::from_secs(horizon_s),
+        }
+    }
+
+    /// A peer that dies, leaves, or comes back as a new incarnation is guarded for the horizon
+    /// it last published; one that held no lease is not guarded at all.
+    #[test]
+    fn a_departed_peer_is_guarded_for_its_last_horizon() {
+        let start = Instant::now();
+        let at = |s: u64| start + Duration::from_secs(s);
+        let mut departed = Departed::default();
+        let fleet = [
+            member("a", 1, MemberState::Active, 30),
+            member("b", 1, MemberState::Active, 0),
+            member("c", 1, MemberState::Active, 5),
+        ];
+        assert_eq!(departed.observe(&fleet, at(0)), Duration::ZERO);
+        // a dies, b (no lease) dies: only a is guarded, for 30 s.
+        assert_eq!(
+            departed.observe(&fleet[2..], at(1)),
+            Duration::from_secs(30)
+        );
+        assert_eq!(
+            departed.observe(&fleet[2..], at(30)),
+            Duration::from_secs(30)
+        );
+        assert_eq!(departed.observe(&fleet[2..], at(31)), Duration::ZERO);
+        // c leaves (still live, LEAVING): guarded for its 5 s.
+        let leaving = [member("c", 1, MemberState::Leaving, 5)];
+        assert_eq!(departed.observe(&leaving, at(32)), Duration::from_secs(5));
+        // c restarts under its id: the old incarnation stays guarded.
+        let restarted = [member("c", 2, MemberState::Active, 0)];
+        assert_eq!(departed.observe(&restarted, at(33)), Duration::from_secs(5));
+        assert_eq!(departed.observe(&restarted, at(37)), Duration::ZERO);
     }
 }
