@@ -101,13 +101,14 @@ impl Meter {
         }
     }
 
-    /// Charges what the peers admitted at `at` (≤ `now`); a token bucket puts it before the
-    /// `here` tokens this meter took since their last charge ([`FleetBucket::charge_peers`]).
-    /// A sliding window counts by when, and a leaky bucket as [`Meter::charge`] does.
+    /// Charges what the peers admitted at `at` (≤ `now`); a token bucket and a leaky bucket
+    /// put it before the `here` units this meter took since their last charge
+    /// ([`FleetBucket::charge_peers`]). A sliding window counts by when already.
     pub fn charge_peers(&self, cost: u64, at: u64, now: u64, here: u64, over_silence: bool) {
         match self {
             Meter::TokenBucket(bucket) => bucket.charge_peers(cost, at, here, over_silence),
-            _ => self.charge(cost, at, now),
+            Meter::LeakyBucket(bucket) => bucket.charge_peers(cost, at, here, over_silence),
+            Meter::SlidingWindow(window) => window.charge(cost, at, now),
         }
     }
 
@@ -266,6 +267,9 @@ impl SlidingWindow {
 #[derive(Debug)]
 pub struct LeakyBucket {
     clears_at: AtomicU64,
+    /// `clears_at` just after the peers' last charge: where this meter's own admissions since
+    /// started from (see [`LeakyBucket::charge_peers`]).
+    peers_charged: AtomicU64,
     /// Nanoseconds per cost unit.
     period: f64,
     capacity: u64,
@@ -275,6 +279,7 @@ impl LeakyBucket {
     pub fn new(rate: f64, capacity: u64, now: u64) -> LeakyBucket {
         LeakyBucket {
             clears_at: AtomicU64::new(now),
+            peers_charged: AtomicU64::new(now),
             period: 1e9 / rate,
             capacity,
         }
@@ -328,6 +333,30 @@ impl LeakyBucket {
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |clears_at| {
                 Some(clears_at.max(at).saturating_add(work))
             });
+    }
+
+    /// Charges `cost` the peers admitted at `at` before the `here` this meter admitted itself
+    /// since their last charge, as a token bucket's view does
+    /// ([`FleetBucket::charge_peers`]): `clears_at` moves as a token bucket's `full_at` does
+    /// (`max(state, now) + work`), so the same fold holds. Stacked on a backlog admitted here
+    /// after `at`, the peers' charge lost the drain in between.
+    pub fn charge_peers(&self, cost: u64, at: u64, here: u64, over_silence: bool) {
+        if cost == 0 {
+            return;
+        }
+        crate::fleet::charge_in_order(
+            &self.clears_at,
+            &self.peers_charged,
+            (cost as f64 * self.period) as u64,
+            at,
+            (here as f64 * self.period) as u64,
+            over_silence,
+        );
+    }
+
+    /// When everything admitted so far will have drained (engine ns).
+    pub fn clears_at(&self) -> u64 {
+        self.clears_at.load(Ordering::Acquire)
     }
 }
 
@@ -435,6 +464,53 @@ mod tests {
                     prop_assert!(decision.delay <= Duration::from_millis(200));
                 }
                 prop_assert!(admitted as f64 <= 10.0 + 50.0 * now as f64 / 1e9 + 1e-6);
+            }
+        }
+
+        /// A leaky bucket puts the peers' charges before what it admitted itself since their
+        /// last one: never earlier than everything in the order it happened (it never
+        /// under-charges the fleet), never later than stacking each charge as it arrives (the
+        /// old charge), and exactly the order it happened when each charge came before the
+        /// admissions since the last. The oracle folds `max(clears_at, when) + work` over the
+        /// events sorted by time.
+        #[test]
+        fn a_leaky_bucket_orders_the_peers_charges_before_its_own(
+            events in prop::collection::vec((any::<bool>(), 1u64..400, 0u64..2_000, 0u64..3_000), 1..60),
+        ) {
+            // A unit is 1 ms to drain, and the queue never refuses: the arithmetic is exact.
+            let meter = LeakyBucket::new(1000.0, u64::MAX / 2, 0);
+            let stacked = LeakyBucket::new(1000.0, u64::MAX / 2, 0);
+            let mut happened: Vec<(u64, u64)> = Vec::new();
+            let (mut now, mut here, mut run, mut exact) = (SECOND, 0, 0, true);
+            let truth = |happened: &[(u64, u64)]| {
+                let mut ordered = happened.to_vec();
+                ordered.sort_by_key(|&(when, _)| when);
+                ordered.iter().fold(0, |clears_at: u64, &(when, cost)| clears_at.max(when) + cost * MS)
+            };
+            for (peers, cost, gap_ms, back_ms) in events {
+                now += gap_ms * MS;
+                if peers {
+                    let at = now.saturating_sub(back_ms * MS);
+                    let (before, since) = happened.split_at(happened.len() - run);
+                    exact &= before.iter().all(|&(when, _)| when <= at)
+                        && since.iter().all(|&(when, _)| when >= at);
+                    meter.charge_peers(cost, at, here, false);
+                    stacked.charge(cost, at);
+                    happened.push((at, cost));
+                    (here, run) = (0, 0);
+                    if exact {
+                        prop_assert_eq!(meter.clears_at(), truth(&happened));
+                    }
+                } else {
+                    prop_assert!(meter.check(cost, now).unwrap().allowed);
+                    stacked.charge(cost, now);
+                    happened.push((now, cost));
+                    here += cost;
+                    run += 1;
+                }
+                let truth = truth(&happened);
+                prop_assert!(meter.clears_at() >= truth, "{} < {truth}", meter.clears_at());
+                prop_assert!(meter.clears_at() <= stacked.clears_at());
             }
         }
     }

@@ -253,26 +253,14 @@ impl FleetBucket {
         if cost == 0 {
             return;
         }
-        let charge = nanos(cost as f64 * self.period);
-        let here = nanos(here as f64 * self.period);
-        let from = self.peers_charged.load(Ordering::Acquire);
-        if over_silence {
-            self.peers_charged
-                .store(from.max(at).saturating_add(charge), Ordering::Release);
-        }
-        let mut charged = 0;
-        let _ = self
-            .full_at
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |full_at| {
-                let stacked = full_at.max(at).saturating_add(charge);
-                let in_order =
-                    full_at.max(from.max(at).saturating_add(charge).saturating_add(here));
-                charged = stacked.min(in_order);
-                Some(charged)
-            });
-        if !over_silence {
-            self.peers_charged.store(charged, Ordering::Release);
-        }
+        charge_in_order(
+            &self.full_at,
+            &self.peers_charged,
+            nanos(cost as f64 * self.period),
+            at,
+            nanos(here as f64 * self.period),
+            over_silence,
+        );
     }
 
     /// Credits `cost` tokens the peers took and gave back ([`FleetBucket::refund`]), and
@@ -310,6 +298,35 @@ impl FleetBucket {
     /// refilling at the new rate from `now`.
     pub fn reshaped(&self, rate: Rate, now: u64) -> FleetBucket {
         FleetBucket::with_level(rate, self.level(now), now)
+    }
+}
+
+/// The peers' `charge` (ns of the state) at `at`, put before the `here` (ns) this state took
+/// itself since their last charge, which left it at `mark`: the smaller of stacking it on the
+/// state and the in-order fold ([`FleetBucket::charge_peers`] has the argument). The state
+/// and the mark are a max-plus clock each: a token bucket's `full_at`, a leaky bucket's
+/// `clears_at`.
+pub(crate) fn charge_in_order(
+    state: &AtomicU64,
+    mark: &AtomicU64,
+    charge: u64,
+    at: u64,
+    here: u64,
+    over_silence: bool,
+) {
+    let from = mark.load(Ordering::Acquire);
+    if over_silence {
+        mark.store(from.max(at).saturating_add(charge), Ordering::Release);
+    }
+    let mut charged = 0;
+    let _ = state.fetch_update(Ordering::AcqRel, Ordering::Acquire, |now_at| {
+        let stacked = now_at.max(at).saturating_add(charge);
+        let in_order = now_at.max(from.max(at).saturating_add(charge).saturating_add(here));
+        charged = stacked.min(in_order);
+        Some(charged)
+    });
+    if !over_silence {
+        mark.store(charged, Ordering::Release);
     }
 }
 
