@@ -334,6 +334,91 @@ fn nanos(value: f64) -> u64 {
     value.round().clamp(0.0, u64::MAX as f64) as u64
 }
 
+/// A max-plus clock the peers' charges are put in order on ([`charge_in_order`]): a token
+/// bucket's view, a leaky bucket. Its state moves by `max(state, when) + cost` ms.
+#[cfg(test)]
+pub(crate) trait PeerOrdered {
+    /// This replica's own admission of `cost` at `now`.
+    fn take(&self, cost: u64, now: u64);
+    /// The peers' `cost` at `at`, put before the `here` taken since their last charge.
+    fn charge_peers(&self, cost: u64, at: u64, here: u64);
+    /// The peers' `cost` at `at`, stacked on the state as it is (the old charge).
+    fn stack(&self, cost: u64, at: u64);
+    fn state(&self) -> u64;
+}
+
+#[cfg(test)]
+impl PeerOrdered for FleetBucket {
+    fn take(&self, cost: u64, now: u64) {
+        self.charge(cost, now);
+    }
+    fn charge_peers(&self, cost: u64, at: u64, here: u64) {
+        FleetBucket::charge_peers(self, cost, at, here, false);
+    }
+    fn stack(&self, cost: u64, at: u64) {
+        self.charge(cost, at);
+    }
+    fn state(&self) -> u64 {
+        self.full_at()
+    }
+}
+
+/// The peers' charges, put in their place in time before `view`'s own takes: never less
+/// than taking everything in the order it happened (so the view never under-charges what the
+/// fleet spent), never more than stacking each charge on the state as it arrives (`stacked`),
+/// and exactly the order it happened when each charge came before the takes since the last.
+/// `events`: (a peers' charge?, cost in ms, gap in ms, how far back the charge is dated in
+/// ms). Both clocks start equal, at a state the oracle reads from `stacked`.
+#[cfg(test)]
+pub(crate) fn peer_charges_keep_their_order(
+    events: &[(bool, u64, u64, u64)],
+    view: &impl PeerOrdered,
+    stacked: &impl PeerOrdered,
+) -> Result<(), proptest::test_runner::TestCaseError> {
+    use proptest::{prop_assert, prop_assert_eq};
+    const MS: u64 = 1_000_000;
+    let start = stacked.state();
+    // Everything taken, as (happened at, cost), to fold in the order it happened.
+    let mut happened: Vec<(u64, u64)> = Vec::new();
+    let (mut now, mut here, mut run) = (1_000 * MS, 0, 0);
+    let mut exact = true;
+    let truth = |happened: &[(u64, u64)]| {
+        let mut ordered = happened.to_vec();
+        ordered.sort_by_key(|&(when, _)| when);
+        ordered
+            .iter()
+            .fold(start, |state, &(when, cost)| state.max(when) + cost * MS)
+    };
+    for &(peers, cost, gap_ms, back_ms) in events {
+        now += gap_ms * MS;
+        if peers {
+            let at = now.saturating_sub(back_ms * MS);
+            // Exact when the charge comes after all before the takes since the last one, and
+            // before those takes (and the state was exact before it).
+            let (before, since) = happened.split_at(happened.len() - run);
+            exact &= before.iter().all(|&(when, _)| when <= at)
+                && since.iter().all(|&(when, _)| when >= at);
+            view.charge_peers(cost, at, here);
+            stacked.stack(cost, at);
+            happened.push((at, cost));
+            (here, run) = (0, 0);
+            if exact {
+                prop_assert_eq!(view.state(), truth(&happened));
+            }
+        } else {
+            view.take(cost, now);
+            stacked.take(cost, now);
+            happened.push((now, cost));
+            here += cost;
+            run += 1;
+        }
+        let truth = truth(&happened);
+        prop_assert!(view.state() >= truth, "{} < {truth}", view.state());
+        prop_assert!(view.state() <= stacked.state());
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -484,49 +569,8 @@ mod tests {
             events in prop::collection::vec((any::<bool>(), 1u64..400, 0u64..2_000, 0u64..3_000), 1..60),
         ) {
             let limit = rate(1000.0, 1000); // a token is 1 ms: the arithmetic is exact
-            let view = FleetBucket::full(limit, 0);
-            let stacked = FleetBucket::full(limit, 0);
-            // Everything taken, as (happened at, cost), to fold in the order it happened.
-            let mut happened: Vec<(u64, u64)> = Vec::new();
-            let (mut now, mut here, mut run) = (SECOND, 0, 0);
-            let mut exact = true;
-            let truth = |happened: &[(u64, u64)]| {
-                let mut ordered = happened.to_vec();
-                ordered.sort_by_key(|&(when, _)| when);
-                ordered
-                    .iter()
-                    .fold(FleetBucket::full(limit, 0).full_at(), |full_at, &(when, cost)| {
-                        full_at.max(when) + cost * MS
-                    })
-            };
-            for (peers, cost, gap_ms, back_ms) in events {
-                now += gap_ms * MS;
-                if peers {
-                    let at = now.saturating_sub(back_ms * MS);
-                    // Exact when the charge comes after all before the takes since the last
-                    // one, and before those takes.
-                    let (before, since) = happened.split_at(happened.len() - run);
-                    // (and the state was exact before it).
-                    exact &= before.iter().all(|&(when, _)| when <= at)
-                        && since.iter().all(|&(when, _)| when >= at);
-                    view.charge_peers(cost, at, here, false);
-                    stacked.charge(cost, at);
-                    happened.push((at, cost));
-                    (here, run) = (0, 0);
-                    if exact {
-                        prop_assert_eq!(view.full_at(), truth(&happened));
-                    }
-                } else {
-                    view.charge(cost, now);
-                    stacked.charge(cost, now);
-                    happened.push((now, cost));
-                    here += cost;
-                    run += 1;
-                }
-                let truth = truth(&happened);
-                prop_assert!(view.full_at() >= truth, "{} < {truth}", view.full_at());
-                prop_assert!(view.full_at() <= stacked.full_at());
-            }
+            let (view, stacked) = (FleetBucket::full(limit, 0), FleetBucket::full(limit, 0));
+            peer_charges_keep_their_order(&events, &view, &stacked)?;
         }
 
         /// After a silence, every report is dated from when it began, before all the view
