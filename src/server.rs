@@ -810,9 +810,14 @@ fn spawn_usage_publisher(state: Arc<AppState>, ring: Arc<Ring>) -> JoinHandle<()
         let mut ticker = tokio::time::interval(state.config.gossip_interval / 2);
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut membership_rx = ring.membership();
+        let mut last_round = std::time::Instant::now();
         loop {
             ticker.tick().await;
+            // This process did not run for a while: the peers may have counted it out, and
+            // forgive what it counts on its return unless it says it was stalled.
+            let mut stalled = last_round.elapsed() > ring.stall_after();
             while !membership_rx.borrow_and_update().has_live_peer() {
+                stalled = false;
                 if membership_rx.changed().await.is_err() {
                     return;
                 }
@@ -830,7 +835,15 @@ fn spawn_usage_publisher(state: Arc<AppState>, ring: Arc<Ring>) -> JoinHandle<()
                     in_flight: report.in_flight,
                 })
                 .collect();
-            let listed = ring.publish_usage(&reports).await;
+            if stalled {
+                tracing::info!(
+                    "this process did not run for {:?}: its usage report says so, and the \
+                     peers charge what it admits on its return",
+                    last_round.elapsed()
+                );
+            }
+            let listed = ring.publish_usage(&reports, stalled).await;
+            last_round = std::time::Instant::now();
             state.limiter.mark_listed(
                 reports[..listed]
                     .iter()

@@ -15,6 +15,11 @@ pub const KEY_VERSION: &str = "version";
 /// How long (whole ms) the replica's longest-running in-flight lease may still be held, or a
 /// departed peer's it still guards (see [`Membership::slot_horizon`]).
 pub const KEY_LEASE_HORIZON: &str = "lease_horizon_ms";
+/// How many times the replica noticed it had not run for a while (SIGSTOP, a paused VM), set
+/// in the same change as the usage report after each: a peer that comes back with a higher
+/// count was stalled, not cut off, and what its report adds since it left was admitted after
+/// it resumed, so it is charged (see [`crate::usage::UsageAggregate::note_stalls`]).
+pub const KEY_STALLS: &str = "stalls";
 
 /// A replica's lifecycle state, as it announces it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]

@@ -18,8 +18,8 @@ use tokio::task::JoinHandle;
 
 use crate::ha::{HaEntry, HA_KEY};
 use crate::membership::{
-    Member, MemberState, Membership, KEY_GRPC_ADDR, KEY_HTTP_ADDR, KEY_LEASE_HORIZON, KEY_STATE,
-    KEY_VERSION,
+    Member, MemberState, Membership, KEY_GRPC_ADDR, KEY_HTTP_ADDR, KEY_LEASE_HORIZON, KEY_STALLS,
+    KEY_STATE, KEY_VERSION,
 };
 use crate::usage::{self, PeerKey, UsageAggregate, UsageEntry, USAGE_KEY};
 
@@ -66,6 +66,8 @@ pub struct RingConfig {
 pub struct Ring {
     handle: ChitchatHandle,
     horizon: Arc<Horizon>,
+    /// How many stalls of this process the usage publisher has noticed (see `KEY_STALLS`).
+    stalls: AtomicU64,
     membership_rx: watch::Receiver<Arc<Membership>>,
     observer: JoinHandle<()>,
     gossip_interval: Duration,
@@ -196,6 +198,7 @@ impl Ring {
         Ok(Ring {
             handle,
             horizon,
+            stalls: AtomicU64::new(0),
             membership_rx,
             observer,
             gossip_interval: config.gossip_interval,
@@ -228,12 +231,33 @@ impl Ring {
 
     /// Publishes this replica's per-tenant usage (for `weighted`), in the order given, as
     /// many entries as fit the cap; returns how many were published. See [`usage`].
-    pub async fn publish_usage(&self, entries: &[UsageEntry]) -> usize {
+    /// `stalled`: the publisher did not run for a while (see [`Ring::stall_after`]): the
+    /// count of stalls goes up with this report, in the same change, so a peer that reads
+    /// the report reads the count with it, and charges what this replica admitted since it
+    /// resumed rather than forgiving it as a partitioned peer's ([`KEY_STALLS`]).
+    pub async fn publish_usage(&self, entries: &[UsageEntry], stalled: bool) -> usize {
         let (value, listed) = usage::encode(entries, self.usage_cap());
+        let stalls = match stalled {
+            true => self.stalls.fetch_add(1, Ordering::Relaxed) + 1,
+            false => 0,
+        };
         self.handle
-            .with_chitchat(|chitchat| chitchat.self_node_state().set(USAGE_KEY, &value))
+            .with_chitchat(|chitchat| {
+                let node = chitchat.self_node_state();
+                if stalled {
+                    node.set(KEY_STALLS, stalls.to_string());
+                }
+                node.set(USAGE_KEY, &value);
+            })
             .await;
         listed
+    }
+
+    /// A gap this long between two rounds of a task that runs every half gossip round means
+    /// the process did not run (SIGSTOP, a paused VM, a starved host): ten rounds, at least a
+    /// second.
+    pub fn stall_after(&self) -> Duration {
+        (self.gossip_interval * 5).max(Duration::from_secs(1))
     }
 
     /// The most entries [`Ring::publish_usage`] can publish now: its cap over the shortest
@@ -482,6 +506,12 @@ async fn observe(
                             usage_versions.insert(key.clone(), versioned.version);
                             match usage::decode(&versioned.value) {
                                 Ok(report) => {
+                                    // Set with the report, so read with it (see `KEY_STALLS`).
+                                    let stalls = state
+                                        .get(KEY_STALLS)
+                                        .and_then(|n| n.parse().ok())
+                                        .unwrap_or(0);
+                                    aggregate.note_stalls(&key, stalls);
                                     aggregate.observe(&key, &report.entries, now);
                                     usage_changed = true;
                                     // Untrusted input: a bad entry is skipped alone, counted,

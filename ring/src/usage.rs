@@ -382,6 +382,8 @@ pub struct UsageAggregate {
     peers: HashMap<PeerKey, Map<Arc<str>, PeerEntry>>,
     /// Peers no longer live: since when, and their last counts, kept for their return.
     departed: HashMap<PeerKey, (Instant, Map<Arc<str>, PeerEntry>)>,
+    /// Each peer's count of its own stalls, as last read ([`UsageAggregate::note_stalls`]).
+    stalls: HashMap<PeerKey, u64>,
     tenants: Map<Arc<str>, TenantState>,
     /// When tenants were last looked for to forget ([`FORGET_EVERY`]).
     forgot_at: Option<Instant>,
@@ -403,6 +405,7 @@ impl UsageAggregate {
         UsageAggregate {
             peers: HashMap::new(),
             departed: HashMap::new(),
+            stalls: HashMap::new(),
             tenants: Map::default(),
             forgot_at: None,
             forget_after,
@@ -447,6 +450,31 @@ impl UsageAggregate {
         }
     }
 
+    /// `peer`'s count of its own stalls, as its state says with the report about to be
+    /// observed. A higher count than before says it is back from a stall (SIGSTOP, a paused
+    /// VM), not from a partition: it admitted nothing while away, and what its report adds it
+    /// admitted since it resumed, from the backlog its sockets held. That is charged, not
+    /// forgiven as a partitioned peer's is: forgiven, the fleet went 0.5–0.7 s of the limit
+    /// over after each resume (`scripts/stop-resume`, 2026-12-06).
+    pub fn note_stalls(&mut self, peer: &PeerKey, stalls: u64) {
+        let before = self.stalls.insert(peer.clone(), stalls);
+        if before.is_some_and(|before| stalls > before) {
+            self.back_from_stall(peer);
+        }
+    }
+
+    fn back_from_stall(&mut self, peer: &PeerKey) {
+        if !self.peers.contains_key(peer) {
+            let Some((_, entries)) = self.departed.remove(peer) else {
+                return;
+            };
+            self.peers.insert(peer.clone(), entries);
+        }
+        if let Some(entries) = self.peers.get_mut(peer) {
+            entries.values_mut().for_each(|entry| entry.away = false);
+        }
+    }
+
     /// Sets aside peer incarnations that are no longer live (what they reported stays
     /// counted; their last counts wait an hour for their return), and forgets tenants a peer
     /// has not listed for `forget_after` (looked for at most once per [`FORGET_EVERY`]).
@@ -460,6 +488,9 @@ impl UsageAggregate {
         }
         self.departed
             .retain(|_, (since, _)| now.duration_since(*since) < FORGET_AFTER);
+        let (peers, departed) = (&self.peers, &self.departed);
+        self.stalls
+            .retain(|peer, _| peers.contains_key(peer) || departed.contains_key(peer));
         if self
             .forgot_at
             .is_some_and(|at| now.saturating_duration_since(at) < FORGET_EVERY)
@@ -820,6 +851,37 @@ mod tests {
             now + FORGET_AFTER,
         );
         assert_eq!(aggregate.snapshot(now + FORGET_AFTER)["u"].items, 70);
+    }
+
+    /// A peer back from a stall of its own (its count of stalls went up with its report) ran
+    /// nothing while away: what its report adds it admitted since it resumed, and that is
+    /// charged. One back with the same count was cut off, and is forgiven as before.
+    #[test]
+    fn a_peer_back_from_a_stall_is_charged_for_what_it_admitted_since() {
+        let now = Instant::now();
+        let mut aggregate = UsageAggregate::default();
+        for name in ["a", "b"] {
+            aggregate.note_stalls(&peer(name, 1), 0);
+            aggregate.observe(&peer(name, 1), &[entry("t", 2, 100, None)], now);
+        }
+        aggregate.retain_peers(|_| false, now);
+        // a was stalled; b was cut off.
+        aggregate.note_stalls(&peer("a", 1), 1);
+        aggregate.observe(&peer("a", 1), &[entry("t", 3, 600, None)], now);
+        assert_eq!(
+            aggregate.snapshot(now)["t"].items,
+            700,
+            "the backlog is charged"
+        );
+        aggregate.note_stalls(&peer("b", 1), 0);
+        aggregate.observe(&peer("b", 1), &[entry("t", 3, 900, None)], now);
+        assert_eq!(
+            aggregate.snapshot(now)["t"].items,
+            700,
+            "the partition is forgiven"
+        );
+        aggregate.observe(&peer("b", 1), &[entry("t", 3, 950, None)], now);
+        assert_eq!(aggregate.snapshot(now)["t"].items, 750);
     }
 
     proptest! {

@@ -42,7 +42,7 @@ async fn usage_published_by_one_replica_reaches_the_other() {
         items_level: Some(-5.0),
         in_flight: 0,
     };
-    assert_eq!(first.publish_usage(&[entry(1000)]).await, 1);
+    assert_eq!(first.publish_usage(&[entry(1000)], false).await, 1);
     let membership = second.membership();
     let wait_for = |items: u64| {
         let membership = membership.clone();
@@ -66,7 +66,7 @@ async fn usage_published_by_one_replica_reaches_the_other() {
     let usage = wait_for(1000).await;
     assert_eq!((usage.requests, usage.items_level), (10, Some(-5.0)));
     // Cumulative: the next report adds only what is new.
-    first.publish_usage(&[entry(1500)]).await;
+    first.publish_usage(&[entry(1500)], false).await;
     wait_for(1500).await;
     // The publisher does not count its own usage as a peer's.
     assert!(first.membership().borrow().peer_usage.get("t").is_none());
