@@ -118,6 +118,20 @@ async fn a_stopped_replica_does_not_read_itself_alone_on_resume() {
         before,
         "the resumed replica's healthy count moved (it read its peers dead on resume)"
     );
+    // And it said so with its usage report, so the peers charge what it admits on resuming
+    // rather than forgiving it as a partitioned peer's (the publisher runs once a peer is
+    // live, which it is here).
+    for peer in &replicas[1..] {
+        let ring = peer.ring().await.unwrap();
+        let member = ring["members"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|member| member["gossip_addr"] == addrs[0].to_string())
+            .cloned()
+            .unwrap_or_default();
+        assert_eq!(member["stalls"], 1, "{member}");
+    }
 }
 
 #[tokio::test]

@@ -71,6 +71,8 @@ pub struct Member {
     /// held, as it last published; 0 when it holds none or does not say.
     #[serde(serialize_with = "seconds")]
     pub lease_horizon: Duration,
+    /// How many stalls of its own process the member has reported ([`KEY_STALLS`]).
+    pub stalls: u64,
 }
 
 fn seconds<S: serde::Serializer>(duration: &Duration, serializer: S) -> Result<S::Ok, S::Error> {
@@ -213,6 +215,7 @@ impl Membership {
                 a.state,
                 a.is_self,
                 a.lease_horizon,
+                a.stalls,
             ) == (
                 &b.node_id,
                 b.generation,
@@ -223,6 +226,7 @@ impl Membership {
                 b.state,
                 b.is_self,
                 b.lease_horizon,
+                b.stalls,
             )
         };
         self.members.len() == other.members.len()
@@ -283,6 +287,7 @@ mod tests {
             is_self,
             last_heard: Duration::ZERO,
             lease_horizon: Duration::ZERO,
+            stalls: 0,
         }
     }
 

@@ -579,6 +579,10 @@ async fn observe(
                             .and_then(|ms| ms.parse().ok())
                             .map(Duration::from_millis)
                             .unwrap_or_default(),
+                        stalls: state
+                            .get(KEY_STALLS)
+                            .and_then(|n| n.parse().ok())
+                            .unwrap_or(0),
                     })
                 })
                 .collect()
@@ -702,6 +706,7 @@ mod tests {
             is_self: false,
             last_heard: Duration::ZERO,
             lease_horizon: Duration::from_secs(horizon_s),
+            stalls: 0,
         }
     }
 
