@@ -178,6 +178,50 @@ thread_local! {
     static WORKER: Cell<Option<usize>> = const { Cell::new(None) };
 }
 
+/// A request whose body is sent with a transfer coding other than `chunked` alone (`gzip,
+/// chunked`): hyper frames the body by its last coding and hands over the gzip bytes as if
+/// they were the body, which then read as a bad snappy block or bad JSON, naming the wrong
+/// fault. RFC 9112 says a server that does not understand a transfer coding should answer
+/// 501, and Go's server (so Mimir's) does: 501 "Unsupported transfer encoding", the value
+/// not echoed, and the connection closed, as the body's framing cannot be trusted.
+pub fn unsupported_transfer_coding(
+    headers: &axum::http::HeaderMap,
+) -> Option<axum::response::Response> {
+    use axum::http::{header, StatusCode};
+    use axum::response::IntoResponse;
+    let codings = headers.get_all(header::TRANSFER_ENCODING);
+    let mut codings = codings.iter();
+    let only_chunked = match (codings.next(), codings.next()) {
+        (None, _) => return None,
+        (Some(value), None) => value
+            .to_str()
+            .is_ok_and(|value| value.trim().eq_ignore_ascii_case("chunked")),
+        (Some(_), Some(_)) => false,
+    };
+    if only_chunked {
+        return None;
+    }
+    Some(
+        (
+            StatusCode::NOT_IMPLEMENTED,
+            [(header::CONNECTION, "close")],
+            "Unsupported transfer encoding: only chunked is read\n",
+        )
+            .into_response(),
+    )
+}
+
+/// [`unsupported_transfer_coding`] as a route layer, for the routes that read a body.
+pub async fn only_chunked_transfer_coding(
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    match unsupported_transfer_coding(request.headers()) {
+        Some(refused) => refused,
+        None => next.run(request).await,
+    }
+}
+
 /// Which HTTP worker this thread is, if it is one. Per-worker state (the forwarding client's
 /// connection pool) is kept apart by it, so that a request never waits on another thread.
 pub fn current_worker() -> Option<usize> {

@@ -69,6 +69,9 @@ async fn handle(
     format: Result<Format, UnsupportedMedia>,
     otlp: Option<OtlpFormat>,
 ) -> Response {
+    if let Some(refused) = crate::http_serve::unsupported_transfer_coding(request.headers()) {
+        return refused;
+    }
     let started = Instant::now();
     let (parts, body) = request.into_parts();
     let mut body = Some(body);

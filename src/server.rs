@@ -459,9 +459,9 @@ pub enum AdminPages {
 /// The public HTTP listener's routes: what clients need, the probes, and the operator's pages
 /// unless they are [`AdminPages::Apart`].
 pub fn router(state: Arc<AppState>, pages: AdminPages) -> Router {
-    let router = Router::new()
-        .route("/api/v1/push", post(crate::push::push))
-        .route("/otlp/v1/metrics", post(crate::push::push_otlp))
+    // The admission API's JSON twin checks the transfer coding in a layer; the push routes,
+    // the hot path, check it themselves without one.
+    let admission = Router::new()
         .route("/api/v1/allow", post(crate::admission_http::allow))
         .route(
             "/api/v1/allow_batch",
@@ -470,6 +470,13 @@ pub fn router(state: Arc<AppState>, pages: AdminPages) -> Router {
         .route("/api/v1/acquire", post(crate::admission_http::acquire))
         .route("/api/v1/release", post(crate::admission_http::release))
         .route("/api/v1/renew", post(crate::admission_http::renew))
+        .route_layer(axum::middleware::from_fn(
+            crate::http_serve::only_chunked_transfer_coding,
+        ));
+    let router = Router::new()
+        .route("/api/v1/push", post(crate::push::push))
+        .route("/otlp/v1/metrics", post(crate::push::push_otlp))
+        .merge(admission)
         .merge(probe_routes());
     match pages {
         AdminPages::Here(token) => router.merge(admin_routes(token)),

@@ -202,3 +202,48 @@ async fn an_http2_connection_gets_at_most_the_configured_streams() {
         .status();
     assert!(status.is_client_error(), "{status}");
 }
+
+/// A body sent with a transfer coding weir does not read (`gzip, chunked`) is 501 and the
+/// connection closes, as Go's server (Mimir's) answers, on the push routes and the admission
+/// API's JSON twin alike; it was read as the body, and answered 400 for a bad snappy block.
+/// `chunked` alone is read as before.
+#[tokio::test]
+async fn a_transfer_coding_other_than_chunked_is_not_implemented() {
+    let weir = weir().await;
+    let send = |path: &'static str, coding: &'static str| {
+        let addr = weir.addr;
+        async move {
+            let mut request = RawRequest::connect(addr).await;
+            request
+                .send(
+                    format!(
+                        "POST {path} HTTP/1.1\r\nHost: weir\r\nX-Scope-OrgID: t\r\n\
+                         Content-Type: application/json\r\nTransfer-Encoding: {coding}\r\n\r\n\
+                         5\r\nhello\r\n0\r\n\r\n"
+                    )
+                    .as_bytes(),
+                )
+                .await;
+            request
+        }
+    };
+    for path in ["/api/v1/push", "/otlp/v1/metrics", "/api/v1/allow"] {
+        for coding in ["gzip, chunked", "identity, chunked"] {
+            let started = Instant::now();
+            let answer = send(path, coding)
+                .await
+                .response_until_closed(Duration::from_secs(5))
+                .await;
+            assert!(started.elapsed() < Duration::from_secs(4), "left open");
+            assert!(
+                answer.starts_with("HTTP/1.1 501"),
+                "{path} {coding}: {answer}"
+            );
+            assert!(answer.contains("Unsupported transfer encoding"), "{answer}");
+            assert!(answer.to_ascii_lowercase().contains("connection: close"));
+        }
+        // `chunked` alone reaches the route, which reads "hello" and says what is wrong.
+        let answer = send(path, "Chunked").await.response().await;
+        assert!(answer.starts_with("HTTP/1.1 4"), "{path}: {answer}");
+    }
+}
