@@ -56,6 +56,30 @@ impl<S: Send + Sync> axum::extract::FromRequestParts<S> for Caller {
     }
 }
 
+/// A JSON object read as `T`, and nothing else: serde reads a struct from an array too, by
+/// position, so `["t", "k"]` was a tenant and a key, and `["k", "t"]` swapped them in
+/// silence. An array (or any other value) is `BAD_JSON`, "expected a JSON object".
+#[derive(Debug)]
+pub struct Object<T>(pub T);
+
+impl<'de, T: Deserialize<'de>> Deserialize<'de> for Object<T> {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct OnlyMaps<T>(std::marker::PhantomData<T>);
+        impl<'de, T: Deserialize<'de>> serde::de::Visitor<'de> for OnlyMaps<T> {
+            type Value = T;
+            fn expecting(&self, formatter: &mut std::fmt::Formatter) -> std::fmt::Result {
+                formatter.write_str("a JSON object")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(self, map: A) -> Result<T, A::Error> {
+                T::deserialize(serde::de::value::MapAccessDeserializer::new(map))
+            }
+        }
+        deserializer
+            .deserialize_map(OnlyMaps(std::marker::PhantomData))
+            .map(Object)
+    }
+}
+
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct JsonSpec {
@@ -127,7 +151,7 @@ pub struct AllowBody {
     #[serde(default = "one")]
     cost: i64,
     #[serde(default)]
-    limit: Option<JsonSpec>,
+    limit: Option<Object<JsonSpec>>,
 }
 
 fn one() -> i64 {
@@ -277,7 +301,13 @@ fn cost_and_limit(body: &AllowBody) -> Result<(u64, Option<LimitSpec>), ApiError
             format!("cost must be at least 1, got {}", body.cost),
         )
     })?;
-    Ok((cost, body.limit.as_ref().map(JsonSpec::spec).transpose()?))
+    Ok((
+        cost,
+        body.limit
+            .as_ref()
+            .map(|Object(spec)| spec.spec())
+            .transpose()?,
+    ))
 }
 
 fn allow_out(answer: Allowed) -> AllowOut {
@@ -303,10 +333,10 @@ fn answer<T: Serialize>(result: Result<T, ApiError>) -> Response {
 pub async fn allow(
     State(state): State<Arc<AppState>>,
     caller: Caller,
-    body: Result<Json<AllowBody>, JsonRejection>,
+    body: Result<Json<Object<AllowBody>>, JsonRejection>,
 ) -> Response {
     answer(match body {
-        Ok(Json(body)) => allow_one(&state, &caller, &body).await,
+        Ok(Json(Object(body))) => allow_one(&state, &caller, &body).await,
         Err(rejection) => Err(rejection.into()),
     })
 }
@@ -314,7 +344,7 @@ pub async fn allow(
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct AllowBatchBody {
-    requests: Vec<AllowBody>,
+    requests: Vec<Object<AllowBody>>,
 }
 
 /// One answer or error per request, in order.
@@ -329,16 +359,16 @@ enum BatchItem {
 pub async fn allow_batch(
     State(state): State<Arc<AppState>>,
     caller: Caller,
-    body: Result<Json<AllowBatchBody>, JsonRejection>,
+    body: Result<Json<Object<AllowBatchBody>>, JsonRejection>,
 ) -> Response {
     let body = match body {
-        Ok(Json(body)) => body,
+        Ok(Json(Object(body))) => body,
         Err(rejection) => return ApiError::from(rejection).into_response(),
     };
     // Each item checked as `allow` checks it, authentication first; then the engine decides
     // the asks that passed in one batch.
     let mut tenants = BatchTenants::default();
-    let checked = (body.requests.iter())
+    let checked = (body.requests.iter().map(|Object(one)| one))
         .map(|one| {
             let source = caller.source();
             let tenant = tenants.check::<ApiError>(
@@ -376,7 +406,7 @@ pub struct AcquireBody {
     #[serde(default)]
     key: String,
     #[serde(default)]
-    limit: Option<JsonSpec>,
+    limit: Option<Object<JsonSpec>>,
     /// Seconds.
     #[serde(default)]
     ttl: Option<f64>,
@@ -410,7 +440,11 @@ async fn acquire_one(
         &body.tenant,
     )?;
     check_names(&tenant, &body.key)?;
-    let client = body.limit.as_ref().map(JsonSpec::spec).transpose()?;
+    let client = body
+        .limit
+        .as_ref()
+        .map(|Object(spec)| spec.spec())
+        .transpose()?;
     let acquisition = state
         .limiter
         .acquire(&tenant, &body.key, client, ttl(body.ttl)?)
@@ -427,10 +461,10 @@ async fn acquire_one(
 pub async fn acquire(
     State(state): State<Arc<AppState>>,
     caller: Caller,
-    body: Result<Json<AcquireBody>, JsonRejection>,
+    body: Result<Json<Object<AcquireBody>>, JsonRejection>,
 ) -> Response {
     answer(match body {
-        Ok(Json(body)) => acquire_one(&state, &caller, body).await,
+        Ok(Json(Object(body))) => acquire_one(&state, &caller, body).await,
         Err(rejection) => Err(rejection.into()),
     })
 }
@@ -449,7 +483,7 @@ pub struct LeaseBody {
 pub async fn release(
     State(state): State<Arc<AppState>>,
     caller: Caller,
-    body: Result<Json<LeaseBody>, JsonRejection>,
+    body: Result<Json<Object<LeaseBody>>, JsonRejection>,
 ) -> Response {
     // A lease ID names no tenant the caller must hold; the caller must still be known.
     if let Err(denied) = state
@@ -459,7 +493,7 @@ pub async fn release(
         return ApiError::from(denied).into_response();
     }
     answer(match body {
-        Ok(Json(body)) => match check_lease_id(&body.lease_id) {
+        Ok(Json(Object(body))) => match check_lease_id(&body.lease_id) {
             Ok(()) => state
                 .limiter
                 .release(&body.lease_id)
@@ -475,13 +509,13 @@ pub async fn release(
 pub async fn renew(
     State(state): State<Arc<AppState>>,
     caller: Caller,
-    body: Result<Json<LeaseBody>, JsonRejection>,
+    body: Result<Json<Object<LeaseBody>>, JsonRejection>,
 ) -> Response {
     let renew = async {
         state
             .auth
             .authenticate(Door::AdmissionHttp, caller.source())?;
-        let Json(body) = body?;
+        let Json(Object(body)) = body?;
         check_lease_id(&body.lease_id)?;
         state.limiter.renew(&body.lease_id, ttl(body.ttl)?).await?;
         Ok(serde_json::json!({}))

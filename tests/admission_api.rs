@@ -439,6 +439,31 @@ async fn the_json_twin_maps_to_the_same_engine() {
         (400, Some("BAD_JSON")),
         "{body}"
     );
+    // An array is not an object: serde would read it by position (["b", "k"] as a tenant and
+    // a key), so it is refused, at the top, in a batch, and as a limit.
+    for (path, bad) in [
+        ("/api/v1/allow", json!(["b", "k"])),
+        ("/api/v1/allow_batch", json!({"requests": [["b", "k"]]})),
+        (
+            "/api/v1/allow",
+            json!({"tenant": "b", "key": "k", "limit": ["token_bucket", 5.0]}),
+        ),
+        ("/api/v1/acquire", json!(["b", "k", 1.0])),
+        ("/api/v1/release", json!(["L1@x"])),
+    ] {
+        let (status, body) = post(path, bad).await;
+        assert_eq!(
+            (status, body["reason"].as_str()),
+            (400, Some("BAD_JSON")),
+            "{path}: {body}"
+        );
+        assert!(
+            body["message"]
+                .as_str()
+                .is_some_and(|message| message.contains("expected a JSON object")),
+            "{path}: {body}"
+        );
+    }
     // Over axum's 2 MB limit the body is too large, not bad JSON: 413.
     let padding = "x".repeat(3 << 20);
     let (status, body) = post(
