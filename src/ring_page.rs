@@ -28,6 +28,11 @@ struct RingStatus {
     grpc_addr: String,
     healthy: usize,
     joined: bool,
+    /// Seconds a live peer says its in-flight leases may still run, and a peer that died or
+    /// left lately said its would: how long this replica's shares of in-flight caps may be
+    /// held back after the ring changed (see `engine::maths::SlotHolds`).
+    peers_lease_horizon: f64,
+    departed_lease_horizon: f64,
     members: Vec<Member>,
     tenants: Vec<TenantLimitsView>,
 }
@@ -107,6 +112,8 @@ pub async fn ring(
             grpc_addr: state.grpc_addr.to_string(),
             healthy: membership.healthy,
             joined: membership.joined,
+            peers_lease_horizon: membership.peers_lease_horizon.as_secs_f64(),
+            departed_lease_horizon: membership.departed_lease_horizon.as_secs_f64(),
             members: membership.members.clone(),
             tenants: state
                 .limiter

@@ -317,6 +317,13 @@ async fn a_dead_replicas_share_is_not_granted_again_while_its_leases_may_be_held
     drop(doomed);
     let survivors: Vec<&Replica> = fleet.replicas.iter().collect();
     until_healthy(&survivors, 2, Duration::from_secs(20)).await;
+    // The survivors say why their shares are held back: the dead replica's 5 s leases.
+    let ring = fleet.replicas[0].ring().await.unwrap();
+    assert_eq!(
+        ring["departed_lease_horizon"], 5.0,
+        "{}",
+        ring["departed_lease_horizon"]
+    );
 
     // Each survivor may grow to 15, but not before the dead replica's leases have ended.
     let mut first_grown = None;
