@@ -317,13 +317,11 @@ async fn a_dead_replicas_share_is_not_granted_again_while_its_leases_may_be_held
     drop(doomed);
     let survivors: Vec<&Replica> = fleet.replicas.iter().collect();
     until_healthy(&survivors, 2, Duration::from_secs(20)).await;
-    // The survivors say why their shares are held back: the dead replica's 5 s leases.
+    // The survivors say why their shares are held back: the dead replica's 5 s leases, as
+    // it last published them (whole seconds, rounded up from what was left).
     let ring = fleet.replicas[0].ring().await.unwrap();
-    assert_eq!(
-        ring["departed_lease_horizon"], 5.0,
-        "{}",
-        ring["departed_lease_horizon"]
-    );
+    let horizon = ring["departed_lease_horizon"].as_f64().unwrap();
+    assert!((4.0..=5.0).contains(&horizon), "{horizon}");
 
     // Each survivor may grow to 15, but not before the dead replica's leases have ended.
     let mut first_grown = None;
