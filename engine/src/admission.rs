@@ -349,6 +349,12 @@ pub const ACQUIRE_RETRY_HINT: Duration = Duration::from_millis(100);
 /// API key can name it.
 const PUSH_KEY: &str = "%push";
 
+/// Whether an entry name (`tenant/key`, [`entry_name`]) is a tenant's pushes in flight.
+fn is_push_slot(name: &str) -> bool {
+    name.strip_suffix(PUSH_KEY)
+        .is_some_and(|tenant| tenant.ends_with('/'))
+}
+
 /// Percent-encodes a key for entry names, gossip and store keys: letters, digits and `-_.~`
 /// stay; everything else (spaces, `/`, braces, newlines) becomes `%XX`.
 pub fn encode_key(key: &str) -> String {
@@ -1205,14 +1211,13 @@ impl<'a, C: Clock + Clone> Keys<'a, C> {
     /// [`crate::maths::SlotHolds`]). A push slot ends with its replica, and is left out.
     pub(crate) fn lease_horizon(&self) -> Duration {
         let now = self.now_nanos();
-        let push = format!("/{PUSH_KEY}");
         let latest = self
             .admission()
             .leases
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .values()
-            .filter(|(name, _)| !name.ends_with(&push))
+            .filter(|(name, _)| !is_push_slot(name))
             .map(|(_, deadline)| *deadline)
             .max()
             .unwrap_or(0);

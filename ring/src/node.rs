@@ -500,17 +500,17 @@ async fn observe(
                         *entry = (heartbeat, now);
                     }
                     let is_self = *id == self_id;
+                    // Set with the usage report, so read with it (see `KEY_STALLS`).
+                    let stalls: u64 = state
+                        .get(KEY_STALLS)
+                        .and_then(|n| n.parse().ok())
+                        .unwrap_or(0);
                     if let Some(versioned) = state.get_versioned(USAGE_KEY).filter(|_| !is_self) {
                         let key = (id.node_id.to_string(), id.generation_id);
                         if usage_versions.get(&key) != Some(&versioned.version) {
                             usage_versions.insert(key.clone(), versioned.version);
                             match usage::decode(&versioned.value) {
                                 Ok(report) => {
-                                    // Set with the report, so read with it (see `KEY_STALLS`).
-                                    let stalls = state
-                                        .get(KEY_STALLS)
-                                        .and_then(|n| n.parse().ok())
-                                        .unwrap_or(0);
                                     aggregate.note_stalls(&key, stalls);
                                     aggregate.observe(&key, &report.entries, now);
                                     usage_changed = true;
@@ -579,10 +579,7 @@ async fn observe(
                             .and_then(|ms| ms.parse().ok())
                             .map(Duration::from_millis)
                             .unwrap_or_default(),
-                        stalls: state
-                            .get(KEY_STALLS)
-                            .and_then(|n| n.parse().ok())
-                            .unwrap_or(0),
+                        stalls,
                     })
                 })
                 .collect()
