@@ -700,7 +700,7 @@ fn spawn_membership_applier(
     let backdate = usage_age(state.config.gossip_interval);
     tokio::spawn(async move {
         let mut healthy = 0;
-        let mut peer_usage = Arc::new(ring::PeerUsage::default());
+        let mut usage_round = 0;
         let mut peer_ha = Arc::new(Vec::new());
         loop {
             let membership = Arc::clone(&membership_rx.borrow_and_update());
@@ -767,32 +767,37 @@ fn spawn_membership_applier(
                     crate::push::log_ha_change(&state, &change, "learnt from gossip");
                 }
             }
-            if !Arc::ptr_eq(&membership.peer_usage, &peer_usage) {
-                peer_usage = Arc::clone(&membership.peer_usage);
+            if membership.usage_round != usage_round {
+                usage_round = membership.usage_round;
                 state
                     .metrics
                     .ring_peer_usage_tenants
-                    .set(peer_usage.len() as i64);
-                let totals: engine::PeerUsage = peer_usage
-                    .iter()
-                    .map(|(tenant, usage)| {
-                        let totals = engine::PeerTotals {
-                            requests: usage.requests,
-                            items: usage.items,
-                            requests_level: usage.requests_level,
-                            items_level: usage.items_level,
-                            in_flight: usage.in_flight,
-                            requests_refunded: usage.requests_refunded,
-                            items_refunded: usage.items_refunded,
-                        };
-                        (Arc::clone(tenant), totals)
-                    })
-                    .collect();
-                state.limiter.apply_peer_usage(
-                    Arc::new(totals),
-                    backdate,
-                    membership.stalled_since,
-                );
+                    .set(membership.peer_usage_tenants as i64);
+                // Every batch since the last: the watch keeps only the latest membership.
+                for batch in membership.peer_usage.take() {
+                    let changes: engine::PeerUsage = batch
+                        .changed
+                        .iter()
+                        .map(|(tenant, usage)| {
+                            let totals = engine::PeerTotals {
+                                requests: usage.requests,
+                                items: usage.items,
+                                requests_level: usage.requests_level,
+                                items_level: usage.items_level,
+                                in_flight: usage.in_flight,
+                                requests_refunded: usage.requests_refunded,
+                                items_refunded: usage.items_refunded,
+                            };
+                            (Arc::clone(tenant), totals)
+                        })
+                        .collect();
+                    state.limiter.apply_peer_usage(
+                        Arc::new(changes),
+                        backdate,
+                        batch.stalled_since,
+                    );
+                    state.limiter.forget_peer_usage(&batch.forgotten);
+                }
             }
             for (member_state, count) in membership.count_by_state() {
                 state

@@ -1521,9 +1521,33 @@ impl<'a, C: Clock + Clone> Keys<'a, C> {
         Ok((Arc::clone(entry), state))
     }
 
-    /// Keeps what the peers last reported, for entries created later.
-    pub(crate) fn set_peer_usage(&self, usage: Arc<crate::types::PeerUsage>) {
-        self.admission().peers.store(usage);
+    /// What the peers last reported of admission keys, for entries created later.
+    pub(crate) fn peer_usage(&self) -> Arc<crate::types::PeerUsage> {
+        self.admission().peers.load_full()
+    }
+
+    /// Takes in the keys whose peers' totals moved; returns the keys' usage now.
+    pub(crate) fn merge_peer_usage<'u>(
+        &self,
+        moved: impl Iterator<Item = (&'u Arc<str>, &'u crate::types::PeerTotals)>,
+    ) -> Arc<crate::types::PeerUsage> {
+        let mut usage = (*self.peer_usage()).clone();
+        usage.extend(moved.map(|(name, totals)| (Arc::clone(name), *totals)));
+        let usage = Arc::new(usage);
+        self.admission().peers.store(Arc::clone(&usage));
+        usage
+    }
+
+    /// Takes out keys no peer has listed for the ring's forget time.
+    pub(crate) fn forget_peer_usage<'u>(&self, names: impl Iterator<Item = &'u Arc<str>>) {
+        let mut usage = (*self.peer_usage()).clone();
+        let before = usage.len();
+        for name in names {
+            usage.remove(name);
+        }
+        if usage.len() != before {
+            self.admission().peers.store(Arc::new(usage));
+        }
     }
 
     /// Charges the peers' admissions of admission keys (under `weighted`), and records what

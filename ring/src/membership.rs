@@ -89,10 +89,17 @@ pub struct Membership {
     pub healthy: usize,
     /// Whether this replica has seen its seeds (or waited out the join timeout).
     pub joined: bool,
-    /// What the peers have admitted per tenant, for the `weighted` strategy. A new `Arc`
-    /// only when a report changed it.
+    /// What the peers have admitted per tenant, for the `weighted` strategy: each round's
+    /// changes, queued for the consumer to take (a watch keeps only the latest membership).
     #[serde(skip)]
-    pub peer_usage: std::sync::Arc<crate::PeerUsage>,
+    pub peer_usage: std::sync::Arc<crate::usage::UsageFeed>,
+    /// How many batches of changes the ring has queued in `peer_usage` since start: moves
+    /// when there is one to take.
+    #[serde(skip)]
+    pub usage_round: u64,
+    /// How many tenants (and admission keys) the peers' usage holds.
+    #[serde(skip)]
+    pub peer_usage_tenants: usize,
     /// Peer usage reports ignored whole since start (a format this version does not read),
     /// cumulative.
     pub rejected_usage_reports: u64,
@@ -145,6 +152,8 @@ impl Membership {
             healthy: 1,
             joined: false,
             peer_usage: Default::default(),
+            usage_round: 0,
+            peer_usage_tenants: 0,
             rejected_usage_reports: 0,
             skipped_usage_entries: Default::default(),
             ignored_members: 0,
@@ -167,6 +176,8 @@ impl Membership {
             members,
             joined,
             peer_usage: Default::default(),
+            usage_round: 0,
+            peer_usage_tenants: 0,
             rejected_usage_reports: 0,
             skipped_usage_entries: Default::default(),
             ignored_members: 0,
@@ -237,7 +248,7 @@ impl Membership {
                 .all(|(a, b)| same_member(a, b))
             && self.healthy == other.healthy
             && self.joined == other.joined
-            && std::sync::Arc::ptr_eq(&self.peer_usage, &other.peer_usage)
+            && self.usage_round == other.usage_round
             && self.rejected_usage_reports == other.rejected_usage_reports
             && self.skipped_usage_entries == other.skipped_usage_entries
             && self.ignored_members == other.ignored_members
@@ -317,7 +328,7 @@ mod tests {
         gone.members.pop();
         assert!(!gone.same_news(&before));
         let mut reported = later.clone();
-        reported.peer_usage = Default::default(); // a new report: a new Arc, even if equal
+        reported.usage_round += 1; // a batch of changes to take
         assert!(!reported.same_news(&before));
         let mut ha = later.clone();
         ha.peer_ha = Default::default();

@@ -449,7 +449,8 @@ async fn observe(
     let mut peer_ha = Arc::new(Vec::new());
     let mut skipped_ha = 0u64;
     let mut aggregate = UsageAggregate::new(observation.usage_forget_after);
-    let mut peer_usage = Arc::new(crate::PeerUsage::default());
+    let usage_feed = Arc::new(crate::usage::UsageFeed::default());
+    let mut usage_round = 0u64;
     let mut rejected: HashMap<PeerKey, u64> = HashMap::new();
     let mut rejected_total = 0u64;
     let mut skipped_total = [0u64; usage::EntryError::ALL.len()];
@@ -485,7 +486,6 @@ async fn observe(
             stalled_from = last_round;
         }
         last_round = now;
-        let mut usage_changed = false;
         let mut ha_changed = false;
         let members: Vec<Member> = {
             let chitchat = chitchat.lock().await;
@@ -513,7 +513,6 @@ async fn observe(
                                 Ok(report) => {
                                     aggregate.note_stalls(&key, stalls);
                                     aggregate.observe(&key, &report.entries, now);
-                                    usage_changed = true;
                                     // Untrusted input: a bad entry is skipped alone, counted,
                                     // and said once per peer; the rest of the report counts.
                                     for (total, skipped) in skipped_total.iter_mut().zip(report.skipped) {
@@ -615,9 +614,9 @@ async fn observe(
         rejected.retain(|key, _| live(key));
         skipped_warned.retain(|key| live(key));
         aggregate.retain_peers(live, now);
-        if usage_changed {
-            peer_usage = Arc::new(aggregate.snapshot(now));
-        }
+        // What moved in the peers' usage: the tenants their reports touched, and those a
+        // departure, a stale level or forgetting did.
+        let mut usage = aggregate.changes(now);
         // A bound on what gossip can make this replica believe: this replica and the first
         // peers by node id count; the rest are ignored, and said once.
         let mut members = members;
@@ -663,10 +662,17 @@ async fn observe(
             .rejected_gossip
             .as_ref()
             .map_or_else(Default::default, |rejected| rejected.snapshot());
-        membership.peer_usage = Arc::clone(&peer_usage);
         membership.peer_ha = Arc::clone(&peer_ha);
         membership.skipped_ha_entries = skipped_ha;
         membership.stalled_since = stalled_until.map(|_| now.duration_since(stalled_from));
+        if !usage.is_empty() {
+            usage.stalled_since = membership.stalled_since;
+            usage_feed.push(usage);
+            usage_round += 1;
+        }
+        membership.peer_usage = Arc::clone(&usage_feed);
+        membership.usage_round = usage_round;
+        membership.peer_usage_tenants = aggregate.tenants();
         if !joined
             && (started.elapsed() >= observation.join_timeout
                 || membership.has_seen(&observation.seeds, observation.self_addr))

@@ -30,9 +30,9 @@
 //! A count that falls a little is what the peer gave back (refunds), summed apart for the
 //! views to credit.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::fmt::Write;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 pub const USAGE_KEY: &str = "usage";
@@ -330,6 +330,100 @@ pub struct TenantUsage {
 /// All tenants' [`TenantUsage`], as last aggregated.
 pub type PeerUsage = Map<Arc<str>, TenantUsage>;
 
+/// What moved in the peers' usage over one observation of the ring
+/// ([`UsageAggregate::changes`]): a consumer that applies every batch in order holds the
+/// whole view, and pays for the tenants that moved, not for every tenant each round.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct UsageChanges {
+    /// Tenants (and admission keys) whose usage moved, with their usage now.
+    pub changed: Vec<(Arc<str>, TenantUsage)>,
+    /// Tenants no live peer has listed for the forget time: no longer in the view.
+    pub forgotten: Vec<Arc<str>>,
+    /// The membership's `stalled_since` of the round that made the batch: its reports carry
+    /// what the peers admitted while this process did not run.
+    pub stalled_since: Option<Duration>,
+}
+
+impl UsageChanges {
+    pub fn is_empty(&self) -> bool {
+        self.changed.is_empty() && self.forgotten.is_empty()
+    }
+
+    /// Brings a whole view up to date with this batch.
+    pub fn apply_to(&self, view: &mut PeerUsage) {
+        for (tenant, usage) in &self.changed {
+            view.insert(Arc::clone(tenant), *usage);
+        }
+        for tenant in &self.forgotten {
+            view.remove(tenant);
+        }
+    }
+}
+
+/// Most batches a [`UsageFeed`] queues before it folds them into one.
+const FEED_MAX_BATCHES: usize = 64;
+
+/// The peers' usage as it changes, handed from the ring's observer to its consumer (the
+/// limiter). Each round's batch waits here until taken: the membership channel keeps only
+/// the latest membership, and a consumer that wakes once for two rounds must see both
+/// batches. A consumer that does not take them holds at most one batch per tenant's
+/// latest usage.
+#[derive(Debug, Default)]
+pub struct UsageFeed {
+    batches: Mutex<VecDeque<UsageChanges>>,
+}
+
+impl UsageFeed {
+    pub fn push(&self, batch: UsageChanges) {
+        let mut batches = self.batches.lock().unwrap_or_else(|e| e.into_inner());
+        batches.push_back(batch);
+        if batches.len() > FEED_MAX_BATCHES {
+            let folded = fold(batches.drain(..));
+            batches.push_back(folded);
+        }
+    }
+
+    /// Every batch not taken yet, oldest first.
+    pub fn take(&self) -> Vec<UsageChanges> {
+        let mut batches = self.batches.lock().unwrap_or_else(|e| e.into_inner());
+        batches.drain(..).collect()
+    }
+}
+
+/// One feed is the same feed: its batches are for whoever takes them first.
+impl PartialEq for UsageFeed {
+    fn eq(&self, other: &Self) -> bool {
+        std::ptr::eq(self, other)
+    }
+}
+
+/// Batches folded into one that leaves a consumer where applying each in turn would: each
+/// tenant's last word (its usage, or forgotten), and the last stall said.
+fn fold(batches: impl Iterator<Item = UsageChanges>) -> UsageChanges {
+    let mut last: Map<Arc<str>, Option<TenantUsage>> = Map::default();
+    let mut stalled_since = None;
+    for batch in batches {
+        for (tenant, usage) in batch.changed {
+            last.insert(tenant, Some(usage));
+        }
+        for tenant in batch.forgotten {
+            last.insert(tenant, None);
+        }
+        stalled_since = batch.stalled_since.or(stalled_since);
+    }
+    let mut folded = UsageChanges {
+        stalled_since,
+        ..UsageChanges::default()
+    };
+    for (tenant, usage) in last {
+        match usage {
+            Some(usage) => folded.changed.push((tenant, usage)),
+            None => folded.forgotten.push(tenant),
+        }
+    }
+    folded
+}
+
 /// A peer incarnation: node id and generation.
 pub type PeerKey = (String, u64);
 
@@ -385,6 +479,12 @@ pub struct UsageAggregate {
     /// Each peer's count of its own stalls, as last read ([`UsageAggregate::note_stalls`]).
     stalls: HashMap<PeerKey, u64>,
     tenants: Map<Arc<str>, TenantState>,
+    /// Each tenant's usage as last handed on ([`UsageAggregate::changes`]).
+    view: PeerUsage,
+    /// Tenants whose usage may have moved since it was last handed on.
+    dirty: HashSet<Arc<str>, foldhash::fast::RandomState>,
+    /// When a reported level goes stale, by tenant, in the order reported.
+    levels_stale: VecDeque<(Instant, Arc<str>)>,
     /// When tenants were last looked for to forget ([`FORGET_EVERY`]).
     forgot_at: Option<Instant>,
     /// A tenant a live peer has not listed for this long is forgotten (of that peer; of all,
@@ -407,6 +507,9 @@ impl UsageAggregate {
             departed: HashMap::new(),
             stalls: HashMap::new(),
             tenants: Map::default(),
+            view: PeerUsage::default(),
+            dirty: HashSet::default(),
+            levels_stale: VecDeque::new(),
             forgot_at: None,
             forget_after,
         }
@@ -414,11 +517,7 @@ impl UsageAggregate {
 
     /// Takes in one report from `peer`, received at `now`.
     pub fn observe(&mut self, peer: &PeerKey, entries: &[UsageEntry], now: Instant) {
-        if !self.peers.contains_key(peer) {
-            if let Some((_, entries)) = self.departed.remove(peer) {
-                self.peers.insert(peer.clone(), entries);
-            }
-        }
+        self.restore(peer);
         let known = self.peers.entry(peer.clone()).or_default();
         for entry in entries {
             let counts = (entry.requests, entry.items);
@@ -437,6 +536,11 @@ impl UsageAggregate {
             state.refunded.0 = state.refunded.0.saturating_add(requests_refunded);
             state.refunded.1 = state.refunded.1.saturating_add(items_refunded);
             state.last_reported = Some(now);
+            if entry.requests_level.is_some() || entry.items_level.is_some() {
+                self.levels_stale
+                    .push_back((now + LEVEL_MAX_AGE, Arc::clone(&name)));
+            }
+            self.dirty.insert(Arc::clone(&name));
             known.insert(
                 name,
                 PeerEntry {
@@ -464,14 +568,21 @@ impl UsageAggregate {
     }
 
     fn back_from_stall(&mut self, peer: &PeerKey) {
-        if !self.peers.contains_key(peer) {
-            let Some((_, entries)) = self.departed.remove(peer) else {
-                return;
-            };
-            self.peers.insert(peer.clone(), entries);
-        }
+        self.restore(peer);
         if let Some(entries) = self.peers.get_mut(peer) {
             entries.values_mut().for_each(|entry| entry.away = false);
+        }
+    }
+
+    /// A departed `peer` live again: its last entries count again (what it holds in flight,
+    /// its levels).
+    fn restore(&mut self, peer: &PeerKey) {
+        if self.peers.contains_key(peer) {
+            return;
+        }
+        if let Some((_, entries)) = self.departed.remove(peer) {
+            self.dirty.extend(entries.keys().cloned());
+            self.peers.insert(peer.clone(), entries);
         }
     }
 
@@ -482,6 +593,7 @@ impl UsageAggregate {
         let gone: Vec<PeerKey> = self.peers.keys().filter(|p| !live(p)).cloned().collect();
         for peer in gone {
             if let Some(mut entries) = self.peers.remove(&peer) {
+                self.dirty.extend(entries.keys().cloned());
                 entries.values_mut().for_each(|entry| entry.away = true);
                 self.departed.insert(peer, (now, entries));
             }
@@ -499,53 +611,99 @@ impl UsageAggregate {
         }
         self.forgot_at = Some(now);
         let forget_after = self.forget_after;
-        self.tenants.retain(|_, state| {
-            state
+        let dirty = &mut self.dirty;
+        self.tenants.retain(|tenant, state| {
+            let keep = state
                 .last_reported
-                .is_some_and(|at| now.duration_since(at) < forget_after)
+                .is_some_and(|at| now.duration_since(at) < forget_after);
+            if !keep {
+                dirty.insert(Arc::clone(tenant));
+            }
+            keep
         });
         for entries in self.peers.values_mut() {
-            entries.retain(|_, entry| now.duration_since(entry.at) < forget_after);
+            entries.retain(|tenant, entry| {
+                let keep = now.duration_since(entry.at) < forget_after;
+                if !keep {
+                    dirty.insert(Arc::clone(tenant));
+                }
+                keep
+            });
         }
     }
 
-    /// The totals per tenant, with the lowest recent level each peer reported.
-    pub fn snapshot(&self, now: Instant) -> PeerUsage {
-        let mut usage: PeerUsage = self
-            .tenants
-            .iter()
-            .map(|(tenant, state)| {
-                (
-                    Arc::clone(tenant),
-                    TenantUsage {
-                        requests: state.totals.0,
-                        items: state.totals.1,
-                        requests_refunded: state.refunded.0,
-                        items_refunded: state.refunded.1,
-                        ..TenantUsage::default()
-                    },
-                )
-            })
-            .collect();
+    /// What moved in the view since the last call: the tenants a report, a peer's departure
+    /// or return, a stale level or forgetting touched, each recomputed as of `now` and handed
+    /// on when it differs from what was handed on before. The cost is the tenants touched,
+    /// not every tenant: a ring of two with 20 000 idle tenants rebuilt and applied the whole
+    /// view every round, about 1.2 ms of CPU a second per 1 000 tenants on each side.
+    pub fn changes(&mut self, now: Instant) -> UsageChanges {
+        while let Some((stale_at, _)) = self.levels_stale.front() {
+            if *stale_at >= now {
+                break;
+            }
+            if let Some((_, tenant)) = self.levels_stale.pop_front() {
+                self.dirty.insert(tenant);
+            }
+        }
+        let mut changes = UsageChanges::default();
+        for tenant in std::mem::take(&mut self.dirty) {
+            match self.tenant_usage(&tenant, now) {
+                Some(usage) => {
+                    if self.view.get(&tenant) != Some(&usage) {
+                        self.view.insert(Arc::clone(&tenant), usage);
+                        changes.changed.push((tenant, usage));
+                    }
+                }
+                None => {
+                    if self.view.remove(&tenant).is_some() {
+                        changes.forgotten.push(tenant);
+                    }
+                }
+            }
+        }
+        changes
+    }
+
+    /// How many tenants the view holds.
+    pub fn tenants(&self) -> usize {
+        self.view.len()
+    }
+
+    /// One tenant's usage as of `now`: its totals, what the live peers hold in flight, and
+    /// the lowest level a live peer reported within [`LEVEL_MAX_AGE`]. `None` once forgotten.
+    fn tenant_usage(&self, tenant: &str, now: Instant) -> Option<TenantUsage> {
+        let state = self.tenants.get(tenant)?;
+        let mut usage = TenantUsage {
+            requests: state.totals.0,
+            items: state.totals.1,
+            requests_refunded: state.refunded.0,
+            items_refunded: state.refunded.1,
+            ..TenantUsage::default()
+        };
         let lowest = |a: Option<f64>, b: Option<f64>| match (a, b) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
         };
-        for entries in self.peers.values() {
-            for (tenant, entry) in entries {
-                if let Some(total) = usage.get_mut(tenant) {
-                    total.in_flight = total.in_flight.saturating_add(entry.in_flight);
-                }
-                if now.duration_since(entry.at) > LEVEL_MAX_AGE {
-                    continue;
-                }
-                if let Some(total) = usage.get_mut(tenant) {
-                    total.requests_level = lowest(total.requests_level, entry.levels.0);
-                    total.items_level = lowest(total.items_level, entry.levels.1);
-                }
+        for entry in self
+            .peers
+            .values()
+            .filter_map(|entries| entries.get(tenant))
+        {
+            usage.in_flight = usage.in_flight.saturating_add(entry.in_flight);
+            if now.saturating_duration_since(entry.at) > LEVEL_MAX_AGE {
+                continue;
             }
+            usage.requests_level = lowest(usage.requests_level, entry.levels.0);
+            usage.items_level = lowest(usage.items_level, entry.levels.1);
         }
-        usage
+        Some(usage)
+    }
+
+    /// The whole view as of `now`, after [`UsageAggregate::changes`] (which it takes).
+    pub fn snapshot(&mut self, now: Instant) -> PeerUsage {
+        self.changes(now);
+        self.view.clone()
     }
 }
 
@@ -884,6 +1042,70 @@ mod tests {
         assert_eq!(aggregate.snapshot(now)["t"].items, 750);
     }
 
+    /// The whole view computed afresh from the aggregate's state, as every round did before
+    /// the changes were handed on alone: the oracle for [`UsageAggregate::changes`].
+    fn full_view(aggregate: &UsageAggregate, now: Instant) -> PeerUsage {
+        let mut usage: PeerUsage = aggregate
+            .tenants
+            .iter()
+            .map(|(tenant, state)| {
+                let usage = TenantUsage {
+                    requests: state.totals.0,
+                    items: state.totals.1,
+                    requests_refunded: state.refunded.0,
+                    items_refunded: state.refunded.1,
+                    ..TenantUsage::default()
+                };
+                (Arc::clone(tenant), usage)
+            })
+            .collect();
+        for entries in aggregate.peers.values() {
+            for (tenant, entry) in entries {
+                // A returning peer's entry of a tenant forgotten meanwhile counts nowhere.
+                let Some(total) = usage.get_mut(tenant) else {
+                    continue;
+                };
+                total.in_flight += entry.in_flight;
+                if now.duration_since(entry.at) <= LEVEL_MAX_AGE {
+                    for (level, reported) in [
+                        (&mut total.requests_level, entry.levels.0),
+                        (&mut total.items_level, entry.levels.1),
+                    ] {
+                        *level = match (*level, reported) {
+                            (Some(a), Some(b)) => Some(a.min(b)),
+                            (a, b) => a.or(b),
+                        };
+                    }
+                }
+            }
+        }
+        usage
+    }
+
+    #[derive(Debug, Clone)]
+    enum Step {
+        Report {
+            peer: usize,
+            entries: Vec<(usize, u64, u64, Option<f64>, u64)>,
+        },
+        Live(u8),
+        Stall(usize),
+        HandOn,
+    }
+
+    fn step() -> impl Strategy<Value = Step> {
+        prop_oneof![
+            4 => (0..4usize, prop::collection::vec(
+                (0..6usize, 0u64..50, 0u64..5_000, prop::option::of(-10.0f64..100.0), 0u64..4),
+                0..5,
+            ))
+                .prop_map(|(peer, entries)| Step::Report { peer, entries }),
+            1 => any::<u8>().prop_map(Step::Live),
+            1 => (0..4usize).prop_map(Step::Stall),
+            2 => Just(Step::HandOn),
+        ]
+    }
+
     proptest! {
         /// Whatever subset of versions a reader sees, once it sees the last one the totals are
         /// exact.
@@ -902,6 +1124,87 @@ mod tests {
                 }
             }
             prop_assert_eq!(aggregate.snapshot(now)["t"].items, cumulative);
+        }
+
+        /// A consumer that applies every batch of changes in turn holds the view computed
+        /// afresh, whatever reports, departures, returns, stalls, stale levels and forgetting
+        /// came between the batches.
+        #[test]
+        fn the_changes_handed_on_add_up_to_the_whole_view(
+            steps in prop::collection::vec((step(), 0u64..1_500), 1..60),
+        ) {
+            let start = Instant::now();
+            let mut now = start;
+            let mut aggregate = UsageAggregate::new(Duration::from_secs(6));
+            let mut consumer = PeerUsage::default();
+            let mut stalls = [0u64; 4];
+            let peer = |i: usize| ((i % 2).to_string(), 1 + (i / 2) as u64);
+            for (step, advance) in steps {
+                now += Duration::from_millis(advance);
+                match step {
+                    Step::Report { peer: i, entries } => {
+                        let entries: Vec<UsageEntry> = entries
+                            .into_iter()
+                            .map(|(tenant, requests, items, level, in_flight)| UsageEntry {
+                                tenant: format!("t{tenant}"),
+                                requests,
+                                items,
+                                requests_level: level.map(f64::round),
+                                items_level: level,
+                                in_flight,
+                            })
+                            .collect();
+                        aggregate.note_stalls(&peer(i), stalls[i]);
+                        aggregate.observe(&peer(i), &entries, now);
+                    }
+                    Step::Live(mask) => {
+                        let live = |key: &PeerKey| {
+                            (0..4).any(|i| peer(i) == *key && mask & (1 << i) != 0)
+                        };
+                        aggregate.retain_peers(live, now);
+                    }
+                    Step::Stall(i) => stalls[i] += 1,
+                    Step::HandOn => {
+                        aggregate.changes(now).apply_to(&mut consumer);
+                        prop_assert_eq!(&consumer, &full_view(&aggregate, now));
+                    }
+                }
+            }
+            aggregate.changes(now).apply_to(&mut consumer);
+            prop_assert_eq!(&consumer, &full_view(&aggregate, now));
+        }
+
+        /// Folded batches leave a consumer where the batches one by one do.
+        #[test]
+        fn a_folded_feed_is_the_batches_in_turn(
+            batches in prop::collection::vec(
+                (
+                    prop::collection::vec((0..5usize, 0u64..100), 0..4),
+                    prop::collection::vec(0..5usize, 0..3),
+                ),
+                0..12,
+            ),
+        ) {
+            let batches: Vec<UsageChanges> = batches
+                .into_iter()
+                .map(|(changed, forgotten)| UsageChanges {
+                    changed: changed
+                        .into_iter()
+                        .map(|(t, items)| {
+                            (Arc::from(format!("t{t}")), TenantUsage { items, ..TenantUsage::default() })
+                        })
+                        .collect(),
+                    forgotten: forgotten.into_iter().map(|t| Arc::from(format!("t{t}"))).collect(),
+                    stalled_since: None,
+                })
+                .collect();
+            let mut in_turn = PeerUsage::default();
+            for batch in &batches {
+                batch.apply_to(&mut in_turn);
+            }
+            let mut folded = PeerUsage::default();
+            fold(batches.into_iter()).apply_to(&mut folded);
+            prop_assert_eq!(folded, in_turn);
         }
 
         #[test]
