@@ -823,6 +823,8 @@ fn spawn_usage_publisher(state: Arc<AppState>, ring: Arc<Ring>) -> JoinHandle<()
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut membership_rx = ring.membership();
         let mut last_round = std::time::Instant::now();
+        // How many reports the last message held, when it could not hold them all.
+        let mut fitted: Option<usize> = None;
         loop {
             ticker.tick().await;
             // This process did not run for a while: the peers may have counted it out, and
@@ -834,9 +836,15 @@ fn spawn_usage_publisher(state: Arc<AppState>, ring: Arc<Ring>) -> JoinHandle<()
                     return;
                 }
             }
+            // As many as the last message held and a quarter more, when it was full: the
+            // most that could fit (every name as short as can be) is twice what does.
+            let most = match fitted {
+                Some(fitted) => (fitted + fitted / 4 + 16).min(ring.usage_entries_max()),
+                None => ring.usage_entries_max(),
+            };
             let reports: Vec<ring::UsageEntry> = state
                 .limiter
-                .usage_reports_first(ring.usage_entries_max())
+                .usage_reports_first(most)
                 .into_iter()
                 .map(|report| ring::UsageEntry {
                     tenant: report.tenant,
@@ -855,6 +863,7 @@ fn spawn_usage_publisher(state: Arc<AppState>, ring: Arc<Ring>) -> JoinHandle<()
                 );
             }
             let listed = ring.publish_usage(&reports, stalled).await;
+            fitted = (listed < reports.len()).then_some(listed);
             last_round = std::time::Instant::now();
             state.limiter.mark_listed(
                 reports[..listed]

@@ -653,6 +653,79 @@ fn the_first_reports_are_the_head_of_all_of_them() {
     }
 }
 
+/// With more tenants than a message holds, a round lists the tenants with news first and
+/// the rest in turn, a message's worth at a time: every tenant once a turn, none twice, none
+/// left out, whatever news comes between.
+#[test]
+fn every_tenant_is_listed_in_turn_a_message_at_a_time() {
+    let (limiter, _clock) = limiter("");
+    for i in 0..100u64 {
+        check(&limiter, &format!("t{i:03}"), 1).unwrap();
+    }
+    let mark = |reports: &[UsageReport]| {
+        limiter.mark_listed(
+            reports
+                .iter()
+                .map(|r| (r.tenant.as_str(), r.requests, r.items, r.in_flight)),
+        )
+    };
+    let all = limiter.usage_reports();
+    assert_eq!(all.len(), 100);
+    mark(&all);
+    for turn in 0..3 {
+        let mut listed = std::collections::BTreeMap::<String, usize>::new();
+        for round in 0..15 {
+            // News in the middle of the turn: listed first, and ahead of its turn.
+            let busy = format!("t{:03}", 7 * round + turn);
+            if round % 4 == 1 {
+                check(&limiter, &busy, 1).unwrap();
+            }
+            let reports = limiter.usage_reports_first(7);
+            if round % 4 == 1 {
+                assert_eq!(
+                    reports[0].tenant, busy,
+                    "news first (turn {turn}, round {round})"
+                );
+            }
+            for report in &reports {
+                *listed.entry(report.tenant.clone()).or_default() += 1;
+            }
+            mark(&reports);
+        }
+        assert_eq!(listed.len(), 100, "every tenant in turn {turn}");
+        assert!(
+            listed.values().all(|&times| times <= 2),
+            "none listed more than once a turn, but for its news: {listed:?}"
+        );
+    }
+}
+
+/// A tenant admitted again between the reading of its report and the listing is still news:
+/// its next count goes out in the next round, not a turn later.
+#[test]
+fn an_admission_after_the_report_was_read_is_news_again() {
+    let (limiter, _clock) = limiter("");
+    for i in 0..20u64 {
+        check(&limiter, &format!("idle{i:02}"), 1).unwrap();
+    }
+    let all = limiter.usage_reports();
+    limiter.mark_listed(
+        all.iter()
+            .map(|r| (r.tenant.as_str(), r.requests, r.items, r.in_flight)),
+    );
+    check(&limiter, "busy", 10).unwrap();
+    let reports = limiter.usage_reports_first(3);
+    assert_eq!(reports[0].tenant, "busy");
+    check(&limiter, "busy", 5).unwrap(); // after the report was read
+    limiter.mark_listed(
+        reports
+            .iter()
+            .map(|r| (r.tenant.as_str(), r.requests, r.items, r.in_flight)),
+    );
+    let next = limiter.usage_reports_first(1);
+    assert_eq!((next[0].tenant.as_str(), next[0].items), ("busy", 15));
+}
+
 #[test]
 fn idle_tenants_are_evicted_only_once_their_buckets_are_full() {
     // Burst 1000 at 10/s takes 100 s to refill, longer than the 60 s idle timeout.

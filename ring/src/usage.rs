@@ -521,6 +521,23 @@ impl UsageAggregate {
         let known = self.peers.entry(peer.clone()).or_default();
         for entry in entries {
             let counts = (entry.requests, entry.items);
+            // The rotation relists idle tenants as they were: heard again, nothing moved (no
+            // level to refresh either), so two lookups and no recomputation.
+            if let Some(known_entry) = known.get_mut(entry.tenant.as_str()) {
+                let unchanged = !known_entry.away
+                    && known_entry.counts == counts
+                    && known_entry.in_flight == entry.in_flight
+                    && known_entry.levels == (None, None)
+                    && entry.requests_level.is_none()
+                    && entry.items_level.is_none();
+                if let (true, Some(state)) =
+                    (unchanged, self.tenants.get_mut(entry.tenant.as_str()))
+                {
+                    known_entry.at = now;
+                    state.last_reported = Some(now);
+                    continue;
+                }
+            }
             let previous = known.get(entry.tenant.as_str());
             let away = previous.is_some_and(|e| e.away);
             let previous = previous.map(|e| e.counts);
@@ -1088,6 +1105,8 @@ mod tests {
             peer: usize,
             entries: Vec<(usize, u64, u64, Option<f64>, u64)>,
         },
+        /// The peer's last report again, as a rotation relists idle tenants.
+        Relist(usize),
         Live(u8),
         Stall(usize),
         HandOn,
@@ -1100,6 +1119,7 @@ mod tests {
                 0..5,
             ))
                 .prop_map(|(peer, entries)| Step::Report { peer, entries }),
+            2 => (0..4usize).prop_map(Step::Relist),
             1 => any::<u8>().prop_map(Step::Live),
             1 => (0..4usize).prop_map(Step::Stall),
             2 => Just(Step::HandOn),
@@ -1138,6 +1158,7 @@ mod tests {
             let mut aggregate = UsageAggregate::new(Duration::from_secs(6));
             let mut consumer = PeerUsage::default();
             let mut stalls = [0u64; 4];
+            let mut last: [Vec<UsageEntry>; 4] = Default::default();
             let peer = |i: usize| ((i % 2).to_string(), 1 + (i / 2) as u64);
             for (step, advance) in steps {
                 now += Duration::from_millis(advance);
@@ -1150,12 +1171,17 @@ mod tests {
                                 requests,
                                 items,
                                 requests_level: level.map(f64::round),
-                                items_level: level,
+                                items_level: level.filter(|_| requests % 3 != 0),
                                 in_flight,
                             })
                             .collect();
                         aggregate.note_stalls(&peer(i), stalls[i]);
                         aggregate.observe(&peer(i), &entries, now);
+                        last[i] = entries;
+                    }
+                    Step::Relist(i) => {
+                        aggregate.note_stalls(&peer(i), stalls[i]);
+                        aggregate.observe(&peer(i), &last[i], now);
                     }
                     Step::Live(mask) => {
                         let live = |key: &PeerKey| {
