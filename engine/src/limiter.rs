@@ -1493,6 +1493,14 @@ impl<H: TenantHooks, C: Clock + Clone> Limiter<H, C> {
         });
         let after = tenants.len();
         self.hooks.tracked(after);
+        if after < before {
+            // Their news goes with them: a replica alone lists nothing, so nothing else
+            // would take the names of the tenants it stops tracking.
+            self.news
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .retain(|name| tenants.contains_key(&**name));
+        }
         before.saturating_sub(after)
     }
 

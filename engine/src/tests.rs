@@ -750,6 +750,20 @@ fn idle_tenants_are_evicted_only_once_their_buckets_are_full() {
     assert_eq!(limiter.tracked_tenants(), 0);
 }
 
+/// A replica alone lists nothing, so the news of the tenants it stopped tracking goes with
+/// them: with churn, the queue holds the tenants tracked, not every tenant ever seen.
+#[test]
+fn the_news_of_an_evicted_tenant_goes_with_it() {
+    let (limiter, clock) = limiter("");
+    for i in 0..50 {
+        check(&limiter, &format!("t{i}"), 1).unwrap();
+        assert_eq!(limiter.news.lock().unwrap().len(), 1);
+        clock.advance(Duration::from_secs(62));
+        assert_eq!(limiter.evict_idle(), 1);
+    }
+    assert!(limiter.news.lock().unwrap().is_empty());
+}
+
 #[test]
 fn a_fleet_view_in_debt_is_not_evicted() {
     let (limiter, clock) = limiter(WEIGHTED);
