@@ -770,6 +770,19 @@ impl<H: TenantHooks, C: Clock + Clone> Limiter<H, C> {
         }
     }
 
+    /// Runs `f` on the queue of tenants with news, taken out of its lock meanwhile so that the
+    /// decisions queueing more do not wait on its lookups; what they queued meanwhile goes
+    /// after it.
+    fn with_news<R>(&self, f: impl FnOnce(&mut Vec<Box<str>>) -> R) -> R {
+        let lock = || self.news.lock().unwrap_or_else(|e| e.into_inner());
+        let mut news = std::mem::take(&mut *lock());
+        let result = f(&mut news);
+        let mut queue = lock();
+        news.append(&mut queue);
+        *queue = news;
+        result
+    }
+
     /// Gives back what an admission took, when the work it paid for did not happen (a
     /// forward that failed): the tokens return to the meter they came from, so the client's
     /// retry is charged once. Under `weighted` and `shared` the replica's admitted count,
@@ -1339,13 +1352,15 @@ impl<H: TenantHooks, C: Clock + Clone> Limiter<H, C> {
         };
         let mut ranked = Vec::new();
         let mut queued = foldhash::HashSet::default();
-        for name in self.news.lock().unwrap_or_else(|e| e.into_inner()).iter() {
-            if let Some(tenant) = tenants.get(&**name) {
-                if queued.insert(Arc::as_ptr(tenant) as usize) {
-                    ranked.extend(rank(Arc::clone(tenant)));
+        self.with_news(|news| {
+            for name in news.iter() {
+                if let Some(tenant) = tenants.get(&**name) {
+                    if queued.insert(Arc::as_ptr(tenant) as usize) {
+                        ranked.extend(rank(Arc::clone(tenant)));
+                    }
                 }
             }
-        }
+        });
         let wanted = most.saturating_sub(ranked.len());
         if wanted > 0 {
             let round = self.listing_round.load(Ordering::Relaxed);
@@ -1434,10 +1449,8 @@ impl<H: TenantHooks, C: Clock + Clone> Limiter<H, C> {
         if !listed {
             return;
         }
-        self.news
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .retain(|name| {
+        self.with_news(|news| {
+            news.retain(|name| {
                 let Some(tenant) = tenants.get(&**name) else {
                     return false; // evicted
                 };
@@ -1453,7 +1466,8 @@ impl<H: TenantHooks, C: Clock + Clone> Limiter<H, C> {
                     tenant.news.store(true, Ordering::SeqCst);
                 }
                 moved
-            });
+            })
+        });
         self.rotation
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -1496,10 +1510,7 @@ impl<H: TenantHooks, C: Clock + Clone> Limiter<H, C> {
         if after < before {
             // Their news goes with them: a replica alone lists nothing, so nothing else
             // would take the names of the tenants it stops tracking.
-            self.news
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .retain(|name| tenants.contains_key(&**name));
+            self.with_news(|news| news.retain(|name| tenants.contains_key(&**name)));
         }
         before.saturating_sub(after)
     }
