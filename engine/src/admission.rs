@@ -1540,14 +1540,16 @@ impl<'a, C: Clock + Clone> Keys<'a, C> {
 
     /// Takes out keys no peer has listed for the ring's forget time.
     pub(crate) fn forget_peer_usage<'u>(&self, names: impl Iterator<Item = &'u Arc<str>>) {
-        let mut usage = (*self.peer_usage()).clone();
-        let before = usage.len();
-        for name in names {
+        let current = self.peer_usage();
+        let known: Vec<_> = names.filter(|name| current.contains_key(*name)).collect();
+        if known.is_empty() {
+            return;
+        }
+        let mut usage = (*current).clone();
+        for name in known {
             usage.remove(name);
         }
-        if usage.len() != before {
-            self.admission().peers.store(Arc::new(usage));
-        }
+        self.admission().peers.store(Arc::new(usage));
     }
 
     /// Charges the peers' admissions of admission keys (under `weighted`), and records what
